@@ -1,0 +1,66 @@
+//! Device-agnostic attention built from candle ops: gather each sequence's context into
+//! contiguous K/V, then masked `softmax(q kᵀ) v` as batched matmuls. It materialises the
+//! `[heads, queries, context]` score matrix, so it serves as the GPU path until the CUDA kernel
+//! lands and as the "gather then attend" baseline of the benchmarks.
+
+use candle_core::{DType, Tensor};
+
+use super::{AttentionBatch, Dims};
+use crate::Result;
+
+/// Same contract as [`super::attention`], for any candle device.
+///
+/// # Errors
+/// As [`super::attention`].
+pub fn attention_gather(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    scale: f32,
+) -> Result<Tensor> {
+    let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    let device = q.device();
+    let group = dims.n_heads / dims.n_kv_heads;
+    let mut outs = Vec::with_capacity(batch.num_sequences());
+    for seq in batch.sequences() {
+        let nq = seq.q_positions.len();
+        let nc = seq.ctx_slots.len();
+        let qs = q
+            .narrow(0, seq.first_row, nq)?
+            .transpose(0, 1)?
+            .contiguous()?; // [H, nq, d]
+        if nc == 0 {
+            outs.push(qs.zeros_like()?.transpose(0, 1)?);
+            continue;
+        }
+        let idx = Tensor::from_slice(seq.ctx_slots, nc, device)?;
+        let expand = |pool: &Tensor| -> Result<Tensor> {
+            let g = pool.index_select(&idx, 0)?.transpose(0, 1)?; // [kvh, nc, d]
+            let (kvh, c, d) = g.dims3()?;
+            // GQA: head h reads kv head h / group.
+            Ok(g.unsqueeze(1)?
+                .expand((kvh, group, c, d))?
+                .reshape((kvh * group, c, d))?
+                .to_dtype(qs.dtype())?)
+        };
+        let (ks, vs) = (expand(k_pool)?, expand(v_pool)?);
+        let mask: Vec<f32> = seq
+            .q_positions
+            .iter()
+            .flat_map(|&qp| {
+                seq.ctx_positions
+                    .iter()
+                    .map(move |&cp| if cp <= qp { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (1, nq, nc), device)?.to_dtype(qs.dtype())?;
+        let scores = (qs.matmul(&ks.t()?)? * f64::from(scale))?.broadcast_add(&mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
+        // A query with no visible entry has an all -inf row: softmax gives NaN, the contract zeros.
+        let probs = probs.eq(&probs)?.where_cond(&probs, &probs.zeros_like()?)?;
+        let out = probs.to_dtype(qs.dtype())?.matmul(&vs)?; // [H, nq, d]
+        outs.push(out.transpose(0, 1)?);
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}

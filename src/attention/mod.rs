@@ -1,0 +1,245 @@
+//! The multi-query attention op over non-contiguous KV slots (Pensieve §4.4, "multi-token
+//! attention with a non-contiguous cache").
+//!
+//! One call computes attention for a whole batch that mixes sequences with one query (decode)
+//! and many (prefill, or a resumed conversation recomputing dropped tokens). Inputs for one
+//! layer:
+//! - `q`: `[tokens, n_heads, head_dim]`, the queries of all sequences concatenated, each
+//!   sequence's rows contiguous and in [`AttentionBatch`] order;
+//! - `k_pool`, `v_pool`: `[n_slots, n_kv_heads, head_dim]`, the layer's KV pool;
+//! - the [`AttentionBatch`]: per sequence the positions of its query rows and its context as
+//!   slots with positions.
+//!
+//! **Rule.** A query at position `p` attends to exactly the context entries whose position is
+//! `<= p`; query head `h` reads kv head `h / (n_heads / n_kv_heads)` (GQA). The new tokens' K/V
+//! must already be written to their slots and listed in the context. Because the rule is
+//! positional, a sequence's query rows may form several disjoint position runs (recomputed
+//! leading tokens plus a new prompt) over one context, and the context may be in any slot order.
+//!
+//! Implementations behind [`attention`]: a tiled online-softmax kernel on the CPU ([`cpu`]: no
+//! score matrix is materialised, work is spread over cores by rayon), a gather-then-matmul path
+//! built from candle ops that runs on any device ([`attention_gather`]; the CUDA kernel of
+//! `kernels/` replaces it on GPUs), and the naive [`attention_reference`] (f64 accumulation)
+//! that every fast path is tested against.
+
+mod cpu;
+mod gather;
+mod reference;
+
+use candle_core::{DType, Device, Tensor};
+
+pub use gather::attention_gather;
+pub use reference::attention_reference;
+
+use crate::{Error, Result};
+
+/// Plain-data description of one attention batch: which query rows belong to which sequence,
+/// their positions, and each sequence's context as `(slot, position)` pairs.
+///
+/// Built once per step and shared by every layer (the slots are the same in all layers).
+#[derive(Clone, Debug)]
+pub struct AttentionBatch {
+    /// `n_seqs + 1` offsets into the query rows.
+    q_offsets: Vec<usize>,
+    /// `n_seqs + 1` offsets into `ctx_slots` / `ctx_positions`.
+    ctx_offsets: Vec<usize>,
+    q_positions: Vec<u32>,
+    ctx_slots: Vec<u32>,
+    ctx_positions: Vec<u32>,
+}
+
+/// One sequence of an [`AttentionBatch`], borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceView<'a> {
+    /// First query row of this sequence in `q`.
+    pub first_row: usize,
+    /// Position of each query row.
+    pub q_positions: &'a [u32],
+    /// Pool slot of each context entry.
+    pub ctx_slots: &'a [u32],
+    /// Position of each context entry.
+    pub ctx_positions: &'a [u32],
+}
+
+impl Default for AttentionBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttentionBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self {
+            q_offsets: vec![0],
+            ctx_offsets: vec![0],
+            q_positions: Vec::new(),
+            ctx_slots: Vec::new(),
+            ctx_positions: Vec::new(),
+        }
+    }
+
+    /// Appends a sequence whose query rows follow the previous sequence's in `q`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] if the sequence has no query, or its context slots and positions
+    /// differ in length.
+    pub fn push_sequence(
+        &mut self,
+        q_positions: &[u32],
+        ctx_slots: &[u32],
+        ctx_positions: &[u32],
+    ) -> Result<()> {
+        if q_positions.is_empty() {
+            return Err(Error::InvalidBatch(
+                "a sequence needs at least one query".into(),
+            ));
+        }
+        if ctx_slots.len() != ctx_positions.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{} context slots but {} context positions",
+                ctx_slots.len(),
+                ctx_positions.len()
+            )));
+        }
+        self.q_positions.extend_from_slice(q_positions);
+        self.ctx_slots.extend_from_slice(ctx_slots);
+        self.ctx_positions.extend_from_slice(ctx_positions);
+        self.q_offsets.push(self.q_positions.len());
+        self.ctx_offsets.push(self.ctx_slots.len());
+        Ok(())
+    }
+
+    /// Number of sequences.
+    pub fn num_sequences(&self) -> usize {
+        self.q_offsets.len() - 1
+    }
+
+    /// Number of query rows over all sequences (the `tokens` dimension of `q`).
+    pub fn num_queries(&self) -> usize {
+        self.q_positions.len()
+    }
+
+    /// Total context entries over all sequences.
+    pub fn num_context_entries(&self) -> usize {
+        self.ctx_slots.len()
+    }
+
+    /// Sequence `i`; callers iterate `0..num_sequences()`, so the offsets exist.
+    fn sequence(&self, i: usize) -> SequenceView<'_> {
+        let (q0, q1) = (self.q_offsets[i], self.q_offsets[i + 1]);
+        let (c0, c1) = (self.ctx_offsets[i], self.ctx_offsets[i + 1]);
+        SequenceView {
+            first_row: q0,
+            q_positions: &self.q_positions[q0..q1],
+            ctx_slots: &self.ctx_slots[c0..c1],
+            ctx_positions: &self.ctx_positions[c0..c1],
+        }
+    }
+
+    /// All sequences in order.
+    pub fn sequences(&self) -> impl Iterator<Item = SequenceView<'_>> + '_ {
+        (0..self.num_sequences()).map(|i| self.sequence(i))
+    }
+
+    /// Checks that every context slot lies inside a pool of `n_slots`.
+    fn check_slots(&self, n_slots: usize) -> Result<()> {
+        match self.ctx_slots.iter().find(|&&s| s as usize >= n_slots) {
+            Some(s) => Err(Error::InvalidBatch(format!(
+                "slot {s} outside a pool of {n_slots}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Shapes of one attention call, checked against the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Dims {
+    pub tokens: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub n_slots: usize,
+}
+
+impl Dims {
+    fn check(q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, batch: &AttentionBatch) -> Result<Self> {
+        let (tokens, n_heads, head_dim) = q.dims3()?;
+        let (n_slots, n_kv_heads, kd) = k_pool.dims3()?;
+        if v_pool.dims() != k_pool.dims() || kd != head_dim {
+            return Err(Error::InvalidBatch(format!(
+                "q {:?}, k_pool {:?}, v_pool {:?} do not agree",
+                q.dims(),
+                k_pool.dims(),
+                v_pool.dims()
+            )));
+        }
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::InvalidBatch(format!(
+                "{n_heads} query heads are not a multiple of {n_kv_heads} kv heads"
+            )));
+        }
+        if tokens != batch.num_queries() {
+            return Err(Error::InvalidBatch(format!(
+                "q has {tokens} rows but the batch describes {}",
+                batch.num_queries()
+            )));
+        }
+        batch.check_slots(n_slots)?;
+        Ok(Self {
+            tokens,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            n_slots,
+        })
+    }
+}
+
+/// Attention of every query row of `batch` over its sequence's context.
+///
+/// `q`: `[tokens, n_heads, head_dim]`; `k_pool`, `v_pool`: `[n_slots, n_kv_heads, head_dim]`;
+/// returns `[tokens, n_heads, head_dim]` in `q`'s dtype. `scale` multiplies the scores
+/// (usually `1/sqrt(head_dim)`). A query with no visible context entry yields zeros.
+///
+/// # Errors
+/// [`Error::InvalidBatch`] when shapes and batch disagree or a slot is out of the pool;
+/// [`Error::Candle`] for device failures.
+pub fn attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    scale: f32,
+) -> Result<Tensor> {
+    let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    match q.device() {
+        Device::Cpu => {
+            let in_dtype = q.dtype();
+            let q = q.to_dtype(DType::F32)?.contiguous()?;
+            let k = k_pool.to_dtype(DType::F32)?;
+            let v = v_pool.to_dtype(DType::F32)?;
+            let op = cpu::PagedAttention { batch, dims, scale };
+            Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
+        }
+        // Until the CUDA kernel of `kernels/` lands, GPUs run the device-agnostic gather path.
+        _ => attention_gather(q, k_pool, v_pool, batch, scale),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_sequence_rejects_mismatched_context() {
+        let mut b = AttentionBatch::new();
+        assert!(b.push_sequence(&[0], &[0, 1], &[0]).is_err());
+        assert!(b.push_sequence(&[], &[0], &[0]).is_err());
+        assert!(b.push_sequence(&[0], &[3], &[0]).is_ok());
+        assert_eq!(b.num_sequences(), 1);
+        assert!(b.check_slots(3).is_err());
+        assert!(b.check_slots(4).is_ok());
+    }
+}

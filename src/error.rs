@@ -1,0 +1,103 @@
+//! The crate's error type: one `thiserror` enum, typed fields, `#[non_exhaustive]` so that new
+//! failure kinds are not breaking changes.
+
+use std::path::PathBuf;
+
+/// Everything pensieve can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor operation failed inside candle (shape mismatch, device error, ...).
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+
+    /// A file could not be read or written.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The file or folder involved.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+
+    /// The default model has not been fetched into the asset cache yet.
+    #[error(
+        "model file {path} not found; run `scripts/fetch-assets` (or set PENSIEVE_CACHE) first"
+    )]
+    AssetsMissing {
+        /// Where the model was expected.
+        path: PathBuf,
+    },
+
+    /// A model file is present but unusable: wrong architecture, missing tensor or metadata,
+    /// inconsistent shapes, corrupt bytes.
+    #[error("invalid model {what}: {reason}")]
+    InvalidModel {
+        /// The file or key that was wrong.
+        what: String,
+        /// Why it is unusable.
+        reason: String,
+    },
+
+    /// Building or running the tokenizer failed.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+
+    /// The chat template shipped with the model did not compile or render.
+    #[error("chat template error: {0}")]
+    ChatTemplate(#[from] minijinja::Error),
+
+    /// Fetching a model through the Hugging Face hub (or its local cache) failed.
+    #[error("hub error for {repo}: {reason}")]
+    Hub {
+        /// The repository id.
+        repo: String,
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// An attention batch description does not fit the tensors it is applied to.
+    #[error("invalid attention batch: {0}")]
+    InvalidBatch(String),
+
+    /// A token id outside the model's vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfVocab {
+        /// The offending id.
+        id: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+
+    /// A position beyond the model's context window.
+    #[error("position {position} is beyond the context window of {window} tokens")]
+    ContextOverflow {
+        /// The offending position.
+        position: usize,
+        /// The model's window.
+        window: usize,
+    },
+
+    /// The operation needs a feature this build or device does not have.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// `Result` with pensieve's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn invalid_model(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        Error::InvalidModel {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! pensieve
+pub mod attention;
+mod error;
+pub use error::{Error, Result};

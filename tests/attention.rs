@@ -1,0 +1,199 @@
+//! The attention op's fast paths equal the naive reference over random batches: shapes, GQA
+//! ratios, slot permutations, disjoint query runs in one sequence, decode and prefill mixed.
+
+use candle_core::{Device, Tensor};
+use pensieve::attention::{attention, attention_gather, attention_reference, AttentionBatch};
+use proptest::prelude::*;
+
+/// One generated sequence: its context length and which of its positions are queried.
+#[derive(Clone, Debug)]
+struct SeqCase {
+    ctx_len: usize,
+    /// Queried positions: either the last token (decode), a trailing run (prefill), or a
+    /// leading run plus a trailing run (recompute of dropped tokens plus the new prompt).
+    queries: Vec<u32>,
+}
+
+fn seq_case() -> impl Strategy<Value = SeqCase> {
+    (1usize..200, 0usize..3, any::<u64>()).prop_map(|(ctx_len, kind, r)| {
+        let n = ctx_len as u32;
+        let queries = match kind {
+            0 => vec![n - 1],
+            1 => {
+                let run = 1 + (r as u32 % n);
+                (n - run..n).collect()
+            }
+            _ => {
+                let lead = (r as u32 % n).min(n - 1);
+                let tail_start = lead + (r as u32 >> 8) % (n - lead);
+                (0..lead).chain(tail_start..n).collect()
+            }
+        };
+        SeqCase { ctx_len, queries }
+    })
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    n_kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    seqs: Vec<SeqCase>,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        1usize..4,
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(4)],
+        prop_oneof![Just(8usize), Just(64), Just(20)],
+        prop::collection::vec(seq_case(), 1..6),
+        any::<u64>(),
+    )
+        .prop_map(|(n_kv_heads, group, head_dim, seqs, seed)| Case {
+            n_kv_heads,
+            group,
+            head_dim,
+            seqs,
+            seed,
+        })
+}
+
+/// Tiny deterministic generator so that tensors follow the proptest seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// Builds q, pools and batch; every sequence's context lives in a shuffled set of slots.
+fn build(c: &Case) -> (Tensor, Tensor, Tensor, AttentionBatch) {
+    let total_ctx: usize = c.seqs.iter().map(|s| s.ctx_len).sum();
+    let n_slots = total_ctx + 7;
+    // A seeded permutation of the pool's slots hands out non-contiguous slots.
+    let mut slots: Vec<u32> = (0..n_slots as u32).collect();
+    let keys = values(n_slots, c.seed ^ 0xabc);
+    slots.sort_by(|a, b| keys[*a as usize].total_cmp(&keys[*b as usize]));
+    let mut next = 0;
+    let mut batch = AttentionBatch::new();
+    for s in &c.seqs {
+        let ctx_slots = &slots[next..next + s.ctx_len];
+        next += s.ctx_len;
+        // Context listed in a scrambled order too: the rule is positional, not by index.
+        let mut order: Vec<u32> = (0..s.ctx_len as u32).collect();
+        order.reverse();
+        let ctx_positions: Vec<u32> = order.clone();
+        let ctx_slots: Vec<u32> = order.iter().map(|&p| ctx_slots[p as usize]).collect();
+        batch
+            .push_sequence(&s.queries, &ctx_slots, &ctx_positions)
+            .unwrap();
+    }
+    let n_heads = c.n_kv_heads * c.group;
+    let t = batch.num_queries();
+    let dev = Device::Cpu;
+    let q = Tensor::from_vec(
+        values(t * n_heads * c.head_dim, c.seed),
+        (t, n_heads, c.head_dim),
+        &dev,
+    )
+    .unwrap();
+    let kv_shape = (n_slots, c.n_kv_heads, c.head_dim);
+    let k = Tensor::from_vec(
+        values(n_slots * c.n_kv_heads * c.head_dim, c.seed ^ 1),
+        kv_shape,
+        &dev,
+    )
+    .unwrap();
+    let v = Tensor::from_vec(
+        values(n_slots * c.n_kv_heads * c.head_dim, c.seed ^ 2),
+        kv_shape,
+        &dev,
+    )
+    .unwrap();
+    (q, k, v, batch)
+}
+
+fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+        .fold(0.0, f32::max)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fast_cpu_equals_reference(c in case()) {
+        let (q, k, v, batch) = build(&c);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
+        prop_assert!(max_rel_err(&fast, &reference) < 1e-4, "err {}", max_rel_err(&fast, &reference));
+    }
+
+    #[test]
+    fn gather_equals_reference(c in case()) {
+        let (q, k, v, batch) = build(&c);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+        let gathered = attention_gather(&q, &k, &v, &batch, scale).unwrap();
+        prop_assert!(max_rel_err(&gathered, &reference) < 1e-4);
+    }
+}
+
+#[test]
+fn future_context_is_invisible() {
+    // Changing K/V at positions after every query must not change the output; changing a
+    // visible one must.
+    let c = Case {
+        n_kv_heads: 1,
+        group: 3,
+        head_dim: 8,
+        seqs: vec![SeqCase {
+            ctx_len: 50,
+            queries: vec![10, 11, 12],
+        }],
+        seed: 7,
+    };
+    let (q, k, v, batch) = build(&c);
+    let a = attention(&q, &k, &v, &batch, 0.3).unwrap();
+    let seq = batch.sequences().next().unwrap();
+    let perturb = |pool: &Tensor, visible: bool| {
+        let mut rows = pool.to_vec3::<f32>().unwrap();
+        for (&slot, &pos) in seq.ctx_slots.iter().zip(seq.ctx_positions) {
+            if (pos <= 12) == visible {
+                rows[slot as usize]
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|x| *x += 1.5);
+            }
+        }
+        Tensor::new(rows, &Device::Cpu).unwrap()
+    };
+    let hidden = attention(&q, &perturb(&k, false), &perturb(&v, false), &batch, 0.3).unwrap();
+    assert_eq!(max_rel_err(&hidden, &a), 0.0);
+    let shown = attention(&q, &perturb(&k, true), &perturb(&v, true), &batch, 0.3).unwrap();
+    assert!(max_rel_err(&shown, &a) > 1e-3);
+}
+
+#[test]
+fn out_of_pool_slot_is_a_typed_error() {
+    let q = Tensor::zeros((1, 2, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let k = Tensor::zeros((4, 1, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let mut batch = AttentionBatch::new();
+    batch.push_sequence(&[0], &[9], &[0]).unwrap();
+    assert!(matches!(
+        attention(&q, &k, &k, &batch, 1.0),
+        Err(pensieve::Error::InvalidBatch(_))
+    ));
+}
