@@ -1,4 +1,20 @@
-//! pensieve
+//! # pensieve
+//!
+//! Embeddable stateful multi-turn LLM inference. A host application loads a model, and the
+//! engine keeps every conversation's KV state across turns so that a new turn prefills only its
+//! new tokens. This crate is built bottom-up:
+//!
+//! - [`attention`]: the multi-query attention op over non-contiguous KV slots (prefill and
+//!   decode rows in one call), with a fast CPU kernel and a naive reference;
+//! - [`kv`]: the KV pool that attention reads;
+//! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
+//!   their tokenizer and chat template.
+//!
+//! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
+
 pub mod attention;
 mod error;
+pub mod kv;
+pub mod model;
+
 pub use error::{Error, Result};

@@ -1,0 +1,416 @@
+//! The Llama-family decoder (SmolLM2, Llama 2/3, Mistral-style GQA) on candle, with attention
+//! through [`crate::attention`] over a [`KvPool`].
+//!
+//! One forward pass takes a [`ForwardBatch`]: the tokens of many sequences concatenated (a
+//! decoding sequence contributes one token, a prefilling one many), each token's position and
+//! destination slot, and each sequence's context. K/V of the new tokens are written to their
+//! slots before attention reads the context, so prefill and decode share one pass. Logits are
+//! computed only for the rows asked for (the output projection is the largest matmul).
+//!
+//! Weights come from a GGUF file or safetensors, held as candle `QMatMul`s in the
+//! [`WeightFormat`] chosen at load (see `docs/BENCHMARKS.md` for why f32 is the CPU default).
+
+use std::collections::HashMap;
+use std::io::{Read, Seek};
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
+
+use super::config::{LlamaConfig, RopeVariant};
+use crate::attention::{attention, AttentionBatch};
+use crate::kv::KvPool;
+use crate::{Error, Result};
+
+/// How linear-layer weights are held in memory and multiplied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Dequantized to f32: candle's CPU GEMM runs at full speed; 4 bytes per weight.
+    #[default]
+    F32,
+    /// Dequantized to f16: half the bytes read per decode step.
+    F16,
+    /// Kept in the file's quantized format (safetensors weights are quantized to Q8_0);
+    /// candle quantizes activations too.
+    Quantized,
+}
+
+/// One decoder layer's weights.
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Tensor,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    ffn_norm: Tensor,
+    w_gate: QMatMul,
+    w_up: QMatMul,
+    w_down: QMatMul,
+}
+
+/// A loaded Llama-family model.
+#[derive(Debug)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: QMatMul,
+    /// `[max_positions, head_dim / 2]` rotary tables.
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+/// One step's worth of work for [`Llama::forward`], as plain data.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardBatch {
+    tokens: Vec<u32>,
+    slots: Vec<u32>,
+    positions: Vec<u32>,
+    attention: AttentionBatch,
+    logit_rows: Vec<u32>,
+}
+
+impl ForwardBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one sequence: its new `tokens` at `positions`, to be written into `slots`, and
+    /// its whole context (which must include the new tokens' slots and positions). With
+    /// `want_logits`, the logits of the sequence's last new token are returned.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] if the per-token lists differ in length or are empty.
+    pub fn push(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[u32],
+        ctx_slots: &[u32],
+        ctx_positions: &[u32],
+        want_logits: bool,
+    ) -> Result<()> {
+        if tokens.len() != positions.len() || tokens.len() != slots.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{} tokens, {} positions, {} slots",
+                tokens.len(),
+                positions.len(),
+                slots.len()
+            )));
+        }
+        self.attention
+            .push_sequence(positions, ctx_slots, ctx_positions)?;
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend_from_slice(positions);
+        self.slots.extend_from_slice(slots);
+        if want_logits {
+            self.logit_rows.push(self.tokens.len() as u32 - 1);
+        }
+        Ok(())
+    }
+
+    /// Number of new tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Number of logit rows [`Llama::forward`] will return.
+    pub fn num_logit_rows(&self) -> usize {
+        self.logit_rows.len()
+    }
+
+    /// Whether nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+impl Llama {
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs one forward pass, writing the new tokens' K/V into `pool`, and returns f32 logits
+    /// `[num_logit_rows, vocab]` in push order.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfVocab`], [`Error::ContextOverflow`], [`Error::InvalidBatch`] for bad
+    /// batches (nothing is written then); [`Error::Candle`] for device failures.
+    pub fn forward(&self, batch: &ForwardBatch, pool: &KvPool) -> Result<Tensor> {
+        let c = &self.config;
+        if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::TokenOutOfVocab {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        let max_pos = batch
+            .attention
+            .sequences()
+            .flat_map(|s| s.ctx_positions.iter())
+            .max();
+        if let Some(&p) = max_pos.filter(|&&p| p as usize >= c.max_position_embeddings) {
+            return Err(Error::ContextOverflow {
+                position: p as usize,
+                window: c.max_position_embeddings,
+            });
+        }
+        if batch.is_empty() {
+            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &self.device)?);
+        }
+        let t = batch.num_tokens();
+        let dev = &self.device;
+        let write_index = pool.write_index(&batch.slots, dev)?;
+        let positions = Tensor::from_slice(&batch.positions, t, dev)?;
+        let cos = self
+            .cos
+            .index_select(&positions, 0)?
+            .reshape((t, 1, c.head_dim / 2))?;
+        let sin = self
+            .sin
+            .index_select(&positions, 0)?
+            .reshape((t, 1, c.head_dim / 2))?;
+        let tokens = Tensor::from_slice(&batch.tokens, t, dev)?;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+
+        let mut x = self.embed.index_select(&tokens, 0)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, c.rms_norm_eps as f32)?;
+            let q = self.rope(&layer.wq.forward(&h)?, c.num_heads, &cos, &sin)?;
+            let k = self.rope(&layer.wk.forward(&h)?, c.num_kv_heads, &cos, &sin)?;
+            let v = layer
+                .wv
+                .forward(&h)?
+                .reshape((t, c.num_kv_heads, c.head_dim))?;
+            pool.write(i, &write_index, &k, &v)?;
+            let (k_pool, v_pool) = pool.layer(i)?;
+            let a = attention(&q, k_pool, v_pool, &batch.attention, scale)?;
+            x = (x + layer
+                .wo
+                .forward(&a.reshape((t, c.num_heads * c.head_dim))?)?)?;
+
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps as f32)?;
+            let gate = layer.w_gate.forward(&h)?.silu()?;
+            let up = layer.w_up.forward(&h)?;
+            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+        }
+        let rows = Tensor::from_slice(&batch.logit_rows, batch.logit_rows.len(), dev)?;
+        let x = x.index_select(&rows, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, c.rms_norm_eps as f32)?;
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+
+    /// `x`: `[tokens, heads * head_dim]` → rotated `[tokens, heads, head_dim]`.
+    fn rope(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (t, d) = (x.dim(0)?, self.config.head_dim);
+        // [tokens, heads, 1, d] is candle's [batch, heads, seq, d] with one position per
+        // "batch" row, which lets every token carry its own position.
+        let x = x.reshape((t, heads, 1, d))?;
+        let y = match self.config.rope.variant {
+            RopeVariant::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
+            RopeVariant::HalfSplit => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+        };
+        Ok(y.reshape((t, heads, d))?)
+    }
+
+    /// Loads a `llama` GGUF file.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for other architectures, missing tensors or corrupt data.
+    pub fn from_gguf<R: Read + Seek>(
+        content: &gguf_file::Content,
+        reader: &mut R,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let config = LlamaConfig::from_gguf(content)?;
+        let mut get = |name: &str| -> Result<QTensor> {
+            content
+                .tensor(reader, name, device)
+                .map_err(|e| Error::invalid_model(name, e))
+        };
+        let embed_q = get("token_embd.weight")?;
+        let embed = embed_q.dequantize(device)?;
+        let lm_head = if config.tie_word_embeddings {
+            linear_from_q(embed_q, format, device)?
+        } else {
+            linear_from_q(get("output.weight")?, format, device)?
+        };
+        let norm = get("output_norm.weight")?.dequantize(device)?;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let mut lin =
+                |n: &str| linear_from_q(get(&format!("blk.{i}.{n}.weight"))?, format, device);
+            let wq = lin("attn_q")?;
+            let wk = lin("attn_k")?;
+            let wv = lin("attn_v")?;
+            let wo = lin("attn_output")?;
+            let w_gate = lin("ffn_gate")?;
+            let w_up = lin("ffn_up")?;
+            let w_down = lin("ffn_down")?;
+            layers.push(Layer {
+                attn_norm: get(&format!("blk.{i}.attn_norm.weight"))?.dequantize(device)?,
+                ffn_norm: get(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(device)?,
+                wq,
+                wk,
+                wv,
+                wo,
+                w_gate,
+                w_up,
+                w_down,
+            });
+        }
+        Self::assemble(config, embed, layers, norm, lm_head, device)
+    }
+
+    /// Builds the model from Hugging Face-named tensors (`model.layers.N.self_attn.q_proj.weight`
+    /// ...), as found in safetensors checkpoints.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for missing tensors or wrong shapes.
+    pub fn from_hf_tensors(
+        config: LlamaConfig,
+        mut tensors: HashMap<String, Tensor>,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let mut take = |name: &str| -> Result<Tensor> {
+            let t = tensors
+                .remove(name)
+                .ok_or_else(|| Error::invalid_model(name, "missing tensor"))?;
+            Ok(t.to_device(device)?.to_dtype(DType::F32)?)
+        };
+        let embed = take("model.embed_tokens.weight")?;
+        let lm_head = if config.tie_word_embeddings {
+            linear_from_tensor(embed.clone(), format)?
+        } else {
+            linear_from_tensor(take("lm_head.weight")?, format)?
+        };
+        let norm = take("model.norm.weight")?;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("model.layers.{i}");
+            let mut lin = |n: &str| linear_from_tensor(take(&format!("{p}.{n}.weight"))?, format);
+            let wq = lin("self_attn.q_proj")?;
+            let wk = lin("self_attn.k_proj")?;
+            let wv = lin("self_attn.v_proj")?;
+            let wo = lin("self_attn.o_proj")?;
+            let w_gate = lin("mlp.gate_proj")?;
+            let w_up = lin("mlp.up_proj")?;
+            let w_down = lin("mlp.down_proj")?;
+            layers.push(Layer {
+                attn_norm: take(&format!("{p}.input_layernorm.weight"))?,
+                ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"))?,
+                wq,
+                wk,
+                wv,
+                wo,
+                w_gate,
+                w_up,
+                w_down,
+            });
+        }
+        Self::assemble(config, embed, layers, norm, lm_head, device)
+    }
+
+    fn assemble(
+        config: LlamaConfig,
+        embed: Tensor,
+        layers: Vec<Layer>,
+        norm: Tensor,
+        lm_head: QMatMul,
+        device: &Device,
+    ) -> Result<Self> {
+        let c = &config;
+        let expect = [
+            (
+                "token embedding",
+                embed.dims().to_vec(),
+                vec![c.vocab_size, c.hidden_size],
+            ),
+            ("output norm", norm.dims().to_vec(), vec![c.hidden_size]),
+        ];
+        for (what, got, want) in expect {
+            if got != want {
+                return Err(Error::invalid_model(
+                    what,
+                    format!("shape {got:?}, expected {want:?}"),
+                ));
+            }
+        }
+        let inv_freq = config.rope_inv_freq();
+        let half = inv_freq.len();
+        let n = config.max_position_embeddings;
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let pos = Tensor::arange(0u32, n as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((n, 1))?;
+        let freqs = pos.broadcast_mul(&inv_freq)?;
+        Ok(Self {
+            cos: freqs.cos()?.contiguous()?,
+            sin: freqs.sin()?.contiguous()?,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            device: device.clone(),
+            config,
+        })
+    }
+
+    /// The argmax of each logits row: greedy next tokens.
+    ///
+    /// # Errors
+    /// [`Error::Candle`] for non-2D input.
+    pub fn greedy(logits: &Tensor) -> Result<Vec<u32>> {
+        Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+    }
+}
+
+fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<QMatMul> {
+    Ok(match (format, q.dtype()) {
+        (WeightFormat::F16, _) => QMatMul::TensorF16(q.dequantize_f16(device)?),
+        (WeightFormat::Quantized, dt) if !matches!(dt, GgmlDType::F32 | GgmlDType::F16) => {
+            QMatMul::QTensor(std::sync::Arc::new(q))
+        }
+        _ => QMatMul::Tensor(q.dequantize(device)?),
+    })
+}
+
+fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<QMatMul> {
+    Ok(match format {
+        WeightFormat::F32 => QMatMul::Tensor(w),
+        WeightFormat::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
+        WeightFormat::Quantized => {
+            QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
+        }
+    })
+}
+
+/// Reads every tensor of the safetensors files in `paths` (shards of one checkpoint).
+///
+/// # Errors
+/// [`Error::InvalidModel`] for unreadable or corrupt files.
+pub fn read_safetensors(
+    paths: &[impl AsRef<Path>],
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    let mut all = HashMap::new();
+    for p in paths {
+        let p = p.as_ref();
+        let tensors = candle_core::safetensors::load(p, device)
+            .map_err(|e| Error::invalid_model(p.display().to_string(), e))?;
+        all.extend(tensors);
+    }
+    Ok(all)
+}

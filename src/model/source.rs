@@ -1,0 +1,246 @@
+//! Where a model comes from, and resolving that to local files.
+//!
+//! Sources: a local GGUF file, a local safetensors folder (`config.json`, `tokenizer.json`,
+//! `model.safetensors` or an index of shards, optional `tokenizer_config.json` with the chat
+//! template), a Hugging Face repo id fetched through `hf-hub` (its cache is read first, so a
+//! populated cache works offline), and the default: SmolLM2-135M-Instruct as installed by
+//! `scripts/fetch-assets`.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::{Cache, Repo, RepoType};
+
+use crate::{Error, Result};
+
+/// File name of the default model inside the asset cache.
+const DEFAULT_GGUF: &str = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// A model to load.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ModelSource {
+    /// SmolLM2-135M-Instruct (GGUF Q4_1) in the asset cache (see [`default_cache_dir`]).
+    #[default]
+    Default,
+    /// A local GGUF file.
+    Gguf(PathBuf),
+    /// A local folder in Hugging Face layout with safetensors weights.
+    Safetensors(PathBuf),
+    /// A Hugging Face hub repository.
+    Hub(HubSource),
+}
+
+/// A model on the Hugging Face hub.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubSource {
+    /// Repository id, `org/name`.
+    pub repo: String,
+    /// Branch, tag or commit.
+    pub revision: String,
+    /// A GGUF file in the repo to use; `None` means safetensors weights.
+    pub gguf_file: Option<String>,
+    /// The hub cache folder; `None` uses hf-hub's default (`HF_HOME`).
+    pub cache_dir: Option<PathBuf>,
+    /// Only read the cache, never the network.
+    pub offline: bool,
+}
+
+impl HubSource {
+    /// `repo` at `main`, safetensors, default cache, online.
+    pub fn new(repo: impl Into<String>) -> Self {
+        Self {
+            repo: repo.into(),
+            revision: "main".into(),
+            gguf_file: None,
+            cache_dir: None,
+            offline: false,
+        }
+    }
+}
+
+impl FromStr for ModelSource {
+    type Err = Error;
+
+    /// `default`; a path to a `.gguf` file; a path to a folder; or `org/name[@revision][:file.gguf]`.
+    fn from_str(s: &str) -> Result<Self> {
+        let path = Path::new(s);
+        if s == "default" || s.is_empty() {
+            Ok(Self::Default)
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            Ok(Self::Gguf(path.to_path_buf()))
+        } else if path.is_dir() {
+            Ok(Self::Safetensors(path.to_path_buf()))
+        } else if s.split('/').count() == 2 && !path.exists() {
+            let (rest, gguf_file) = match s.split_once(':') {
+                Some((r, f)) => (r, Some(f.to_string())),
+                None => (s, None),
+            };
+            let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
+            Ok(Self::Hub(HubSource {
+                revision: revision.into(),
+                gguf_file,
+                ..HubSource::new(repo)
+            }))
+        } else {
+            Err(Error::invalid_model(
+                s,
+                "not a .gguf file, a model folder or an org/name repo id",
+            ))
+        }
+    }
+}
+
+/// The asset cache: `$PENSIEVE_CACHE`, else `~/.cache/pensieve` (as `scripts/fetch-assets`).
+pub fn default_cache_dir() -> PathBuf {
+    match std::env::var_os("PENSIEVE_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join(".cache/pensieve"),
+    }
+}
+
+/// Path of the default model file in the asset cache (it may not exist yet).
+pub fn default_model_path() -> PathBuf {
+    default_cache_dir().join(DEFAULT_GGUF)
+}
+
+/// Local files of a resolved source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolvedFiles {
+    /// One GGUF file with weights, tokenizer and template.
+    Gguf(PathBuf),
+    /// Hugging Face layout.
+    Safetensors {
+        /// `config.json`.
+        config: PathBuf,
+        /// `tokenizer.json`.
+        tokenizer: PathBuf,
+        /// `tokenizer_config.json`, if present (chat template, special tokens).
+        tokenizer_config: Option<PathBuf>,
+        /// The weight shards.
+        weights: Vec<PathBuf>,
+    },
+}
+
+impl ModelSource {
+    /// Finds (or, for the hub, fetches) the files of this source.
+    ///
+    /// # Errors
+    /// [`Error::AssetsMissing`] for an unfetched default, [`Error::Io`] for missing local
+    /// files, [`Error::Hub`] when the hub or its cache cannot provide a file.
+    pub fn resolve(&self) -> Result<ResolvedFiles> {
+        match self {
+            Self::Default => {
+                let path = default_model_path();
+                if path.is_file() {
+                    Ok(ResolvedFiles::Gguf(path))
+                } else {
+                    Err(Error::AssetsMissing { path })
+                }
+            }
+            Self::Gguf(p) => {
+                std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+                Ok(ResolvedFiles::Gguf(p.clone()))
+            }
+            Self::Safetensors(dir) => resolve_folder(|f| {
+                let p = dir.join(f);
+                Ok(p.is_file().then_some(p))
+            }),
+            Self::Hub(hub) => resolve_hub(hub),
+        }
+    }
+}
+
+/// Resolves the Hugging Face layout through `fetch`, which returns `None` for absent files.
+fn resolve_folder(fetch: impl Fn(&str) -> Result<Option<PathBuf>>) -> Result<ResolvedFiles> {
+    let required = |f: &str| {
+        fetch(f)?.ok_or_else(|| {
+            Error::io(
+                f,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "required model file missing"),
+            )
+        })
+    };
+    let weights = match fetch("model.safetensors")? {
+        Some(p) => vec![p],
+        None => {
+            let index = required("model.safetensors.index.json")?;
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::invalid_model(index.display().to_string(), e))?;
+            let mut shards: Vec<String> = json["weight_map"]
+                .as_object()
+                .ok_or_else(|| Error::invalid_model(index.display().to_string(), "no weight_map"))?
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards.iter().map(|s| required(s)).collect::<Result<_>>()?
+        }
+    };
+    Ok(ResolvedFiles::Safetensors {
+        config: required("config.json")?,
+        tokenizer: required("tokenizer.json")?,
+        tokenizer_config: fetch("tokenizer_config.json")?,
+        weights,
+    })
+}
+
+fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
+    let repo = Repo::with_revision(hub.repo.clone(), RepoType::Model, hub.revision.clone());
+    let cache = match &hub.cache_dir {
+        Some(d) => Cache::new(d.clone()),
+        None => Cache::from_env(),
+    };
+    let hub_err = |reason: String| Error::Hub {
+        repo: hub.repo.clone(),
+        reason,
+    };
+    let api = if hub.offline {
+        None
+    } else {
+        let builder = ApiBuilder::from_cache(cache.clone()).with_progress(false);
+        Some(
+            builder
+                .build()
+                .map_err(|e| hub_err(e.to_string()))?
+                .repo(repo.clone()),
+        )
+    };
+    // Online, the repo's file list tells a missing file from a failed download.
+    let listing: Option<Vec<String>> = match &api {
+        Some(api) => Some(
+            api.info()
+                .map_err(|e| hub_err(e.to_string()))?
+                .siblings
+                .into_iter()
+                .map(|s| s.rfilename)
+                .collect(),
+        ),
+        None => None,
+    };
+    let cached = cache.repo(repo);
+    // Cache first, so a populated cache never touches the network.
+    let fetch = |file: &str| -> Result<Option<PathBuf>> {
+        if let Some(p) = cached.get(file) {
+            return Ok(Some(p));
+        }
+        match (&api, &listing) {
+            (Some(api), Some(files)) if files.iter().any(|f| f == file) => api
+                .get(file)
+                .map(Some)
+                .map_err(|e| hub_err(format!("{file}: {e}"))),
+            _ => Ok(None),
+        }
+    };
+    match &hub.gguf_file {
+        Some(f) => fetch(f)?
+            .map(ResolvedFiles::Gguf)
+            .ok_or_else(|| hub_err(format!("{f} not found in the repo or its cache"))),
+        None => resolve_folder(fetch),
+    }
+}

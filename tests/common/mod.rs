@@ -1,0 +1,135 @@
+//! Helpers shared by the test files that need the real SmolLM2 weights (fetched by
+//! `scripts/fetch-assets`, which the README's test command runs first).
+#![allow(dead_code)]
+
+use pensieve::kv::KvPool;
+use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
+
+pub fn real_model(format: WeightFormat) -> Model {
+    let options = LoadOptions {
+        format,
+        ..LoadOptions::default()
+    };
+    match Model::load(&ModelSource::Default, &options) {
+        Ok(m) => m,
+        Err(e) => panic!("the real model is required (run scripts/fetch-assets): {e}"),
+    }
+}
+
+/// Greedy generation of `n` tokens after `prompt`, one sequence, KV in `slots_for(i)` for the
+/// token at position `i`; `prefill_chunk` splits the prompt into several forward passes.
+/// Returns the generated ids and the logits that chose each of them.
+pub fn greedy(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    prefill_chunk: usize,
+    slots_for: impl Fn(usize) -> u32,
+    n_slots: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let llama = &model.llama;
+    let pool = KvPool::new(
+        llama.config(),
+        n_slots,
+        candle_core::DType::F32,
+        llama.device(),
+    )
+    .unwrap();
+    let mut history: Vec<u32> = Vec::new();
+    let mut out = Vec::new();
+    let mut all_logits = Vec::new();
+    let mut pending: Vec<u32> = prompt.to_vec();
+    while out.len() < n {
+        let take = if history.is_empty() || history.len() < prompt.len() {
+            prefill_chunk.min(pending.len())
+        } else {
+            pending.len()
+        };
+        let new: Vec<u32> = pending.drain(..take).collect();
+        let start = history.len();
+        history.extend_from_slice(&new);
+        let positions: Vec<u32> = (start as u32..history.len() as u32).collect();
+        let slots: Vec<u32> = (start..history.len()).map(&slots_for).collect();
+        let ctx_positions: Vec<u32> = (0..history.len() as u32).collect();
+        let ctx_slots: Vec<u32> = (0..history.len()).map(&slots_for).collect();
+        let mut batch = ForwardBatch::new();
+        batch
+            .push(&new, &positions, &slots, &ctx_slots, &ctx_positions, true)
+            .unwrap();
+        let logits = llama.forward(&batch, &pool).unwrap();
+        if !pending.is_empty() {
+            continue;
+        }
+        let row = logits.get(0).unwrap().to_vec1::<f32>().unwrap();
+        let next = argmax(&row);
+        all_logits.push(row);
+        out.push(next);
+        pending.push(next);
+    }
+    (out, all_logits)
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The three fixed chat prompts of the correctness tests.
+pub const PROMPTS: [&str; 3] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+];
+
+/// Greedy generation with candle-transformers' `quantized_llama` on the same file: the
+/// independent implementation we compare against. Returns ids and the logits behind each.
+pub fn candle_greedy(prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    use candle_core::{Device, Tensor};
+    use candle_transformers::models::quantized_llama::ModelWeights;
+    let path = pensieve::model::default_model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut model = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    let mut ids = Vec::new();
+    let mut all_logits = Vec::new();
+    let mut input = prompt.to_vec();
+    let mut pos = 0;
+    while ids.len() < n {
+        let x = Tensor::new(input.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let logits = model
+            .forward(&x, pos)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        pos += input.len();
+        let next = argmax(&logits);
+        all_logits.push(logits);
+        ids.push(next);
+        input = vec![next];
+    }
+    (ids, all_logits)
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn chat_prompt(model: &Model, user: &str) -> Vec<u32> {
+    let text = model
+        .render_chat(&[pensieve::model::Message::new("user", user)], true)
+        .unwrap();
+    model.encode(&text).unwrap()
+}
