@@ -6,6 +6,7 @@
 //! populated cache works offline), and the default: SmolLM2-135M-Instruct as installed by
 //! `scripts/fetch-assets`.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -65,13 +66,19 @@ impl FromStr for ModelSource {
     /// `default`; a path to a `.gguf` file; a path to a folder; or `org/name[@revision][:file.gguf]`.
     fn from_str(s: &str) -> Result<Self> {
         let path = Path::new(s);
+        let repo_part = s.split([':', '@']).next().unwrap_or_default();
+        let looks_like_repo = repo_part.split('/').count() == 2
+            && !repo_part.starts_with(['.', '/', '~'])
+            && repo_part.split('/').all(|p| !p.is_empty());
         if s == "default" || s.is_empty() {
             Ok(Self::Default)
-        } else if path.extension().is_some_and(|e| e == "gguf") {
-            Ok(Self::Gguf(path.to_path_buf()))
         } else if path.is_dir() {
             Ok(Self::Safetensors(path.to_path_buf()))
-        } else if s.split('/').count() == 2 && !path.exists() {
+        } else if path.is_file()
+            || (!looks_like_repo && path.extension().is_some_and(|e| e == "gguf"))
+        {
+            Ok(Self::Gguf(path.to_path_buf()))
+        } else if looks_like_repo {
             let (rest, gguf_file) = match s.split_once(':') {
                 Some((r, f)) => (r, Some(f.to_string())),
                 None => (s, None),
@@ -211,30 +218,29 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
                 .repo(repo.clone()),
         )
     };
-    // Online, the repo's file list tells a missing file from a failed download.
-    let listing: Option<Vec<String>> = match &api {
-        Some(api) => Some(
-            api.info()
-                .map_err(|e| hub_err(e.to_string()))?
-                .siblings
-                .into_iter()
-                .map(|s| s.rfilename)
-                .collect(),
-        ),
-        None => None,
-    };
     let cached = cache.repo(repo);
-    // Cache first, so a populated cache never touches the network.
+    // Online, the repo's file list tells a missing file from a failed download; asked for only
+    // when the cache lacks a file, so a populated cache never touches the network.
+    let listing: RefCell<Option<Vec<String>>> = RefCell::new(None);
     let fetch = |file: &str| -> Result<Option<PathBuf>> {
         if let Some(p) = cached.get(file) {
             return Ok(Some(p));
         }
-        match (&api, &listing) {
-            (Some(api), Some(files)) if files.iter().any(|f| f == file) => api
-                .get(file)
+        let Some(api) = &api else { return Ok(None) };
+        if listing.borrow().is_none() {
+            let info = api.info().map_err(|e| hub_err(e.to_string()))?;
+            *listing.borrow_mut() = Some(info.siblings.into_iter().map(|s| s.rfilename).collect());
+        }
+        let listed = listing
+            .borrow()
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|f| f == file));
+        if listed {
+            api.get(file)
                 .map(Some)
-                .map_err(|e| hub_err(format!("{file}: {e}"))),
-            _ => Ok(None),
+                .map_err(|e| hub_err(format!("{file}: {e}")))
+        } else {
+            Ok(None)
         }
     };
     match &hub.gguf_file {
