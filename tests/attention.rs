@@ -1,6 +1,8 @@
 //! The attention op's fast paths equal the naive reference over random batches: shapes, GQA
 //! ratios, slot permutations, disjoint query runs in one sequence, decode and prefill mixed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use candle_core::{Device, Tensor};
 use pensieve::attention::{attention, attention_gather, attention_reference, AttentionBatch};
 use proptest::prelude::*;

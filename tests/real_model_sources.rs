@@ -2,6 +2,8 @@
 //! hub repo read from a hub-cache folder the test builds (no hub is reachable here), plus the
 //! typed errors of bad sources.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::HashMap;

@@ -1,6 +1,8 @@
 //! The tokenizer rebuilt from the GGUF metadata gives llama.cpp's ids, and the model's own chat
 //! template renders as SmolLM2 expects. Needs the real model.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use pensieve::model::{Message, WeightFormat};
@@ -61,4 +63,19 @@ fn real_model_chat_template_renders() {
     let text = m.render_chat(&messages[1..2], false).unwrap();
     assert!(text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
     assert!(text.ends_with("<|im_start|>user\nHi!<|im_end|>\n"));
+}
+
+#[test]
+fn real_model_incremental_decoding_concatenates_to_the_text() {
+    let m = common::real_model(WeightFormat::F32);
+    let text = "Grüße aus 東京 🚀! 123";
+    let ids = m.encode(text).unwrap();
+    let mut dec = pensieve::model::IncrementalDecoder::new();
+    let mut out = String::new();
+    for id in ids {
+        let delta = dec.push(&m.tokenizer, id).unwrap();
+        assert!(!delta.contains('\u{FFFD}'));
+        out.push_str(&delta);
+    }
+    assert_eq!(out, text);
 }

@@ -5,6 +5,8 @@
 //! candle reads `CANDLE_DEQUANTIZE_ALL` once per thread, so this file sets it before loading and
 //! the quantized comparison lives in its own test binary.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use common::{candle_greedy, chat_prompt, greedy, max_abs_diff, PROMPTS};

@@ -74,3 +74,66 @@ impl ChatTemplate {
         })?)
     }
 }
+
+impl ChatTemplate {
+    /// The text that continues a conversation the model has already seen as `seen_text` (the
+    /// rendered prompt plus the generated replies, exactly as fed) so that it reads as the
+    /// template renders `messages` followed by a generation prompt. Only this text needs
+    /// tokenizing for a new turn: the history's tokens are kept, never re-tokenized.
+    ///
+    /// When the template rewrites history (some trim replies), the continuation starts after
+    /// the longest common prefix; the cached tokens stay as the model produced them.
+    ///
+    /// # Errors
+    /// [`crate::Error::ChatTemplate`] if rendering fails.
+    pub fn continuation(&self, messages: &[Message], seen_text: &str) -> Result<String> {
+        let full = self.render(messages, true)?;
+        let common = full
+            .char_indices()
+            .zip(seen_text.chars())
+            .find(|((_, a), b)| a != b)
+            .map(|((i, _), _)| i)
+            .unwrap_or_else(|| full.len().min(seen_text.len()));
+        Ok(full[common..].to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                          {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    #[test]
+    fn continuation_is_only_the_new_turn() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let mut msgs = vec![Message::new("user", "Hi")];
+        let first = t.render(&msgs, true).unwrap();
+        // The model generated "Hello!" and its end-of-turn token.
+        let seen = format!("{first}Hello!<|im_end|>");
+        msgs.push(Message::new("assistant", "Hello!"));
+        msgs.push(Message::new("user", "How are you?"));
+        let next = t.continuation(&msgs, &seen).unwrap();
+        assert_eq!(
+            next,
+            "\n<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn template_errors_are_typed() {
+        assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
+        assert!(matches!(
+            t.render(&[], true),
+            Err(crate::Error::ChatTemplate(_))
+        ));
+        // Python string methods used by real templates work.
+        let t = ChatTemplate::new("{{ messages[0].content.strip() }}", "", "").unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "  x  ")], false).unwrap(),
+            "x"
+        );
+    }
+}

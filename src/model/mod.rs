@@ -6,6 +6,7 @@
 
 mod chat_template;
 mod config;
+mod detokenize;
 mod llama;
 mod source;
 mod tokenizer;
@@ -18,6 +19,7 @@ use tokenizers::Tokenizer;
 
 pub use chat_template::{ChatTemplate, Message};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
+pub use detokenize::IncrementalDecoder;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
 pub use source::{default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles};
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
