@@ -1,0 +1,238 @@
+//! Prefill and decode throughput of our model against candle-transformers' `quantized_llama`
+//! on the same GGUF file, side by side in one run, medians of repeated measurements.
+//!
+//! ```text
+//! cargo run --release --example bench_model -- [--repeats 3] [--quick]
+//! ```
+//! Prefill: one prompt of N tokens, tokens/s. Decode: one sequence with C tokens of context,
+//! 16 greedy steps, tokens/s. Also prints the machine's f32 GEMM rate on a model-shaped
+//! matmul, the yardstick for prefill efficiency.
+
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{DType, Device, Module, Tensor};
+use candle_transformers::models::quantized_llama::ModelWeights;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use pensieve::kv::KvPool;
+use pensieve::model::{
+    default_model_path, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat,
+};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Measurements per cell; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Only the short prompt and context (smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// Skip candle's scalar Q4_1 matmul on long prompts (slow: ~14 tokens/s).
+    #[arg(long)]
+    skip_slow: bool,
+}
+
+const DECODE_STEPS: usize = 16;
+
+fn tokens(n: usize) -> Vec<u32> {
+    // Ordinary vocabulary ids (the special tokens sit below 17).
+    (0..n).map(|i| 100 + (i as u32 * 7919) % 40_000).collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Our model: time to prefill `prompt`, and time of `DECODE_STEPS` decode steps after it.
+fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
+    let n = prompt.len();
+    let pool = KvPool::new(
+        model.llama.config(),
+        n + DECODE_STEPS + 1,
+        DType::F32,
+        model.llama.device(),
+    )?;
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let mut batch = ForwardBatch::new();
+    batch.push(prompt, &pos, &pos, &pos, &pos, true)?;
+    let started = Instant::now();
+    let logits = model.llama.forward(&batch, &pool)?;
+    let mut next = pensieve::model::Llama::greedy(&logits)?[0];
+    if !decode {
+        return Ok(started.elapsed().as_secs_f64());
+    }
+    let started = Instant::now();
+    for step in 0..DECODE_STEPS {
+        let p = (n + step) as u32;
+        let ctx: Vec<u32> = (0..=p).collect();
+        let mut batch = ForwardBatch::new();
+        batch.push(&[next], &[p], &[p], &ctx, &ctx, true)?;
+        next = pensieve::model::Llama::greedy(&model.llama.forward(&batch, &pool)?)?[0];
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// candle's `quantized_llama`: the same two timings.
+fn candle(model: &mut ModelWeights, prompt: &[u32], decode: bool) -> candle_core::Result<f64> {
+    model.clear_kv_cache();
+    let x = Tensor::new(prompt, &Device::Cpu)?.unsqueeze(0)?;
+    let started = Instant::now();
+    let logits = model.forward(&x, 0)?;
+    let mut next = logits.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+    if !decode {
+        return Ok(started.elapsed().as_secs_f64());
+    }
+    let started = Instant::now();
+    for step in 0..DECODE_STEPS {
+        let x = Tensor::new(&[next], &Device::Cpu)?.unsqueeze(0)?;
+        next = model
+            .forward(&x, prompt.len() + step)?
+            .squeeze(0)?
+            .argmax(0)?
+            .to_scalar::<u32>()?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Loads candle's model in a fresh thread, where its once-per-thread read of
+/// `CANDLE_DEQUANTIZE_ALL` sees `dequantize`; the returned model keeps its weights.
+fn load_candle(dequantize: bool) -> Result<ModelWeights, String> {
+    std::thread::spawn(move || {
+        // The variable is read during this thread's first QMatMul construction only.
+        std::env::set_var("CANDLE_DEQUANTIZE_ALL", if dequantize { "1" } else { "0" });
+        let path = default_model_path();
+        let mut f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+        let c = gguf_file::Content::read(&mut f).map_err(|e| e.to_string())?;
+        ModelWeights::from_gguf(c, &mut f, &Device::Cpu).map_err(|e| e.to_string())
+    })
+    .join()
+    .map_err(|_| "loader thread panicked".to_string())?
+}
+
+/// f32 GEMM rate of `[m, 576] x [576, 1536]`, the model's MLP up-projection shape.
+fn gemm_gflops(m: usize) -> candle_core::Result<f64> {
+    let a = Tensor::randn(0f32, 1.0, (m, 576), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (1536, 576), &Device::Cpu)?;
+    let lin = candle_nn::Linear::new(b, None);
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        lin.forward(&a)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * m as f64 * 576.0 * 1536.0 / median(times) / 1e9)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let prefill_lens: &[usize] = if args.quick { &[32] } else { &[32, 256, 1024] };
+    let decode_ctx: &[usize] = if args.quick { &[64] } else { &[64, 1024] };
+
+    eprintln!("loading models ...");
+    let load = |format| {
+        Model::load(
+            &ModelSource::Default,
+            &LoadOptions {
+                format,
+                ..LoadOptions::default()
+            },
+        )
+    };
+    let ours_models = [
+        ("pensieve f32", load(WeightFormat::F32)?),
+        ("pensieve f16", load(WeightFormat::F16)?),
+        ("pensieve Q4_1", load(WeightFormat::Quantized)?),
+    ];
+    let mut candle_models = [
+        (
+            "candle quantized_llama f32 (dequantized)",
+            load_candle(true)?,
+        ),
+        ("candle quantized_llama Q4_1", load_candle(false)?),
+    ];
+
+    let cells = (ours_models.len() + candle_models.len()) * (prefill_lens.len() + decode_ctx.len());
+    let bar = ProgressBar::new((cells * args.repeats) as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} {msg} [{elapsed}]",
+    )?);
+
+    let mut rows: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    let measure = |f: &mut dyn FnMut() -> Result<f64, Box<dyn std::error::Error>>,
+                   work: usize|
+     -> Result<f64, Box<dyn std::error::Error>> {
+        let mut t = Vec::new();
+        for _ in 0..args.repeats {
+            t.push(f()?);
+            bar.inc(1);
+        }
+        Ok(work as f64 / median(t))
+    };
+    for (name, m) in &ours_models {
+        bar.set_message(name.to_string());
+        let mut row = Vec::new();
+        for &n in prefill_lens {
+            let p = tokens(n);
+            row.push(Some(measure(&mut || Ok(ours(m, &p, false)?), n)?));
+        }
+        for &c in decode_ctx {
+            let p = tokens(c);
+            row.push(Some(measure(&mut || Ok(ours(m, &p, true)?), DECODE_STEPS)?));
+        }
+        rows.push((name.to_string(), row));
+    }
+    for (name, m) in &mut candle_models {
+        bar.set_message(name.to_string());
+        let slow = name.ends_with("Q4_1") && args.skip_slow;
+        let mut row = Vec::new();
+        for &n in prefill_lens {
+            let p = tokens(n);
+            if slow && n > 32 {
+                bar.inc(args.repeats as u64);
+                row.push(None);
+                continue;
+            }
+            row.push(Some(measure(&mut || Ok(candle(m, &p, false)?), n)?));
+        }
+        for &c in decode_ctx {
+            let p = tokens(c);
+            row.push(Some(measure(
+                &mut || Ok(candle(m, &p, true)?),
+                DECODE_STEPS,
+            )?));
+        }
+        rows.push((name.to_string(), row));
+    }
+    bar.finish_and_clear();
+
+    let mut header = String::from("| implementation |");
+    for n in prefill_lens {
+        header.push_str(&format!(" prefill {n} tok/s |"));
+    }
+    for c in decode_ctx {
+        header.push_str(&format!(" decode @ctx {c} tok/s |"));
+    }
+    println!("{header}");
+    println!(
+        "|{}",
+        "---|".repeat(1 + prefill_lens.len() + decode_ctx.len())
+    );
+    for (name, row) in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .map(|v| v.map_or("skipped".into(), |v| format!("{v:.1}")))
+            .collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+    println!();
+    println!(
+        "f32 GEMM [m x 576] x [576 x 1536]: m=32 {:.1} GFLOP/s, m=256 {:.1} GFLOP/s, m=1024 {:.1} GFLOP/s ({} rayon threads)",
+        gemm_gflops(32)?,
+        gemm_gflops(256)?,
+        gemm_gflops(1024)?,
+        rayon::current_num_threads()
+    );
+    Ok(())
+}
