@@ -78,6 +78,39 @@ pub enum Error {
         window: usize,
     },
 
+    /// An engine configuration value is out of range.
+    #[error("invalid engine configuration: {0}")]
+    InvalidConfig(String),
+
+    /// No open conversation has this id (never opened, or closed).
+    #[error("unknown conversation {0}")]
+    UnknownConversation(u64),
+
+    /// No queued or running turn has this id (never submitted, or already finished).
+    #[error("unknown or finished request {0}")]
+    UnknownRequest(u64),
+
+    /// The conversation already has a turn queued or running.
+    #[error("conversation {0} already has a turn in progress")]
+    ConversationBusy(u64),
+
+    /// A turn with nothing in it.
+    #[error("empty turn")]
+    EmptyTurn,
+
+    /// Sampling parameters that cannot be honoured.
+    #[error("invalid sampling parameters: {0}")]
+    InvalidParams(String),
+
+    /// The request can never fit the configured budgets, however much is evicted.
+    #[error("request needs {needed} device slots but the budgets allow {available}")]
+    BudgetTooSmall {
+        /// Slots the request needs.
+        needed: usize,
+        /// Slots the pool can give one request.
+        available: usize,
+    },
+
     /// The operation needs a feature this build or device does not have.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -13,8 +13,11 @@
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
 
 pub mod attention;
+mod conversation;
+pub mod engine;
 mod error;
 pub mod kv;
 pub mod model;
+mod scheduler;
 
 pub use error::{Error, Result};

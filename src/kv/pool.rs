@@ -95,3 +95,65 @@ impl KvPool {
         Ok(())
     }
 }
+
+impl KvPool {
+    /// Copies the KV of slots `[start, start + len)` out of every layer, as
+    /// `[layer][k, v][len][n_kv_heads * head_dim]` f32 values (a chunk on its way to the host).
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] for a range outside the pool; [`Error::Candle`] on device errors.
+    pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<f32>> {
+        self.check_range(start, len)?;
+        let mut out = Vec::with_capacity(self.k.len() * 2 * len * self.row);
+        for (k, v) in self.k.iter().zip(&self.v) {
+            for pool in [k, v] {
+                let rows = pool
+                    .narrow(0, start, len)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?;
+                out.extend(rows.to_vec1::<f32>()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes data laid out as [`Self::read_slots`] returns it into slots
+    /// `[start, start + len)` of every layer (a chunk coming back from the host).
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] if the data does not match the range; [`Error::Candle`] on
+    /// device errors.
+    pub fn write_slots(&self, start: usize, data: &[f32]) -> Result<()> {
+        let per = 2 * self.row * self.k.len();
+        if per == 0 || data.len() % per != 0 {
+            return Err(Error::InvalidBatch(format!(
+                "{} values are not whole KV-tokens",
+                data.len()
+            )));
+        }
+        let len = data.len() / per;
+        self.check_range(start, len)?;
+        let mut chunks = data.chunks_exact(len * self.row);
+        for (k, v) in self.k.iter().zip(&self.v) {
+            for pool in [k, v] {
+                let part = chunks.next().unwrap_or_default();
+                let src = Tensor::from_slice(part, (len, self.row), pool.device())?
+                    .to_dtype(pool.dtype())?;
+                pool.reshape((self.n_slots, self.row))?
+                    .slice_set(&src, 0, start)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, start: usize, len: usize) -> Result<()> {
+        if start + len > self.n_slots {
+            return Err(Error::InvalidBatch(format!(
+                "slots {start}..{} outside a pool of {}",
+                start + len,
+                self.n_slots
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! Typed engine configuration with validation.
+
+use crate::kv::CostModel;
+use crate::model::{LoadOptions, ModelSource};
+use crate::{Error, Result};
+
+/// How the engine treats KV between turns; the three variants the papers compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Device pool plus host tier (Pensieve).
+    #[default]
+    Tiered,
+    /// Device pool only: evicted chunks are dropped (the "GPU cache" variant).
+    DeviceOnly,
+    /// KV released after every turn; each turn re-prefills the whole history (vLLM-style).
+    Stateless,
+}
+
+/// Which eviction policy to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EvictionKind {
+    /// Recompute cost / idle time (Pensieve thesis §3.4.3).
+    #[default]
+    Value,
+    /// Least recently used.
+    Lru,
+}
+
+/// Where the value policy's cost curve comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum CostProfile {
+    /// Measured on the loaded model at start-up.
+    #[default]
+    Measure,
+    /// Given (e.g. a profile measured earlier).
+    Fixed(CostModel),
+}
+
+/// What to do with a prompt that does not fit the context window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OverflowPolicy {
+    /// Refuse the turn with [`Error::ContextOverflow`].
+    #[default]
+    Error,
+    /// Keep the end of the new turn's prompt that fits (the history is kept whole).
+    TruncatePrompt,
+}
+
+/// Memory budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budgets {
+    /// Device pool size in KV-tokens (slots); rounded down to whole chunks.
+    pub device_tokens: usize,
+    /// Host tier size in bytes (ignored in `DeviceOnly` and `Stateless` modes).
+    pub host_bytes: usize,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            device_tokens: 16 * 1024,
+            host_bytes: 4 << 30,
+        }
+    }
+}
+
+/// Everything an [`super::Engine`] is built from.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The model.
+    pub model: ModelSource,
+    /// Device and weight format.
+    pub load: LoadOptions,
+    /// Memory budgets.
+    pub budgets: Budgets,
+    /// KV-tokens per chunk (unit of allocation, eviction and swap).
+    pub chunk_size: usize,
+    /// Most tokens one step runs through the model (prefill is split across steps beyond it).
+    pub step_token_budget: usize,
+    /// Ahead-of-time swap-out starts when free device slots fall below this fraction.
+    pub swap_out_threshold: f64,
+    /// Admission keeps at least this fraction of device slots free for running decodes.
+    pub reserve: f64,
+    /// Cache behaviour between turns.
+    pub mode: CacheMode,
+    /// Eviction policy.
+    pub eviction: EvictionKind,
+    /// Cost curve of the value policy.
+    pub cost_profile: CostProfile,
+    /// Prompts beyond the context window.
+    pub overflow: OverflowPolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelSource::Default,
+            load: LoadOptions::default(),
+            budgets: Budgets::default(),
+            chunk_size: 32,
+            step_token_budget: 512,
+            swap_out_threshold: 0.25,
+            reserve: 0.10,
+            mode: CacheMode::Tiered,
+            eviction: EvictionKind::Value,
+            cost_profile: CostProfile::Measure,
+            overflow: OverflowPolicy::Error,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::InvalidConfig(what.to_string()));
+        if self.chunk_size == 0 {
+            return bad("chunk_size must be positive");
+        }
+        if self.budgets.device_tokens < self.chunk_size {
+            return bad("device_tokens must hold at least one chunk");
+        }
+        if self.step_token_budget == 0 {
+            return bad("step_token_budget must be positive");
+        }
+        if !(0.0..1.0).contains(&self.reserve) || !(0.0..=1.0).contains(&self.swap_out_threshold) {
+            return bad("reserve must be in [0, 1) and swap_out_threshold in [0, 1]");
+        }
+        Ok(())
+    }
+
+    /// Device blocks of `chunk_size` slots.
+    pub fn num_blocks(&self) -> usize {
+        self.budgets.device_tokens / self.chunk_size
+    }
+}

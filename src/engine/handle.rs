@@ -1,0 +1,73 @@
+//! [`EngineHandle`]: submit and cancel from any thread while one thread drives `step()`.
+//!
+//! Commands go into a mutex-protected inbox that `step()` drains first; request ids come from
+//! a shared atomic counter, so a handle returns the id at once. Errors of a handle's
+//! submission (unknown conversation, ...) arrive as `Finished` events with
+//! [`super::FinishReason::Failed`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{ConversationId, RequestId, SamplingParams, Turn};
+
+#[derive(Debug)]
+pub(super) enum Command {
+    Submit {
+        id: RequestId,
+        conv: ConversationId,
+        turn: Turn,
+        params: SamplingParams,
+    },
+    Cancel(RequestId),
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    inbox: Mutex<Vec<Command>>,
+    next_request: AtomicU64,
+}
+
+impl Shared {
+    pub fn next_request_id(&self) -> RequestId {
+        RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn take_commands(&self) -> Vec<Command> {
+        std::mem::take(&mut *self.inbox.lock())
+    }
+
+    pub fn has_commands(&self) -> bool {
+        !self.inbox.lock().is_empty()
+    }
+}
+
+/// A cheap, cloneable, `Send + Sync` handle to an [`super::Engine`].
+#[derive(Clone, Debug)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Queues a turn; it is validated and admitted at the engine's next `step()`.
+    pub fn submit(&self, conv: ConversationId, turn: Turn, params: SamplingParams) -> RequestId {
+        let id = self.shared.next_request_id();
+        self.shared.inbox.lock().push(Command::Submit {
+            id,
+            conv,
+            turn,
+            params,
+        });
+        id
+    }
+
+    /// Asks for a turn to be cancelled at the next `step()`.
+    pub fn cancel(&self, id: RequestId) {
+        self.shared.inbox.lock().push(Command::Cancel(id));
+    }
+}

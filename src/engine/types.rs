@@ -1,0 +1,195 @@
+//! Public request/response types of the engine: turns, sampling parameters, events, stats.
+
+use std::time::Duration;
+
+use crate::conversation::ConversationId;
+use crate::kv::CostModel;
+
+/// Handle of a submitted turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request {}", self.0)
+    }
+}
+
+/// One turn's input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// A user message, rendered with the model's chat template (only the new turn's text is
+    /// tokenized; the history's tokens are reused as generated).
+    User(String),
+    /// Raw token ids appended to the conversation as they are.
+    Tokens(Vec<u32>),
+}
+
+impl Turn {
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Turn::User(text.into())
+    }
+}
+
+/// How to pick each generated token and when to stop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (or below) means greedy.
+    pub temperature: f64,
+    /// Keep only the `k` most likely tokens.
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches `p`.
+    pub top_p: Option<f64>,
+    /// Seed of the request's sampler.
+    pub seed: u64,
+    /// Maximum tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Extra tokens that end the turn (the model's end-of-turn tokens always do, unless
+    /// `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the turn when the reply's text ends with one of them.
+    pub stop_strings: Vec<String>,
+    /// Generate exactly `max_tokens`, ignoring end-of-turn tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+impl SamplingParams {
+    /// Greedy decoding of up to 256 tokens.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+            max_tokens: 256,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+
+    /// The same with `max_tokens`.
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+}
+
+/// Why a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-turn or stop token was generated.
+    Stop,
+    /// A stop string appeared.
+    StopString,
+    /// `max_tokens` were generated.
+    Length,
+    /// The context window is full.
+    ContextFull,
+    /// Cancelled by the caller.
+    Cancelled,
+    /// The turn failed; the message says why. Other conversations are unaffected.
+    Failed(String),
+}
+
+/// What happened to one turn.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnStats {
+    /// Tokens of the new turn (after the template).
+    pub prompt_tokens: usize,
+    /// History tokens whose KV was found in the cache (device or host).
+    pub reused_tokens: usize,
+    /// Of those, tokens found in the host tier (swapped in).
+    pub reused_from_host_tokens: usize,
+    /// History tokens whose KV had been dropped and was recomputed.
+    pub recomputed_tokens: usize,
+    /// Tokens run through the model before the first output token.
+    pub prefilled_tokens: usize,
+    /// Tokens generated.
+    pub output_tokens: usize,
+    /// Time from submission to the first generated token.
+    pub ttft: Duration,
+    /// Time from submission to the end of the turn.
+    pub latency: Duration,
+}
+
+/// Something `step()` reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it completes (possibly empty mid-character).
+    Token {
+        /// The turn.
+        request: RequestId,
+        /// Its conversation.
+        conversation: ConversationId,
+        /// The token id.
+        token: u32,
+        /// Text delta.
+        text: String,
+    },
+    /// A turn ended.
+    Finished {
+        /// The turn.
+        request: RequestId,
+        /// Its conversation.
+        conversation: ConversationId,
+        /// Why.
+        reason: FinishReason,
+        /// Its numbers.
+        stats: TurnStats,
+    },
+}
+
+/// Engine-wide counters since start.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    /// `step()` calls that ran a batch.
+    pub steps: u64,
+    /// Turns finished (any reason).
+    pub turns_finished: u64,
+    /// Tokens run through the model before first tokens (prompts, pending, recomputed).
+    pub prefilled_tokens: u64,
+    /// History tokens reused from the device tier.
+    pub reused_device_tokens: u64,
+    /// History tokens reused from the host tier.
+    pub reused_host_tokens: u64,
+    /// History tokens recomputed after a drop.
+    pub recomputed_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Bytes copied device → host.
+    pub bytes_swapped_out: u64,
+    /// Bytes copied host → device.
+    pub bytes_swapped_in: u64,
+    /// Chunks dropped from the device tier.
+    pub chunks_dropped_from_device: u64,
+    /// Chunks dropped from the host tier.
+    pub chunks_dropped_from_host: u64,
+    /// Running turns suspended (swapped out and requeued) for lack of device slots.
+    pub suspensions: u64,
+    /// Device slots in use now.
+    pub device_slots_used: usize,
+    /// Device slots in total.
+    pub device_slots_total: usize,
+    /// Host bytes in use now.
+    pub host_bytes_used: usize,
+    /// The recompute cost curve the value policy uses.
+    pub cost_model: Option<CostModel>,
+}
+
+impl EngineStats {
+    /// Fraction of history tokens found in the device tier.
+    pub fn hit_rate_device(&self) -> f64 {
+        self.reused_device_tokens as f64 / self.history_tokens().max(1) as f64
+    }
+
+    /// Fraction of history tokens found in the host tier.
+    pub fn hit_rate_host(&self) -> f64 {
+        self.reused_host_tokens as f64 / self.history_tokens().max(1) as f64
+    }
+
+    fn history_tokens(&self) -> u64 {
+        self.reused_device_tokens + self.reused_host_tokens + self.recomputed_tokens
+    }
+}

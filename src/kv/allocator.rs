@@ -1,0 +1,123 @@
+//! Slot allocation over the fixed device pool, in blocks of `chunk_size` consecutive slots
+//! (Pensieve §4.3: the chunk is the unit of allocation, eviction and swap).
+//!
+//! Invariants: every block is either free (in the free list exactly once) or allocated; the
+//! number of free blocks plus allocated blocks equals the pool's block count. `allocate` and
+//! `release` are O(1).
+
+use std::fmt;
+
+/// Index of a block of `chunk_size` slots in the device pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+impl fmt::Display for BlockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "block {}", self.0)
+    }
+}
+
+/// Free-list allocator of device blocks.
+#[derive(Clone, Debug)]
+pub struct BlockAllocator {
+    chunk_size: usize,
+    free: Vec<BlockId>,
+    allocated: Vec<bool>,
+}
+
+impl BlockAllocator {
+    /// A pool of `num_blocks` blocks of `chunk_size` slots, all free.
+    pub fn new(num_blocks: usize, chunk_size: usize) -> Self {
+        // Handing out low ids first keeps small workloads in the front of the pool.
+        let free = (0..num_blocks as u32).rev().map(BlockId).collect();
+        Self {
+            chunk_size,
+            free,
+            allocated: vec![false; num_blocks],
+        }
+    }
+
+    /// Slots per block.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// Total blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.allocated.len()
+    }
+
+    /// Blocks currently free.
+    pub fn num_free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Takes a free block, or `None` when the pool is exhausted.
+    pub fn allocate(&mut self) -> Option<BlockId> {
+        let b = self.free.pop()?;
+        self.allocated[b.0 as usize] = true;
+        Some(b)
+    }
+
+    /// Returns `block` to the free list. Releasing a free or unknown block is a bookkeeping
+    /// bug; it is ignored (and reported as `false`) rather than corrupting the free list.
+    pub fn release(&mut self, block: BlockId) -> bool {
+        match self.allocated.get_mut(block.0 as usize) {
+            Some(a) if *a => {
+                *a = false;
+                self.free.push(block);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The slot of offset `i` inside `block`.
+    pub fn slot(&self, block: BlockId, i: usize) -> u32 {
+        (block.0 as usize * self.chunk_size + i) as u32
+    }
+
+    /// Whether `block` is allocated.
+    pub fn is_allocated(&self, block: BlockId) -> bool {
+        self.allocated
+            .get(block.0 as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn never_double_allocates(ops in prop::collection::vec(any::<(bool, u8)>(), 0..200)) {
+            let mut a = BlockAllocator::new(16, 32);
+            let mut held: Vec<BlockId> = Vec::new();
+            for (alloc, pick) in ops {
+                if alloc {
+                    if let Some(b) = a.allocate() {
+                        prop_assert!(!held.contains(&b));
+                        held.push(b);
+                    } else {
+                        prop_assert_eq!(held.len(), 16);
+                    }
+                } else if !held.is_empty() {
+                    let b = held.swap_remove(pick as usize % held.len());
+                    prop_assert!(a.release(b));
+                    prop_assert!(!a.release(b));
+                }
+                prop_assert_eq!(a.num_free() + held.len(), 16);
+            }
+        }
+    }
+
+    #[test]
+    fn slots_of_a_block_are_consecutive() {
+        let mut a = BlockAllocator::new(4, 32);
+        let b = a.allocate().unwrap();
+        assert_eq!(a.slot(b, 5), b.0 * 32 + 5);
+    }
+}

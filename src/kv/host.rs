@@ -1,0 +1,123 @@
+//! The host tier: chunks of KV held in RAM under a byte budget (Pensieve §4.3's CPU cache).
+//!
+//! Bookkeeping is two-phase: `reserve` books the bytes (at plan time, so the budget is never
+//! exceeded by what is in flight) and `store` fills them in when the executor has copied the
+//! data; `take` hands the data back for a swap-in and frees the bytes; `release` drops a chunk.
+//! Invariant: `used_bytes <= budget_bytes`, and `used_bytes` is the sum of the reserved sizes.
+
+/// Index of a chunk held by the host pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostChunkId(pub u32);
+
+#[derive(Debug)]
+struct Entry {
+    bytes: usize,
+    data: Option<Vec<f32>>,
+}
+
+/// KV chunks in host memory.
+#[derive(Debug, Default)]
+pub struct HostPool {
+    budget_bytes: usize,
+    used_bytes: usize,
+    entries: Vec<Option<Entry>>,
+    free_ids: Vec<u32>,
+}
+
+impl HostPool {
+    /// An empty pool that may hold up to `budget_bytes`.
+    pub fn new(budget_bytes: usize) -> Self {
+        Self {
+            budget_bytes,
+            ..Self::default()
+        }
+    }
+
+    /// The byte budget.
+    pub fn budget_bytes(&self) -> usize {
+        self.budget_bytes
+    }
+
+    /// Bytes booked by held and in-flight chunks.
+    pub fn used_bytes(&self) -> usize {
+        self.used_bytes
+    }
+
+    /// Bytes still free.
+    pub fn free_bytes(&self) -> usize {
+        self.budget_bytes - self.used_bytes
+    }
+
+    /// Books `bytes` for a chunk about to be swapped out; `None` if they do not fit.
+    pub fn reserve(&mut self, bytes: usize) -> Option<HostChunkId> {
+        if bytes > self.free_bytes() {
+            return None;
+        }
+        self.used_bytes += bytes;
+        let entry = Some(Entry { bytes, data: None });
+        let id = match self.free_ids.pop() {
+            Some(i) => {
+                self.entries[i as usize] = entry;
+                i
+            }
+            None => {
+                self.entries.push(entry);
+                (self.entries.len() - 1) as u32
+            }
+        };
+        Some(HostChunkId(id))
+    }
+
+    /// Fills a reserved chunk with its data. Returns `false` for an unknown id.
+    pub fn store(&mut self, id: HostChunkId, data: Vec<f32>) -> bool {
+        match self.entries.get_mut(id.0 as usize) {
+            Some(Some(e)) => {
+                e.data = Some(data);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes a chunk and returns its data (for a swap-in), freeing its bytes.
+    pub fn take(&mut self, id: HostChunkId) -> Option<Vec<f32>> {
+        let entry = self.entries.get_mut(id.0 as usize)?.take()?;
+        self.used_bytes -= entry.bytes;
+        self.free_ids.push(id.0);
+        entry.data
+    }
+
+    /// Drops a chunk (eviction to the next tier or to nothing).
+    pub fn release(&mut self, id: HostChunkId) {
+        let _ = self.take(id);
+    }
+
+    /// Number of chunks held or in flight.
+    pub fn len(&self) -> usize {
+        self.entries.len() - self.free_ids.len()
+    }
+
+    /// Whether no chunk is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_a_hard_cap() {
+        let mut h = HostPool::new(100);
+        let a = h.reserve(60).unwrap();
+        assert!(h.reserve(60).is_none());
+        assert!(h.store(a, vec![1.0; 15]));
+        let b = h.reserve(40).unwrap();
+        assert_eq!(h.used_bytes(), 100);
+        assert_eq!(h.take(a), Some(vec![1.0; 15]));
+        h.release(b);
+        assert_eq!((h.used_bytes(), h.len()), (0, 0));
+        assert!(h.take(a).is_none());
+    }
+}

@@ -1,0 +1,342 @@
+//! The engine's mechanism on a tiny random-weight model: API behaviour, typed errors, the
+//! thread-safe handle, and invariants under random operation sequences (proptest).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, Event,
+    FinishReason, RequestId, SamplingParams, Turn,
+};
+use pensieve::kv::CostModel;
+use pensieve::Error;
+use proptest::prelude::*;
+
+fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineConfig {
+    EngineConfig {
+        budgets: Budgets {
+            device_tokens,
+            host_bytes,
+        },
+        mode,
+        chunk_size: 8,
+        step_token_budget: 64,
+        cost_profile: CostProfile::Fixed(CostModel {
+            per_token_s: 1e-4,
+            per_token_per_position_s: 1e-7,
+        }),
+        ..EngineConfig::default()
+    }
+}
+
+fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
+    Engine::with_model(
+        common::tiny::tiny_model(7),
+        config(mode, device_tokens, host_bytes),
+    )
+    .unwrap()
+}
+
+/// Steps until no work is left; returns the events.
+fn drain(e: &mut Engine) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while e.has_work() {
+        out.extend(e.step().unwrap());
+        e.check_invariants().unwrap();
+        guard += 1;
+        assert!(guard < 10_000, "engine did not finish");
+    }
+    out
+}
+
+fn finished(events: &[Event]) -> HashMap<RequestId, (FinishReason, pensieve::engine::TurnStats)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Finished {
+                request,
+                reason,
+                stats,
+                ..
+            } => Some((*request, (reason.clone(), stats.clone()))),
+            _ => None,
+        })
+        .collect()
+}
+
+fn params(n: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(n)
+    }
+}
+
+#[test]
+fn second_turn_prefills_only_its_new_tokens() {
+    let mut e = engine(CacheMode::Tiered, 1024, 1 << 20);
+    let c = e.open(ConversationOptions::default()).unwrap();
+    let (r1, s1) = e
+        .run_turn(c, Turn::user("hello there"), params(5), |_| {})
+        .unwrap();
+    assert_eq!(r1, FinishReason::Length);
+    assert_eq!(
+        (s1.reused_tokens, s1.prefilled_tokens),
+        (0, s1.prompt_tokens)
+    );
+    let history = e.tokens(c).unwrap().len();
+    let (_, s2) = e
+        .run_turn(c, Turn::user("and again"), params(5), |_| {})
+        .unwrap();
+    // Everything but the previous reply's last token (sampled, never fed back) is reused.
+    assert_eq!(s2.reused_tokens, history - 1);
+    assert_eq!(s2.prefilled_tokens, s2.prompt_tokens + 1);
+    assert_eq!(s2.recomputed_tokens, 0);
+    // Stateless re-prefills the whole history every turn.
+    let mut s = engine(CacheMode::Stateless, 1024, 0);
+    let c = s.open(ConversationOptions::default()).unwrap();
+    s.run_turn(c, Turn::user("hello there"), params(5), |_| {})
+        .unwrap();
+    let (_, s2) = s
+        .run_turn(c, Turn::user("and again"), params(5), |_| {})
+        .unwrap();
+    assert_eq!(s2.reused_tokens, 0);
+    assert_eq!(s2.prefilled_tokens, history + s2.prompt_tokens);
+}
+
+#[test]
+fn tiered_outputs_equal_stateless_under_pressure_on_the_tiny_model() {
+    // 12 conversations of ~170 tokens in 30 device blocks of 8 tokens and 40 host chunks:
+    // swaps, drops and recomputes all happen.
+    let run = |mode: CacheMode, device: usize, host: usize| {
+        let mut e = engine(mode, device, host);
+        let convs: Vec<_> = (0..12)
+            .map(|_| e.open(ConversationOptions::default()).unwrap())
+            .collect();
+        for turn in 0..3 {
+            for (i, &c) in convs.iter().enumerate() {
+                e.submit(
+                    c,
+                    Turn::user(format!("turn {turn} of conversation {i}")),
+                    params(6),
+                )
+                .unwrap();
+            }
+            drain(&mut e);
+        }
+        let outputs: Vec<Vec<u32>> = convs
+            .iter()
+            .map(|&c| e.tokens(c).unwrap().to_vec())
+            .collect();
+        (outputs, e.stats())
+    };
+    let (tiered, stats) = run(CacheMode::Tiered, 240, 40 * 8 * 256);
+    let (stateless, _) = run(CacheMode::Stateless, 4096, 0);
+    assert_eq!(tiered, stateless);
+    assert!(
+        stats.bytes_swapped_out > 0 && stats.bytes_swapped_in > 0,
+        "{stats:?}"
+    );
+    assert!(
+        stats.chunks_dropped_from_host + stats.chunks_dropped_from_device > 0,
+        "{stats:?}"
+    );
+    assert!(stats.recomputed_tokens > 0, "{stats:?}");
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
+    let mut e = engine(CacheMode::Tiered, 256, 1 << 20);
+    let c = e
+        .open(ConversationOptions {
+            system: Some("be brief".into()),
+        })
+        .unwrap();
+    let other = e.open(ConversationOptions::default()).unwrap();
+    let busy = e
+        .submit(other, Turn::user("keep going"), params(20))
+        .unwrap();
+    assert!(matches!(
+        e.submit(
+            pensieve::engine::ConversationId(99),
+            Turn::user("x"),
+            params(3)
+        ),
+        Err(Error::UnknownConversation(99))
+    ));
+    assert!(matches!(
+        e.submit(c, Turn::user("   "), params(3)),
+        Err(Error::EmptyTurn)
+    ));
+    assert!(matches!(
+        e.submit(c, Turn::Tokens(vec![]), params(3)),
+        Err(Error::EmptyTurn)
+    ));
+    assert!(matches!(
+        e.submit(c, Turn::Tokens(vec![100_000]), params(3)),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
+    assert!(matches!(
+        e.submit(c, Turn::user("x"), params(0)),
+        Err(Error::InvalidParams(_))
+    ));
+    assert!(matches!(
+        e.submit(other, Turn::user("x"), params(3)),
+        Err(Error::ConversationBusy(_))
+    ));
+    // Prompt beyond the model's 2048-token window.
+    let long = "word ".repeat(500);
+    assert!(matches!(
+        e.submit(c, Turn::user(long.clone()), params(3)),
+        Err(Error::ContextOverflow { .. })
+    ));
+    // Truncation keeps the end of the prompt instead.
+    let mut t = Engine::with_model(
+        common::tiny::tiny_model(7),
+        EngineConfig {
+            overflow: pensieve::engine::OverflowPolicy::TruncatePrompt,
+            ..config(CacheMode::Tiered, 4096, 0)
+        },
+    )
+    .unwrap();
+    let tc = t.open(ConversationOptions::default()).unwrap();
+    let (_, st) = t.run_turn(tc, Turn::user(long), params(3), |_| {}).unwrap();
+    assert_eq!(st.prompt_tokens, 2047);
+    // A budget too small for one request.
+    let mut small = engine(CacheMode::Tiered, 16, 0);
+    let sc = small.open(ConversationOptions::default()).unwrap();
+    assert!(matches!(
+        small.submit(
+            sc,
+            Turn::user("a prompt longer than sixteen tokens"),
+            params(3)
+        ),
+        Err(Error::BudgetTooSmall { .. })
+    ));
+    // Cancel of an unknown request, then of a finished one.
+    assert!(matches!(
+        e.cancel(RequestId(12345)),
+        Err(Error::UnknownRequest(_))
+    ));
+    let events = drain(&mut e);
+    assert_eq!(finished(&events)[&busy].0, FinishReason::Length);
+    assert!(matches!(e.cancel(busy), Err(Error::UnknownRequest(_))));
+    // The system prompt conversation still works.
+    let (reason, _) = e.run_turn(c, Turn::user("hi"), params(2), |_| {}).unwrap();
+    assert_eq!(reason, FinishReason::Length);
+    assert!(matches!(
+        e.close(pensieve::engine::ConversationId(99)),
+        Err(Error::UnknownConversation(_))
+    ));
+}
+
+#[test]
+fn cancel_and_close_release_everything() {
+    let mut e = engine(CacheMode::Tiered, 256, 1 << 20);
+    let a = e.open(ConversationOptions::default()).unwrap();
+    let b = e.open(ConversationOptions::default()).unwrap();
+    let ra = e.submit(a, Turn::user("first"), params(50)).unwrap();
+    let rb = e.submit(b, Turn::user("second"), params(4)).unwrap();
+    e.step().unwrap();
+    e.cancel(ra).unwrap();
+    let events = drain(&mut e);
+    let f = finished(&events);
+    assert_eq!(f[&ra].0, FinishReason::Cancelled);
+    assert_eq!(f[&rb].0, FinishReason::Length);
+    e.close(a).unwrap();
+    e.close(b).unwrap();
+    let s = e.stats();
+    assert_eq!((s.device_slots_used, s.host_bytes_used), (0, 0));
+}
+
+#[test]
+fn handle_submits_from_another_thread() {
+    let mut e = engine(CacheMode::Tiered, 256, 1 << 20);
+    let c = e.open(ConversationOptions::default()).unwrap();
+    let h = e.handle();
+    let id = std::thread::spawn(move || h.submit(c, Turn::user("from a thread"), params(3)))
+        .join()
+        .unwrap();
+    let bad = e.handle().submit(
+        pensieve::engine::ConversationId(77),
+        Turn::user("x"),
+        params(3),
+    );
+    let f = finished(&drain(&mut e));
+    assert_eq!(f[&id].0, FinishReason::Length);
+    assert!(matches!(f[&bad].0, FinishReason::Failed(_)));
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<pensieve::engine::EngineHandle>();
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Open,
+    Submit(usize, usize),
+    Step,
+    Cancel(usize),
+    Close(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => Just(Op::Open),
+        4 => (any::<usize>(), 1usize..12).prop_map(|(c, n)| Op::Submit(c, n)),
+        6 => Just(Op::Step),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => any::<usize>().prop_map(Op::Close),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_under_random_operations(ops in prop::collection::vec(op(), 1..60), mode in 0usize..3) {
+        let mode = [CacheMode::Tiered, CacheMode::DeviceOnly, CacheMode::Stateless][mode];
+        let mut e = engine(mode, 96, 20 * 2 * 2 * 2 * 8 * 4);
+        let mut convs = Vec::new();
+        let mut submitted: Vec<RequestId> = Vec::new();
+        let mut ended: HashMap<RequestId, FinishReason> = HashMap::new();
+        let record = |events: Vec<Event>, ended: &mut HashMap<RequestId, FinishReason>| {
+            for ev in events {
+                if let Event::Finished { request, reason, .. } = ev {
+                    assert!(ended.insert(request, reason).is_none(), "finished twice");
+                }
+            }
+        };
+        for op in ops {
+            match op {
+                Op::Open => convs.push(e.open(ConversationOptions::default()).unwrap()),
+                Op::Submit(c, n) if !convs.is_empty() => {
+                    if let Ok(id) = e.submit(convs[c % convs.len()], Turn::user(format!("message {n}")), params(n)) {
+                        submitted.push(id);
+                    }
+                }
+                Op::Cancel(r) if !submitted.is_empty() => {
+                    let _ = e.cancel(submitted[r % submitted.len()]);
+                }
+                Op::Close(c) if !convs.is_empty() => {
+                    let id = convs.swap_remove(c % convs.len());
+                    e.close(id).unwrap();
+                }
+                _ => record(e.step().unwrap(), &mut ended),
+            }
+            e.check_invariants().unwrap();
+            let s = e.stats();
+            prop_assert!(s.device_slots_used <= s.device_slots_total);
+        }
+        record(drain(&mut e), &mut ended);
+        for id in &submitted {
+            prop_assert!(ended.contains_key(id), "{id} never finished");
+        }
+        for c in convs {
+            e.close(c).unwrap();
+        }
+        let s = e.stats();
+        prop_assert_eq!((s.device_slots_used, s.host_bytes_used), (0, 0));
+    }
+}
