@@ -94,6 +94,39 @@ impl ForwardBatch {
         ctx_positions: &[u32],
         want_logits: bool,
     ) -> Result<()> {
+        self.push_rows(tokens, positions, slots, ctx_slots, ctx_positions)?;
+        if want_logits {
+            self.logit_rows.push(self.tokens.len() as u32 - 1);
+        }
+        Ok(())
+    }
+
+    /// As [`Self::push`], returning the logits of every new token (scoring a sequence).
+    ///
+    /// # Errors
+    /// As [`Self::push`].
+    pub fn push_scored(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[u32],
+        ctx_slots: &[u32],
+        ctx_positions: &[u32],
+    ) -> Result<()> {
+        let first = self.tokens.len() as u32;
+        self.push_rows(tokens, positions, slots, ctx_slots, ctx_positions)?;
+        self.logit_rows.extend(first..self.tokens.len() as u32);
+        Ok(())
+    }
+
+    fn push_rows(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[u32],
+        ctx_slots: &[u32],
+        ctx_positions: &[u32],
+    ) -> Result<()> {
         if tokens.len() != positions.len() || tokens.len() != slots.len() {
             return Err(Error::InvalidBatch(format!(
                 "{} tokens, {} positions, {} slots",
@@ -107,9 +140,6 @@ impl ForwardBatch {
         self.tokens.extend_from_slice(tokens);
         self.positions.extend_from_slice(positions);
         self.slots.extend_from_slice(slots);
-        if want_logits {
-            self.logit_rows.push(self.tokens.len() as u32 - 1);
-        }
         Ok(())
     }
 

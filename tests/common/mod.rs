@@ -135,3 +135,23 @@ pub fn chat_prompt(model: &Model, user: &str) -> Vec<u32> {
         .unwrap();
     model.encode(&text).unwrap()
 }
+
+/// Logits at every position of `tokens`, computed in one stateless pass (the reference).
+pub fn score_all(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let llama = &model.llama;
+    let pool = KvPool::new(
+        llama.config(),
+        tokens.len(),
+        candle_core::DType::F32,
+        llama.device(),
+    )
+    .unwrap();
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    let mut batch = ForwardBatch::new();
+    batch.push_scored(tokens, &pos, &pos, &pos, &pos).unwrap();
+    llama
+        .forward(&batch, &pool)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+}
