@@ -1,24 +1,39 @@
-//! Multi-turn chat on a real model, keeping the conversation's KV cache across turns.
+//! Multi-turn chat on a real model through pensieve's engine, keeping the conversation's KV
+//! cache across turns.
 //!
 //! ```text
 //! cargo run --release --example chat                       # interactive, default SmolLM2
-//! cargo run --release --example chat -- --script turns.txt --json
+//! cargo run --release --example chat -- --script examples/data/chat-script.txt --json
 //! ```
-//! Each turn prefills only its new tokens; the history's KV stays in the pool. After each
-//! reply the chat prints what the cache saved: tokens reused instead of recomputed, and the
-//! prefill time a stateless server would have spent on them at this turn's measured rate.
+//! Each turn prefills only its new tokens; the history's KV stays cached. After each reply the
+//! chat prints what the cache saved: tokens reused instead of recomputed, and the time to
+//! first token of the same turn on a stateless engine (whole history re-prefilled), measured
+//! side by side on the same weights (`--no-compare` skips it).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
-use candle_transformers::generation::{LogitsProcessor, Sampling};
-use clap::Parser;
-use pensieve::kv::KvPool;
-use pensieve::model::{
-    ForwardBatch, IncrementalDecoder, LoadOptions, Message, Model, ModelSource, WeightFormat,
+use clap::{Parser, ValueEnum};
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
+    EngineConfig, SamplingParams, Turn, TurnStats,
 };
+use pensieve::model::{LoadOptions, Model, ModelSource, WeightFormat};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Tiered,
+    DeviceOnly,
+    Stateless,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    F32,
+    F16,
+    Quantized,
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "Multi-turn chat with a KV cache kept across turns")]
@@ -47,185 +62,80 @@ struct Args {
     /// Sampling seed.
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
-    /// KV pool size in tokens (the longest conversation this chat can hold).
-    #[arg(long, default_value_t = 4096)]
-    context: usize,
-    /// Weight format: f32, f16 or quantized.
-    #[arg(long, default_value = "f32")]
-    format: String,
-    /// Skip measuring what a stateless server would spend (re-prefilling the whole history).
+    /// Cache mode.
+    #[arg(long, value_enum, default_value = "tiered")]
+    mode: Mode,
+    /// Device KV pool in tokens.
+    #[arg(long, default_value_t = 8192)]
+    device_tokens: usize,
+    /// Host KV tier in MiB.
+    #[arg(long, default_value_t = 1024)]
+    host_mib: usize,
+    /// Weight format.
+    #[arg(long, value_enum, default_value = "f32")]
+    format: Format,
+    /// Skip the stateless engine that measures the baseline side by side.
     #[arg(long)]
     no_compare: bool,
 }
 
-/// One conversation: its token history and KV in slots `0..history.len()` of the pool.
-struct Chat {
-    model: Model,
-    pool: KvPool,
-    history: Vec<u32>,
-    /// What the model has seen, as text: the template's continuations plus the replies.
-    seen_text: String,
-    messages: Vec<Message>,
-    sampler: LogitsProcessor,
-    /// Scratch pool for measuring the stateless baseline; `None` when not comparing.
-    scratch: Option<KvPool>,
-}
-
-struct TurnStats {
-    prompt_tokens: usize,
-    reused_tokens: usize,
-    output_tokens: usize,
-    ttft_ms: f64,
-    /// Measured time to first token if the whole history were prefilled again.
-    stateless_ttft_ms: Option<f64>,
-    turn_ms: f64,
-    text: String,
-}
-
-impl Chat {
-    /// Runs the model over `tokens` at the end of the history; returns the last row's logits.
-    fn feed(&mut self, tokens: &[u32]) -> pensieve::Result<Tensor> {
-        let start = self.history.len();
-        self.history.extend_from_slice(tokens);
-        prefill(&self.model, &self.pool, &self.history, start)
-    }
-
-    /// What a stateless server does for this turn: prefill the whole history from scratch.
-    fn measure_stateless(&self) -> pensieve::Result<Option<f64>> {
-        let Some(scratch) = &self.scratch else {
-            return Ok(None);
-        };
-        let started = Instant::now();
-        prefill(&self.model, scratch, &self.history, 0)?;
-        Ok(Some(started.elapsed().as_secs_f64() * 1e3))
-    }
-
-    fn turn(
-        &mut self,
-        user: &str,
-        max_tokens: usize,
-        out: &mut dyn FnMut(&str),
-    ) -> pensieve::Result<TurnStats> {
-        let started = Instant::now();
-        self.messages.push(Message::new("user", user));
-        let new_text = match &self.model.template {
-            Some(t) => t.continuation(&self.messages, &self.seen_text)?,
-            None => user.to_string(),
-        };
-        let new_tokens = self.model.encode(&new_text)?;
-        let reused = self.history.len();
-        if reused + new_tokens.len() + max_tokens > self.pool.num_slots() {
-            self.messages.pop();
-            return Err(pensieve::Error::ContextOverflow {
-                position: reused + new_tokens.len() + max_tokens,
-                window: self.pool.num_slots(),
-            });
-        }
-        self.seen_text.push_str(&new_text);
-        let mut logits = self.feed(&new_tokens)?;
-        let ttft = started.elapsed();
-        let stateless_ttft_ms = self.measure_stateless()?;
-        let resumed = Instant::now();
-        let mut decoder = IncrementalDecoder::new();
-        let mut reply = String::new();
-        let mut generated = Vec::new();
-        while generated.len() < max_tokens {
-            let next = self.sampler.sample(&logits)?;
-            generated.push(next);
-            if self.model.eos_token_ids.contains(&next) {
-                self.seen_text.push_str(&self.model.decode(&[next])?);
-                self.history.push(next);
-                break;
-            }
-            let delta = decoder.push(&self.model.tokenizer, next)?;
-            out(&delta);
-            reply.push_str(&delta);
-            self.seen_text.push_str(&delta);
-            logits = self.feed(&[next])?;
-        }
-        self.messages.push(Message::new("assistant", reply.clone()));
-        Ok(TurnStats {
-            prompt_tokens: new_tokens.len(),
-            reused_tokens: reused,
-            output_tokens: generated.len(),
-            ttft_ms: ttft.as_secs_f64() * 1e3,
-            stateless_ttft_ms,
-            turn_ms: (ttft + resumed.elapsed()).as_secs_f64() * 1e3,
-            text: reply,
-        })
-    }
-}
-
-/// Runs `history[start..]` through the model with KV in slots equal to positions; returns the
-/// last row's logits.
-fn prefill(
-    model: &Model,
-    pool: &KvPool,
-    history: &[u32],
-    start: usize,
-) -> pensieve::Result<Tensor> {
-    let positions: Vec<u32> = (start as u32..history.len() as u32).collect();
-    let context: Vec<u32> = (0..history.len() as u32).collect();
-    let mut batch = ForwardBatch::new();
-    batch.push(
-        &history[start..],
-        &positions,
-        &positions,
-        &context,
-        &context,
-        true,
-    )?;
-    Ok(model.llama.forward(&batch, pool)?.squeeze(0)?)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let format = match args.format.as_str() {
-        "f32" => WeightFormat::F32,
-        "f16" => WeightFormat::F16,
-        "quantized" => WeightFormat::Quantized,
-        other => return Err(format!("unknown --format {other}").into()),
+    let format = match args.format {
+        Format::F32 => WeightFormat::F32,
+        Format::F16 => WeightFormat::F16,
+        Format::Quantized => WeightFormat::Quantized,
     };
-    let source: ModelSource = args.model.parse()?;
+    let mode = match args.mode {
+        Mode::Tiered => CacheMode::Tiered,
+        Mode::DeviceOnly => CacheMode::DeviceOnly,
+        Mode::Stateless => CacheMode::Stateless,
+    };
     eprintln!("loading {} ...", args.model);
-    let model = Model::load(
+    let source: ModelSource = args.model.parse()?;
+    let model = Arc::new(Model::load(
         &source,
         &LoadOptions {
             format,
             ..LoadOptions::default()
         },
-    )?;
-    let new_pool = || {
-        KvPool::new(
-            model.llama.config(),
-            args.context,
-            DType::F32,
-            model.llama.device(),
-        )
+    )?);
+    let config = EngineConfig {
+        budgets: Budgets {
+            device_tokens: args.device_tokens,
+            host_bytes: args.host_mib << 20,
+        },
+        mode,
+        ..EngineConfig::default()
     };
-    let pool = new_pool()?;
-    let scratch = if args.no_compare {
-        None
-    } else {
-        Some(new_pool()?)
+    let mut engine = Engine::with_model(model.clone(), config.clone())?;
+    let options = ConversationOptions {
+        system: args.system.clone(),
     };
-    let sampling = match (args.temperature, args.top_p) {
-        (t, _) if t <= 0.0 => Sampling::ArgMax,
-        (temperature, Some(p)) => Sampling::TopP { p, temperature },
-        (temperature, None) => Sampling::All { temperature },
+    let conv = engine.open(options.clone())?;
+    // The baseline: the same turns on a stateless engine sharing the weights. It never evicts,
+    // so it needs no measured cost curve.
+    let mut baseline = match (args.no_compare, mode) {
+        (false, CacheMode::Tiered | CacheMode::DeviceOnly) => {
+            let config = EngineConfig {
+                mode: CacheMode::Stateless,
+                cost_profile: CostProfile::Fixed(CostModel {
+                    per_token_s: 0.0,
+                    per_token_per_position_s: 0.0,
+                }),
+                ..config
+            };
+            let mut e = Engine::with_model(model, config)?;
+            let c = e.open(options)?;
+            Some((e, c))
+        }
+        _ => None,
     };
-    let mut chat = Chat {
-        model,
-        pool,
-        history: Vec::new(),
-        seen_text: String::new(),
-        messages: args
-            .system
-            .iter()
-            .map(|s| Message::new("system", s.as_str()))
-            .collect(),
-        sampler: LogitsProcessor::from_sampling(args.seed, sampling),
-        scratch,
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        ..SamplingParams::greedy().with_max_tokens(args.max_tokens)
     };
 
     let lines: Box<dyn Iterator<Item = std::io::Result<String>>> = match &args.script {
@@ -235,8 +145,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Box::new(std::io::stdin().lock().lines())
         }
     };
-    let interactive = args.script.is_none() && !args.json;
-    for (turn, line) in lines.enumerate() {
+    let mut turn = 0;
+    for line in lines {
         let line = line?;
         let user = line.trim();
         if user.is_empty() {
@@ -245,57 +155,90 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             break;
         }
-        if !args.json && !interactive {
+        turn += 1;
+        if !args.json && args.script.is_some() {
             println!("> {user}");
         }
         let mut stdout = std::io::stdout();
-        let mut print = |s: &str| {
+        let print = |s: &str| {
             if !args.json {
                 print!("{s}");
                 let _ = stdout.flush();
             }
         };
-        let stats = match chat.turn(user, args.max_tokens, &mut print) {
-            Ok(s) => s,
+        let (reason, stats) = match engine.run_turn(conv, Turn::user(user), params.clone(), print) {
+            Ok(r) => r,
             Err(e) => {
-                eprintln!("turn {} failed: {e}", turn + 1);
+                eprintln!("turn {turn} failed: {e}");
                 continue;
             }
         };
-        let decode_tps = stats.output_tokens.saturating_sub(1) as f64 * 1e3
-            / (stats.turn_ms - stats.ttft_ms).max(1e-9);
-        if args.json {
-            let record = serde_json::json!({
-                "turn": turn + 1,
-                "prompt_tokens": stats.prompt_tokens,
-                "reused_tokens": stats.reused_tokens,
-                "prefilled_tokens": stats.prompt_tokens,
-                "recomputed_tokens": 0,
-                "output_tokens": stats.output_tokens,
-                "ttft_ms": stats.ttft_ms,
-                "stateless_ttft_ms": stats.stateless_ttft_ms,
-                "turn_ms": stats.turn_ms,
-                "decode_tok_per_s": decode_tps,
-                "text": stats.text,
-            });
-            println!("{record}");
-        } else {
-            let baseline = match stats.stateless_ttft_ms {
-                Some(ms) => format!(", stateless TTFT {ms:.0} ms"),
-                None => String::new(),
-            };
-            println!(
-                "\n[turn {}: {} new prompt tokens prefilled, {} reused from cache (stateless would \
-                 prefill {}); TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
-                turn + 1,
-                stats.prompt_tokens,
-                stats.reused_tokens,
-                stats.prompt_tokens + stats.reused_tokens,
-                stats.ttft_ms,
-                stats.output_tokens,
-                decode_tps
-            );
-        }
+        let stateless = match &mut baseline {
+            Some((e, c)) => Some(run_quiet(e, *c, user, &params)?),
+            None => None,
+        };
+        report(turn, &args, &reason, &stats, stateless.as_ref());
     }
     Ok(())
+}
+
+fn run_quiet(
+    e: &mut Engine,
+    c: ConversationId,
+    user: &str,
+    params: &SamplingParams,
+) -> pensieve::Result<TurnStats> {
+    Ok(e.run_turn(c, Turn::user(user), params.clone(), |_| {})?.1)
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn report(
+    turn: usize,
+    args: &Args,
+    reason: &pensieve::engine::FinishReason,
+    s: &TurnStats,
+    stateless: Option<&TurnStats>,
+) {
+    let decode_s = (s.latency - s.ttft).as_secs_f64();
+    let decode_tps = s.output_tokens.saturating_sub(1) as f64 / decode_s.max(1e-9);
+    if args.json {
+        let record = serde_json::json!({
+            "turn": turn,
+            "mode": format!("{:?}", args.mode).to_lowercase(),
+            "prompt_tokens": s.prompt_tokens,
+            "reused_tokens": s.reused_tokens,
+            "recomputed_tokens": s.recomputed_tokens,
+            "prefilled_tokens": s.prefilled_tokens,
+            "output_tokens": s.output_tokens,
+            "ttft_ms": ms(s.ttft),
+            "turn_ms": ms(s.latency),
+            "decode_tok_per_s": decode_tps,
+            "finish": format!("{reason:?}"),
+            "stateless_ttft_ms": stateless.map(|b| ms(b.ttft)),
+            "stateless_prefilled_tokens": stateless.map(|b| b.prefilled_tokens),
+        });
+        println!("{record}");
+        return;
+    }
+    let baseline = match stateless {
+        Some(b) => format!(
+            "; stateless: prefilled {}, TTFT {:.0} ms",
+            b.prefilled_tokens,
+            ms(b.ttft)
+        ),
+        None => String::new(),
+    };
+    println!(
+        "\n[turn {turn}: prefilled {} ({} new, {} recomputed), reused {} from cache; TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
+        s.prefilled_tokens,
+        s.prompt_tokens,
+        s.recomputed_tokens,
+        s.reused_tokens,
+        ms(s.ttft),
+        s.output_tokens,
+        decode_tps
+    );
 }

@@ -26,6 +26,7 @@ pub use types::{EngineStats, Event, FinishReason, RequestId, SamplingParams, Tur
 pub use crate::conversation::ConversationId;
 use crate::conversation::{Conversation, Conversations};
 use crate::kv::cache::CacheManager;
+pub use crate::kv::CostModel;
 use crate::kv::{BlockAllocator, EvictionPolicy, HostPool, KvPool, LruPolicy, ValuePolicy};
 use crate::model::{IncrementalDecoder, Message, Model};
 use crate::scheduler::{Limits, Request, Scheduler};
@@ -69,7 +70,7 @@ impl std::fmt::Debug for Live {
 /// The stateful inference engine. See the module documentation for the step loop.
 #[derive(Debug)]
 pub struct Engine {
-    model: Model,
+    model: Arc<Model>,
     pool: KvPool,
     cache: CacheManager,
     sched: Scheduler,
@@ -97,13 +98,15 @@ impl Engine {
         Self::with_model(model, config)
     }
 
-    /// Builds the engine around an already loaded model (`config.model` is not used).
+    /// Builds the engine around an already loaded model (`config.model` is not used). Engines
+    /// can share one model's weights through an `Arc`.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for bad values; [`Error::Candle`] if the pool cannot be
     /// allocated.
-    pub fn with_model(model: Model, config: EngineConfig) -> Result<Self> {
+    pub fn with_model(model: impl Into<Arc<Model>>, config: EngineConfig) -> Result<Self> {
         config.validate()?;
+        let model = model.into();
         let mc = model.llama.config().clone();
         let blocks = config.num_blocks();
         let slots = blocks * config.chunk_size;
@@ -155,7 +158,7 @@ impl Engine {
     }
 
     /// The loaded model (tokenizer, template, config).
-    pub fn model(&self) -> &Model {
+    pub fn model(&self) -> &Arc<Model> {
         &self.model
     }
 
@@ -385,7 +388,8 @@ impl Engine {
     }
 
     /// Runs one step at time `now`: admits, schedules, moves KV, runs one forward pass over
-    /// every scheduled row and returns the events. A failing forward pass fails the turns in
+    /// every scheduled row and returns the events. `now` drives scheduling (idle times);
+    /// turn timings in [`TurnStats`] are measured when the pass's outputs are ready. A failing forward pass fails the turns in
     /// it (as `Finished` events) and leaves the engine serving the others.
     ///
     /// # Errors
@@ -400,12 +404,16 @@ impl Engine {
         if !plan.is_empty() {
             self.stats.steps += 1;
             executor::transfer(&self.pool, &mut self.cache, &mut self.convs, &plan);
-            match executor::forward(&self.model, &self.pool, &plan.rows) {
-                Ok(logits) => self.commit(&plan.rows, logits, now),
+            let result = executor::forward(&self.model, &self.pool, &plan.rows);
+            // Outputs exist once the pass is done: turn timings are taken then, while
+            // scheduling decisions above used the caller's `now`.
+            let done = now.max(Instant::now());
+            match result {
+                Ok(logits) => self.commit(&plan.rows, logits, done),
                 Err(e) => {
                     let failed: Vec<RequestId> = plan.rows.iter().map(|r| r.request).collect();
                     for id in failed {
-                        self.finish(id, FinishReason::Failed(e.to_string()), now);
+                        self.finish(id, FinishReason::Failed(e.to_string()), done);
                     }
                 }
             }
