@@ -415,3 +415,162 @@ impl Scheduler {
 /// The device pool had no free block for a running request.
 #[derive(Debug)]
 pub(crate) struct NoBlock;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Conversation;
+    use crate::kv::{BlockAllocator, HostPool, LruPolicy};
+
+    const CHUNK: usize = 4;
+
+    fn setup(
+        blocks: usize,
+        host_bytes: usize,
+        limits: Limits,
+    ) -> (Scheduler, Conversations, CacheManager) {
+        let cache = CacheManager::new(
+            BlockAllocator::new(blocks, CHUNK),
+            HostPool::new(host_bytes),
+            Box::new(LruPolicy),
+            1,
+        );
+        (Scheduler::new(limits), Conversations::new(), cache)
+    }
+
+    fn submit(
+        s: &mut Scheduler,
+        convs: &mut Conversations,
+        conv: u64,
+        prompt: usize,
+        now: Instant,
+    ) -> RequestId {
+        let id = RequestId(conv);
+        let c = convs
+            .entry(ConversationId(conv))
+            .or_insert_with(|| Conversation::new(now, Vec::new()));
+        c.busy = true;
+        s.enqueue(Request {
+            id,
+            conv: ConversationId(conv),
+            arrival: now,
+            prompt: vec![7; prompt],
+            work: VecDeque::new(),
+            progress: 0,
+            admitted_once: false,
+            generated: 0,
+            reused_device: 0,
+            reused_host: 0,
+            recomputed: 0,
+            prefilled: 0,
+        });
+        id
+    }
+
+    /// Applies a plan as the engine would, with every sampled row producing token 9.
+    fn commit(
+        s: &mut Scheduler,
+        convs: &mut Conversations,
+        cache: &mut CacheManager,
+        plan: &StepPlan,
+    ) {
+        for o in &plan.swap_out {
+            cache.host.store(o.host, vec![0.0; o.len]);
+            cache.complete_swap_out(convs, o);
+        }
+        for i in &plan.swap_in {
+            cache.host.take(i.host);
+            cache.complete_swap_in(convs, i);
+        }
+        for row in &plan.rows {
+            s.commit_row(row, convs);
+            if row.sample {
+                s.push_token(row.request, 9, convs);
+            }
+        }
+        cache.check(convs).unwrap();
+    }
+
+    #[test]
+    fn admission_is_fcfs_and_keeps_the_reserve() {
+        let limits = Limits {
+            token_budget: 100,
+            reserve_blocks: 1,
+            swap_out_blocks: 0,
+        };
+        let (mut s, mut convs, mut cache) = setup(10, 0, limits);
+        let now = Instant::now();
+        for conv in 0..3 {
+            submit(&mut s, &mut convs, conv, 12, now);
+        }
+        let plan = s.schedule(&mut convs, &mut cache, now);
+        // Each needs 4 blocks (12 tokens + the first output); the third would eat the reserve.
+        assert_eq!(plan.rows.len(), 2);
+        assert_eq!(
+            s.waiting.iter().copied().collect::<Vec<_>>(),
+            vec![RequestId(2)]
+        );
+        assert!(plan.rows.iter().all(|r| r.sample && r.tokens.len() == 12));
+        assert!(plan.rejected.is_empty());
+        commit(&mut s, &mut convs, &mut cache, &plan);
+    }
+
+    #[test]
+    fn decode_out_of_blocks_suspends_the_latest_arrival() {
+        let limits = Limits {
+            token_budget: 100,
+            reserve_blocks: 0,
+            swap_out_blocks: 0,
+        };
+        let (mut s, mut convs, mut cache) = setup(4, 1 << 20, limits);
+        let t0 = Instant::now();
+        submit(&mut s, &mut convs, 0, 4, t0);
+        submit(
+            &mut s,
+            &mut convs,
+            1,
+            4,
+            t0 + std::time::Duration::from_millis(1),
+        );
+        for _ in 0..8 {
+            let plan = s.schedule(&mut convs, &mut cache, t0);
+            commit(&mut s, &mut convs, &mut cache, &plan);
+            if s.suspensions > 0 {
+                break;
+            }
+        }
+        assert_eq!(s.suspensions, 1);
+        assert_eq!(s.running, vec![RequestId(0)]);
+        assert_eq!(s.waiting.front(), Some(&RequestId(1)));
+        // Its KV went to the host tier, not lost.
+        assert!(convs[&ConversationId(1)]
+            .chunks
+            .iter()
+            .any(|c| matches!(c, ChunkLoc::Host(_))));
+    }
+
+    #[test]
+    fn idle_conversations_are_swapped_out_ahead_of_time() {
+        let limits = Limits {
+            token_budget: 100,
+            reserve_blocks: 0,
+            swap_out_blocks: 3,
+        };
+        let (mut s, mut convs, mut cache) = setup(4, 1 << 20, limits);
+        let now = Instant::now();
+        submit(&mut s, &mut convs, 0, 11, now);
+        let plan = s.schedule(&mut convs, &mut cache, now);
+        commit(&mut s, &mut convs, &mut cache, &plan);
+        // The turn ends: its conversation is idle and holds 3 of 4 blocks.
+        s.remove(RequestId(0));
+        if let Some(c) = convs.get_mut(&ConversationId(0)) {
+            c.busy = false;
+        }
+        cache.settle(&mut convs, ConversationId(0), 12);
+        let plan = s.schedule(&mut convs, &mut cache, now);
+        assert_eq!(plan.swap_out.len(), 2, "free 1 + 2 swapped = threshold 3");
+        assert_eq!(plan.swap_out[0].chunk, 0, "leading chunk first");
+        commit(&mut s, &mut convs, &mut cache, &plan);
+        assert_eq!(cache.blocks.num_free(), 3);
+    }
+}
