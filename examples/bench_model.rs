@@ -31,6 +31,12 @@ struct Args {
     /// Skip candle's scalar Q4_1 matmul on long prompts (slow: ~14 tokens/s).
     #[arg(long)]
     skip_slow: bool,
+    /// Our weight formats to measure.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,mixed,q4_1")]
+    formats: Vec<String>,
+    /// Leave out candle-transformers' model.
+    #[arg(long)]
+    no_candle: bool,
 }
 
 const DECODE_STEPS: usize = 16;
@@ -125,6 +131,25 @@ fn gemm_gflops(m: usize) -> candle_core::Result<f64> {
     Ok(2.0 * m as f64 * 576.0 * 1536.0 / median(times) / 1e9)
 }
 
+/// Time of one `[m, 576] x [576, 1536]` linear layer with weights in `dtype`, as candle's
+/// `QMatMul` runs it (f16 weights: activations converted to f16 and back).
+fn linear_us(m: usize, dtype: DType) -> candle_core::Result<f64> {
+    use candle_core::quantized::QMatMul;
+    let x = Tensor::randn(0f32, 1.0, (m, 576), &Device::Cpu)?;
+    let w = Tensor::randn(0f32, 1.0, (1536, 576), &Device::Cpu)?;
+    let lin = match dtype {
+        DType::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
+        _ => QMatMul::Tensor(w),
+    };
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        lin.forward(&x)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(times) * 1e6)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let prefill_lens: &[usize] = if args.quick { &[32] } else { &[32, 256, 1024] };
@@ -140,18 +165,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         )
     };
-    let ours_models = [
-        ("pensieve f32", load(WeightFormat::F32)?),
-        ("pensieve f16", load(WeightFormat::F16)?),
-        ("pensieve Q4_1", load(WeightFormat::Quantized)?),
-    ];
-    let mut candle_models = [
-        (
-            "candle quantized_llama f32 (dequantized)",
-            load_candle(true)?,
-        ),
-        ("candle quantized_llama Q4_1", load_candle(false)?),
-    ];
+    let mut ours_models = Vec::new();
+    for f in &args.formats {
+        let (name, format) = match f.as_str() {
+            "f32" => ("pensieve f32", WeightFormat::F32),
+            "f16" => ("pensieve f16", WeightFormat::F16),
+            "mixed" => ("pensieve mixed f32/f16", WeightFormat::Mixed),
+            "q4_1" => ("pensieve Q4_1", WeightFormat::Quantized),
+            other => return Err(format!("unknown format {other}").into()),
+        };
+        ours_models.push((name, load(format)?));
+    }
+    let mut candle_models = if args.no_candle {
+        Vec::new()
+    } else {
+        vec![
+            (
+                "candle quantized_llama f32 (dequantized)",
+                load_candle(true)?,
+            ),
+            ("candle quantized_llama Q4_1", load_candle(false)?),
+        ]
+    };
 
     let cells = (ours_models.len() + candle_models.len()) * (prefill_lens.len() + decode_ctx.len());
     let bar = ProgressBar::new((cells * args.repeats) as u64);
@@ -225,6 +260,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|v| v.map_or("skipped".into(), |v| format!("{v:.1}")))
             .collect();
         println!("| {name} | {} |", cells.join(" | "));
+    }
+    println!();
+    println!("Linear [m x 576] x [576 x 1536], microseconds (median of 7), f32 vs f16 weights:");
+    println!("| m | f32 | f16 |");
+    println!("|---:|---:|---:|");
+    for m in [1, 2, 4, 8, 16, 32, 64] {
+        println!(
+            "| {m} | {:.0} | {:.0} |",
+            linear_us(m, DType::F32)?,
+            linear_us(m, DType::F16)?
+        );
     }
     println!();
     println!(

@@ -33,6 +33,7 @@ enum Format {
     F32,
     F16,
     Quantized,
+    Mixed,
 }
 
 #[derive(Parser, Debug)]
@@ -72,7 +73,7 @@ struct Args {
     #[arg(long, default_value_t = 1024)]
     host_mib: usize,
     /// Weight format.
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, value_enum, default_value = "mixed")]
     format: Format,
     /// Skip the stateless engine that measures the baseline side by side.
     #[arg(long)]
@@ -85,6 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Format::F32 => WeightFormat::F32,
         Format::F16 => WeightFormat::F16,
         Format::Quantized => WeightFormat::Quantized,
+        Format::Mixed => WeightFormat::Mixed,
     };
     let mode = match args.mode {
         Mode::Tiered => CacheMode::Tiered,

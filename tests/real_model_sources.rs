@@ -106,7 +106,14 @@ fn real_model_safetensors_folder_equals_gguf() {
 
     let source: ModelSource = dir.path().to_str().unwrap().parse().unwrap();
     assert_eq!(source, ModelSource::Safetensors(dir.path().to_path_buf()));
-    let st_model = Model::load(&source, &LoadOptions::default()).unwrap();
+    let st_model = Model::load(
+        &source,
+        &LoadOptions {
+            format: WeightFormat::F32,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
     assert_eq!(st_model.eos_token_ids, vec![2]);
     let prompt = chat_prompt(&st_model, PROMPTS[1]);
     assert_eq!(prompt, chat_prompt(&gguf_model, PROMPTS[1]));

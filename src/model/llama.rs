@@ -8,7 +8,8 @@
 //! computed only for the rows asked for (the output projection is the largest matmul).
 //!
 //! Weights come from a GGUF file or safetensors, held as candle `QMatMul`s in the
-//! [`WeightFormat`] chosen at load (see `docs/BENCHMARKS.md` for why f32 is the CPU default).
+//! [`WeightFormat`] chosen at load (see `docs/BENCHMARKS.md` for the measurements behind the
+//! mixed f32/f16 default).
 
 use std::collections::HashMap;
 use std::io::{Read, Seek};
@@ -26,27 +27,54 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightFormat {
     /// Dequantized to f32: candle's CPU GEMM runs at full speed; 4 bytes per weight.
-    #[default]
     F32,
     /// Dequantized to f16: half the bytes read per decode step.
     F16,
     /// Kept in the file's quantized format (safetensors weights are quantized to Q8_0);
     /// candle quantizes activations too.
     Quantized,
+    /// Both f32 and f16 copies: passes of at most [`MIXED_F16_MAX_ROWS`] rows (single-sequence
+    /// decode) read the f16 copy, larger passes (prefill, batched decode) the f32 one. 6 bytes
+    /// per weight. The default: f32 prefill speed with f16 decode bandwidth (measured in
+    /// `docs/BENCHMARKS.md`).
+    #[default]
+    Mixed,
+}
+
+/// Largest pass that [`WeightFormat::Mixed`] runs on its f16 copy. Measured on candle 0.11's
+/// CPU matmuls (`docs/BENCHMARKS.md`): with one row, f16 weights halve the bytes read and win
+/// decode; from two rows on, its f16 GEMM is 3-4x slower than f32.
+pub const MIXED_F16_MAX_ROWS: usize = 1;
+
+/// A linear layer's weights, possibly with a second copy for small passes.
+#[derive(Debug)]
+struct Linear {
+    main: QMatMul,
+    /// Used for passes of at most [`MIXED_F16_MAX_ROWS`] rows when present.
+    small: Option<QMatMul>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.small {
+            Some(w) if x.dim(0)? <= MIXED_F16_MAX_ROWS => w.forward(x),
+            _ => self.main.forward(x),
+        }
+    }
 }
 
 /// One decoder layer's weights.
 #[derive(Debug)]
 struct Layer {
     attn_norm: Tensor,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
     ffn_norm: Tensor,
-    w_gate: QMatMul,
-    w_up: QMatMul,
-    w_down: QMatMul,
+    w_gate: Linear,
+    w_up: Linear,
+    w_down: Linear,
 }
 
 /// A loaded Llama-family model.
@@ -56,7 +84,7 @@ pub struct Llama {
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: QMatMul,
+    lm_head: Linear,
     /// `[max_positions, head_dim / 2]` rotary tables.
     cos: Tensor,
     sin: Tensor,
@@ -358,7 +386,7 @@ impl Llama {
         embed: Tensor,
         layers: Vec<Layer>,
         norm: Tensor,
-        lm_head: QMatMul,
+        lm_head: Linear,
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
@@ -407,24 +435,37 @@ impl Llama {
     }
 }
 
-fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<QMatMul> {
-    Ok(match (format, q.dtype()) {
+fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear> {
+    let main = match (format, q.dtype()) {
         (WeightFormat::F16, _) => QMatMul::TensorF16(q.dequantize_f16(device)?),
         (WeightFormat::Quantized, dt) if !matches!(dt, GgmlDType::F32 | GgmlDType::F16) => {
             QMatMul::QTensor(std::sync::Arc::new(q))
         }
         _ => QMatMul::Tensor(q.dequantize(device)?),
-    })
+    };
+    with_small_copy(main, format)
 }
 
-fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<QMatMul> {
-    Ok(match format {
-        WeightFormat::F32 => QMatMul::Tensor(w),
+fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
+    let main = match format {
+        WeightFormat::F32 | WeightFormat::Mixed => QMatMul::Tensor(w),
         WeightFormat::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
         WeightFormat::Quantized => {
             QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
         }
-    })
+    };
+    with_small_copy(main, format)
+}
+
+/// Adds the f16 copy of an f32 weight for [`WeightFormat::Mixed`].
+fn with_small_copy(main: QMatMul, format: WeightFormat) -> Result<Linear> {
+    let small = match (&main, format) {
+        (QMatMul::Tensor(w), WeightFormat::Mixed) => {
+            Some(QMatMul::TensorF16(w.to_dtype(DType::F16)?))
+        }
+        _ => None,
+    };
+    Ok(Linear { main, small })
 }
 
 /// Reads every tensor of the safetensors files in `paths` (shards of one checkpoint).
