@@ -138,7 +138,7 @@ const FAST_TOL: f32 = 1e-4;
 const GATHER_TOL: f32 = 1e-3;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn fast_cpu_equals_reference(c in case()) {

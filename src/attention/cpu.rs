@@ -201,10 +201,6 @@ unsafe fn block_avx2(
     )
 }
 
-/// Below this many query vectors per kv head, scores are plain dot products; from it on, each
-/// K tile is transposed once so scores vectorise across keys without horizontal sums.
-const TRANSPOSE_FROM: usize = 4;
-
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn block_body(
@@ -224,7 +220,6 @@ fn block_body(
     let nq = rows * group;
     let kv_row = dims.n_kv_heads * d;
     let max_pos = q_positions.iter().copied().max().unwrap_or(0);
-    let transpose = nq >= TRANSPOSE_FROM;
 
     let mut qv = vec![0f32; nq * d];
     let mut qpos = vec![0u32; nq];
@@ -232,8 +227,10 @@ fn block_body(
     let mut l = vec![0f32; nq];
     let mut acc = vec![0f32; nq * d];
     let mut scores = [0f32; K_TILE];
-    // K tile transposed: kt[dim * K_TILE + key].
-    let mut kt = vec![0f32; if transpose { d * K_TILE } else { 0 }];
+    // K tile transposed, kt[dim * K_TILE + key], so scores vectorise across keys without
+    // horizontal sums. Every query takes this one path, whatever shares its block: a row's
+    // result does not depend on how the batch was cut (batch invariance).
+    let mut kt = vec![0f32; d * K_TILE];
 
     for g in 0..dims.n_kv_heads {
         // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
@@ -256,12 +253,10 @@ fn block_body(
             if positions.iter().all(|&p| p > max_pos) {
                 continue;
             }
-            if transpose {
-                for (j, &slot) in slots.iter().enumerate() {
-                    let kj = &k[slot as usize * kv_row + g * d..][..d];
-                    for (t, &x) in kj.iter().enumerate() {
-                        kt[t * K_TILE + j] = x;
-                    }
+            for (j, &slot) in slots.iter().enumerate() {
+                let kj = &k[slot as usize * kv_row + g * d..][..d];
+                for (t, &x) in kj.iter().enumerate() {
+                    kt[t * K_TILE + j] = x;
                 }
             }
             for i in 0..nq {
@@ -269,7 +264,6 @@ fn block_body(
                     slots,
                     positions,
                     kt: &kt,
-                    transpose,
                     kv_off: g * d,
                     kv_row,
                 };
@@ -277,9 +271,9 @@ fn block_body(
                 let qi = &qv[i * d..(i + 1) * d];
                 let (mi, li) = (&mut m[i], &mut l[i]);
                 match d {
-                    64 => tile_step::<64>(qi, qpos[i], &tile, k, v, &mut scores, acc_i, mi, li),
-                    128 => tile_step::<128>(qi, qpos[i], &tile, k, v, &mut scores, acc_i, mi, li),
-                    _ => tile_step::<0>(qi, qpos[i], &tile, k, v, &mut scores, acc_i, mi, li),
+                    64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
                 }
             }
         }
@@ -302,9 +296,8 @@ fn block_body(
 struct Tile<'a> {
     slots: &'a [u32],
     positions: &'a [u32],
-    /// The tile's keys transposed, `[head_dim][K_TILE]`, when `transpose`.
+    /// The tile's keys transposed, `[head_dim][K_TILE]`.
     kt: &'a [f32],
-    transpose: bool,
     /// Offset of this kv head inside a pool row, and the row length.
     kv_off: usize,
     kv_row: usize,
@@ -319,7 +312,6 @@ fn tile_step<const D: usize>(
     qi: &[f32],
     qpos: u32,
     tile: &Tile<'_>,
-    k: &[f32],
     v: &[f32],
     scores: &mut [f32; K_TILE],
     acc_i: &mut [f32],
@@ -332,27 +324,27 @@ fn tile_step<const D: usize>(
         let start = slot as usize * tile.kv_row + tile.kv_off;
         start..start + d
     };
-    if tile.transpose {
-        let mut s = [0f32; K_TILE];
-        for (t, &qt) in qi.iter().enumerate() {
-            let kt: &[f32; K_TILE] = match tile.kt[t * K_TILE..(t + 1) * K_TILE].try_into() {
-                Ok(a) => a,
-                Err(_) => return,
-            };
-            for j in 0..K_TILE {
-                s[j] = qt.mul_add(kt[j], s[j]);
-            }
-        }
-        *scores = s;
-    } else {
-        for (sj, &slot) in scores.iter_mut().zip(tile.slots) {
-            *sj = dot(qi, &k[row(slot)]);
+    // Two interleaved accumulators halve the rounding chain of each score.
+    let (mut s0, mut s1) = ([0f32; K_TILE], [0f32; K_TILE]);
+    for (t, &qt) in qi.iter().enumerate() {
+        let kt: &[f32; K_TILE] = match tile.kt[t * K_TILE..(t + 1) * K_TILE].try_into() {
+            Ok(a) => a,
+            Err(_) => return,
+        };
+        let s = if t % 2 == 0 { &mut s0 } else { &mut s1 };
+        for j in 0..K_TILE {
+            s[j] = qt.mul_add(kt[j], s[j]);
         }
     }
-    let s = &mut scores[..n];
+    for j in 0..K_TILE {
+        scores[j] = s0[j] + s1[j];
+    }
+    // Entries past the tile's end and masked ones become -inf, and every reduction runs over
+    // the whole fixed-size tile: the summation order never depends on where the tile or the
+    // batch was cut, so a row's result is the same in any batch (batch invariance).
     let mut tile_max = f32::NEG_INFINITY;
-    for (sj, &pos) in s.iter_mut().zip(tile.positions) {
-        if pos > qpos {
+    for (j, sj) in scores.iter_mut().enumerate() {
+        if tile.positions.get(j).is_none_or(|&pos| pos > qpos) {
             *sj = f32::NEG_INFINITY;
         }
         tile_max = tile_max.max(*sj);
@@ -362,11 +354,12 @@ fn tile_step<const D: usize>(
     }
     let m_new = m.max(tile_max);
     let alpha = exp(*m - m_new);
-    for sj in s.iter_mut() {
-        // Masked entries are -inf: exp gives exactly 0.
+    for sj in scores.iter_mut() {
+        // -inf gives exactly 0.
         *sj = exp(*sj - m_new);
     }
-    let sum = lane_sum(s);
+    let sum = lane_sum(&scores[..]);
+    let s = &scores[..n];
     if D > 0 {
         if let Ok(acc) = <&mut [f32; D]>::try_from(&mut *acc_i) {
             let mut a = *acc;
@@ -434,21 +427,6 @@ fn lane_sum(x: &[f32]) -> f32 {
         }
     }
     lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
-}
-
-/// Dot product with eight independent accumulators so the compiler vectorises it.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ac, ar) = a.split_at(a.len() / 8 * 8);
-    let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// `acc += p * x`.
