@@ -97,6 +97,26 @@ pub(crate) struct Scheduler {
     pub suspensions: u64,
 }
 
+impl Request {
+    /// A turn of `conv` with new tokens `prompt`, not yet admitted.
+    pub fn new(id: RequestId, conv: ConversationId, arrival: Instant, prompt: Vec<u32>) -> Self {
+        Self {
+            id,
+            conv,
+            arrival,
+            prompt,
+            work: VecDeque::new(),
+            progress: 0,
+            admitted_once: false,
+            generated: 0,
+            reused_device: 0,
+            reused_host: 0,
+            recomputed: 0,
+            prefilled: 0,
+        }
+    }
+}
+
 impl Scheduler {
     pub fn new(limits: Limits) -> Self {
         Self {
@@ -450,20 +470,7 @@ mod tests {
             .entry(ConversationId(conv))
             .or_insert_with(|| Conversation::new(now, Vec::new()));
         c.busy = true;
-        s.enqueue(Request {
-            id,
-            conv: ConversationId(conv),
-            arrival: now,
-            prompt: vec![7; prompt],
-            work: VecDeque::new(),
-            progress: 0,
-            admitted_once: false,
-            generated: 0,
-            reused_device: 0,
-            reused_host: 0,
-            recomputed: 0,
-            prefilled: 0,
-        });
+        s.enqueue(Request::new(id, ConversationId(conv), now, vec![7; prompt]));
         id
     }
 

@@ -108,184 +108,142 @@ pub(super) fn forward(
     work.into_par_iter().for_each(|(item, chunk)| {
         let view = batch.sequence(item.seq);
         let first = view.first_row + item.row0;
-        let q_rows = &q[first * row_len..(first + item.row1 - item.row0) * row_len];
-        let positions = &view.q_positions[item.row0..item.row1];
-        block(
-            q_rows,
-            positions,
-            view.ctx_slots,
-            view.ctx_positions,
+        let block = Block {
+            q_rows: &q[first * row_len..(first + item.row1 - item.row0) * row_len],
+            q_positions: &view.q_positions[item.row0..item.row1],
+            ctx_slots: view.ctx_slots,
+            ctx_positions: view.ctx_positions,
             k,
             v,
             dims,
             scale,
-            chunk,
-        );
+        };
+        block.run(chunk);
     });
     out
 }
 
-/// Attention for a block of query rows of one sequence, all heads: the AVX2+FMA build of
-/// [`block_body`] where the CPU has it, the baseline build otherwise.
-#[allow(clippy::too_many_arguments)]
-fn block(
-    q_rows: &[f32],
-    q_positions: &[u32],
-    ctx_slots: &[u32],
-    ctx_positions: &[u32],
-    k: &[f32],
-    v: &[f32],
+/// A block of query rows of one sequence with everything its attention reads.
+struct Block<'a> {
+    q_rows: &'a [f32],
+    q_positions: &'a [u32],
+    ctx_slots: &'a [u32],
+    ctx_positions: &'a [u32],
+    k: &'a [f32],
+    v: &'a [f32],
     dims: Dims,
     scale: f32,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+impl Block<'_> {
+    /// Attention for the block's rows, all heads, into `out`: the AVX2+FMA build of
+    /// [`Block::body`] where the CPU has it, the baseline build otherwise.
+    fn run(&self, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
         {
-            // SAFETY: the CPU supports AVX2 and FMA, checked just above; the function is
-            // otherwise ordinary safe Rust compiled with those features enabled.
-            unsafe {
-                block_avx2(
-                    q_rows,
-                    q_positions,
-                    ctx_slots,
-                    ctx_positions,
-                    k,
-                    v,
-                    dims,
-                    scale,
-                    out,
-                )
-            };
-            return;
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports AVX2 and FMA, checked just above; the function is
+                // otherwise ordinary safe Rust compiled with those features enabled.
+                unsafe { self.body_avx2(out) };
+                return;
+            }
         }
+        self.body(out)
     }
-    block_body(
-        q_rows,
-        q_positions,
-        ctx_slots,
-        ctx_positions,
-        k,
-        v,
-        dims,
-        scale,
-        out,
-    )
-}
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_avx2(
-    q_rows: &[f32],
-    q_positions: &[u32],
-    ctx_slots: &[u32],
-    ctx_positions: &[u32],
-    k: &[f32],
-    v: &[f32],
-    dims: Dims,
-    scale: f32,
-    out: &mut [f32],
-) {
-    block_body(
-        q_rows,
-        q_positions,
-        ctx_slots,
-        ctx_positions,
-        k,
-        v,
-        dims,
-        scale,
-        out,
-    )
-}
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn body_avx2(&self, out: &mut [f32]) {
+        self.body(out)
+    }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn block_body(
-    q_rows: &[f32],
-    q_positions: &[u32],
-    ctx_slots: &[u32],
-    ctx_positions: &[u32],
-    k: &[f32],
-    v: &[f32],
-    dims: Dims,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let d = dims.head_dim;
-    let group = dims.n_heads / dims.n_kv_heads;
-    let rows = q_positions.len();
-    let nq = rows * group;
-    let kv_row = dims.n_kv_heads * d;
-    let max_pos = q_positions.iter().copied().max().unwrap_or(0);
+    #[inline(always)]
+    fn body(&self, out: &mut [f32]) {
+        let Block {
+            q_rows,
+            q_positions,
+            ctx_slots,
+            ctx_positions,
+            k,
+            v,
+            dims,
+            scale,
+        } = *self;
+        let d = dims.head_dim;
+        let group = dims.n_heads / dims.n_kv_heads;
+        let rows = q_positions.len();
+        let nq = rows * group;
+        let kv_row = dims.n_kv_heads * d;
+        let max_pos = q_positions.iter().copied().max().unwrap_or(0);
 
-    let mut qv = vec![0f32; nq * d];
-    let mut qpos = vec![0u32; nq];
-    let mut m = vec![f32::NEG_INFINITY; nq];
-    let mut l = vec![0f32; nq];
-    let mut acc = vec![0f32; nq * d];
-    let mut scores = [0f32; K_TILE];
-    // K tile transposed, kt[dim * K_TILE + key], so scores vectorise across keys without
-    // horizontal sums. Every query takes this one path, whatever shares its block: a row's
-    // result does not depend on how the batch was cut (batch invariance).
-    let mut kt = vec![0f32; d * K_TILE];
+        let mut qv = vec![0f32; nq * d];
+        let mut qpos = vec![0u32; nq];
+        let mut m = vec![f32::NEG_INFINITY; nq];
+        let mut l = vec![0f32; nq];
+        let mut acc = vec![0f32; nq * d];
+        let mut scores = [0f32; K_TILE];
+        // K tile transposed, kt[dim * K_TILE + key], so scores vectorise across keys without
+        // horizontal sums. Every query takes this one path, whatever shares its block: a row's
+        // result does not depend on how the batch was cut (batch invariance).
+        let mut kt = vec![0f32; d * K_TILE];
 
-    for g in 0..dims.n_kv_heads {
-        // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
-        for r in 0..rows {
-            for j in 0..group {
-                let h = g * group + j;
-                let src = &q_rows[(r * dims.n_heads + h) * d..][..d];
-                let i = r * group + j;
-                for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
-                    *dst = s * scale;
-                }
-                qpos[i] = q_positions[r];
-            }
-        }
-        m.fill(f32::NEG_INFINITY);
-        l.fill(0.0);
-        acc.fill(0.0);
-
-        for (slots, positions) in ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE)) {
-            if positions.iter().all(|&p| p > max_pos) {
-                continue;
-            }
-            for (j, &slot) in slots.iter().enumerate() {
-                let kj = &k[slot as usize * kv_row + g * d..][..d];
-                for (t, &x) in kj.iter().enumerate() {
-                    kt[t * K_TILE + j] = x;
+        for g in 0..dims.n_kv_heads {
+            // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
+            for r in 0..rows {
+                for j in 0..group {
+                    let h = g * group + j;
+                    let src = &q_rows[(r * dims.n_heads + h) * d..][..d];
+                    let i = r * group + j;
+                    for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
+                        *dst = s * scale;
+                    }
+                    qpos[i] = q_positions[r];
                 }
             }
-            for i in 0..nq {
-                let tile = Tile {
-                    slots,
-                    positions,
-                    kt: &kt,
-                    kv_off: g * d,
-                    kv_row,
-                };
-                let acc_i = &mut acc[i * d..(i + 1) * d];
-                let qi = &qv[i * d..(i + 1) * d];
-                let (mi, li) = (&mut m[i], &mut l[i]);
-                match d {
-                    64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                    128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                    _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            acc.fill(0.0);
+
+            for (slots, positions) in ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE)) {
+                if positions.iter().all(|&p| p > max_pos) {
+                    continue;
+                }
+                for (j, &slot) in slots.iter().enumerate() {
+                    let kj = &k[slot as usize * kv_row + g * d..][..d];
+                    for (t, &x) in kj.iter().enumerate() {
+                        kt[t * K_TILE + j] = x;
+                    }
+                }
+                for i in 0..nq {
+                    let tile = Tile {
+                        slots,
+                        positions,
+                        kt: &kt,
+                        kv_off: g * d,
+                        kv_row,
+                    };
+                    let acc_i = &mut acc[i * d..(i + 1) * d];
+                    let qi = &qv[i * d..(i + 1) * d];
+                    let (mi, li) = (&mut m[i], &mut l[i]);
+                    match d {
+                        64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                        128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                        _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    }
                 }
             }
-        }
 
-        for r in 0..rows {
-            for j in 0..group {
-                let i = r * group + j;
-                let h = g * group + j;
-                let dst = &mut out[(r * dims.n_heads + h) * d..][..d];
-                let inv = if l[i] > 0.0 { 1.0 / l[i] } else { 0.0 };
-                for (o, a) in dst.iter_mut().zip(&acc[i * d..(i + 1) * d]) {
-                    *o = a * inv;
+            for r in 0..rows {
+                for j in 0..group {
+                    let i = r * group + j;
+                    let h = g * group + j;
+                    let dst = &mut out[(r * dims.n_heads + h) * d..][..d];
+                    let inv = if l[i] > 0.0 { 1.0 / l[i] } else { 0.0 };
+                    for (o, a) in dst.iter_mut().zip(&acc[i * d..(i + 1) * d]) {
+                        *o = a * inv;
+                    }
                 }
             }
         }

@@ -329,20 +329,7 @@ impl Engine {
         if let Some(c) = self.convs.get_mut(&conv_id) {
             c.busy = true;
         }
-        self.sched.enqueue(Request {
-            id,
-            conv: conv_id,
-            arrival: now,
-            prompt,
-            work: Default::default(),
-            progress: 0,
-            admitted_once: false,
-            generated: 0,
-            reused_device: 0,
-            reused_host: 0,
-            recomputed: 0,
-            prefilled: 0,
-        });
+        self.sched.enqueue(Request::new(id, conv_id, now, prompt));
         Ok(())
     }
 

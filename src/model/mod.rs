@@ -121,11 +121,7 @@ impl Model {
         let mut eos_token_ids: Vec<u32> = eos.into_iter().collect();
         // Chat models end turns with an end-of-turn token that GGUF may not list as eos.
         for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>"] {
-            if let Some(i) = tokenizer.token_to_id(t) {
-                if !eos_token_ids.contains(&i) {
-                    eos_token_ids.push(i);
-                }
-            }
+            add_stop_token(&tokenizer, &mut eos_token_ids, t);
         }
         Ok(Self {
             llama,
@@ -173,11 +169,7 @@ impl Model {
                 .collect(),
             _ => Vec::new(),
         };
-        if let Some(i) = tokenizer.token_to_id(&eos) {
-            if !eos_token_ids.contains(&i) {
-                eos_token_ids.push(i);
-            }
-        }
+        add_stop_token(&tokenizer, &mut eos_token_ids, &eos);
         Ok(Self {
             llama,
             tokenizer,
@@ -220,6 +212,15 @@ impl Model {
             None => Err(Error::Unsupported(
                 "this model ships no chat template".into(),
             )),
+        }
+    }
+}
+
+/// Adds `token`'s id to `ids` if the vocabulary has it and it is not there yet.
+fn add_stop_token(tokenizer: &Tokenizer, ids: &mut Vec<u32>, token: &str) {
+    if let Some(i) = tokenizer.token_to_id(token) {
+        if !ids.contains(&i) {
+            ids.push(i);
         }
     }
 }
