@@ -104,6 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?);
     let config = EngineConfig {
         budgets: Budgets {
+            device_bytes: None,
             device_tokens: args.device_tokens,
             host_bytes: args.host_mib << 20,
         },

@@ -18,6 +18,7 @@ use proptest::prelude::*;
 fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineConfig {
     EngineConfig {
         budgets: Budgets {
+            device_bytes: None,
             device_tokens,
             host_bytes,
         },
@@ -205,6 +206,29 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     let tc = t.open(ConversationOptions::default()).unwrap();
     let (_, st) = t.run_turn(tc, Turn::user(long), params(3), |_| {}).unwrap();
     assert_eq!(st.prompt_tokens, 2047);
+    // The device budget in bytes: 2 layers x 2 x 2 kv heads x 8 dims x 4 bytes = 256 per token.
+    let bytes = EngineConfig {
+        budgets: Budgets {
+            device_tokens: 0,
+            device_bytes: Some(64 * 256),
+            host_bytes: 0,
+        },
+        ..config(CacheMode::Tiered, 0, 0)
+    };
+    let by_bytes = Engine::with_model(common::tiny::tiny_model(7), bytes).unwrap();
+    assert_eq!(by_bytes.stats().device_slots_total, 64);
+    let too_small = EngineConfig {
+        budgets: Budgets {
+            device_tokens: 0,
+            device_bytes: Some(100),
+            host_bytes: 0,
+        },
+        ..config(CacheMode::Tiered, 0, 0)
+    };
+    assert!(matches!(
+        Engine::with_model(common::tiny::tiny_model(7), too_small),
+        Err(Error::InvalidConfig(_))
+    ));
     // A budget too small for one request.
     let mut small = engine(CacheMode::Tiered, 16, 0);
     let sc = small.open(ConversationOptions::default()).unwrap();

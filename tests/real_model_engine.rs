@@ -94,6 +94,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
     let (tiered, stats) = run(
         CacheMode::Tiered,
         Budgets {
+            device_bytes: None,
             device_tokens: 512,
             host_bytes: 12 * chunk_bytes,
         },
@@ -113,6 +114,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
     let (stateless, _) = run(
         CacheMode::Stateless,
         Budgets {
+            device_bytes: None,
             device_tokens: 16 * 1024,
             host_bytes: 0,
         },

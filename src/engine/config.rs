@@ -51,6 +51,9 @@ pub enum OverflowPolicy {
 pub struct Budgets {
     /// Device pool size in KV-tokens (slots); rounded down to whole chunks.
     pub device_tokens: usize,
+    /// Device pool size in bytes instead; when set it overrides `device_tokens`, converted with
+    /// the loaded model's KV-token size.
+    pub device_bytes: Option<usize>,
     /// Host tier size in bytes (ignored in `DeviceOnly` and `Stateless` modes).
     pub host_bytes: usize,
 }
@@ -59,6 +62,7 @@ impl Default for Budgets {
     fn default() -> Self {
         Self {
             device_tokens: 16 * 1024,
+            device_bytes: None,
             host_bytes: 4 << 30,
         }
     }
@@ -119,7 +123,7 @@ impl EngineConfig {
         if self.chunk_size == 0 {
             return bad("chunk_size must be positive");
         }
-        if self.budgets.device_tokens < self.chunk_size {
+        if self.budgets.device_bytes.is_none() && self.budgets.device_tokens < self.chunk_size {
             return bad("device_tokens must hold at least one chunk");
         }
         if self.step_token_budget == 0 {
@@ -131,8 +135,13 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// Device blocks of `chunk_size` slots.
-    pub fn num_blocks(&self) -> usize {
-        self.budgets.device_tokens / self.chunk_size
+    /// Device blocks of `chunk_size` slots, for a model whose KV-token takes
+    /// `kv_token_bytes` in the pool.
+    pub fn num_blocks(&self, kv_token_bytes: usize) -> usize {
+        let tokens = match self.budgets.device_bytes {
+            Some(bytes) => bytes / kv_token_bytes.max(1),
+            None => self.budgets.device_tokens,
+        };
+        tokens / self.chunk_size
     }
 }

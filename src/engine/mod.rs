@@ -108,7 +108,12 @@ impl Engine {
         config.validate()?;
         let model = model.into();
         let mc = model.llama.config().clone();
-        let blocks = config.num_blocks();
+        let blocks = config.num_blocks(mc.kv_token_bytes(4));
+        if blocks == 0 {
+            return Err(Error::InvalidConfig(
+                "the device budget must hold at least one chunk".into(),
+            ));
+        }
         let slots = blocks * config.chunk_size;
         let pool = KvPool::new(&mc, slots, candle_core::DType::F32, model.llama.device())?;
         let cost = match config.cost_profile {
