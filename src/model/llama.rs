@@ -77,6 +77,77 @@ struct Layer {
     w_down: Linear,
 }
 
+/// Names of one layer's tensors in a checkpoint format (without the layer prefix and the
+/// `.weight` suffix).
+struct LayerNames {
+    attn_norm: &'static str,
+    ffn_norm: &'static str,
+    wq: &'static str,
+    wk: &'static str,
+    wv: &'static str,
+    wo: &'static str,
+    w_gate: &'static str,
+    w_up: &'static str,
+    w_down: &'static str,
+}
+
+/// llama.cpp's GGUF names.
+const GGUF_NAMES: LayerNames = LayerNames {
+    attn_norm: "attn_norm",
+    ffn_norm: "ffn_norm",
+    wq: "attn_q",
+    wk: "attn_k",
+    wv: "attn_v",
+    wo: "attn_output",
+    w_gate: "ffn_gate",
+    w_up: "ffn_up",
+    w_down: "ffn_down",
+};
+
+/// Hugging Face `LlamaForCausalLM` names.
+const HF_NAMES: LayerNames = LayerNames {
+    attn_norm: "input_layernorm",
+    ffn_norm: "post_attention_layernorm",
+    wq: "self_attn.q_proj",
+    wk: "self_attn.k_proj",
+    wv: "self_attn.v_proj",
+    wo: "self_attn.o_proj",
+    w_gate: "mlp.gate_proj",
+    w_up: "mlp.up_proj",
+    w_down: "mlp.down_proj",
+};
+
+impl Layer {
+    /// Reads one layer through `fetch` (a raw tensor by name), turning raw tensors into
+    /// linear weights and norm weights with the format's converters.
+    fn load<T>(
+        names: &LayerNames,
+        mut fetch: impl FnMut(&str) -> Result<T>,
+        linear: impl Fn(T) -> Result<Linear>,
+        norm: impl Fn(T) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let mut lin = |n: &str| linear(fetch(n)?);
+        let (wq, wk, wv, wo) = (
+            lin(names.wq)?,
+            lin(names.wk)?,
+            lin(names.wv)?,
+            lin(names.wo)?,
+        );
+        let (w_gate, w_up, w_down) = (lin(names.w_gate)?, lin(names.w_up)?, lin(names.w_down)?);
+        Ok(Self {
+            attn_norm: norm(fetch(names.attn_norm)?)?,
+            ffn_norm: norm(fetch(names.ffn_norm)?)?,
+            wq,
+            wk,
+            wv,
+            wo,
+            w_gate,
+            w_up,
+            w_down,
+        })
+    }
+}
+
 /// A loaded Llama-family model.
 #[derive(Debug)]
 pub struct Llama {
@@ -307,26 +378,12 @@ impl Llama {
         let norm = get("output_norm.weight")?.dequantize(device)?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let mut lin =
-                |n: &str| linear_from_q(get(&format!("blk.{i}.{n}.weight"))?, format, device);
-            let wq = lin("attn_q")?;
-            let wk = lin("attn_k")?;
-            let wv = lin("attn_v")?;
-            let wo = lin("attn_output")?;
-            let w_gate = lin("ffn_gate")?;
-            let w_up = lin("ffn_up")?;
-            let w_down = lin("ffn_down")?;
-            layers.push(Layer {
-                attn_norm: get(&format!("blk.{i}.attn_norm.weight"))?.dequantize(device)?,
-                ffn_norm: get(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(device)?,
-                wq,
-                wk,
-                wv,
-                wo,
-                w_gate,
-                w_up,
-                w_down,
-            });
+            layers.push(Layer::load(
+                &GGUF_NAMES,
+                |n| get(&format!("blk.{i}.{n}.weight")),
+                |q| linear_from_q(q, format, device),
+                |q| Ok(q.dequantize(device)?),
+            )?);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)
     }
@@ -357,26 +414,12 @@ impl Llama {
         let norm = take("model.norm.weight")?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let p = format!("model.layers.{i}");
-            let mut lin = |n: &str| linear_from_tensor(take(&format!("{p}.{n}.weight"))?, format);
-            let wq = lin("self_attn.q_proj")?;
-            let wk = lin("self_attn.k_proj")?;
-            let wv = lin("self_attn.v_proj")?;
-            let wo = lin("self_attn.o_proj")?;
-            let w_gate = lin("mlp.gate_proj")?;
-            let w_up = lin("mlp.up_proj")?;
-            let w_down = lin("mlp.down_proj")?;
-            layers.push(Layer {
-                attn_norm: take(&format!("{p}.input_layernorm.weight"))?,
-                ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"))?,
-                wq,
-                wk,
-                wv,
-                wo,
-                w_gate,
-                w_up,
-                w_down,
-            });
+            layers.push(Layer::load(
+                &HF_NAMES,
+                |n| take(&format!("model.layers.{i}.{n}.weight")),
+                |t| linear_from_tensor(t, format),
+                Ok,
+            )?);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)
     }
