@@ -56,6 +56,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A workload file (ShareGPT dump or replay trace) is malformed.
+    #[error("invalid workload {what}: {reason}")]
+    InvalidWorkload {
+        /// The file (and line) involved.
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// An attention batch description does not fit the tensors it is applied to.
     #[error("invalid attention batch: {0}")]
     InvalidBatch(String),

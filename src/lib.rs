@@ -8,7 +8,9 @@
 //!   decode rows in one call), with a fast CPU kernel and a naive reference;
 //! - [`kv`]: the KV pool that attention reads;
 //! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
-//!   their tokenizer and chat template.
+//!   their tokenizer and chat template;
+//! - [`engine`]: the stateful engine that hosts drive with `step()`;
+//! - [`workload`]: multi-turn workloads (ShareGPT, traces) for replay benchmarks.
 //!
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
 
@@ -19,5 +21,6 @@ mod error;
 pub mod kv;
 pub mod model;
 mod scheduler;
+pub mod workload;
 
 pub use error::{Error, Result};

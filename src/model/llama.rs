@@ -424,6 +424,65 @@ impl Llama {
         Self::assemble(config, embed, layers, norm, lm_head, device)
     }
 
+    /// A model of `config`'s shape with random weights, for throughput studies of shapes whose
+    /// weights are not at hand (the papers measure 7B-70B shapes). Values are uniform, scaled by
+    /// each matrix's fan-in so activations keep their size through the layers; norms are one.
+    /// The same `seed` gives the same weights.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for an inconsistent `config`.
+    pub fn random(
+        config: LlamaConfig,
+        seed: u64,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        config.validate()?;
+        let c = &config;
+        let (h, q, kv, ff) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let mut state = seed;
+        let mut matrix = |rows: usize, cols: usize| -> Result<Tensor> {
+            let bound = (3.0 / cols as f32).sqrt();
+            let values: Vec<f32> = (0..rows * cols)
+                .map(|_| (2.0 * splitmix_unit(&mut state) - 1.0) * bound)
+                .collect();
+            Ok(Tensor::from_vec(values, (rows, cols), device)?)
+        };
+        let ones = || Tensor::ones(h, DType::F32, device);
+        let mut tensors = HashMap::new();
+        tensors.insert(
+            "model.embed_tokens.weight".to_string(),
+            matrix(c.vocab_size, h)?,
+        );
+        if !c.tie_word_embeddings {
+            tensors.insert("lm_head.weight".to_string(), matrix(c.vocab_size, h)?);
+        }
+        tensors.insert("model.norm.weight".to_string(), ones()?);
+        for i in 0..c.num_layers {
+            let p = format!("model.layers.{i}");
+            for (name, rows, cols) in [
+                ("self_attn.q_proj", q, h),
+                ("self_attn.k_proj", kv, h),
+                ("self_attn.v_proj", kv, h),
+                ("self_attn.o_proj", h, q),
+                ("mlp.gate_proj", ff, h),
+                ("mlp.up_proj", ff, h),
+                ("mlp.down_proj", h, ff),
+            ] {
+                tensors.insert(format!("{p}.{name}.weight"), matrix(rows, cols)?);
+            }
+            for norm in ["input_layernorm", "post_attention_layernorm"] {
+                tensors.insert(format!("{p}.{norm}.weight"), ones()?);
+            }
+        }
+        Self::from_hf_tensors(config, tensors, format, device)
+    }
+
     fn assemble(
         config: LlamaConfig,
         embed: Tensor,
@@ -498,6 +557,17 @@ fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
         }
     };
     with_small_copy(main, format)
+}
+
+/// splitmix64: a uniform value in [0, 1) from a 64-bit state, fast enough for a billion
+/// weights and stable across platforms and crate versions (unlike a `rand` generator).
+fn splitmix_unit(state: &mut u64) -> f32 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
 /// Adds the f16 copy of an f32 weight for [`WeightFormat::Mixed`].

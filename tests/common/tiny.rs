@@ -1,9 +1,7 @@
 //! A tiny random-weight Llama with a byte-level tokenizer and a ChatML template, built in code:
 //! for tests of the engine's mechanism that need no real weights.
 
-use std::collections::HashMap;
-
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
 use pensieve::model::{ChatTemplate, Llama, LlamaConfig, Model, WeightFormat};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
@@ -49,51 +47,7 @@ pub fn tiny_model(seed: u64) -> Model {
             "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
     )
     .unwrap();
-    let dev = Device::Cpu;
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut rand = |shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.8
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &dev).unwrap()
-    };
-    let mut t: HashMap<String, Tensor> = HashMap::new();
-    t.insert("model.embed_tokens.weight".into(), rand(&[259, 32]));
-    t.insert(
-        "model.norm.weight".into(),
-        Tensor::ones(32, DType::F32, &dev).unwrap(),
-    );
-    for i in 0..2 {
-        let p = format!("model.layers.{i}");
-        for (n, s) in [
-            ("self_attn.q_proj", [32, 32]),
-            ("self_attn.k_proj", [16, 32]),
-            ("self_attn.v_proj", [16, 32]),
-            ("self_attn.o_proj", [32, 32]),
-            ("mlp.gate_proj", [64, 32]),
-            ("mlp.up_proj", [64, 32]),
-            ("mlp.down_proj", [32, 64]),
-        ] {
-            t.insert(format!("{p}.{n}.weight"), rand(&s));
-        }
-        t.insert(
-            format!("{p}.input_layernorm.weight"),
-            Tensor::ones(32, DType::F32, &dev).unwrap(),
-        );
-        t.insert(
-            format!("{p}.post_attention_layernorm.weight"),
-            Tensor::ones(32, DType::F32, &dev).unwrap(),
-        );
-    }
-    let llama = Llama::from_hf_tensors(config, t, WeightFormat::F32, &dev).unwrap();
+    let llama = Llama::random(config, seed, WeightFormat::F32, &Device::Cpu).unwrap();
     Model {
         llama,
         tokenizer: byte_tokenizer(),
