@@ -1,6 +1,13 @@
 //! The attention op in the Pensieve paper's Figure 10 shape: a batch of 32 sequences with 8
-//! queries each over contexts in non-contiguous slots, our kernel against gathering the
-//! context into contiguous memory and attending with candle ops.
+//! queries each over contexts in non-contiguous slots. Our kernel against
+//! - the contiguous ideal: the same kernel with every context in consecutive slots (what a
+//!   non-contiguous layout costs);
+//! - gathering the context into contiguous memory, then attending with candle ops;
+//! - one query at a time: a single-query (decode) call per query, as a decode-only kernel
+//!   would have to run a multi-token turn.
+//!
+//! Plus the batches the engine runs: decode-only (32 sequences x 1 query) and mixed (one
+//! 512-token prefill with 31 decodes).
 //!
 //! ```text
 //! cargo bench --bench attention
@@ -15,45 +22,134 @@ const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 const HEAD_DIM: usize = 64;
 const SEQS: usize = 32;
-const QUERIES: usize = 8;
 
-/// q, pools and batch for `SEQS` sequences of `ctx` tokens, the last `QUERIES` of each queried;
-/// slots interleave the sequences so no context is contiguous.
-fn setup(ctx: usize) -> candle_core::Result<(Tensor, Tensor, Tensor, AttentionBatch)> {
+/// Slot of position `p` of sequence `s`.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// Sequences interleaved token by token: no two neighbours of a context are adjacent.
+    Interleaved,
+    /// Each sequence's context in one run of slots.
+    Contiguous,
+}
+
+struct Case {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    batch: AttentionBatch,
+}
+
+/// `queries[s]` queries at the end of sequence `s`'s `ctx` tokens.
+fn case(ctx: usize, queries: &[usize], layout: Layout) -> candle_core::Result<Case> {
     let dev = Device::Cpu;
-    let n_slots = SEQS * ctx;
+    let n = queries.len();
     let mut batch = AttentionBatch::new();
-    for s in 0..SEQS {
-        let slots: Vec<u32> = (0..ctx).map(|p| (p * SEQS + s) as u32).collect();
+    for (s, &nq) in queries.iter().enumerate() {
+        let slots: Vec<u32> = (0..ctx)
+            .map(|p| match layout {
+                Layout::Interleaved => (p * n + s) as u32,
+                Layout::Contiguous => (s * ctx + p) as u32,
+            })
+            .collect();
         let positions: Vec<u32> = (0..ctx as u32).collect();
-        let queries: Vec<u32> = ((ctx - QUERIES) as u32..ctx as u32).collect();
-        if let Err(e) = batch.push_sequence(&queries, &slots, &positions) {
+        let q_positions: Vec<u32> = ((ctx - nq) as u32..ctx as u32).collect();
+        if let Err(e) = batch.push_sequence(&q_positions, &slots, &positions) {
             candle_core::bail!("{e}")
         }
     }
-    let q = Tensor::randn(0f32, 1.0, (SEQS * QUERIES, HEADS, HEAD_DIM), &dev)?;
-    let k = Tensor::randn(0f32, 1.0, (n_slots, KV_HEADS, HEAD_DIM), &dev)?;
-    let v = Tensor::randn(0f32, 1.0, (n_slots, KV_HEADS, HEAD_DIM), &dev)?;
-    Ok((q, k, v, batch))
+    let rows: usize = queries.iter().sum();
+    Ok(Case {
+        q: Tensor::randn(0f32, 1.0, (rows, HEADS, HEAD_DIM), &dev)?,
+        k: Tensor::randn(0f32, 1.0, (n * ctx, KV_HEADS, HEAD_DIM), &dev)?,
+        v: Tensor::randn(0f32, 1.0, (n * ctx, KV_HEADS, HEAD_DIM), &dev)?,
+        batch,
+    })
 }
 
-fn bench(c: &mut Criterion) {
+/// The same work split into single-query calls: `(row of q, batch of one query)`.
+fn one_query_calls(ctx: usize, nq: usize) -> candle_core::Result<Vec<(usize, AttentionBatch)>> {
+    let mut calls = Vec::new();
+    for s in 0..SEQS {
+        for j in 0..nq {
+            let pos = ctx - nq + j;
+            let slots: Vec<u32> = (0..=pos).map(|p| (p * SEQS + s) as u32).collect();
+            let positions: Vec<u32> = (0..=pos as u32).collect();
+            let mut b = AttentionBatch::new();
+            if let Err(e) = b.push_sequence(&[pos as u32], &slots, &positions) {
+                candle_core::bail!("{e}")
+            }
+            calls.push((s * nq + j, b));
+        }
+    }
+    Ok(calls)
+}
+
+fn scale() -> f32 {
+    1.0 / (HEAD_DIM as f32).sqrt()
+}
+
+fn figure10(c: &mut Criterion) {
     let mut group = c.benchmark_group("attention_32x8");
     group.sample_size(10);
-    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let queries = [8; SEQS];
     for ctx in [256, 1024, 4096] {
-        let Ok((q, k, v, batch)) = setup(ctx) else {
+        let (Ok(ours), Ok(ideal), Ok(calls)) = (
+            case(ctx, &queries, Layout::Interleaved),
+            case(ctx, &queries, Layout::Contiguous),
+            one_query_calls(ctx, 8),
+        ) else {
             continue;
         };
+        let Case { q, k, v, batch } = &ours;
         group.bench_with_input(BenchmarkId::new("pensieve", ctx), &ctx, |b, _| {
-            b.iter(|| attention(&q, &k, &v, &batch, scale))
+            b.iter(|| attention(q, k, v, batch, scale()))
+        });
+        group.bench_with_input(BenchmarkId::new("contiguous_ideal", ctx), &ctx, |b, _| {
+            b.iter(|| attention(&ideal.q, &ideal.k, &ideal.v, &ideal.batch, scale()))
         });
         group.bench_with_input(BenchmarkId::new("gather_then_attend", ctx), &ctx, |b, _| {
-            b.iter(|| attention_gather(&q, &k, &v, &batch, scale))
+            b.iter(|| attention_gather(q, k, v, batch, scale()))
         });
+        group.bench_with_input(
+            BenchmarkId::new("one_query_at_a_time", ctx),
+            &ctx,
+            |b, _| {
+                b.iter(|| -> pensieve::Result<()> {
+                    for (row, one) in &calls {
+                        let qi = q.narrow(0, *row, 1)?;
+                        attention(&qi, k, v, one, scale())?;
+                    }
+                    Ok(())
+                })
+            },
+        );
     }
     group.finish();
 }
 
-criterion_group!(benches, bench);
+fn engine_batches(c: &mut Criterion) {
+    let mut group = c.benchmark_group("attention_batches");
+    group.sample_size(10);
+    let decode = [1; SEQS];
+    let mut mixed = [1; SEQS];
+    mixed[0] = 512;
+    for (name, queries) in [("decode_32x1", &decode), ("mixed_512+31x1", &mixed)] {
+        for ctx in [1024, 4096] {
+            let Ok(Case { q, k, v, batch }) = case(ctx, queries, Layout::Interleaved) else {
+                continue;
+            };
+            let id = format!("{name}/pensieve");
+            group.bench_with_input(BenchmarkId::new(id, ctx), &ctx, |b, _| {
+                b.iter(|| attention(&q, &k, &v, &batch, scale()))
+            });
+            let id = format!("{name}/gather_then_attend");
+            group.bench_with_input(BenchmarkId::new(id, ctx), &ctx, |b, _| {
+                b.iter(|| attention_gather(&q, &k, &v, &batch, scale()))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, figure10, engine_batches);
 criterion_main!(benches);

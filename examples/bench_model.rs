@@ -17,7 +17,8 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::kv::KvPool;
 use pensieve::model::{
-    default_model_path, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat,
+    default_model_path, small_matmul_f16, ForwardBatch, LoadOptions, Model, ModelSource,
+    WeightFormat, MIXED_F16_MAX_ROWS,
 };
 
 #[derive(Parser, Debug)]
@@ -131,20 +132,32 @@ fn gemm_gflops(m: usize) -> candle_core::Result<f64> {
     Ok(2.0 * m as f64 * 576.0 * 1536.0 / median(times) / 1e9)
 }
 
-/// Time of one `[m, 576] x [576, 1536]` linear layer with weights in `dtype`, as candle's
-/// `QMatMul` runs it (f16 weights: activations converted to f16 and back).
-fn linear_us(m: usize, dtype: DType) -> candle_core::Result<f64> {
+/// How a linear layer's weights are multiplied.
+#[derive(Clone, Copy)]
+enum Linear {
+    /// candle's f32 GEMM.
+    F32,
+    /// candle's `QMatMul` with f16 weights (activations converted to f16 and back).
+    CandleF16,
+    /// pensieve's small-batch f16 matmul (f32 activations).
+    SmallF16,
+}
+
+/// Time of one `[m, 576] x [576, 1536]` linear layer.
+fn linear_us(m: usize, how: Linear) -> pensieve::Result<f64> {
     use candle_core::quantized::QMatMul;
     let x = Tensor::randn(0f32, 1.0, (m, 576), &Device::Cpu)?;
     let w = Tensor::randn(0f32, 1.0, (1536, 576), &Device::Cpu)?;
-    let lin = match dtype {
-        DType::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
-        _ => QMatMul::Tensor(w),
-    };
+    let w16 = w.to_dtype(DType::F16)?;
+    let (f32_lin, f16_lin) = (QMatMul::Tensor(w), QMatMul::TensorF16(w16.clone()));
     let mut times = Vec::new();
     for _ in 0..7 {
         let t = Instant::now();
-        lin.forward(&x)?;
+        match how {
+            Linear::F32 => drop(f32_lin.forward(&x)?),
+            Linear::CandleF16 => drop(f16_lin.forward(&x)?),
+            Linear::SmallF16 => drop(small_matmul_f16(&x, &w16)?),
+        }
         times.push(t.elapsed().as_secs_f64());
     }
     Ok(median(times) * 1e6)
@@ -262,14 +275,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("| {name} | {} |", cells.join(" | "));
     }
     println!();
-    println!("Linear [m x 576] x [576 x 1536], microseconds (median of 7), f32 vs f16 weights:");
-    println!("| m | f32 | f16 |");
-    println!("|---:|---:|---:|");
+    println!("Linear [m x 576] x [576 x 1536], microseconds (median of 7):");
+    println!("| m | candle f32 | candle f16 | pensieve small f16 |");
+    println!("|---:|---:|---:|---:|");
     for m in [1, 2, 4, 8, 16, 32, 64] {
+        let small = if m <= MIXED_F16_MAX_ROWS {
+            format!("{:.0}", linear_us(m, Linear::SmallF16)?)
+        } else {
+            "-".into()
+        };
         println!(
-            "| {m} | {:.0} | {:.0} |",
-            linear_us(m, DType::F32)?,
-            linear_us(m, DType::F16)?
+            "| {m} | {:.0} | {:.0} | {small} |",
+            linear_us(m, Linear::F32)?,
+            linear_us(m, Linear::CandleF16)?
         );
     }
     println!();

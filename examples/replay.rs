@@ -219,6 +219,11 @@ struct Summary {
     chunks_dropped: u64,
     suspensions: u64,
     steps: u64,
+    /// Where `step()` time went, in seconds.
+    schedule_s: f64,
+    transfer_s: f64,
+    forward_s: f64,
+    commit_s: f64,
 }
 
 fn main() -> AnyResult<()> {
@@ -662,6 +667,10 @@ fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) -> Summary 
         chunks_dropped: stats.chunks_dropped_from_device + stats.chunks_dropped_from_host,
         suspensions: stats.suspensions,
         steps: stats.steps,
+        schedule_s: stats.schedule_time.as_secs_f64(),
+        transfer_s: stats.transfer_time.as_secs_f64(),
+        forward_s: stats.forward_time.as_secs_f64(),
+        commit_s: stats.commit_time.as_secs_f64(),
     }
 }
 

@@ -150,17 +150,18 @@ impl Block<'_> {
                 return;
             }
         }
-        self.body(out)
+        self.body(out, false)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn body_avx2(&self, out: &mut [f32]) {
-        self.body(out)
+        self.body(out, true)
     }
 
+    /// `avx2`: the caller runs with AVX2 enabled (K tiles are transposed 8x8 in registers).
     #[inline(always)]
-    fn body(&self, out: &mut [f32]) {
+    fn body(&self, out: &mut [f32], avx2: bool) {
         let Block {
             q_rows,
             q_positions,
@@ -210,12 +211,7 @@ impl Block<'_> {
                 if positions.iter().all(|&p| p > max_pos) {
                     continue;
                 }
-                for (j, &slot) in slots.iter().enumerate() {
-                    let kj = &k[slot as usize * kv_row + g * d..][..d];
-                    for (t, &x) in kj.iter().enumerate() {
-                        kt[t * K_TILE + j] = x;
-                    }
-                }
+                transpose_tile(&mut kt, k, slots, kv_row, g * d, d, avx2);
                 for i in 0..nq {
                     let tile = Tile {
                         slots,
@@ -247,6 +243,115 @@ impl Block<'_> {
                 }
             }
         }
+    }
+}
+
+/// Fills `kt[t * K_TILE + j]` with element `t` of key `j` (`slots[j]`, kv head at `off`).
+/// With few queries per block (decode) this copy costs more than the scores, so the AVX2
+/// build moves 8x8 blocks through registers; both builds write the same values.
+#[inline(always)]
+fn transpose_tile(
+    kt: &mut [f32],
+    k: &[f32],
+    slots: &[u32],
+    kv_row: usize,
+    off: usize,
+    d: usize,
+    avx2: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    let done = if avx2 && d % 8 == 0 && kt.len() >= d * K_TILE {
+        // SAFETY: the caller runs with AVX2 enabled (`avx2` is only true inside
+        // `Block::body_avx2`); bounds are checked inside.
+        unsafe { transpose_avx2::blocks(kt, k, slots, kv_row, off, d) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = avx2;
+        0
+    };
+    for (j, &slot) in slots.iter().enumerate().skip(done) {
+        let kj = &k[slot as usize * kv_row + off..][..d];
+        for (t, &x) in kj.iter().enumerate() {
+            kt[t * K_TILE + j] = x;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod transpose_avx2 {
+    use std::arch::x86_64::*;
+
+    use super::K_TILE;
+
+    /// Transposes the keys of `slots` in groups of 8 and returns how many it did (a multiple
+    /// of 8; the caller copies the rest). `d % 8 == 0` and `kt.len() >= d * K_TILE`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn blocks(
+        kt: &mut [f32],
+        k: &[f32],
+        slots: &[u32],
+        kv_row: usize,
+        off: usize,
+        d: usize,
+    ) -> usize {
+        let groups = slots.len().min(K_TILE) / 8;
+        for jb in 0..groups {
+            let mut rows = [k.as_ptr(); 8];
+            for (i, r) in rows.iter_mut().enumerate() {
+                let start = slots[jb * 8 + i] as usize * kv_row + off;
+                if start + d > k.len() {
+                    return jb * 8;
+                }
+                // SAFETY: start + d <= k.len(), checked just above.
+                *r = unsafe { k.as_ptr().add(start) };
+            }
+            for tb in (0..d).step_by(8) {
+                // SAFETY: each row pointer has d >= tb + 8 readable floats (checked above);
+                // stores go to kt[(tb + i) * K_TILE + jb * 8 ..][..8], inside d * K_TILE.
+                unsafe {
+                    let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i].add(tb)));
+                    let c = transpose8(r);
+                    for (i, col) in c.iter().enumerate() {
+                        _mm256_storeu_ps(kt.as_mut_ptr().add((tb + i) * K_TILE + jb * 8), *col);
+                    }
+                }
+            }
+        }
+        groups * 8
+    }
+
+    /// 8x8 transpose: column `i` of the result holds element `i` of each input row.
+    #[target_feature(enable = "avx2")]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
     }
 }
 

@@ -387,19 +387,24 @@ impl Engine {
     /// # Errors
     /// Only for broken internal invariants (checked in debug builds).
     pub fn step_at(&mut self, now: Instant) -> Result<Vec<Event>> {
+        let t0 = Instant::now();
         self.drain_commands(now);
         let plan = self.sched.schedule(&mut self.convs, &mut self.cache, now);
         for &(id, needed, available) in &plan.rejected {
             let e = Error::BudgetTooSmall { needed, available };
             self.finish(id, FinishReason::Failed(e.to_string()), now);
         }
+        let t1 = Instant::now();
+        self.stats.schedule_time += t1 - t0;
         if !plan.is_empty() {
             self.stats.steps += 1;
             executor::transfer(&self.pool, &mut self.cache, &mut self.convs, &plan);
+            let t2 = Instant::now();
             let result = executor::forward(&self.model, &self.pool, &plan.rows);
             // Outputs exist once the pass is done: turn timings are taken then, while
             // scheduling decisions above used the caller's `now`.
-            let done = now.max(Instant::now());
+            let t3 = Instant::now();
+            let done = now.max(t3);
             match result {
                 Ok(logits) => self.commit(&plan.rows, logits, done),
                 Err(e) => {
@@ -409,6 +414,9 @@ impl Engine {
                     }
                 }
             }
+            self.stats.transfer_time += t2 - t1;
+            self.stats.forward_time += t3 - t2;
+            self.stats.commit_time += t3.elapsed();
         }
         #[cfg(debug_assertions)]
         self.check_invariants()?;

@@ -176,6 +176,14 @@ pub struct EngineStats {
     pub host_bytes_used: usize,
     /// The recompute cost curve the value policy uses.
     pub cost_model: Option<CostModel>,
+    /// Time in `step()` spent admitting, scheduling and evicting (planning, no KV copies).
+    pub schedule_time: Duration,
+    /// Time spent copying KV between tiers (swap-in, swap-out).
+    pub transfer_time: Duration,
+    /// Time in the model's forward passes (prefill and decode rows together).
+    pub forward_time: Duration,
+    /// Time sampling tokens, detokenizing and finishing turns.
+    pub commit_time: Duration,
 }
 
 impl EngineStats {

@@ -19,6 +19,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use super::config::{LlamaConfig, RopeVariant};
+use super::small_matmul;
 use crate::attention::{attention, AttentionBatch};
 use crate::kv::KvPool;
 use crate::{Error, Result};
@@ -33,31 +34,34 @@ pub enum WeightFormat {
     /// Kept in the file's quantized format (safetensors weights are quantized to Q8_0);
     /// candle quantizes activations too.
     Quantized,
-    /// Both f32 and f16 copies: passes of at most [`MIXED_F16_MAX_ROWS`] rows (single-sequence
-    /// decode) read the f16 copy, larger passes (prefill, batched decode) the f32 one. 6 bytes
+    /// Both f32 and f16 copies: passes of at most [`MIXED_F16_MAX_ROWS`] rows (decode of up
+    /// to that many sequences) read the f16 copy, larger passes (prefill) the f32 one. 6 bytes
     /// per weight. The default: f32 prefill speed with f16 decode bandwidth (measured in
     /// `docs/BENCHMARKS.md`).
     #[default]
     Mixed,
 }
 
-/// Largest pass that [`WeightFormat::Mixed`] runs on its f16 copy. Measured on candle 0.11's
-/// CPU matmuls (`docs/BENCHMARKS.md`): with one row, f16 weights halve the bytes read and win
-/// decode; from two rows on, its f16 GEMM is 3-4x slower than f32.
-pub const MIXED_F16_MAX_ROWS: usize = 1;
+/// Largest pass that [`WeightFormat::Mixed`] runs on its f16 copy. Decode of a few sequences is
+/// bound by the bytes of weights read; on the CPU these passes run pensieve's small-batch f16
+/// matmul (f32 activations, each weight row converted once for all rows), which reads half
+/// the bytes of the f32 GEMM. Larger passes are compute-bound and take the f32 GEMM.
+pub const MIXED_F16_MAX_ROWS: usize = small_matmul::MAX_ROWS;
 
-/// A linear layer's weights, possibly with a second copy for small passes.
+/// A linear layer's weights, possibly with an f16 copy for small passes.
 #[derive(Debug)]
 struct Linear {
     main: QMatMul,
-    /// Used for passes of at most [`MIXED_F16_MAX_ROWS`] rows when present.
-    small: Option<QMatMul>,
+    /// `[out, in]` f16, used for passes of at most [`MIXED_F16_MAX_ROWS`] rows when present.
+    small: Option<Tensor>,
 }
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match &self.small {
-            Some(w) if x.dim(0)? <= MIXED_F16_MAX_ROWS => w.forward(x),
+            Some(w) if x.rank() == 2 && x.dim(0)? <= MIXED_F16_MAX_ROWS => {
+                small_matmul::small_matmul_f16(x, w).map_err(candle_core::Error::wrap)
+            }
             _ => self.main.forward(x),
         }
     }
@@ -573,9 +577,7 @@ fn splitmix_unit(state: &mut u64) -> f32 {
 /// Adds the f16 copy of an f32 weight for [`WeightFormat::Mixed`].
 fn with_small_copy(main: QMatMul, format: WeightFormat) -> Result<Linear> {
     let small = match (&main, format) {
-        (QMatMul::Tensor(w), WeightFormat::Mixed) => {
-            Some(QMatMul::TensorF16(w.to_dtype(DType::F16)?))
-        }
+        (QMatMul::Tensor(w), WeightFormat::Mixed) => Some(w.to_dtype(DType::F16)?.contiguous()?),
         _ => None,
     };
     Ok(Linear { main, small })
