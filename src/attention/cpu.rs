@@ -66,11 +66,13 @@ fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, name: &str) -> candle_core:
     }
 }
 
-/// One unit of parallel work: rows `[row0, row1)` of sequence `seq`.
+/// One unit of parallel work: rows `[row0, row1)` of sequence `seq`, the query heads that read
+/// kv head `g`. Splitting by kv head keeps both cores busy when a single sequence decodes.
 struct Item {
     seq: usize,
     row0: usize,
     row1: usize,
+    g: usize,
 }
 
 /// `q`: `[tokens, n_heads, head_dim]`, `k`/`v`: `[n_slots, n_kv_heads, head_dim]`, all f32
@@ -83,43 +85,55 @@ pub(super) fn forward(
     dims: Dims,
     scale: f32,
 ) -> Vec<f32> {
-    let row_len = dims.n_heads * dims.head_dim;
-    let mut out = vec![0f32; dims.tokens * row_len];
+    let d = dims.head_dim;
+    let group = dims.n_heads / dims.n_kv_heads;
+    let row_len = dims.n_heads * d;
     let mut items = Vec::new();
     for (seq, view) in batch.sequences().enumerate() {
         let n = view.q_positions.len();
         for r in (0..n).step_by(Q_BLOCK) {
-            items.push(Item {
-                seq,
-                row0: r,
-                row1: (r + Q_BLOCK).min(n),
-            });
+            for g in 0..dims.n_kv_heads {
+                items.push(Item {
+                    seq,
+                    row0: r,
+                    row1: (r + Q_BLOCK).min(n),
+                    g,
+                });
+            }
         }
     }
-    // Items cover the query rows in order, so the output splits into disjoint consecutive
-    // chunks, one per item.
-    let mut work = Vec::with_capacity(items.len());
-    let mut rest = out.as_mut_slice();
-    for item in items {
-        let (chunk, tail) = rest.split_at_mut((item.row1 - item.row0) * row_len);
-        work.push((item, chunk));
-        rest = tail;
+    // Each item's heads are interleaved with other items' in the output rows: items write
+    // `[rows][group][head_dim]` buffers, copied into place afterwards.
+    let parts: Vec<(Item, Vec<f32>)> = items
+        .into_par_iter()
+        .map(|item| {
+            let view = batch.sequence(item.seq);
+            let first = view.first_row + item.row0;
+            let rows = item.row1 - item.row0;
+            let block = Block {
+                q_rows: &q[first * row_len..(first + rows) * row_len],
+                q_positions: &view.q_positions[item.row0..item.row1],
+                ctx_slots: view.ctx_slots,
+                ctx_positions: view.ctx_positions,
+                k,
+                v,
+                g: item.g,
+                dims,
+                scale,
+            };
+            let mut buf = vec![0f32; rows * group * d];
+            block.run(&mut buf);
+            (item, buf)
+        })
+        .collect();
+    let mut out = vec![0f32; dims.tokens * row_len];
+    for (item, buf) in parts {
+        let first = batch.sequence(item.seq).first_row + item.row0;
+        for (r, src) in buf.chunks_exact(group * d).enumerate() {
+            let at = (first + r) * row_len + item.g * group * d;
+            out[at..at + group * d].copy_from_slice(src);
+        }
     }
-    work.into_par_iter().for_each(|(item, chunk)| {
-        let view = batch.sequence(item.seq);
-        let first = view.first_row + item.row0;
-        let block = Block {
-            q_rows: &q[first * row_len..(first + item.row1 - item.row0) * row_len],
-            q_positions: &view.q_positions[item.row0..item.row1],
-            ctx_slots: view.ctx_slots,
-            ctx_positions: view.ctx_positions,
-            k,
-            v,
-            dims,
-            scale,
-        };
-        block.run(chunk);
-    });
     out
 }
 
@@ -131,12 +145,15 @@ struct Block<'a> {
     ctx_positions: &'a [u32],
     k: &'a [f32],
     v: &'a [f32],
+    /// The kv head whose query heads this block computes.
+    g: usize,
     dims: Dims,
     scale: f32,
 }
 
 impl Block<'_> {
-    /// Attention for the block's rows, all heads, into `out`: the AVX2+FMA build of
+    /// Attention for the block's rows and the query heads of kv head `g`, into `out` as
+    /// `[rows][group][head_dim]`: the AVX2+FMA build of
     /// [`Block::body`] where the CPU has it, the baseline build otherwise.
     fn run(&self, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -169,6 +186,7 @@ impl Block<'_> {
             ctx_positions,
             k,
             v,
+            g,
             dims,
             scale,
         } = *self;
@@ -190,57 +208,46 @@ impl Block<'_> {
         // result does not depend on how the batch was cut (batch invariance).
         let mut kt = vec![0f32; d * K_TILE];
 
-        for g in 0..dims.n_kv_heads {
-            // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
-            for r in 0..rows {
-                for j in 0..group {
-                    let h = g * group + j;
-                    let src = &q_rows[(r * dims.n_heads + h) * d..][..d];
-                    let i = r * group + j;
-                    for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
-                        *dst = s * scale;
-                    }
-                    qpos[i] = q_positions[r];
+        // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
+        for r in 0..rows {
+            for j in 0..group {
+                let h = g * group + j;
+                let src = &q_rows[(r * dims.n_heads + h) * d..][..d];
+                let i = r * group + j;
+                for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
+                    *dst = s * scale;
+                }
+                qpos[i] = q_positions[r];
+            }
+        }
+        for (slots, positions) in ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE)) {
+            if positions.iter().all(|&p| p > max_pos) {
+                continue;
+            }
+            transpose_tile(&mut kt, k, slots, kv_row, g * d, d, avx2);
+            for i in 0..nq {
+                let tile = Tile {
+                    slots,
+                    positions,
+                    kt: &kt,
+                    kv_off: g * d,
+                    kv_row,
+                };
+                let acc_i = &mut acc[i * d..(i + 1) * d];
+                let qi = &qv[i * d..(i + 1) * d];
+                let (mi, li) = (&mut m[i], &mut l[i]);
+                match d {
+                    64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
                 }
             }
-            m.fill(f32::NEG_INFINITY);
-            l.fill(0.0);
-            acc.fill(0.0);
+        }
 
-            for (slots, positions) in ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE)) {
-                if positions.iter().all(|&p| p > max_pos) {
-                    continue;
-                }
-                transpose_tile(&mut kt, k, slots, kv_row, g * d, d, avx2);
-                for i in 0..nq {
-                    let tile = Tile {
-                        slots,
-                        positions,
-                        kt: &kt,
-                        kv_off: g * d,
-                        kv_row,
-                    };
-                    let acc_i = &mut acc[i * d..(i + 1) * d];
-                    let qi = &qv[i * d..(i + 1) * d];
-                    let (mi, li) = (&mut m[i], &mut l[i]);
-                    match d {
-                        64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                        128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                        _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                    }
-                }
-            }
-
-            for r in 0..rows {
-                for j in 0..group {
-                    let i = r * group + j;
-                    let h = g * group + j;
-                    let dst = &mut out[(r * dims.n_heads + h) * d..][..d];
-                    let inv = if l[i] > 0.0 { 1.0 / l[i] } else { 0.0 };
-                    for (o, a) in dst.iter_mut().zip(&acc[i * d..(i + 1) * d]) {
-                        *o = a * inv;
-                    }
-                }
+        for (i, dst) in out.chunks_exact_mut(d).take(nq).enumerate() {
+            let inv = if l[i] > 0.0 { 1.0 / l[i] } else { 0.0 };
+            for (o, a) in dst.iter_mut().zip(&acc[i * d..(i + 1) * d]) {
+                *o = a * inv;
             }
         }
     }
