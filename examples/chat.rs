@@ -14,34 +14,20 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
-    EngineConfig, SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig,
+    SamplingParams, Turn, TurnStats,
 };
-use pensieve::model::{LoadOptions, Model, ModelSource, WeightFormat};
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Mode {
-    Tiered,
-    DeviceOnly,
-    Stateless,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Format {
-    F32,
-    F16,
-    Quantized,
-    Mixed,
-}
+mod common;
+use common::EngineArgs;
 
 #[derive(Parser, Debug)]
 #[command(about = "Multi-turn chat with a KV cache kept across turns")]
 struct Args {
-    /// Model: `default`, a .gguf file, a safetensors folder, or an `org/name` hub repo.
-    #[arg(long, default_value = "default")]
-    model: String,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// One user message per line, run as consecutive turns (instead of reading stdin).
     #[arg(long)]
     script: Option<PathBuf>,
@@ -63,18 +49,6 @@ struct Args {
     /// Sampling seed.
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
-    /// Cache mode.
-    #[arg(long, value_enum, default_value = "tiered")]
-    mode: Mode,
-    /// Device KV pool in tokens.
-    #[arg(long, default_value_t = 8192)]
-    device_tokens: usize,
-    /// Host KV tier in MiB.
-    #[arg(long, default_value_t = 1024)]
-    host_mib: usize,
-    /// Weight format.
-    #[arg(long, value_enum, default_value = "mixed")]
-    format: Format,
     /// Skip the stateless engine that measures the baseline side by side.
     #[arg(long)]
     no_compare: bool,
@@ -82,32 +56,10 @@ struct Args {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let format = match args.format {
-        Format::F32 => WeightFormat::F32,
-        Format::F16 => WeightFormat::F16,
-        Format::Quantized => WeightFormat::Quantized,
-        Format::Mixed => WeightFormat::Mixed,
-    };
-    let mode = match args.mode {
-        Mode::Tiered => CacheMode::Tiered,
-        Mode::DeviceOnly => CacheMode::DeviceOnly,
-        Mode::Stateless => CacheMode::Stateless,
-    };
-    eprintln!("loading {} ...", args.model);
-    let source: ModelSource = args.model.parse()?;
-    let model = Arc::new(Model::load(
-        &source,
-        &LoadOptions {
-            format,
-            ..LoadOptions::default()
-        },
-    )?);
+    let mode = args.engine.mode.cache_mode();
+    let model = Arc::new(args.engine.load_model()?);
     let config = EngineConfig {
-        budgets: Budgets {
-            device_bytes: None,
-            device_tokens: args.device_tokens,
-            host_bytes: args.host_mib << 20,
-        },
+        budgets: args.engine.budgets(),
         mode,
         ..EngineConfig::default()
     };
@@ -210,7 +162,7 @@ fn report(
     if args.json {
         let record = serde_json::json!({
             "turn": turn,
-            "mode": format!("{:?}", args.mode).to_lowercase(),
+            "mode": args.engine.mode.name(),
             "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens,
             "recomputed_tokens": s.recomputed_tokens,

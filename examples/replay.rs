@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use common::{EngineArgs, Mode};
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostProfile, Engine, EngineConfig,
-    EngineStats, Event, FinishReason, RequestId, SamplingParams, Turn, TurnStats,
+    ConversationId, ConversationOptions, CostProfile, Engine, EngineConfig, EngineStats, Event,
+    FinishReason, RequestId, SamplingParams, Turn, TurnStats,
 };
-use pensieve::model::{Llama, LlamaConfig, LoadOptions, Model, ModelSource, WeightFormat};
+use pensieve::model::{Llama, LlamaConfig, Model};
 use pensieve::workload::{default_sharegpt_path, read_sharegpt, read_trace, ConversationSpec};
 use plotters::prelude::*;
 use rand::rngs::StdRng;
@@ -34,34 +35,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+mod common;
+
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Mode {
-    Stateless,
-    DeviceOnly,
-    Tiered,
-}
-
-impl Mode {
-    const ALL: [Mode; 3] = [Mode::Stateless, Mode::DeviceOnly, Mode::Tiered];
-
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Stateless => "stateless",
-            Mode::DeviceOnly => "device-only",
-            Mode::Tiered => "tiered",
-        }
-    }
-
-    fn cache_mode(self) -> CacheMode {
-        match self {
-            Mode::Stateless => CacheMode::Stateless,
-            Mode::DeviceOnly => CacheMode::DeviceOnly,
-            Mode::Tiered => CacheMode::Tiered,
-        }
-    }
-}
 
 /// Llama shapes for `--model-shape`: random weights, the tokenizer and template of `--model`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -93,26 +69,14 @@ impl Shape {
     }
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Format {
-    F32,
-    F16,
-    Quantized,
-    Mixed,
-}
-
 #[derive(Parser, Debug)]
 #[command(about = "Replay multi-turn conversations and measure against stateless serving")]
 struct Args {
-    /// Model: `default`, a .gguf file, a safetensors folder, or an `org/name` hub repo.
-    #[arg(long, default_value = "default")]
-    model: String,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Random weights of a larger Llama shape (tokenizer and template still from `--model`).
     #[arg(long, value_enum)]
     model_shape: Option<Shape>,
-    /// Weight format.
-    #[arg(long, value_enum, default_value = "mixed")]
-    format: Format,
     /// ShareGPT JSON file (default: the one `scripts/fetch-assets` fetched).
     #[arg(long)]
     sharegpt: Option<PathBuf>,
@@ -146,15 +110,6 @@ struct Args {
     /// Seed of the conversation sample and the arrivals.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Cache mode.
-    #[arg(long, value_enum, default_value = "tiered")]
-    mode: Mode,
-    /// Device KV pool in tokens.
-    #[arg(long, default_value_t = 8192)]
-    device_tokens: usize,
-    /// Host KV tier in MiB.
-    #[arg(long, default_value_t = 1024)]
-    host_mib: usize,
     /// Most tokens one step runs through the model.
     #[arg(long, default_value_t = 512)]
     step_tokens: usize,
@@ -271,7 +226,7 @@ fn main() -> AnyResult<()> {
             })
             .collect(),
         (None, None) => vec![(
-            args.mode,
+            args.engine.mode,
             match args.concurrency {
                 Some(concurrency) => Load::Closed { concurrency },
                 None => Load::Open {
@@ -311,23 +266,12 @@ fn main() -> AnyResult<()> {
 }
 
 fn load_model(args: &Args) -> AnyResult<Arc<Model>> {
-    let format = match args.format {
-        Format::F32 => WeightFormat::F32,
-        Format::F16 => WeightFormat::F16,
-        Format::Quantized => WeightFormat::Quantized,
-        Format::Mixed => WeightFormat::Mixed,
-    };
-    let options = LoadOptions {
-        format,
-        ..LoadOptions::default()
-    };
-    eprintln!("loading {} ...", args.model);
-    let source: ModelSource = args.model.parse()?;
-    let mut model = Model::load(&source, &options)?;
+    let mut model = args.engine.load_model()?;
     if let Some(shape) = args.model_shape {
         let config = shape.config(model.tokenizer.get_vocab_size(true))?;
         eprintln!("random weights of shape {shape:?}: {config:?}");
-        model.llama = Llama::random(config, args.seed, format, &options.device)?;
+        let options = args.engine.load_options();
+        model.llama = Llama::random(config, args.seed, options.format, &options.device)?;
     }
     Ok(Arc::new(model))
 }
@@ -380,11 +324,7 @@ fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>>
 
 fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineConfig {
     EngineConfig {
-        budgets: Budgets {
-            device_tokens: args.device_tokens,
-            device_bytes: None,
-            host_bytes: args.host_mib << 20,
-        },
+        budgets: args.engine.budgets(),
         step_token_budget: args.step_tokens,
         mode: mode.cache_mode(),
         cost_profile: cost.unwrap_or_default(),
@@ -527,6 +467,11 @@ fn replay(
                         continue;
                     }
                 } else {
+                    eprintln!(
+                        "conversation {} turn {}: {reason:?}",
+                        workload[i].id,
+                        p.next_turn + 1
+                    );
                     run.failed += 1;
                     bar.inc((workload[i].turns.len() - p.next_turn - 1) as u64);
                 }
@@ -729,38 +674,44 @@ fn print_table(summaries: &[Summary]) {
     }
 }
 
+/// Columns of `sweep.csv`, named as the `--json` fields.
+const CSV_COLUMNS: [&str; 20] = [
+    "mode",
+    "rate",
+    "concurrency",
+    "turns",
+    "wall_s",
+    "turns_per_s",
+    "output_tok_per_s",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "norm_latency_ms_p50",
+    "norm_latency_ms_p90",
+    "prefilled_tokens",
+    "reused_tokens",
+    "recomputed_tokens",
+    "hit_rate_device",
+    "hit_rate_host",
+    "bytes_swapped_in",
+    "bytes_swapped_out",
+    "forward_s",
+    "transfer_s",
+];
+
 fn write_csv(dir: &Path, summaries: &[Summary]) -> AnyResult<()> {
-    let mut sweep = String::from(
-        "mode,rate,concurrency,turns,wall_s,turns_per_s,output_tok_per_s,ttft_ms_p50,ttft_ms_p90,norm_latency_ms_p50,norm_latency_ms_p90,prefilled_tokens,reused_tokens,recomputed_tokens,hit_rate_device,hit_rate_host,bytes_swapped_in,bytes_swapped_out\n",
-    );
+    let cell = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut sweep = CSV_COLUMNS.join(",") + "\n";
     let mut by_turn = String::from("mode,rate,concurrency,turn,ttft_ms_mean\n");
-    let opt = |v: Option<String>| v.unwrap_or_default();
     for s in summaries {
-        let (rate, conc) = (
-            opt(s.rate.map(|r| r.to_string())),
-            opt(s.concurrency.map(|c| c.to_string())),
-        );
-        sweep.push_str(&format!(
-            "{},{rate},{conc},{},{:.3},{:.4},{:.2},{:.1},{:.1},{:.2},{:.2},{},{},{},{:.4},{:.4},{},{}\n",
-            s.mode,
-            s.turns,
-            s.wall_s,
-            s.turns_per_s,
-            s.output_tok_per_s,
-            s.ttft_ms_p50,
-            s.ttft_ms_p90,
-            s.norm_latency_ms_p50,
-            s.norm_latency_ms_p90,
-            s.prefilled_tokens,
-            s.reused_tokens,
-            s.recomputed_tokens,
-            s.hit_rate_device,
-            s.hit_rate_host,
-            s.bytes_swapped_in,
-            s.bytes_swapped_out
-        ));
-        for (k, v) in s.ttft_ms_by_turn.iter().enumerate() {
-            by_turn.push_str(&format!("{},{rate},{conc},{},{v:.1}\n", s.mode, k + 1));
+        let v = serde_json::to_value(s)?;
+        let row: Vec<String> = CSV_COLUMNS.iter().map(|c| cell(&v[*c])).collect();
+        sweep.push_str(&(row.join(",") + "\n"));
+        for (k, t) in s.ttft_ms_by_turn.iter().enumerate() {
+            by_turn.push_str(&format!("{},{},{t:.1}\n", row[..3].join(","), k + 1));
         }
     }
     std::fs::write(dir.join("sweep.csv"), sweep)?;

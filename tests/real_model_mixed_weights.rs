@@ -39,3 +39,30 @@ fn real_model_mixed_weights_match_f32() {
     eprintln!("mixed vs f32 logits max |diff| = {worst:.3e}");
     assert!(worst < MIXED_LOGIT_TOL, "logits differ by {worst}");
 }
+
+/// A prompt longer than one step is prefilled in chunks; the chunks before the last need no
+/// logits, so the output layer runs on zero rows, which the small-pass path must accept.
+#[test]
+fn real_model_mixed_weights_serve_a_prompt_longer_than_one_step() {
+    use pensieve::engine::{
+        ConversationOptions, Engine, EngineConfig, FinishReason, SamplingParams, Turn,
+    };
+    let model = common::real_model(WeightFormat::Mixed);
+    let config = EngineConfig {
+        step_token_budget: 64,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::with_model(model, config).unwrap();
+    let conv = engine.open(ConversationOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..300).map(|i| 100 + (i * 7919) % 40_000).collect();
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(8)
+    };
+    let (reason, stats) = engine
+        .run_turn(conv, Turn::Tokens(prompt), params, |_| {})
+        .unwrap();
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(stats.prefilled_tokens, 300);
+    assert_eq!(stats.output_tokens, 8);
+}
