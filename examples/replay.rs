@@ -125,6 +125,9 @@ struct Args {
     /// Folder for the sweep's CSV files and plot.
     #[arg(long, default_value = "target/replay")]
     out: PathBuf,
+    /// Redraw `sweep.png` in this folder from its `sweep.csv` and `ttft_by_turn.csv`, then exit.
+    #[arg(long)]
+    replot: Option<PathBuf>,
 }
 
 /// How load is offered.
@@ -183,6 +186,11 @@ struct Summary {
 
 fn main() -> AnyResult<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.replot {
+        plot(&dir.join("sweep.png"), &read_points(dir)?)?;
+        eprintln!("wrote {}/sweep.png", dir.display());
+        return Ok(());
+    }
     let model = load_model(&args)?;
     let workload = load_workload(&args, &model)?;
     if workload.is_empty() {
@@ -256,7 +264,8 @@ fn main() -> AnyResult<()> {
     if args.sweep.is_some() || args.sweep_concurrency.is_some() {
         std::fs::create_dir_all(&args.out)?;
         write_csv(&args.out, &summaries)?;
-        plot(&args.out.join("sweep.png"), &summaries)?;
+        let points: Vec<PlotPoint> = summaries.iter().map(PlotPoint::from).collect();
+        plot(&args.out.join("sweep.png"), &points)?;
         eprintln!(
             "wrote {0}/sweep.csv, {0}/ttft_by_turn.csv and {0}/sweep.png",
             args.out.display()
@@ -719,6 +728,63 @@ fn write_csv(dir: &Path, summaries: &[Summary]) -> AnyResult<()> {
     Ok(())
 }
 
+/// What the plot needs of one run; from a [`Summary`] or read back from the CSV files.
+struct PlotPoint {
+    mode: String,
+    turns_per_s: f64,
+    norm_latency_ms_p90: f64,
+    ttft_ms_by_turn: Vec<f64>,
+}
+
+impl From<&Summary> for PlotPoint {
+    fn from(s: &Summary) -> Self {
+        Self {
+            mode: s.mode.to_string(),
+            turns_per_s: s.turns_per_s,
+            norm_latency_ms_p90: s.norm_latency_ms_p90,
+            ttft_ms_by_turn: s.ttft_ms_by_turn.clone(),
+        }
+    }
+}
+
+/// Reads `sweep.csv` and `ttft_by_turn.csv` from `dir` (as [`write_csv`] writes them).
+fn read_points(dir: &Path) -> AnyResult<Vec<PlotPoint>> {
+    let read = |name: &str| -> AnyResult<Vec<Vec<String>>> {
+        let text = std::fs::read_to_string(dir.join(name))?;
+        Ok(text
+            .lines()
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.split(',').map(str::to_string).collect())
+            .collect())
+    };
+    let column = |name: &str| CSV_COLUMNS.iter().position(|c| *c == name);
+    let (Some(turns_per_s), Some(norm)) = (column("turns_per_s"), column("norm_latency_ms_p90"))
+    else {
+        return Err("sweep.csv columns changed".into());
+    };
+    let by_turn = read("ttft_by_turn.csv")?;
+    let mut points = Vec::new();
+    for row in read("sweep.csv")? {
+        let field = |i: usize| row.get(i).cloned().unwrap_or_default();
+        points.push(PlotPoint {
+            mode: field(0),
+            turns_per_s: field(turns_per_s).parse()?,
+            norm_latency_ms_p90: field(norm).parse()?,
+            ttft_ms_by_turn: Vec::new(),
+        });
+        let key = row.get(..3).unwrap_or_default().to_vec();
+        for t in &by_turn {
+            if t.get(..3) == Some(&key[..]) {
+                if let (Some(p), Some(v)) = (points.last_mut(), t.get(4)) {
+                    p.ttft_ms_by_turn.push(v.parse()?);
+                }
+            }
+        }
+    }
+    Ok(points)
+}
+
 /// Plot colour of a mode: red, orange, blue as in the papers' figures.
 fn color(mode: &str) -> RGBColor {
     match mode {
@@ -730,51 +796,40 @@ fn color(mode: &str) -> RGBColor {
 
 /// Left: p90 normalized latency against throughput per mode (the papers' Figure 8). Right:
 /// mean TTFT by turn index per mode at the lightest load.
-fn plot(path: &Path, summaries: &[Summary]) -> AnyResult<()> {
+fn plot(path: &Path, summaries: &[PlotPoint]) -> AnyResult<()> {
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(700);
     let finite = |v: f64| v.is_finite() && v > 0.0;
     let x_max = summaries.iter().map(|s| s.turns_per_s).fold(0.0, f64::max) * 1.1;
-    let ys: Vec<f64> = summaries
+    let y_max = summaries
         .iter()
         .map(|s| s.norm_latency_ms_p90)
         .filter(|&v| finite(v))
-        .collect();
-    let y_min = ys.iter().copied().fold(f64::INFINITY, f64::min).min(1e6) * 0.8;
-    let y_max = ys.iter().copied().fold(0.0, f64::max).max(y_min * 2.0) * 1.25;
+        .fold(1.0, f64::max)
+        * 1.1;
     let mut chart = ChartBuilder::on(&left)
         .caption("p90 normalized latency vs throughput", ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..x_max.max(1e-3), (y_min..y_max).log_scale())?;
+        .build_cartesian_2d(0.0..x_max.max(1e-3), 0.0..y_max)?;
     chart
         .configure_mesh()
         .x_desc("throughput (turns/s)")
         .y_desc("p90 latency per output token (ms)")
         .draw()?;
     for mode in Mode::ALL {
-        let color = color(mode.name());
         let pts: Vec<(f64, f64)> = summaries
             .iter()
             .filter(|s| s.mode == mode.name() && finite(s.norm_latency_ms_p90))
             .map(|s| (s.turns_per_s, s.norm_latency_ms_p90))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(mode.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        draw_mode(&mut chart, mode.name(), pts)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
+    draw_legend(&mut chart)?;
 
-    let lightest: Vec<&Summary> = Mode::ALL
+    let lightest: Vec<&PlotPoint> = Mode::ALL
         .iter()
         .filter_map(|m| {
             summaries
@@ -808,25 +863,50 @@ fn plot(path: &Path, summaries: &[Summary]) -> AnyResult<()> {
         .y_desc("mean TTFT (ms)")
         .draw()?;
     for s in &lightest {
-        let color = color(s.mode);
         let pts: Vec<(f64, f64)> = s
             .ttft_ms_by_turn
             .iter()
             .enumerate()
             .map(|(k, &v)| ((k + 1) as f64, v))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(s.mode)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        draw_mode(&mut chart, &s.mode, pts)?;
     }
+    draw_legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+type Chart<'a, 'b, X, Y> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<X, Y>>;
+
+/// One mode's line with its points, in the mode's colour, labelled for the legend.
+fn draw_mode<X, Y>(
+    chart: &mut Chart<'_, '_, X, Y>,
+    mode: &str,
+    pts: Vec<(f64, f64)>,
+) -> AnyResult<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let color = color(mode);
+    chart
+        .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+        .label(mode.to_string())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+    Ok(())
+}
+
+fn draw_legend<'a, X, Y>(chart: &mut Chart<'a, 'a, X, Y>) -> AnyResult<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
         .border_style(BLACK)
         .background_style(WHITE)
         .draw()?;
-    root.present()?;
     Ok(())
 }
