@@ -394,20 +394,27 @@ fn tile_step<const D: usize>(
         let start = slot as usize * tile.kv_row + tile.kv_off;
         start..start + d
     };
-    // Two interleaved accumulators halve the rounding chain of each score.
-    let (mut s0, mut s1) = ([0f32; K_TILE], [0f32; K_TILE]);
-    for (t, &qt) in qi.iter().enumerate() {
-        let kt: &[f32; K_TILE] = match tile.kt[t * K_TILE..(t + 1) * K_TILE].try_into() {
-            Ok(a) => a,
-            Err(_) => return,
-        };
-        let s = if t % 2 == 0 { &mut s0 } else { &mut s1 };
-        for j in 0..K_TILE {
-            s[j] = qt.mul_add(kt[j], s[j]);
+    // Two interleaved accumulators (even and odd dimensions) halve the rounding chain of each
+    // score. Half a tile at a time and dimensions in pairs, so both stay in 8 vector registers.
+    const HALF: usize = K_TILE / 2;
+    for (h, out) in scores.chunks_exact_mut(HALF).enumerate() {
+        let (mut s0, mut s1) = ([0f32; HALF], [0f32; HALF]);
+        for (t, pair) in qi.chunks_exact(2).enumerate() {
+            let row = |dim: usize| -> Option<&[f32; HALF]> {
+                let start = dim * K_TILE + h * HALF;
+                tile.kt.get(start..start + HALF)?.try_into().ok()
+            };
+            let (Some(k0), Some(k1)) = (row(2 * t), row(2 * t + 1)) else {
+                return;
+            };
+            for j in 0..HALF {
+                s0[j] = pair[0].mul_add(k0[j], s0[j]);
+                s1[j] = pair[1].mul_add(k1[j], s1[j]);
+            }
         }
-    }
-    for j in 0..K_TILE {
-        scores[j] = s0[j] + s1[j];
+        for j in 0..HALF {
+            out[j] = s0[j] + s1[j];
+        }
     }
     // Entries past the tile's end and masked ones become -inf, and every reduction runs over
     // the whole fixed-size tile: the summation order never depends on where the tile or the
