@@ -291,6 +291,12 @@ fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>>
         Some(path) => {
             let mut convs = read_trace(path)?;
             convs.truncate(args.conversations);
+            for conv in &mut convs {
+                conv.turns.truncate(args.max_turns);
+                for turn in &mut conv.turns {
+                    turn.output_tokens = turn.output_tokens.min(args.max_output.max(1));
+                }
+            }
             convs
         }
         None => {
@@ -316,15 +322,11 @@ fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>>
                 .collect::<pensieve::Result<_>>()?
         }
     };
-    for conv in &mut convs {
-        conv.turns.truncate(args.max_turns);
-        for turn in &mut conv.turns {
-            turn.output_tokens = turn.output_tokens.min(args.max_output.max(1));
-            if args.max_input > 0 {
-                let ids = model.encode(&turn.user)?;
-                if ids.len() > args.max_input {
-                    turn.user = model.decode(&ids[..args.max_input])?;
-                }
+    if args.max_input > 0 {
+        for turn in convs.iter_mut().flat_map(|c| &mut c.turns) {
+            let ids = model.encode(&turn.user)?;
+            if ids.len() > args.max_input {
+                turn.user = model.decode(&ids[..args.max_input])?;
             }
         }
     }

@@ -224,7 +224,14 @@ impl Block<'_> {
             if positions.iter().all(|&p| p > max_pos) {
                 continue;
             }
-            transpose_tile(&mut kt, k, slots, kv_row, g * d, d, avx2);
+            let keys = TileKeys {
+                k,
+                slots,
+                kv_row,
+                off: g * d,
+                d,
+            };
+            transpose_tile(&mut kt, &keys, avx2);
             for i in 0..nq {
                 let tile = Tile {
                     slots,
@@ -253,24 +260,35 @@ impl Block<'_> {
     }
 }
 
-/// Fills `kt[t * K_TILE + j]` with element `t` of key `j` (`slots[j]`, kv head at `off`).
-/// With few queries per block (decode) this copy costs more than the scores, so the AVX2
-/// build moves 8x8 blocks through registers; both builds write the same values.
-#[inline(always)]
-fn transpose_tile(
-    kt: &mut [f32],
-    k: &[f32],
-    slots: &[u32],
+/// The keys of one context tile for one kv head: key `j` is `d` values of `k` at
+/// `slots[j] * kv_row + off`.
+struct TileKeys<'a> {
+    k: &'a [f32],
+    slots: &'a [u32],
     kv_row: usize,
     off: usize,
     d: usize,
-    avx2: bool,
-) {
+}
+
+impl TileKeys<'_> {
+    /// Key `j`, or `None` when its slot lies outside `k`.
+    #[inline(always)]
+    fn key(&self, j: usize) -> Option<&[f32]> {
+        let start = *self.slots.get(j)? as usize * self.kv_row + self.off;
+        self.k.get(start..start + self.d)
+    }
+}
+
+/// Fills `kt[t * K_TILE + j]` with element `t` of key `j`. With few queries per block
+/// (decode) this copy costs more than the scores, so the AVX2 build moves 8x8 blocks through
+/// registers; both builds write the same values.
+#[inline(always)]
+fn transpose_tile(kt: &mut [f32], keys: &TileKeys<'_>, avx2: bool) {
     #[cfg(target_arch = "x86_64")]
-    let done = if avx2 && d % 8 == 0 && kt.len() >= d * K_TILE {
+    let done = if avx2 && keys.d % 8 == 0 && kt.len() >= keys.d * K_TILE {
         // SAFETY: the caller runs with AVX2 enabled (`avx2` is only true inside
         // `Block::body_avx2`); bounds are checked inside.
-        unsafe { transpose_avx2::blocks(kt, k, slots, kv_row, off, d) }
+        unsafe { transpose_avx2::blocks(kt, keys) }
     } else {
         0
     };
@@ -279,8 +297,10 @@ fn transpose_tile(
         let _ = avx2;
         0
     };
-    for (j, &slot) in slots.iter().enumerate().skip(done) {
-        let kj = &k[slot as usize * kv_row + off..][..d];
+    for j in done..keys.slots.len() {
+        let Some(kj) = keys.key(j) else {
+            continue;
+        };
         for (t, &x) in kj.iter().enumerate() {
             kt[t * K_TILE + j] = x;
         }
@@ -291,32 +311,24 @@ fn transpose_tile(
 mod transpose_avx2 {
     use std::arch::x86_64::*;
 
-    use super::K_TILE;
+    use super::{TileKeys, K_TILE};
 
-    /// Transposes the keys of `slots` in groups of 8 and returns how many it did (a multiple
-    /// of 8; the caller copies the rest). `d % 8 == 0` and `kt.len() >= d * K_TILE`.
+    /// Transposes the keys in groups of 8 and returns how many it did (a multiple of 8; the
+    /// caller copies the rest). `d % 8 == 0` and `kt.len() >= d * K_TILE`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn blocks(
-        kt: &mut [f32],
-        k: &[f32],
-        slots: &[u32],
-        kv_row: usize,
-        off: usize,
-        d: usize,
-    ) -> usize {
-        let groups = slots.len().min(K_TILE) / 8;
+    pub(super) unsafe fn blocks(kt: &mut [f32], keys: &TileKeys<'_>) -> usize {
+        let d = keys.d;
+        let groups = keys.slots.len().min(K_TILE) / 8;
         for jb in 0..groups {
-            let mut rows = [k.as_ptr(); 8];
+            let mut rows = [keys.k.as_ptr(); 8];
             for (i, r) in rows.iter_mut().enumerate() {
-                let start = slots[jb * 8 + i] as usize * kv_row + off;
-                if start + d > k.len() {
-                    return jb * 8;
+                match keys.key(jb * 8 + i) {
+                    Some(key) => *r = key.as_ptr(),
+                    None => return jb * 8,
                 }
-                // SAFETY: start + d <= k.len(), checked just above.
-                *r = unsafe { k.as_ptr().add(start) };
             }
             for tb in (0..d).step_by(8) {
-                // SAFETY: each row pointer has d >= tb + 8 readable floats (checked above);
+                // SAFETY: each row pointer starts a key of d >= tb + 8 floats (`TileKeys::key`);
                 // stores go to kt[(tb + i) * K_TILE + jb * 8 ..][..8], inside d * K_TILE.
                 unsafe {
                     let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i].add(tb)));
