@@ -15,11 +15,14 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use pensieve::kv::KvPool;
+use pensieve::attention::KvPool;
 use pensieve::model::{
     default_model_path, small_matmul_f16, ForwardBatch, LoadOptions, Model, ModelSource,
     WeightFormat, MIXED_F16_MAX_ROWS,
 };
+
+#[path = "common/exit.rs"]
+mod exit;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -56,16 +59,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     let n = prompt.len();
     let pool = KvPool::new(
-        model.llama.config(),
+        model.config().kv_shape(),
         n + DECODE_STEPS + 1,
         DType::F32,
-        model.llama.device(),
+        model.llama().device(),
     )?;
     let pos: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::new();
     batch.push(prompt, &pos, &pos, &pos, &pos, true)?;
     let started = Instant::now();
-    let logits = model.llama.forward(&batch, &pool)?;
+    let logits = model.llama().forward(&batch, &pool)?;
     let mut next = pensieve::model::Llama::greedy(&logits)?[0];
     if !decode {
         return Ok(started.elapsed().as_secs_f64());
@@ -76,7 +79,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
         let ctx: Vec<u32> = (0..=p).collect();
         let mut batch = ForwardBatch::new();
         batch.push(&[next], &[p], &[p], &ctx, &ctx, true)?;
-        next = pensieve::model::Llama::greedy(&model.llama.forward(&batch, &pool)?)?[0];
+        next = pensieve::model::Llama::greedy(&model.llama().forward(&batch, &pool)?)?[0];
     }
     Ok(started.elapsed().as_secs_f64())
 }
@@ -163,7 +166,11 @@ fn linear_us(m: usize, how: Linear) -> pensieve::Result<f64> {
     Ok(median(times) * 1e6)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    exit::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let prefill_lens: &[usize] = if args.quick { &[32] } else { &[32, 256, 1024] };
     let decode_ctx: &[usize] = if args.quick { &[64] } else { &[64, 1024] };

@@ -10,8 +10,10 @@
 //! first token of the same turn on a stateless engine (whole history re-prefilled), measured
 //! side by side on the same weights (`--no-compare` skips it).
 
+use std::error::Error;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
@@ -21,7 +23,7 @@ use pensieve::engine::{
 };
 
 mod common;
-use common::EngineArgs;
+use common::{positive, EngineArgs};
 
 #[derive(Parser, Debug)]
 #[command(about = "Multi-turn chat with a KV cache kept across turns")]
@@ -35,7 +37,7 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Maximum tokens per reply.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = positive)]
     max_tokens: usize,
     /// System prompt (the template's default when absent).
     #[arg(long)]
@@ -54,8 +56,11 @@ struct Args {
     no_compare: bool,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    common::exit_code(run(Args::parse()))
+}
+
+fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mode = args.engine.mode.cache_mode();
     let model = Arc::new(args.engine.load_model()?);
     let config = EngineConfig {
@@ -94,7 +99,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let lines: Box<dyn Iterator<Item = std::io::Result<String>>> = match &args.script {
-        Some(p) => Box::new(std::io::BufReader::new(std::fs::File::open(p)?).lines()),
+        Some(p) => {
+            let file = std::fs::File::open(p)
+                .map_err(|e| format!("cannot open script {}: {e}", p.display()))?;
+            Box::new(std::io::BufReader::new(file).lines())
+        }
         None => {
             eprintln!("type a message and press enter; an empty line or end of input quits");
             Box::new(std::io::stdin().lock().lines())
@@ -115,7 +124,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("> {user}");
         }
         let mut stdout = std::io::stdout();
+        let mut reply = String::new();
         let print = |s: &str| {
+            reply.push_str(s);
             if !args.json {
                 print!("{s}");
                 let _ = stdout.flush();
@@ -132,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some((e, c)) => Some(run_quiet(e, *c, user, &params)?),
             None => None,
         };
-        report(turn, &args, &reason, &stats, stateless.as_ref());
+        report(turn, &args, &reason, &stats, &reply, stateless.as_ref());
     }
     Ok(())
 }
@@ -155,6 +166,7 @@ fn report(
     args: &Args,
     reason: &pensieve::engine::FinishReason,
     s: &TurnStats,
+    text: &str,
     stateless: Option<&TurnStats>,
 ) {
     let decode_s = (s.latency - s.ttft).as_secs_f64();
@@ -174,6 +186,7 @@ fn report(
             "finish": format!("{reason:?}"),
             "stateless_ttft_ms": stateless.map(|b| ms(b.ttft)),
             "stateless_prefilled_tokens": stateless.map(|b| b.prefilled_tokens),
+            "text": text,
         });
         println!("{record}");
         return;

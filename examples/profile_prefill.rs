@@ -6,19 +6,26 @@
 
 use std::time::Instant;
 
-use pensieve::kv::KvPool;
+use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+#[path = "common/exit.rs"]
+mod exit;
+
+fn main() -> std::process::ExitCode {
+    exit::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1024);
     let repeats: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(3);
     let model = Model::load(&ModelSource::Default, &LoadOptions::default())?;
     let pool = KvPool::new(
-        model.llama.config(),
+        model.config().kv_shape(),
         n,
         candle_core::DType::F32,
-        model.llama.device(),
+        model.llama().device(),
     )?;
     let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i * 7919 % 40_000).collect();
     let pos: Vec<u32> = (0..n as u32).collect();
@@ -26,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     batch.push(&tokens, &pos, &pos, &pos, &pos, true)?;
     for _ in 0..repeats {
         let t = Instant::now();
-        model.llama.forward(&batch, &pool)?;
+        model.llama().forward(&batch, &pool)?;
         let s = t.elapsed().as_secs_f64();
         println!("{n} tokens in {s:.3} s: {:.0} tokens/s", n as f64 / s);
     }

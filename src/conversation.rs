@@ -1,66 +1,65 @@
-//! Per-conversation state: the raw-token history (the source of truth, never lost), how far
-//! its KV has been computed, and the chunk table saying where each chunk's KV lives.
+//! Per-conversation state the engine keeps beside the KV: the raw-token history (the source of
+//! truth, never lost) and the chat transcript the template continues from.
 //!
-//! Invariants: `kv_len <= tokens.len()`; the chunk table covers at least the first `kv_len`
-//! tokens (`chunks.len() * chunk_size >= kv_len`); chunks past `kv_len` hold only blocks
-//! reserved for tokens about to be computed.
+//! Writers: the scheduler appends tokens when a step computes them or a turn ends
+//! ([`Conversation::extend_tokens`]); the engine records each finished exchange in the
+//! transcript ([`Conversation::record_exchange`]). Where each token's KV lives is the cache
+//! manager's chunk table (`crate::kv`), not here.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
-use crate::kv::ChunkLoc;
+use crate::ids::ConversationId;
 use crate::model::Message;
 
-/// Handle of an open conversation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConversationId(pub u64);
-
-impl std::fmt::Display for ConversationId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "conversation {}", self.0)
-    }
-}
-
-/// One conversation's state.
-#[derive(Debug)]
+/// One conversation's history.
+#[derive(Debug, Default)]
 pub(crate) struct Conversation {
     /// Every token the model has been given or has generated, in order.
-    pub tokens: Vec<u32>,
-    /// Tokens `[0, kv_len)` have had their KV computed (it may since have been dropped).
-    pub kv_len: usize,
-    /// Where each chunk of KV lives.
-    pub chunks: Vec<ChunkLoc>,
-    /// When the conversation last ran; eviction's idle time counts from here.
-    pub last_active: Instant,
+    tokens: Vec<u32>,
     /// The chat so far, for the template.
-    pub messages: Vec<Message>,
+    messages: Vec<Message>,
     /// The text the model has seen, for the template's continuation of the next turn.
-    pub seen_text: String,
-    /// Whether a turn is queued or running.
-    pub busy: bool,
+    seen_text: String,
 }
 
 impl Conversation {
-    pub fn new(now: Instant, messages: Vec<Message>) -> Self {
+    /// A conversation that starts with `messages` (a system prompt, say).
+    pub fn new(messages: Vec<Message>) -> Self {
         Self {
-            tokens: Vec::new(),
-            kv_len: 0,
-            chunks: Vec::new(),
-            last_active: now,
             messages,
-            seen_text: String::new(),
-            busy: false,
+            ..Self::default()
         }
     }
 
-    /// Number of leading chunks that hold computed tokens.
-    pub fn computed_chunks(&self, chunk: usize) -> usize {
-        self.kv_len.div_ceil(chunk)
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
     }
 
-    /// Tokens of chunk `i` that hold computed KV.
-    pub fn chunk_len(&self, i: usize, chunk: usize) -> usize {
-        self.kv_len.saturating_sub(i * chunk).min(chunk)
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    pub fn seen_text(&self) -> &str {
+        &self.seen_text
+    }
+
+    pub fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
+        self.tokens.extend(tokens);
+    }
+
+    /// Records a finished exchange: the text the model saw (the prompt as templated, then the
+    /// reply), and the messages for the template.
+    pub fn record_exchange(
+        &mut self,
+        prompt_text: &str,
+        user: Option<Message>,
+        reply_text: &str,
+        reply: Message,
+    ) {
+        self.seen_text.push_str(prompt_text);
+        self.seen_text.push_str(reply_text);
+        self.messages.extend(user);
+        self.messages.push(reply);
     }
 }
 

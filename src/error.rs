@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::ids::{ConversationId, RequestId};
+use crate::kv::Violation;
+
 /// Everything pensieve can fail with.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -92,16 +95,16 @@ pub enum Error {
     InvalidConfig(String),
 
     /// No open conversation has this id (never opened, or closed).
-    #[error("unknown conversation {0}")]
-    UnknownConversation(u64),
+    #[error("unknown {0}")]
+    UnknownConversation(ConversationId),
 
     /// No queued or running turn has this id (never submitted, or already finished).
-    #[error("unknown or finished request {0}")]
-    UnknownRequest(u64),
+    #[error("unknown or finished {0}")]
+    UnknownRequest(RequestId),
 
     /// The conversation already has a turn queued or running.
-    #[error("conversation {0} already has a turn in progress")]
-    ConversationBusy(u64),
+    #[error("{0} already has a turn in progress")]
+    ConversationBusy(ConversationId),
 
     /// A turn with nothing in it.
     #[error("empty turn")]
@@ -119,6 +122,11 @@ pub enum Error {
         /// Slots the pool can give one request.
         available: usize,
     },
+
+    /// The engine's own bookkeeping broke an invariant (a bug in pensieve, never the caller's
+    /// doing). The turns involved fail; the engine keeps serving the others.
+    #[error("internal invariant violated: {0}")]
+    Invariant(#[from] Violation),
 
     /// The operation needs a feature this build or device does not have.
     #[error("unsupported: {0}")]

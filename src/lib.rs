@@ -5,8 +5,9 @@
 //! new tokens. This crate is built bottom-up:
 //!
 //! - [`attention`]: the multi-query attention op over non-contiguous KV slots (prefill and
-//!   decode rows in one call), with a fast CPU kernel and a naive reference;
-//! - [`kv`]: the KV pool that attention reads;
+//!   decode rows in one call), with a fast CPU kernel and a naive reference, and the KV pool
+//!   it reads;
+//! - [`kv`]: KV bookkeeping below the engine (tiers, eviction; its cost model is public);
 //! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
 //!   their tokenizer and chat template;
 //! - [`engine`]: the stateful engine that hosts drive with `step()`;
@@ -18,6 +19,7 @@ pub mod attention;
 mod conversation;
 pub mod engine;
 mod error;
+mod ids;
 pub mod kv;
 pub mod model;
 mod scheduler;

@@ -1,27 +1,33 @@
-//! The unified iteration-level scheduler (Pensieve §4.2, thesis §3.4.2).
+//! The unified iteration-level scheduler (Pensieve §4.2, thesis §3.4.2), and the table of live
+//! turns.
 //!
-//! Each step, `schedule()` turns the request queues and the cache state into a plain-data
-//! [`StepPlan`]: the tier moves to do first and the rows of the batch (each row one request's
-//! tokens with positions, destination slots and context). Running requests go first, in
-//! arrival order (a decode contributes one token, an unfinished prefill as many as the step's
+//! The scheduler owns every queued or running turn ([`Request`]; the engine keeps its own
+//! per-turn state in the request's `payload`, so a turn is described once). Each step,
+//! [`Scheduler::schedule`] turns the queues and the cache state into a plain-data [`StepPlan`]:
+//! the tier moves to do first, the admissions, and the rows of the batch (each row one
+//! request's tokens with positions, destination slots and context). Running requests go first,
+//! in queue order (a decode contributes one token, an unfinished prefill as many as the step's
 //! token budget allows); then waiting requests are admitted first come first served while the
-//! budget allows and free device blocks stay above the reserve. A running request that finds no
-//! free block suspends the latest-arrived running request (its KV swapped out, itself
-//! requeued). Finally, when free blocks fall below the swap-out threshold, idle conversations'
-//! chunks are swapped out ahead of time. `commit()` applies the executor's outcome.
+//! budget allows and free device blocks stay above the reserve. A running request that finds
+//! no free block suspends the running request that arrived latest (its KV swapped out, itself
+//! requeued in arrival order). Finally, when free blocks fall below the swap-out threshold,
+//! idle conversations' chunks move to the host ahead of time.
 //!
-//! A request's remaining work is a list of position runs, in order: the dropped runs of its
-//! history to recompute, then its pending tokens. Because attention's rule is positional, a
-//! row's context is simply every position up to its last query. No candle types here.
+//! Planning books resources (blocks, host room, queue places) but changes nothing that the
+//! step's outcome decides: the tokens a turn adds to its conversation, its remaining work and
+//! its counters change only in [`Scheduler::commit`], from the plan and what actually ran.
+//!
+//! A request's work is a list of position runs, in order: the dropped runs of its history to
+//! recompute, then its pending tokens. Because attention's rule is positional, a row's context
+//! is simply every position up to its last query. No candle or model types here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::conversation::{ConversationId, Conversations};
-use crate::engine::RequestId;
-use crate::kv::cache::{CacheManager, SwapIn, SwapOut};
-use crate::kv::ChunkLoc;
+use crate::conversation::Conversations;
+use crate::ids::{ConversationId, RequestId};
+use crate::kv::{CacheManager, Eviction, Moves, Violation};
 
 /// One request's share of a step: new tokens and where their KV goes, plus its context.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,47 +41,125 @@ pub(crate) struct RowPlan {
     pub ctx_positions: Vec<u32>,
     /// The row completes the request's work: sample a token from its last position.
     pub sample: bool,
+    /// Of `tokens`, how many recompute dropped KV.
+    pub recomputed: usize,
+    /// Of `tokens`, how many feed back a sampled token (decode).
+    pub decoded: usize,
+}
+
+/// A waiting request admitted by a step: the work it starts with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Admission {
+    pub request: RequestId,
+    work: VecDeque<Run>,
+    /// History tokens found on the device and on the host, at the turn's first admission.
+    first_reuse: Option<(usize, usize)>,
+}
+
+/// A request that can never fit the device pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    pub request: RequestId,
+    /// Slots it needs.
+    pub needed: usize,
+    /// Slots the pool could give it.
+    pub available: usize,
 }
 
 /// Everything one step does, as plain data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct StepPlan {
-    pub swap_out: Vec<SwapOut>,
-    pub swap_in: Vec<SwapIn>,
+    pub moves: Moves,
+    pub admitted: Vec<Admission>,
     pub rows: Vec<RowPlan>,
-    /// Requests that can never fit the device pool: `(request, slots needed, slots free)`.
-    pub rejected: Vec<(RequestId, usize, usize)>,
+    pub rejected: Vec<Rejection>,
+    /// Requests whose row could not be built (a bookkeeping bug): the engine fails them.
+    pub broken: Vec<(RequestId, Violation)>,
 }
 
 impl StepPlan {
     pub fn is_empty(&self) -> bool {
-        self.swap_out.is_empty()
-            && self.swap_in.is_empty()
+        self.moves.is_empty()
+            && self.admitted.is_empty()
             && self.rows.is_empty()
             && self.rejected.is_empty()
+            && self.broken.is_empty()
     }
 }
 
-/// Scheduler-side state of a turn.
-#[derive(Debug)]
-pub(crate) struct Request {
-    pub id: RequestId,
-    pub conv: ConversationId,
-    pub arrival: Instant,
-    /// The new turn's tokens, appended to the conversation at first admission.
-    pub prompt: Vec<u32>,
-    /// Positions still to compute, in order.
-    pub work: VecDeque<Range<usize>>,
-    /// One past the highest position computed for this turn.
-    pub progress: usize,
-    pub admitted_once: bool,
-    /// Set while the turn's prefill is done and it generates one token per step.
-    pub generated: usize,
-    /// Reuse counters taken at (first) admission.
+/// What a step's execution did with its plan.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Outcome {
+    /// Per row of the plan: whether it was computed.
+    pub ran: Vec<bool>,
+    /// Tokens sampled from rows that ran and sample.
+    pub sampled: Vec<(RequestId, u32)>,
+    /// Requests whose KV could not be restored (a swap-in failed): back to the queue, to be
+    /// admitted again and recompute what was lost.
+    pub requeue: Vec<RequestId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunKind {
+    /// Dropped history rebuilt from the raw tokens.
+    Recompute,
+    /// Tokens never computed: the new prompt, or history whose KV was never computed.
+    Prefill,
+    /// A sampled token fed back.
+    Decode,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Run {
+    range: Range<usize>,
+    kind: RunKind,
+}
+
+/// Work counters of one turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TurnCounts {
+    /// History tokens found on the device at first admission.
     pub reused_device: usize,
+    /// History tokens found on the host at first admission.
     pub reused_host: usize,
+    /// Tokens recomputed after a drop (at any admission, also after a suspension).
     pub recomputed: usize,
+    /// Tokens run through the model other than decode steps.
     pub prefilled: usize,
+}
+
+/// A queued or running turn.
+#[derive(Debug)]
+pub(crate) struct Request<T> {
+    id: RequestId,
+    conv: ConversationId,
+    arrival: Instant,
+    /// This turn's tokens not yet in the conversation's history, in order.
+    pending: Vec<u32>,
+    /// Positions still to compute, while running.
+    work: VecDeque<Run>,
+    /// One past the highest position computed for this turn.
+    progress: usize,
+    admitted: bool,
+    generated: usize,
+    counts: TurnCounts,
+    /// The engine's state of this turn.
+    pub payload: T,
+}
+
+impl<T> Request<T> {
+    pub fn conv(&self) -> ConversationId {
+        self.conv
+    }
+
+    /// Whether the turn was ever admitted (its prompt entered the conversation).
+    pub fn admitted(&self) -> bool {
+        self.admitted
+    }
+
+    pub fn counts(&self) -> TurnCounts {
+        self.counts
+    }
 }
 
 /// Step sizing, from the engine configuration.
@@ -89,35 +173,23 @@ pub(crate) struct Limits {
 }
 
 #[derive(Debug)]
-pub(crate) struct Scheduler {
-    pub requests: HashMap<RequestId, Request>,
-    pub waiting: VecDeque<RequestId>,
-    pub running: Vec<RequestId>,
+pub(crate) struct Scheduler<T> {
+    requests: HashMap<RequestId, Request<T>>,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
     limits: Limits,
-    pub suspensions: u64,
+    suspensions: u64,
 }
 
-impl Request {
-    /// A turn of `conv` with new tokens `prompt`, not yet admitted.
-    pub fn new(id: RequestId, conv: ConversationId, arrival: Instant, prompt: Vec<u32>) -> Self {
-        Self {
-            id,
-            conv,
-            arrival,
-            prompt,
-            work: VecDeque::new(),
-            progress: 0,
-            admitted_once: false,
-            generated: 0,
-            reused_device: 0,
-            reused_host: 0,
-            recomputed: 0,
-            prefilled: 0,
-        }
-    }
+/// Why a row could not be planned.
+enum RowError {
+    /// The device pool had no free block for the row's new positions.
+    NoBlock,
+    /// A position it needs has no token or slot.
+    Broken(Violation),
 }
 
-impl Scheduler {
+impl<T> Scheduler<T> {
     pub fn new(limits: Limits) -> Self {
         Self {
             requests: HashMap::new(),
@@ -128,273 +200,362 @@ impl Scheduler {
         }
     }
 
-    pub fn enqueue(&mut self, req: Request) {
-        self.waiting.push_back(req.id);
-        self.requests.insert(req.id, req);
+    /// Queues a turn of `conv` whose new tokens are `prompt`.
+    pub fn enqueue(
+        &mut self,
+        id: RequestId,
+        conv: ConversationId,
+        arrival: Instant,
+        prompt: Vec<u32>,
+        payload: T,
+    ) {
+        self.waiting.push_back(id);
+        self.requests.insert(
+            id,
+            Request {
+                id,
+                conv,
+                arrival,
+                pending: prompt,
+                work: VecDeque::new(),
+                progress: 0,
+                admitted: false,
+                generated: 0,
+                counts: TurnCounts::default(),
+                payload,
+            },
+        );
     }
 
-    /// Removes a request from the queues (finished or cancelled) and returns it.
-    pub fn remove(&mut self, id: RequestId) -> Option<Request> {
-        self.waiting.retain(|r| *r != id);
-        self.running.retain(|r| *r != id);
-        self.requests.remove(&id)
+    pub fn get(&self, id: RequestId) -> Option<&Request<T>> {
+        self.requests.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut Request<T>> {
+        self.requests.get_mut(&id)
+    }
+
+    /// The queued or running turn of `conv`, if any.
+    pub fn turn_of(&self, conv: ConversationId) -> Option<RequestId> {
+        self.requests
+            .values()
+            .find(|r| r.conv == conv)
+            .map(|r| r.id)
     }
 
     pub fn is_idle(&self) -> bool {
         self.requests.is_empty()
     }
 
-    /// Plans one step.
+    pub fn suspensions(&self) -> u64 {
+        self.suspensions
+    }
+
+    /// Ends a turn (finished, cancelled or failed) and returns it. An admitted turn leaves its
+    /// tokens in the conversation (computed or not: the next turn computes the rest) and its
+    /// recomputations settled; a turn never admitted leaves nothing.
+    pub fn finish(
+        &mut self,
+        id: RequestId,
+        convs: &mut Conversations,
+        cache: &mut CacheManager,
+        now: Instant,
+    ) -> Option<Request<T>> {
+        self.waiting.retain(|r| *r != id);
+        self.running.retain(|r| *r != id);
+        let mut req = self.requests.remove(&id)?;
+        if req.admitted {
+            if let Some(conv) = convs.get_mut(&req.conv) {
+                conv.extend_tokens(req.pending.drain(..));
+            }
+            cache.settle(req.conv, req.progress);
+        }
+        cache.touch(req.conv, now);
+        Some(req)
+    }
+
+    /// Plans one step. Changes queue places and books cache resources; see the module header.
     pub fn schedule(
         &mut self,
-        convs: &mut Conversations,
+        convs: &Conversations,
         cache: &mut CacheManager,
         now: Instant,
     ) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.limits.token_budget;
+        self.plan_running(convs, cache, now, &mut budget, &mut plan);
+        self.admit_waiting(convs, cache, now, &mut budget, &mut plan);
+        // Ahead of time: idle conversations' KV moves to free host room.
+        let pending_free = cache.num_free_blocks() + plan.moves.swap_out.len();
+        if pending_free < self.limits.swap_out_blocks {
+            let busy = self.conversations(false);
+            cache.evict_device(
+                &|c| busy.contains(&c),
+                self.limits.swap_out_blocks,
+                Eviction::AheadOfTime,
+                now,
+                &mut plan.moves,
+            );
+        }
+        plan
+    }
 
-        // 1. Running requests, oldest first.
+    /// Rows for the running requests, suspending the latest arrival when blocks run out.
+    fn plan_running(
+        &mut self,
+        convs: &Conversations,
+        cache: &mut CacheManager,
+        now: Instant,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
-            match self.plan_rows(id, convs, cache, &mut budget) {
-                Ok(Some(row)) => plan.rows.push(row),
+            match self.plan_row(id, None, convs, cache, *budget) {
+                Ok(Some(row)) => {
+                    *budget -= row.tokens.len();
+                    plan.rows.push(row);
+                }
                 Ok(None) => {}
-                Err(NoBlock) => {
-                    // Suspend the latest-arrived running request (possibly this one).
-                    let victim = self.latest_running();
-                    self.suspend(victim, convs, cache, now, &mut plan.swap_out);
-                    if victim == id {
-                        continue;
+                Err(RowError::Broken(v)) => plan.broken.push((id, v)),
+                Err(RowError::NoBlock) if !plan.moves.swap_out.is_empty() => {
+                    // Blocks come free when this step's swap-outs commit: wait for them
+                    // rather than suspend more turns.
+                }
+                Err(RowError::NoBlock) => {
+                    let Some((v, victim)) = self.latest_arrival() else {
+                        break;
+                    };
+                    if let Some(k) = plan.rows.iter().position(|r| r.request == victim) {
+                        *budget += plan.rows.remove(k).tokens.len();
                     }
-                    // This request retries next step, when the swap-outs have freed blocks.
+                    self.suspend(victim, cache, now, &mut plan.moves);
+                    // Retry at `i`: this request again (it moved down one if the victim stood
+                    // before it), or the next one if it was the victim itself. Drops freed
+                    // blocks at once; swap-outs make it wait (above).
+                    if v < i {
+                        i -= 1;
+                    }
+                    continue;
                 }
             }
             i += 1;
         }
+    }
 
-        // 2. Admission, first come first served.
+    /// Admits waiting requests first come first served, with their first rows.
+    fn admit_waiting(
+        &mut self,
+        convs: &Conversations,
+        cache: &mut CacheManager,
+        now: Instant,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
         while let Some(&id) = self.waiting.front() {
-            if budget == 0 {
+            if *budget == 0 {
                 break;
             }
             let Some(req) = self.requests.get(&id) else {
                 self.waiting.pop_front();
                 continue;
             };
-            let conv_id = req.conv;
+            let conv = req.conv;
             let chunk = cache.chunk_size();
-            // Blocks for every token after this turn plus its first output, beyond those held.
-            let (total, held) = convs
-                .get(&conv_id)
-                .map_or((0, 0), |c| (c.tokens.len(), c.chunks.len()));
-            let grow = (total + req.prompt.len() + 1)
-                .div_ceil(chunk)
-                .saturating_sub(held);
-            let needed = CacheManager::blocks_to_restore(convs, conv_id) + grow;
+            // Blocks for every token up to this turn's first output, beyond those held.
+            let total = convs.get(&conv).map_or(0, |c| c.tokens().len()) + req.pending.len();
+            let held = cache.table(conv).map_or(0, |t| t.chunks().len());
+            let grow = (total + 1).div_ceil(chunk).saturating_sub(held);
+            let needed = cache.blocks_to_restore(conv) + grow;
             let want_free = needed + self.limits.reserve_blocks;
-            if cache.blocks.num_free() < want_free {
+            if cache.num_free_blocks() < want_free {
                 // Idle conversations first; queued ones' KV only if that is not enough.
-                let busy = self.busy_set(conv_id);
-                let protect = |c: ConversationId| busy.contains(&c);
-                cache.evict_device(convs, &protect, want_free, now, &mut plan.swap_out);
-                let running = self.running_set(conv_id);
-                let protect = |c: ConversationId| running.contains(&c);
-                cache.evict_device(convs, &protect, want_free, now, &mut plan.swap_out);
-                // Swap-outs free their blocks at commit: admission waits for them, unless nothing
-                // runs at all and the pool minus the reserve is simply all there is.
-                let alone = self.running.is_empty() && plan.swap_out.is_empty();
-                if alone && cache.blocks.num_free() < needed {
-                    // Nothing else holds blocks that could be freed: it can never fit.
+                for keep_queued in [true, false] {
+                    let mut protect = self.conversations(!keep_queued);
+                    protect.insert(conv);
+                    let protect = |c: ConversationId| protect.contains(&c);
+                    cache.evict_device(
+                        &protect,
+                        want_free,
+                        Eviction::OnDemand,
+                        now,
+                        &mut plan.moves,
+                    );
+                }
+                // Swap-outs free their blocks at commit: admission waits for them, unless
+                // nothing runs at all and the pool minus the reserve is simply all there is.
+                let alone = self.running.is_empty() && plan.moves.swap_out.is_empty();
+                if alone && cache.num_free_blocks() < needed {
                     self.waiting.pop_front();
-                    plan.rejected
-                        .push((id, needed * chunk, cache.blocks.num_free() * chunk));
+                    plan.rejected.push(Rejection {
+                        request: id,
+                        needed: needed * chunk,
+                        available: cache.num_free_blocks() * chunk,
+                    });
                     continue;
                 }
-                if cache.blocks.num_free() < want_free && !alone {
+                if cache.num_free_blocks() < want_free && !alone {
                     break;
                 }
             }
-            self.waiting.pop_front();
-            if !self.admit(id, convs, cache, &mut plan.swap_in) {
-                self.waiting.push_front(id);
+            let Some(admission) = self.admission(id, convs, cache, &mut plan.moves) else {
                 break;
-            }
+            };
+            self.waiting.pop_front();
             self.running.push(id);
-            // Admission checked the blocks; a row can only be missing for lack of budget.
-            if let Ok(Some(row)) = self.plan_rows(id, convs, cache, &mut budget) {
-                plan.rows.push(row);
+            match self.plan_row(id, Some(&admission.work), convs, cache, *budget) {
+                Ok(Some(row)) => {
+                    *budget -= row.tokens.len();
+                    plan.rows.push(row);
+                }
+                // Admission checked the blocks: a row can only be missing for lack of budget.
+                Ok(None) | Err(RowError::NoBlock) => {}
+                Err(RowError::Broken(v)) => plan.broken.push((id, v)),
+            }
+            plan.admitted.push(admission);
+        }
+    }
+
+    /// Restores `id`'s conversation (swap-ins, blocks to recompute into) and lays out its
+    /// work; `None`, with nothing planned, when blocks ran out.
+    fn admission(
+        &self,
+        id: RequestId,
+        convs: &Conversations,
+        cache: &mut CacheManager,
+        moves: &mut Moves,
+    ) -> Option<Admission> {
+        let req = self.requests.get(&id)?;
+        let history = convs.get(&req.conv)?.tokens().len();
+        let restore = cache.restore(req.conv, moves)?;
+        let computed = cache.table(req.conv).map_or(0, |t| t.computed());
+        let mut work: VecDeque<Run> = restore
+            .recompute
+            .iter()
+            .map(|r| Run {
+                range: r.clone(),
+                kind: RunKind::Recompute,
+            })
+            .collect();
+        let end = history + req.pending.len();
+        // Once the turn has sampled, its one pending token is a sampled one.
+        let decode_from = if req.generated > 0 { end - 1 } else { end };
+        for (range, kind) in [
+            (computed..decode_from, RunKind::Prefill),
+            (decode_from.max(computed)..end, RunKind::Decode),
+        ] {
+            if !range.is_empty() {
+                work.push_back(Run { range, kind });
             }
         }
-
-        // 3. Ahead-of-time swap-out of idle conversations.
-        if cache.blocks.num_free() + plan.swap_out.len() < self.limits.swap_out_blocks {
-            let busy = self.busy_set(ConversationId(u64::MAX));
-            let protect = |c: ConversationId| busy.contains(&c);
-            cache.evict_device(
-                convs,
-                &protect,
-                self.limits.swap_out_blocks,
-                now,
-                &mut plan.swap_out,
-            );
-        }
-        plan
+        Some(Admission {
+            request: id,
+            work,
+            first_reuse: (!req.admitted).then_some((restore.on_device, restore.from_host)),
+        })
     }
 
-    /// Conversations with a queued or running turn, plus `extra`.
-    fn busy_set(&self, extra: ConversationId) -> Vec<ConversationId> {
-        let mut v: Vec<ConversationId> = self.requests.values().map(|r| r.conv).collect();
-        v.push(extra);
-        v
-    }
-
-    /// Conversations with a running turn, plus `extra`.
-    fn running_set(&self, extra: ConversationId) -> Vec<ConversationId> {
-        let mut v: Vec<ConversationId> = self
-            .running
-            .iter()
-            .filter_map(|r| self.requests.get(r))
-            .map(|r| r.conv)
-            .collect();
-        v.push(extra);
-        v
-    }
-
-    fn latest_running(&self) -> RequestId {
-        // `running` is in admission order; the last admitted arrived latest among them or was
-        // requeued after a suspension, and either way is the cheapest to push back.
-        self.running.last().copied().unwrap_or(RequestId(u64::MAX))
-    }
-
-    /// First admission appends the prompt; every admission restores the conversation's KV
-    /// (swap-ins, recompute runs) and sets the work list. `false` if blocks ran out.
-    fn admit(
-        &mut self,
+    /// Takes the next tokens of `id`'s work (`work`, or its own) within `budget`, giving the
+    /// new positions blocks. The work itself is consumed only at commit.
+    fn plan_row(
+        &self,
         id: RequestId,
-        convs: &mut Conversations,
+        work: Option<&VecDeque<Run>>,
+        convs: &Conversations,
         cache: &mut CacheManager,
-        swaps: &mut Vec<SwapIn>,
-    ) -> bool {
-        let Some(req) = self.requests.get_mut(&id) else {
-            return false;
-        };
-        let chunk = cache.chunk_size();
-        let host_before: usize = convs.get(&req.conv).map_or(0, |c| {
-            (0..c.chunks.len())
-                .filter(|&i| matches!(c.chunks[i], ChunkLoc::Host(_)))
-                .map(|i| c.chunk_len(i, chunk))
-                .sum()
-        });
-        let Some(runs) = cache.restore(convs, req.conv, swaps) else {
-            return false;
-        };
-        let Some(conv) = convs.get_mut(&req.conv) else {
-            return false;
-        };
-        if !req.admitted_once {
-            conv.tokens.append(&mut req.prompt);
-            let recomputed: usize = runs.iter().map(|r| r.len()).sum();
-            req.recomputed = recomputed;
-            req.reused_host = host_before;
-            req.reused_device = conv.kv_len - recomputed - host_before;
-            req.admitted_once = true;
-        }
-        req.work = runs.into_iter().collect();
-        if conv.kv_len < conv.tokens.len() {
-            req.work.push_back(conv.kv_len..conv.tokens.len());
-        }
-        req.progress = 0;
-        true
-    }
-
-    /// Takes the next tokens of `id`'s work within `budget`, giving them blocks.
-    fn plan_rows(
-        &mut self,
-        id: RequestId,
-        convs: &mut Conversations,
-        cache: &mut CacheManager,
-        budget: &mut usize,
-    ) -> Result<Option<RowPlan>, NoBlock> {
-        let Some(req) = self.requests.get_mut(&id) else {
+        budget: usize,
+    ) -> Result<Option<RowPlan>, RowError> {
+        let Some(req) = self.requests.get(&id) else {
             return Ok(None);
         };
-        let chunk = cache.chunk_size();
-        let mut positions = Vec::new();
-        let mut work = req.work.clone();
-        while positions.len() < *budget {
-            let Some(run) = work.front_mut() else { break };
-            let take = (*budget - positions.len()).min(run.len());
-            positions.extend(run.start..run.start + take);
-            run.start += take;
-            if run.start >= run.end {
-                work.pop_front();
+        let work = work.unwrap_or(&req.work);
+        let (mut positions, mut recomputed, mut decoded) = (Vec::new(), 0, 0);
+        let mut taken_runs = 0;
+        for run in work {
+            let take = (budget - positions.len()).min(run.range.len());
+            positions.extend(run.range.start..run.range.start + take);
+            match run.kind {
+                RunKind::Recompute => recomputed += take,
+                RunKind::Decode => decoded += take,
+                RunKind::Prefill => {}
             }
+            if take < run.range.len() {
+                break;
+            }
+            taken_runs += 1;
         }
         let Some(&last) = positions.last() else {
             return Ok(None);
         };
-        // Blocks for new positions past the chunk table.
-        let needed_chunks = last / chunk + 1;
-        let have = convs.get(&req.conv).map_or(0, |c| c.chunks.len());
-        for _ in have..needed_chunks {
-            if cache.grow(convs, req.conv).is_none() {
-                return Err(NoBlock);
+        let chunk = cache.chunk_size();
+        let have = cache.table(req.conv).map_or(0, |t| t.chunks().len());
+        for _ in have..last / chunk + 1 {
+            if !cache.grow(req.conv) {
+                return Err(RowError::NoBlock);
             }
         }
-        let Some(conv) = convs.get(&req.conv) else {
-            return Ok(None);
+        let broken = |position: usize| {
+            RowError::Broken(Violation::MissingSlot {
+                conversation: req.conv,
+                position,
+            })
         };
-        let slot = |p: usize| -> u32 {
-            let off = p % chunk;
-            match conv.chunks[p / chunk] {
-                ChunkLoc::Device(b)
-                | ChunkLoc::Recomputing(b)
-                | ChunkLoc::SwappingIn { block: b, .. } => cache.blocks.slot(b, off),
-                // Unreachable for a busy conversation: admission restored every chunk and
-                // eviction never touches busy conversations.
-                _ => u32::MAX,
-            }
+        let history = convs.get(&req.conv).map_or(&[][..], |c| c.tokens());
+        let token = |p: usize| match p.checked_sub(history.len()) {
+            None => Some(history[p]),
+            Some(i) => req.pending.get(i).copied(),
         };
-        let ctx_positions: Vec<u32> = (0..=last as u32).collect();
-        let row = RowPlan {
+        let slot = |p: usize| cache.slot(req.conv, p).ok_or_else(|| broken(p));
+        Ok(Some(RowPlan {
             request: id,
             conv: req.conv,
-            tokens: positions.iter().map(|&p| conv.tokens[p]).collect(),
-            slots: positions.iter().map(|&p| slot(p)).collect(),
+            tokens: positions
+                .iter()
+                .map(|&p| token(p).ok_or_else(|| broken(p)))
+                .collect::<Result<_, _>>()?,
+            slots: positions
+                .iter()
+                .map(|&p| slot(p))
+                .collect::<Result<_, _>>()?,
             positions: positions.iter().map(|&p| p as u32).collect(),
-            ctx_slots: (0..=last).map(slot).collect(),
-            ctx_positions,
-            sample: work.is_empty(),
-        };
-        *budget -= row.tokens.len();
-        req.work = work;
-        Ok(Some(row))
+            ctx_slots: (0..=last).map(slot).collect::<Result<_, _>>()?,
+            ctx_positions: (0..=last as u32).collect(),
+            sample: taken_runs == work.len(),
+            recomputed,
+            decoded,
+        }))
     }
 
-    /// Swaps out (or drops) every device chunk of a running request's conversation and puts
-    /// the request back in the waiting queue, ahead of later arrivals.
-    fn suspend(
-        &mut self,
-        id: RequestId,
-        convs: &mut Conversations,
-        cache: &mut CacheManager,
-        now: Instant,
-        swaps: &mut Vec<SwapOut>,
-    ) {
-        let Some(req) = self.requests.get_mut(&id) else {
+    /// Conversations with a running turn, and with `queued_too` those with a waiting one.
+    fn conversations(&self, queued_too: bool) -> HashSet<ConversationId> {
+        let running = self.running.iter();
+        let waiting = self.waiting.iter().filter(|_| queued_too);
+        running
+            .chain(waiting)
+            .filter_map(|id| self.requests.get(id))
+            .map(|r| r.conv)
+            .collect()
+    }
+
+    /// The running request that arrived latest, with its index in `running`.
+    fn latest_arrival(&self) -> Option<(usize, RequestId)> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| self.requests.get(id).map(|r| (r.arrival, i, *id)))
+            .max()
+            .map(|(_, i, id)| (i, id))
+    }
+
+    /// Puts a running request back in the waiting queue, in arrival order.
+    fn requeue(&mut self, id: RequestId, cache: &mut CacheManager) {
+        let Some(req) = self.requests.get(&id) else {
             return;
         };
         self.running.retain(|r| *r != id);
-        self.suspensions += 1;
-        let conv_id = req.conv;
-        cache.settle(convs, conv_id, req.progress);
-        req.work.clear();
+        cache.settle(req.conv, req.progress);
         let arrival = req.arrival;
-        let busy = self.busy_set(conv_id);
-        let protect = |c: ConversationId| busy.contains(&c);
-        cache.evict_conversation(convs, conv_id, &protect, now, swaps);
         let pos = self
             .waiting
             .iter()
@@ -403,181 +564,114 @@ impl Scheduler {
         self.waiting.insert(pos, id);
     }
 
-    /// Applies a computed row: the conversation's KV now covers its positions.
-    pub fn commit_row(&mut self, row: &RowPlan, convs: &mut Conversations) {
+    /// Requeues a running request and moves its conversation's KV off the device.
+    fn suspend(
+        &mut self,
+        id: RequestId,
+        cache: &mut CacheManager,
+        now: Instant,
+        moves: &mut Moves,
+    ) {
+        let Some(conv) = self.requests.get(&id).map(|r| r.conv) else {
+            return;
+        };
+        self.suspensions += 1;
+        self.requeue(id, cache);
+        let busy = self.conversations(true);
+        let protect = |c: ConversationId| c != conv && busy.contains(&c);
+        cache.evict_conversation(conv, &protect, now, moves);
+    }
+
+    /// Applies a step: admissions set their work, each row that ran extends its conversation
+    /// and consumes its work, sampled tokens become the next work, and requests whose KV was
+    /// lost go back to the queue.
+    pub fn commit(
+        &mut self,
+        plan: &StepPlan,
+        outcome: &Outcome,
+        convs: &mut Conversations,
+        cache: &mut CacheManager,
+    ) {
+        for a in &plan.admitted {
+            if let Some(req) = self.requests.get_mut(&a.request) {
+                req.work = a.work.clone();
+                req.progress = 0;
+                if let Some((device, host)) = a.first_reuse {
+                    req.counts.reused_device = device;
+                    req.counts.reused_host = host;
+                }
+                req.admitted = true;
+            }
+        }
+        for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|(_, &ran)| ran) {
+            self.commit_row(row, convs, cache);
+        }
+        for &(id, token) in &outcome.sampled {
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            let p = convs.get(&req.conv).map_or(0, |c| c.tokens().len()) + req.pending.len();
+            req.pending.push(token);
+            req.generated += 1;
+            req.work.push_back(Run {
+                range: p..p + 1,
+                kind: RunKind::Decode,
+            });
+        }
+        for &id in &outcome.requeue {
+            self.requeue(id, cache);
+        }
+    }
+
+    fn commit_row(&mut self, row: &RowPlan, convs: &mut Conversations, cache: &mut CacheManager) {
         let Some(req) = self.requests.get_mut(&row.request) else {
             return;
         };
-        let end = row.positions.last().map_or(0, |&p| p as usize + 1);
-        req.progress = req.progress.max(end);
-        if req.generated == 0 {
-            req.prefilled += row.tokens.len();
-        }
-        if let Some(conv) = convs.get_mut(&row.conv) {
-            conv.kv_len = conv.kv_len.max(end);
-        }
-    }
-
-    /// Appends a sampled token: it becomes the request's next (one-token) work.
-    pub fn push_token(&mut self, id: RequestId, token: u32, convs: &mut Conversations) {
-        let Some(req) = self.requests.get_mut(&id) else {
+        let Some(conv) = convs.get_mut(&row.conv) else {
             return;
         };
-        req.generated += 1;
-        if let Some(conv) = convs.get_mut(&req.conv) {
-            conv.tokens.push(token);
-            let p = conv.tokens.len() - 1;
-            req.work.push_back(p..p + 1);
+        let end = row.positions.last().map_or(0, |&p| p as usize + 1);
+        let new = end
+            .saturating_sub(conv.tokens().len())
+            .min(req.pending.len());
+        conv.extend_tokens(req.pending.drain(..new));
+        let mut left = row.tokens.len();
+        while left > 0 {
+            let Some(run) = req.work.front_mut() else {
+                break;
+            };
+            let take = left.min(run.range.len());
+            run.range.start += take;
+            left -= take;
+            if run.range.is_empty() {
+                req.work.pop_front();
+            }
+        }
+        req.progress = req.progress.max(end);
+        req.counts.recomputed += row.recomputed;
+        req.counts.prefilled += row.tokens.len() - row.decoded;
+        cache.mark_computed(row.conv, end);
+    }
+
+    /// Checks that the turn table and the queues agree: every request is in exactly one
+    /// queue.
+    ///
+    /// # Errors
+    /// [`Violation::LostRequest`] naming the first request that is not.
+    pub fn check(&self) -> Result<(), Violation> {
+        let queued = self.waiting.iter().chain(&self.running);
+        let mut seen = HashSet::new();
+        for id in queued {
+            if !self.requests.contains_key(id) || !seen.insert(*id) {
+                return Err(Violation::LostRequest(*id));
+            }
+        }
+        match self.requests.keys().find(|id| !seen.contains(id)) {
+            Some(id) => Err(Violation::LostRequest(*id)),
+            None => Ok(()),
         }
     }
 }
-
-/// The device pool had no free block for a running request.
-#[derive(Debug)]
-pub(crate) struct NoBlock;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::conversation::Conversation;
-    use crate::kv::{BlockAllocator, HostPool, LruPolicy};
-
-    const CHUNK: usize = 4;
-
-    fn setup(
-        blocks: usize,
-        host_bytes: usize,
-        limits: Limits,
-    ) -> (Scheduler, Conversations, CacheManager) {
-        let cache = CacheManager::new(
-            BlockAllocator::new(blocks, CHUNK),
-            HostPool::new(host_bytes),
-            Box::new(LruPolicy),
-            1,
-        );
-        (Scheduler::new(limits), Conversations::new(), cache)
-    }
-
-    fn submit(
-        s: &mut Scheduler,
-        convs: &mut Conversations,
-        conv: u64,
-        prompt: usize,
-        now: Instant,
-    ) -> RequestId {
-        let id = RequestId(conv);
-        let c = convs
-            .entry(ConversationId(conv))
-            .or_insert_with(|| Conversation::new(now, Vec::new()));
-        c.busy = true;
-        s.enqueue(Request::new(id, ConversationId(conv), now, vec![7; prompt]));
-        id
-    }
-
-    /// Applies a plan as the engine would, with every sampled row producing token 9.
-    fn commit(
-        s: &mut Scheduler,
-        convs: &mut Conversations,
-        cache: &mut CacheManager,
-        plan: &StepPlan,
-    ) {
-        for o in &plan.swap_out {
-            cache.host.store(o.host, vec![0.0; o.len]);
-            cache.complete_swap_out(convs, o);
-        }
-        for i in &plan.swap_in {
-            cache.host.take(i.host);
-            cache.complete_swap_in(convs, i);
-        }
-        for row in &plan.rows {
-            s.commit_row(row, convs);
-            if row.sample {
-                s.push_token(row.request, 9, convs);
-            }
-        }
-        cache.check(convs).unwrap();
-    }
-
-    #[test]
-    fn admission_is_fcfs_and_keeps_the_reserve() {
-        let limits = Limits {
-            token_budget: 100,
-            reserve_blocks: 1,
-            swap_out_blocks: 0,
-        };
-        let (mut s, mut convs, mut cache) = setup(10, 0, limits);
-        let now = Instant::now();
-        for conv in 0..3 {
-            submit(&mut s, &mut convs, conv, 12, now);
-        }
-        let plan = s.schedule(&mut convs, &mut cache, now);
-        // Each needs 4 blocks (12 tokens + the first output); the third would eat the reserve.
-        assert_eq!(plan.rows.len(), 2);
-        assert_eq!(
-            s.waiting.iter().copied().collect::<Vec<_>>(),
-            vec![RequestId(2)]
-        );
-        assert!(plan.rows.iter().all(|r| r.sample && r.tokens.len() == 12));
-        assert!(plan.rejected.is_empty());
-        commit(&mut s, &mut convs, &mut cache, &plan);
-    }
-
-    #[test]
-    fn decode_out_of_blocks_suspends_the_latest_arrival() {
-        let limits = Limits {
-            token_budget: 100,
-            reserve_blocks: 0,
-            swap_out_blocks: 0,
-        };
-        let (mut s, mut convs, mut cache) = setup(4, 1 << 20, limits);
-        let t0 = Instant::now();
-        submit(&mut s, &mut convs, 0, 4, t0);
-        submit(
-            &mut s,
-            &mut convs,
-            1,
-            4,
-            t0 + std::time::Duration::from_millis(1),
-        );
-        for _ in 0..8 {
-            let plan = s.schedule(&mut convs, &mut cache, t0);
-            commit(&mut s, &mut convs, &mut cache, &plan);
-            if s.suspensions > 0 {
-                break;
-            }
-        }
-        assert_eq!(s.suspensions, 1);
-        assert_eq!(s.running, vec![RequestId(0)]);
-        assert_eq!(s.waiting.front(), Some(&RequestId(1)));
-        // Its KV went to the host tier, not lost.
-        assert!(convs[&ConversationId(1)]
-            .chunks
-            .iter()
-            .any(|c| matches!(c, ChunkLoc::Host(_))));
-    }
-
-    #[test]
-    fn idle_conversations_are_swapped_out_ahead_of_time() {
-        let limits = Limits {
-            token_budget: 100,
-            reserve_blocks: 0,
-            swap_out_blocks: 3,
-        };
-        let (mut s, mut convs, mut cache) = setup(4, 1 << 20, limits);
-        let now = Instant::now();
-        submit(&mut s, &mut convs, 0, 11, now);
-        let plan = s.schedule(&mut convs, &mut cache, now);
-        commit(&mut s, &mut convs, &mut cache, &plan);
-        // The turn ends: its conversation is idle and holds 3 of 4 blocks.
-        s.remove(RequestId(0));
-        if let Some(c) = convs.get_mut(&ConversationId(0)) {
-            c.busy = false;
-        }
-        cache.settle(&mut convs, ConversationId(0), 12);
-        let plan = s.schedule(&mut convs, &mut cache, now);
-        assert_eq!(plan.swap_out.len(), 2, "free 1 + 2 swapped = threshold 3");
-        assert_eq!(plan.swap_out[0].chunk, 0, "leading chunk first");
-        commit(&mut s, &mut convs, &mut cache, &plan);
-        assert_eq!(cache.blocks.num_free(), 3);
-    }
-}
+mod tests;

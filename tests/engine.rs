@@ -1,5 +1,5 @@
-//! The engine's mechanism on a tiny random-weight model: API behaviour, typed errors, the
-//! thread-safe handle, and invariants under random operation sequences (proptest).
+//! The engine's mechanism on a tiny random-weight model: API behaviour, typed errors and the
+//! thread-safe handle (random operation sequences: `tests/engine_proptest.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -8,12 +8,11 @@ mod common;
 use std::collections::HashMap;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, Event,
-    FinishReason, RequestId, SamplingParams, Turn,
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostProfile, Engine, EngineConfig,
+    Event, FinishReason, RequestId, SamplingParams, Turn,
 };
 use pensieve::kv::CostModel;
 use pensieve::Error;
-use proptest::prelude::*;
 
 fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineConfig {
     EngineConfig {
@@ -29,13 +28,14 @@ fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineCon
             per_token_s: 1e-4,
             per_token_per_position_s: 1e-7,
         }),
+        check_invariants: true,
         ..EngineConfig::default()
     }
 }
 
 fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
     Engine::with_model(
-        common::tiny::tiny_model(7),
+        pensieve::model::Model::tiny(7).unwrap(),
         config(mode, device_tokens, host_bytes),
     )
     .unwrap()
@@ -166,7 +166,7 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
             Turn::user("x"),
             params(3)
         ),
-        Err(Error::UnknownConversation(99))
+        Err(Error::UnknownConversation(ConversationId(99)))
     ));
     assert!(matches!(
         e.submit(c, Turn::user("   "), params(3)),
@@ -196,7 +196,7 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     ));
     // Truncation keeps the end of the prompt instead.
     let mut t = Engine::with_model(
-        common::tiny::tiny_model(7),
+        pensieve::model::Model::tiny(7).unwrap(),
         EngineConfig {
             overflow: pensieve::engine::OverflowPolicy::TruncatePrompt,
             ..config(CacheMode::Tiered, 4096, 0)
@@ -215,7 +215,7 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
         },
         ..config(CacheMode::Tiered, 0, 0)
     };
-    let by_bytes = Engine::with_model(common::tiny::tiny_model(7), bytes).unwrap();
+    let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), bytes).unwrap();
     assert_eq!(by_bytes.stats().device_slots_total, 64);
     let too_small = EngineConfig {
         budgets: Budgets {
@@ -226,7 +226,7 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
         ..config(CacheMode::Tiered, 0, 0)
     };
     assert!(matches!(
-        Engine::with_model(common::tiny::tiny_model(7), too_small),
+        Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), too_small),
         Err(Error::InvalidConfig(_))
     ));
     // A budget too small for one request.
@@ -294,73 +294,4 @@ fn handle_submits_from_another_thread() {
     assert!(matches!(f[&bad].0, FinishReason::Failed(_)));
     fn assert_send_sync<T: Send + Sync + Clone>() {}
     assert_send_sync::<pensieve::engine::EngineHandle>();
-}
-
-#[derive(Clone, Debug)]
-enum Op {
-    Open,
-    Submit(usize, usize),
-    Step,
-    Cancel(usize),
-    Close(usize),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        1 => Just(Op::Open),
-        4 => (any::<usize>(), 1usize..12).prop_map(|(c, n)| Op::Submit(c, n)),
-        6 => Just(Op::Step),
-        1 => any::<usize>().prop_map(Op::Cancel),
-        1 => any::<usize>().prop_map(Op::Close),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-
-    #[test]
-    fn invariants_hold_under_random_operations(ops in prop::collection::vec(op(), 1..60), mode in 0usize..3) {
-        let mode = [CacheMode::Tiered, CacheMode::DeviceOnly, CacheMode::Stateless][mode];
-        let mut e = engine(mode, 96, 20 * 2 * 2 * 2 * 8 * 4);
-        let mut convs = Vec::new();
-        let mut submitted: Vec<RequestId> = Vec::new();
-        let mut ended: HashMap<RequestId, FinishReason> = HashMap::new();
-        let record = |events: Vec<Event>, ended: &mut HashMap<RequestId, FinishReason>| {
-            for ev in events {
-                if let Event::Finished { request, reason, .. } = ev {
-                    assert!(ended.insert(request, reason).is_none(), "finished twice");
-                }
-            }
-        };
-        for op in ops {
-            match op {
-                Op::Open => convs.push(e.open(ConversationOptions::default()).unwrap()),
-                Op::Submit(c, n) if !convs.is_empty() => {
-                    if let Ok(id) = e.submit(convs[c % convs.len()], Turn::user(format!("message {n}")), params(n)) {
-                        submitted.push(id);
-                    }
-                }
-                Op::Cancel(r) if !submitted.is_empty() => {
-                    let _ = e.cancel(submitted[r % submitted.len()]);
-                }
-                Op::Close(c) if !convs.is_empty() => {
-                    let id = convs.swap_remove(c % convs.len());
-                    e.close(id).unwrap();
-                }
-                _ => record(e.step().unwrap(), &mut ended),
-            }
-            e.check_invariants().unwrap();
-            let s = e.stats();
-            prop_assert!(s.device_slots_used <= s.device_slots_total);
-        }
-        record(drain(&mut e), &mut ended);
-        for id in &submitted {
-            prop_assert!(ended.contains_key(id), "{id} never finished");
-        }
-        for c in convs {
-            e.close(c).unwrap();
-        }
-        let s = e.stats();
-        prop_assert_eq!((s.device_slots_used, s.host_bytes_used), (0, 0));
-    }
 }

@@ -23,7 +23,7 @@ const SMOL_CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size"
 /// Writes tokenizer.json and tokenizer_config.json (template and special tokens) for `model`.
 fn write_tokenizer_files(model: &Model, gguf: &gguf_file::Content, dir: &Path) {
     model
-        .tokenizer
+        .tokenizer()
         .save(dir.join("tokenizer.json"), false)
         .unwrap();
     let template = gguf.metadata["tokenizer.chat_template"]
@@ -114,7 +114,7 @@ fn real_model_safetensors_folder_equals_gguf() {
         },
     )
     .unwrap();
-    assert_eq!(st_model.eos_token_ids, vec![2]);
+    assert_eq!(st_model.eos_token_ids(), vec![2]);
     let prompt = chat_prompt(&st_model, PROMPTS[1]);
     assert_eq!(prompt, chat_prompt(&gguf_model, PROMPTS[1]));
     let (a, la) = greedy(&gguf_model, &prompt, 16, usize::MAX, |i| i as u32, 256);
@@ -194,7 +194,7 @@ fn real_model_hub_repo_loads_from_a_populated_cache_without_network() {
     // Online mode still reads a complete cache first and never asks the network.
     hub.cache_dir = Some(cache.path().to_path_buf());
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    assert_eq!(model.llama.config().num_layers, 2);
+    assert_eq!(model.llama().config().num_layers, 2);
     let prompt = chat_prompt(&model, "hi");
     let (ids, logits) = greedy(&model, &prompt, 4, usize::MAX, |i| i as u32, 64);
     assert_eq!(ids.len(), 4);

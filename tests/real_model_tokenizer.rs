@@ -28,7 +28,7 @@ fn real_model_special_tokens_map_to_their_ids() {
     for (text, id) in [("<|endoftext|>", 0), ("<|im_start|>", 1), ("<|im_end|>", 2)] {
         assert_eq!(m.encode(text).unwrap(), vec![id], "{text}");
     }
-    assert!(m.eos_token_ids.contains(&2));
+    assert!(m.eos_token_ids().contains(&2));
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn real_model_incremental_decoding_concatenates_to_the_text() {
     let mut dec = pensieve::model::IncrementalDecoder::new();
     let mut out = String::new();
     for id in ids {
-        let delta = dec.push(&m.tokenizer, id).unwrap();
+        let delta = dec.push(m.tokenizer(), id).unwrap();
         assert!(!delta.contains('\u{FFFD}'));
         out.push_str(&delta);
     }

@@ -1,7 +1,13 @@
-//! Command-line flags shared by the examples that build an engine: model, weight format,
-//! cache mode and budgets.
+//! What the examples share: the flags of the engine (model, weight format, cache mode,
+//! budgets), flag checks, and how a failure is reported (one line with its causes, non-zero
+//! exit).
+
+mod exit;
+
+use std::error::Error;
 
 use clap::{Args, ValueEnum};
+pub use exit::exit_code;
 use pensieve::engine::{Budgets, CacheMode};
 use pensieve::model::{LoadOptions, Model, ModelSource, WeightFormat};
 
@@ -62,7 +68,7 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value = "tiered")]
     pub mode: Mode,
     /// Device KV pool in tokens.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = positive)]
     pub device_tokens: usize,
     /// Host KV tier in MiB.
     #[arg(long, default_value_t = 1024)]
@@ -84,10 +90,11 @@ impl EngineArgs {
     }
 
     /// Loads `--model`.
-    pub fn load_model(&self) -> Result<Model, Box<dyn std::error::Error>> {
+    pub fn load_model(&self) -> Result<Model, Box<dyn Error>> {
         eprintln!("loading {} ...", self.model);
         let source: ModelSource = self.model.parse()?;
-        Ok(Model::load(&source, &self.load_options())?)
+        Model::load(&source, &self.load_options())
+            .map_err(|e| format!("cannot load model {}: {e}", self.model).into())
     }
 
     /// The budgets of `--device-tokens` and `--host-mib`.
@@ -97,5 +104,24 @@ impl EngineArgs {
             device_bytes: None,
             host_bytes: self.host_mib << 20,
         }
+    }
+}
+
+/// A flag value of at least 1.
+pub fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A finite flag value above 0.
+#[allow(dead_code)] // used by replay only
+pub fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(_) => Err("must be a finite number above 0".into()),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -24,11 +24,13 @@
 
 mod cpu;
 mod gather;
+mod pool;
 mod reference;
 
 use candle_core::{DType, Device, Tensor};
 
 pub use gather::attention_gather;
+pub use pool::{KvPool, KvShape};
 pub use reference::attention_reference;
 
 use crate::{Error, Result};

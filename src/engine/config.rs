@@ -93,6 +93,10 @@ pub struct EngineConfig {
     pub cost_profile: CostProfile,
     /// Prompts beyond the context window.
     pub overflow: OverflowPolicy,
+    /// Check the cache and queue invariants after every step, failing the step with
+    /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
+    /// in release builds too.
+    pub check_invariants: bool,
 }
 
 impl Default for EngineConfig {
@@ -109,6 +113,7 @@ impl Default for EngineConfig {
             eviction: EvictionKind::Value,
             cost_profile: CostProfile::Measure,
             overflow: OverflowPolicy::Error,
+            check_invariants: cfg!(debug_assertions),
         }
     }
 }

@@ -1,57 +1,70 @@
-//! The executor: turns a [`StepPlan`] into KV copies and one forward pass. The only place
-//! (with `KvPool`) where the engine touches tensors.
+//! The executor: turns a [`StepPlan`] into KV copies and one forward pass. With
+//! [`KvPool`], the only place where the engine touches tensors.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::conversation::Conversations;
-use crate::kv::cache::CacheManager;
-use crate::kv::{CostModel, KvPool};
+use crate::attention::KvPool;
+use crate::ids::ConversationId;
+use crate::kv::{CacheManager, CostModel, Moves};
 use crate::model::{ForwardBatch, Model};
-use crate::scheduler::{RowPlan, StepPlan};
+use crate::scheduler::RowPlan;
 use crate::Result;
 
 /// Copies the planned chunks between tiers (swap-outs first, so host room booked by drops is
-/// used before swap-ins need blocks) and completes the moves. A failed copy drops the chunk:
-/// its raw tokens rebuild it.
+/// used before swap-ins need blocks) and completes or aborts each move. Returns the
+/// conversations whose swap-in failed: their KV has a hole this step, so their rows must not
+/// run (they are requeued to recompute it).
 pub(super) fn transfer(
     pool: &KvPool,
     cache: &mut CacheManager,
-    convs: &mut Conversations,
-    plan: &StepPlan,
-) {
-    for s in &plan.swap_out {
-        let start = cache.blocks.slot(s.block, 0) as usize;
-        let stored = pool
-            .read_slots(start, s.len)
-            .map(|data| cache.host.store(s.host, data));
-        match stored {
-            Ok(true) => cache.complete_swap_out(convs, s),
-            _ => cache.abort_swap(convs, s.conv, s.chunk),
+    moves: &Moves,
+    faults: &mut Faults,
+) -> HashSet<ConversationId> {
+    for s in &moves.swap_out {
+        match pool.read_slots(cache.first_slot(s.block), s.len) {
+            Ok(data) if !Faults::fail(&mut faults.swap_out) => cache.complete_swap_out(s, data),
+            _ => cache.abort_swap_out(s),
         }
     }
-    for s in &plan.swap_in {
-        let start = cache.blocks.slot(s.block, 0) as usize;
-        let copied = cache
-            .host
-            .take(s.host)
-            .map(|data| pool.write_slots(start, &data));
-        match copied {
-            Some(Ok(())) => cache.complete_swap_in(convs, s),
-            _ => {
-                // The data is gone either way; the chunk is recomputed next time it is needed.
-                cache.blocks.release(s.block);
-                if let Some(c) = convs.get_mut(&s.conv) {
-                    c.chunks[s.chunk] = crate::kv::ChunkLoc::Dropped;
-                }
-            }
+    let mut lost = HashSet::new();
+    for s in &moves.swap_in {
+        let copied = cache.take_swap_in(s).is_some_and(|data| {
+            !Faults::fail(&mut faults.swap_in)
+                && pool.write_slots(cache.first_slot(s.block), &data).is_ok()
+        });
+        if copied {
+            cache.complete_swap_in(s);
+        } else {
+            cache.abort_swap_in(s);
+            lost.insert(s.conv);
         }
+    }
+    lost
+}
+
+/// Copies to fail on purpose, to test the recovery paths. Empty outside tests.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// Fail the next this many swap-outs.
+    pub swap_out: usize,
+    /// Fail the next this many swap-ins.
+    pub swap_in: usize,
+}
+
+impl Faults {
+    /// Whether to fail this copy, counting the faults left down.
+    fn fail(n: &mut usize) -> bool {
+        let fail = *n > 0;
+        *n = n.saturating_sub(1);
+        fail
     }
 }
 
-/// One forward pass over every row; logits of the rows that sample, in row order.
-pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[RowPlan]) -> Result<Option<Tensor>> {
+/// One forward pass over `rows`; logits of the rows that sample, in row order.
+pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[&RowPlan]) -> Result<Option<Tensor>> {
     if rows.is_empty() {
         return Ok(None);
     }
@@ -66,7 +79,7 @@ pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[RowPlan]) -> Result<
             r.sample,
         )?;
     }
-    let logits = model.llama.forward(&batch, pool)?;
+    let logits = model.llama().forward(&batch, pool)?;
     Ok((batch.num_logit_rows() > 0).then_some(logits))
 }
 
@@ -74,9 +87,7 @@ pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[RowPlan]) -> Result<
 /// chunk at several context offsets, fitted to `a + b * position`. Uses the (still empty)
 /// pool as scratch.
 pub(super) fn measure_cost(model: &Model, pool: &KvPool, chunk: usize) -> Result<CostModel> {
-    let max = pool
-        .num_slots()
-        .min(model.llama.config().max_position_embeddings);
+    let max = pool.num_slots().min(model.config().max_position_embeddings);
     let mut samples = Vec::new();
     for offset in [0, max / 8, max / 4, max / 2] {
         if offset + chunk > max {
@@ -89,9 +100,9 @@ pub(super) fn measure_cost(model: &Model, pool: &KvPool, chunk: usize) -> Result
         let mut batch = ForwardBatch::new();
         batch.push(&tokens, &positions, &positions, &context, &context, true)?;
         // The first pass warms caches and allocations; time the second.
-        model.llama.forward(&batch, pool)?;
+        model.llama().forward(&batch, pool)?;
         let started = Instant::now();
-        model.llama.forward(&batch, pool)?;
+        model.llama().forward(&batch, pool)?;
         let per_token = started.elapsed().as_secs_f64() / chunk as f64;
         samples.push((offset as f64 + chunk as f64 / 2.0, per_token));
     }

@@ -2,36 +2,47 @@
 //! the cache manager and the model together.
 //!
 //! One `step()`: drain commands sent through [`EngineHandle`]s → `Scheduler::schedule` plans
-//! the step → the executor copies KV between tiers and runs one forward pass over all rows →
-//! tokens are sampled → `commit` applies the outcome and emits [`Event`]s. The core takes time
-//! as an argument ([`Engine::step_at`]); [`Engine::step`] reads the clock for convenience.
-//! Invariants (no slot leak, one tier per chunk, budgets) are checked after every step in
-//! debug builds.
+//! the step (plain data) → the executor copies KV between tiers and runs one forward pass over
+//! the rows whose KV is in place → tokens are sampled → `Scheduler::commit` applies the
+//! outcome → finished turns emit [`Event`]s. The core takes time as an argument
+//! ([`Engine::step_at`]); [`Engine::step`] reads the clock for convenience.
+//!
+//! Who owns what: the scheduler owns the turn table (its requests carry this module's
+//! [`turn::ActiveTurn`] as payload), the cache manager owns the chunk tables, and the engine
+//! owns the conversations' token histories and transcripts. Input is validated at the edge
+//! (`turn::prepare`, `sampler::validate`). Invariants (no slot leak, one tier per chunk,
+//! budgets, every turn queued once) are checked after every step when
+//! [`EngineConfig::check_invariants`] is on.
 
 mod config;
 mod executor;
 mod handle;
+mod sampler;
+mod turn;
 mod types;
 
-use std::collections::HashMap;
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_transformers::generation::{LogitsProcessor, Sampling};
-
 pub use config::{Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, OverflowPolicy};
 pub use handle::EngineHandle;
-pub use types::{EngineStats, Event, FinishReason, RequestId, SamplingParams, Turn, TurnStats};
+pub use turn::TurnSize;
+pub use types::{EngineStats, Event, FinishReason, SamplingParams, Turn, TurnStats};
 
-pub use crate::conversation::ConversationId;
+use crate::attention::KvPool;
 use crate::conversation::{Conversation, Conversations};
-use crate::kv::cache::CacheManager;
+pub use crate::ids::{ConversationId, RequestId};
 pub use crate::kv::CostModel;
-use crate::kv::{BlockAllocator, EvictionPolicy, HostPool, KvPool, LruPolicy, ValuePolicy};
-use crate::model::{IncrementalDecoder, Message, Model};
-use crate::scheduler::{Limits, Request, Scheduler};
+use crate::kv::{CacheManager, EvictionPolicy, LruPolicy, ValuePolicy};
+use crate::model::{Message, Model};
+use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
 use crate::{Error, Result};
+use executor::Faults;
 use handle::{Command, Shared};
+use turn::{ActiveTurn, TurnLimits};
 
 /// Options of a new conversation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,51 +51,21 @@ pub struct ConversationOptions {
     pub system: Option<String>,
 }
 
-/// Engine-side state of a live turn that the scheduler does not need.
-struct Live {
-    conv: ConversationId,
-    params: SamplingParams,
-    sampler: LogitsProcessor,
-    decoder: IncrementalDecoder,
-    reply: String,
-    generated: Vec<u32>,
-    /// Message and text to add to the conversation once the turn is admitted.
-    user_message: Option<Message>,
-    prompt_text: String,
-    prompt_tokens: usize,
-    submitted: Instant,
-    first_token: Option<Instant>,
-}
-
-impl std::fmt::Debug for Live {
-    // candle's sampler has no Debug; the rest is what matters when inspecting a turn.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Live")
-            .field("conv", &self.conv)
-            .field("params", &self.params)
-            .field("generated", &self.generated.len())
-            .finish_non_exhaustive()
-    }
-}
-
 /// The stateful inference engine. See the module documentation for the step loop.
 #[derive(Debug)]
 pub struct Engine {
     model: Arc<Model>,
     pool: KvPool,
     cache: CacheManager,
-    sched: Scheduler,
+    sched: Scheduler<ActiveTurn>,
     convs: Conversations,
-    live: HashMap<RequestId, Live>,
     config: EngineConfig,
+    limits: TurnLimits,
     shared: Arc<Shared>,
     next_conversation: u64,
     backlog: Vec<Event>,
     stats: EngineStats,
-    /// The model's context window.
-    window: usize,
-    /// Tokens a conversation may reach: the window, capped by the device pool.
-    max_conversation_tokens: usize,
+    faults: Faults,
 }
 
 impl Engine {
@@ -107,15 +88,20 @@ impl Engine {
     pub fn with_model(model: impl Into<Arc<Model>>, config: EngineConfig) -> Result<Self> {
         config.validate()?;
         let model = model.into();
-        let mc = model.llama.config().clone();
-        let blocks = config.num_blocks(mc.kv_token_bytes(4));
+        let shape = model.config().kv_shape();
+        let blocks = config.num_blocks(shape.token_bytes(4));
         if blocks == 0 {
             return Err(Error::InvalidConfig(
                 "the device budget must hold at least one chunk".into(),
             ));
         }
         let slots = blocks * config.chunk_size;
-        let pool = KvPool::new(&mc, slots, candle_core::DType::F32, model.llama.device())?;
+        let pool = KvPool::new(
+            shape,
+            slots,
+            candle_core::DType::F32,
+            model.llama().device(),
+        )?;
         let cost = match config.cost_profile {
             CostProfile::Fixed(c) => c,
             CostProfile::Measure => executor::measure_cost(&model, &pool, config.chunk_size)?,
@@ -129,10 +115,11 @@ impl Engine {
             CacheMode::DeviceOnly | CacheMode::Stateless => 0,
         };
         let cache = CacheManager::new(
-            BlockAllocator::new(blocks, config.chunk_size),
-            HostPool::new(host_bytes),
+            blocks,
+            config.chunk_size,
+            host_bytes,
             policy,
-            mc.kv_token_bytes(4),
+            shape.token_bytes(4),
         );
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
         let sched = Scheduler::new(Limits {
@@ -140,25 +127,30 @@ impl Engine {
             reserve_blocks: frac(config.reserve),
             swap_out_blocks: frac(config.swap_out_threshold),
         });
+        let limits = TurnLimits {
+            window: model.config().max_position_embeddings,
+            pool_slots: slots,
+            chunk_size: config.chunk_size,
+            overflow: config.overflow,
+        };
         let stats = EngineStats {
             device_slots_total: slots,
             cost_model: Some(cost),
             ..EngineStats::default()
         };
         Ok(Self {
-            window: mc.max_position_embeddings,
-            max_conversation_tokens: mc.max_position_embeddings.min(slots),
             model,
             pool,
             cache,
             sched,
             convs: Conversations::new(),
-            live: HashMap::new(),
             config,
+            limits,
             shared: Arc::new(Shared::default()),
             next_conversation: 0,
             backlog: Vec::new(),
             stats,
+            faults: Faults::default(),
         })
     }
 
@@ -188,8 +180,8 @@ impl Engine {
             .system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
-        self.convs
-            .insert(id, Conversation::new(Instant::now(), messages));
+        self.convs.insert(id, Conversation::new(messages));
+        self.cache.open(id, Instant::now());
         Ok(id)
     }
 
@@ -199,18 +191,12 @@ impl Engine {
     /// [`Error::UnknownConversation`].
     pub fn close(&mut self, conv: ConversationId) -> Result<()> {
         if !self.convs.contains_key(&conv) {
-            return Err(Error::UnknownConversation(conv.0));
+            return Err(Error::UnknownConversation(conv));
         }
-        let running: Vec<RequestId> = self
-            .live
-            .iter()
-            .filter(|(_, l)| l.conv == conv)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in running {
+        if let Some(id) = self.sched.turn_of(conv) {
             self.finish(id, FinishReason::Cancelled, Instant::now());
         }
-        self.cache.release_all(&mut self.convs, conv, true);
+        self.cache.close(conv);
         self.convs.remove(&conv);
         Ok(())
     }
@@ -222,8 +208,22 @@ impl Engine {
     pub fn tokens(&self, conv: ConversationId) -> Result<&[u32]> {
         self.convs
             .get(&conv)
-            .map(|c| c.tokens.as_slice())
-            .ok_or(Error::UnknownConversation(conv.0))
+            .map(|c| c.tokens())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// How much room `turn` would take in `conv`, without submitting it: the tokens it adds
+    /// (after the chat template) and the longest reply that still fits. Drivers use it to size
+    /// requests instead of re-deriving the template's overhead.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`] would fail for this turn (parameters aside).
+    pub fn turn_size(&self, conv: ConversationId, turn: Turn) -> Result<TurnSize> {
+        let c = self
+            .convs
+            .get(&conv)
+            .ok_or(Error::UnknownConversation(conv))?;
+        Ok(turn::prepare(&self.model, c, turn, &self.limits)?.size)
     }
 
     /// Queues a turn of `conv`.
@@ -251,90 +251,18 @@ impl Engine {
         params: SamplingParams,
         now: Instant,
     ) -> Result<()> {
-        validate_params(&params)?;
         let conv = self
             .convs
             .get(&conv_id)
-            .ok_or(Error::UnknownConversation(conv_id.0))?;
-        if conv.busy {
-            return Err(Error::ConversationBusy(conv_id.0));
+            .ok_or(Error::UnknownConversation(conv_id))?;
+        if self.sched.turn_of(conv_id).is_some() {
+            return Err(Error::ConversationBusy(conv_id));
         }
-        let (mut prompt, prompt_text, user_message) = match turn {
-            Turn::User(text) => {
-                if text.trim().is_empty() {
-                    return Err(Error::EmptyTurn);
-                }
-                let message = Message::new("user", text.clone());
-                let new_text = match &self.model.template {
-                    Some(t) => {
-                        let mut messages = conv.messages.clone();
-                        messages.push(message.clone());
-                        t.continuation(&messages, &conv.seen_text)?
-                    }
-                    None => text,
-                };
-                (self.model.encode(&new_text)?, new_text, Some(message))
-            }
-            Turn::Tokens(ids) => {
-                if ids.is_empty() {
-                    return Err(Error::EmptyTurn);
-                }
-                let vocab = self.model.llama.config().vocab_size;
-                if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(Error::TokenOutOfVocab { id: bad, vocab });
-                }
-                let text = self.model.decode(&ids)?;
-                (ids, text, None)
-            }
-        };
-        let history = conv.tokens.len();
-        if history + prompt.len() >= self.window {
-            let room = self.window.saturating_sub(history + 1);
-            match self.config.overflow {
-                OverflowPolicy::TruncatePrompt if room > 0 => {
-                    prompt.drain(..prompt.len() - room);
-                }
-                _ => {
-                    return Err(Error::ContextOverflow {
-                        position: history + prompt.len(),
-                        window: self.window,
-                    });
-                }
-            }
-        }
-        let chunk = self.config.chunk_size;
-        let needed = (history + prompt.len() + 1).div_ceil(chunk) * chunk;
-        let available = self.cache.blocks.num_blocks() * chunk;
-        if needed > available {
-            return Err(Error::BudgetTooSmall { needed, available });
-        }
-        let sampling = match (params.temperature, params.top_k, params.top_p) {
-            (t, _, _) if t <= 0.0 => Sampling::ArgMax,
-            (temperature, None, None) => Sampling::All { temperature },
-            (temperature, Some(k), None) => Sampling::TopK { k, temperature },
-            (temperature, None, Some(p)) => Sampling::TopP { p, temperature },
-            (temperature, Some(k), Some(p)) => Sampling::TopKThenTopP { k, p, temperature },
-        };
-        self.live.insert(
-            id,
-            Live {
-                conv: conv_id,
-                sampler: LogitsProcessor::from_sampling(params.seed, sampling),
-                params,
-                decoder: IncrementalDecoder::new(),
-                reply: String::new(),
-                generated: Vec::new(),
-                user_message,
-                prompt_text,
-                prompt_tokens: prompt.len(),
-                submitted: now,
-                first_token: None,
-            },
-        );
-        if let Some(c) = self.convs.get_mut(&conv_id) {
-            c.busy = true;
-        }
-        self.sched.enqueue(Request::new(id, conv_id, now, prompt));
+        sampler::validate(&params)?;
+        let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits)?;
+        let prompt = std::mem::take(&mut prepared.prompt);
+        let active = ActiveTurn::new(prepared, params, now)?;
+        self.sched.enqueue(id, conv_id, now, prompt, active);
         Ok(())
     }
 
@@ -344,8 +272,8 @@ impl Engine {
     /// # Errors
     /// [`Error::UnknownRequest`] if the request is unknown or already finished.
     pub fn cancel(&mut self, id: RequestId) -> Result<()> {
-        if !self.live.contains_key(&id) {
-            return Err(Error::UnknownRequest(id.0));
+        if self.sched.get(id).is_none() {
+            return Err(Error::UnknownRequest(id));
         }
         self.finish(id, FinishReason::Cancelled, Instant::now());
         Ok(())
@@ -358,17 +286,20 @@ impl Engine {
 
     /// Counters since start.
     pub fn stats(&self) -> EngineStats {
-        let mut s = self.stats.clone();
-        let c = self.cache.counters;
-        s.bytes_swapped_out = c.bytes_swapped_out;
-        s.bytes_swapped_in = c.bytes_swapped_in;
-        s.chunks_dropped_from_device = c.chunks_dropped_from_device;
-        s.chunks_dropped_from_host = c.chunks_dropped_from_host;
-        s.suspensions = self.sched.suspensions;
-        s.device_slots_used = (self.cache.blocks.num_blocks() - self.cache.blocks.num_free())
-            * self.config.chunk_size;
-        s.host_bytes_used = self.cache.host.used_bytes();
-        s
+        let c = self.cache.counters();
+        EngineStats {
+            bytes_swapped_out: c.bytes_swapped_out,
+            bytes_swapped_in: c.bytes_swapped_in,
+            chunks_dropped_from_device: c.chunks_dropped_from_device,
+            chunks_dropped_from_host: c.chunks_dropped_from_host,
+            swap_out_failures: c.swap_out_failures,
+            swap_in_failures: c.swap_in_failures,
+            suspensions: self.sched.suspensions(),
+            device_slots_used: (self.cache.num_blocks() - self.cache.num_free_blocks())
+                * self.config.chunk_size,
+            host_bytes_used: self.cache.host_used_bytes(),
+            ..self.stats.clone()
+        }
     }
 
     /// Runs one step now. See [`Engine::step_at`].
@@ -381,53 +312,121 @@ impl Engine {
 
     /// Runs one step at time `now`: admits, schedules, moves KV, runs one forward pass over
     /// every scheduled row and returns the events. `now` drives scheduling (idle times);
-    /// turn timings in [`TurnStats`] are measured when the pass's outputs are ready. A failing forward pass fails the turns in
-    /// it (as `Finished` events) and leaves the engine serving the others.
+    /// turn timings in [`TurnStats`] are measured when the pass's outputs are ready. A failing
+    /// forward pass fails the turns in it (as `Finished` events) and leaves the engine serving
+    /// the others.
     ///
     /// # Errors
-    /// Only for broken internal invariants (checked in debug builds).
+    /// [`Error::Invariant`] when [`EngineConfig::check_invariants`] is on and the engine's
+    /// bookkeeping is broken.
     pub fn step_at(&mut self, now: Instant) -> Result<Vec<Event>> {
         let t0 = Instant::now();
         self.drain_commands(now);
-        let plan = self.sched.schedule(&mut self.convs, &mut self.cache, now);
-        for &(id, needed, available) in &plan.rejected {
-            let e = Error::BudgetTooSmall { needed, available };
-            self.finish(id, FinishReason::Failed(e.to_string()), now);
-        }
+        let plan = self.sched.schedule(&self.convs, &mut self.cache, now);
         let t1 = Instant::now();
         self.stats.schedule_time += t1 - t0;
+        let mut failed: Vec<(RequestId, FinishReason)> = Vec::new();
         if !plan.is_empty() {
             self.stats.steps += 1;
-            executor::transfer(&self.pool, &mut self.cache, &mut self.convs, &plan);
-            let t2 = Instant::now();
-            let result = executor::forward(&self.model, &self.pool, &plan.rows);
-            // Outputs exist once the pass is done: turn timings are taken then, while
-            // scheduling decisions above used the caller's `now`.
+            let (outcome, done) = self.execute(&plan, now, &mut failed);
             let t3 = Instant::now();
-            let done = now.max(t3);
-            match result {
-                Ok(logits) => self.commit(&plan.rows, logits, done),
-                Err(e) => {
-                    let failed: Vec<RequestId> = plan.rows.iter().map(|r| r.request).collect();
-                    for id in failed {
-                        self.finish(id, FinishReason::Failed(e.to_string()), done);
+            self.sched
+                .commit(&plan, &outcome, &mut self.convs, &mut self.cache);
+            for &(id, token) in &outcome.sampled {
+                self.accept_token(id, token, done);
+            }
+            self.stats.commit_time += t3.elapsed();
+        }
+        for r in &plan.rejected {
+            let e = Error::BudgetTooSmall {
+                needed: r.needed,
+                available: r.available,
+            };
+            failed.push((r.request, FinishReason::failed(e)));
+        }
+        for (id, v) in plan.broken {
+            failed.push((id, FinishReason::failed(Error::Invariant(v))));
+        }
+        for (id, reason) in failed {
+            self.finish(id, reason, now);
+        }
+        if self.config.check_invariants {
+            self.check_invariants()?;
+        }
+        Ok(std::mem::take(&mut self.backlog))
+    }
+
+    /// Copies KV and runs the forward pass of `plan`, sampling the rows that sample. Turns
+    /// whose pass or sampling failed go to `failed`. Returns the outcome and when the pass's
+    /// outputs were ready.
+    fn execute(
+        &mut self,
+        plan: &StepPlan,
+        now: Instant,
+        failed: &mut Vec<(RequestId, FinishReason)>,
+    ) -> (Outcome, Instant) {
+        let t1 = Instant::now();
+        let lost = executor::transfer(&self.pool, &mut self.cache, &plan.moves, &mut self.faults);
+        let requeue: Vec<RequestId> = lost.iter().filter_map(|&c| self.sched.turn_of(c)).collect();
+        let mut ran: Vec<bool> = plan.rows.iter().map(|r| !lost.contains(&r.conv)).collect();
+        let rows: Vec<&RowPlan> = plan
+            .rows
+            .iter()
+            .zip(&ran)
+            .filter(|(_, &r)| r)
+            .map(|(row, _)| row)
+            .collect();
+        let t2 = Instant::now();
+        let result = executor::forward(&self.model, &self.pool, &rows);
+        // Outputs exist once the pass is done: turn timings are taken then, while scheduling
+        // decisions used the caller's `now`.
+        let t3 = Instant::now();
+        self.stats.transfer_time += t2 - t1;
+        self.stats.forward_time += t3 - t2;
+        let mut sampled = Vec::new();
+        match result {
+            Ok(logits) => {
+                let sampling = rows.iter().filter(|r| r.sample);
+                for (i, row) in sampling.enumerate() {
+                    match self.sample(row.request, logits.as_ref(), i) {
+                        Ok(token) => sampled.push((row.request, token)),
+                        Err(e) => failed.push((row.request, FinishReason::failed(e))),
                     }
                 }
             }
-            self.stats.transfer_time += t2 - t1;
-            self.stats.forward_time += t3 - t2;
-            self.stats.commit_time += t3.elapsed();
+            Err(e) => {
+                let reason = FinishReason::failed(e);
+                failed.extend(rows.iter().map(|r| (r.request, reason.clone())));
+                ran.iter_mut().for_each(|r| *r = false);
+            }
         }
-        #[cfg(debug_assertions)]
-        self.check_invariants()?;
-        Ok(std::mem::take(&mut self.backlog))
+        let outcome = Outcome {
+            ran,
+            sampled,
+            requeue,
+        };
+        (outcome, now.max(t3))
+    }
+
+    /// Samples `id`'s next token from row `index` of `logits`.
+    fn sample(
+        &mut self,
+        id: RequestId,
+        logits: Option<&candle_core::Tensor>,
+        index: usize,
+    ) -> Result<u32> {
+        let row = logits
+            .ok_or_else(|| Error::InvalidBatch("no logits for a sampled row".into()))?
+            .get(index)?;
+        let req = self.sched.get_mut(id).ok_or(Error::UnknownRequest(id))?;
+        req.payload.sampler().sample(&row)
     }
 
     /// Runs one turn to completion, calling `on_text` with each text delta. Events of other
     /// turns that occur meanwhile are kept for the next `step()`.
     ///
     /// # Errors
-    /// As [`Engine::submit`].
+    /// As [`Engine::submit`] and [`Engine::step`].
     pub fn run_turn(
         &mut self,
         conv: ConversationId,
@@ -471,7 +470,7 @@ impl Engine {
                         self.backlog.push(Event::Finished {
                             request: id,
                             conversation: conv,
-                            reason: FinishReason::Failed(e.to_string()),
+                            reason: FinishReason::failed(e),
                             stats: TurnStats::default(),
                         });
                     }
@@ -484,141 +483,67 @@ impl Engine {
         }
     }
 
-    /// Applies the outcome of a forward pass.
-    fn commit(
-        &mut self,
-        rows: &[crate::scheduler::RowPlan],
-        logits: Option<candle_core::Tensor>,
-        now: Instant,
-    ) {
-        let mut sample_index = 0;
-        for row in rows {
-            self.sched.commit_row(row, &mut self.convs);
-            if !row.sample {
-                continue;
-            }
-            let token = match logits.as_ref().map(|l| l.get(sample_index)) {
-                Some(Ok(row_logits)) => self
-                    .live
-                    .get_mut(&row.request)
-                    .map(|l| l.sampler.sample(&row_logits)),
-                _ => None,
-            };
-            sample_index += 1;
-            match token {
-                Some(Ok(t)) => self.accept_token(row.request, t, now),
-                Some(Err(e)) => self.finish(row.request, FinishReason::Failed(e.to_string()), now),
-                None => self.finish(
-                    row.request,
-                    FinishReason::Failed("no logits for a sampled row".into()),
-                    now,
-                ),
-            }
-        }
-    }
-
+    /// Takes a sampled token (already committed to the turn): emits it, and ends the turn if a
+    /// stop rule fires.
     fn accept_token(&mut self, id: RequestId, token: u32, now: Instant) {
-        let Some(live) = self.live.get_mut(&id) else {
+        let Some(req) = self.sched.get_mut(id) else {
             return;
         };
-        live.first_token.get_or_insert(now);
-        live.generated.push(token);
+        let conv = req.conv();
+        // The sampled token is pending beyond the history: one more than the history holds.
+        let length = self.convs.get(&conv).map_or(0, |c| c.tokens().len()) + 1;
+        let full = length >= self.limits.max_conversation_tokens();
         self.stats.generated_tokens += 1;
-        self.sched.push_token(id, token, &mut self.convs);
-        let p = &live.params;
-        let eos = !p.ignore_eos
-            && (self.model.eos_token_ids.contains(&token) || p.stop_token_ids.contains(&token));
-        let text = if eos {
-            String::new()
-        } else {
-            match live.decoder.push(&self.model.tokenizer, token) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.finish(id, FinishReason::Failed(e.to_string()), now);
-                    return;
+        match req.payload.accept(&self.model, token, full, now) {
+            Ok(accepted) => {
+                self.backlog.push(Event::Token {
+                    request: id,
+                    conversation: conv,
+                    token,
+                    text: accepted.text,
+                });
+                if let Some(reason) = accepted.finish {
+                    self.finish(id, reason, now);
                 }
             }
-        };
-        live.reply.push_str(&text);
-        let stop_string = p
-            .stop_strings
-            .iter()
-            .any(|s| !s.is_empty() && live.reply.ends_with(s.as_str()));
-        let length = live.generated.len() >= p.max_tokens;
-        let full = self
-            .convs
-            .get(&live.conv)
-            .is_none_or(|c| c.tokens.len() >= self.max_conversation_tokens);
-        self.backlog.push(Event::Token {
-            request: id,
-            conversation: live.conv,
-            token,
-            text,
-        });
-        let reason = if eos {
-            Some(FinishReason::Stop)
-        } else if stop_string {
-            Some(FinishReason::StopString)
-        } else if length {
-            Some(FinishReason::Length)
-        } else if full {
-            Some(FinishReason::ContextFull)
-        } else {
-            None
-        };
-        if let Some(r) = reason {
-            self.finish(id, r, now);
+            Err(e) => self.finish(id, FinishReason::failed(e), now),
         }
     }
 
     /// Ends a turn: its KV stays cached (released in `Stateless` mode), the conversation
     /// records the exchange, and a `Finished` event is emitted.
     fn finish(&mut self, id: RequestId, reason: FinishReason, now: Instant) {
-        let Some(live) = self.live.remove(&id) else {
+        let Some(req) = self.sched.finish(id, &mut self.convs, &mut self.cache, now) else {
             return;
         };
-        let req = self.sched.remove(id);
-        let conv_id = live.conv;
-        if let Some(req) = &req {
-            self.cache.settle(&mut self.convs, conv_id, req.progress);
-        }
-        let admitted = req.as_ref().is_some_and(|r| r.admitted_once);
-        let mut stats = TurnStats {
-            prompt_tokens: live.prompt_tokens,
-            output_tokens: live.generated.len(),
-            ttft: live
-                .first_token
-                .map(|t| t - live.submitted)
+        let conv_id = req.conv();
+        let counts = req.counts();
+        let admitted = req.admitted();
+        let turn = req.payload;
+        let stats = TurnStats {
+            prompt_tokens: turn.prompt_tokens(),
+            output_tokens: turn.output_tokens(),
+            ttft: turn
+                .first_token()
+                .map(|t| t - turn.submitted())
                 .unwrap_or_default(),
-            latency: now.saturating_duration_since(live.submitted),
-            ..TurnStats::default()
+            latency: now.saturating_duration_since(turn.submitted()),
+            reused_tokens: counts.reused_device + counts.reused_host,
+            reused_from_host_tokens: counts.reused_host,
+            recomputed_tokens: counts.recomputed,
+            prefilled_tokens: counts.prefilled,
         };
-        if let Some(r) = &req {
-            stats.reused_tokens = r.reused_device + r.reused_host;
-            stats.reused_from_host_tokens = r.reused_host;
-            stats.recomputed_tokens = r.recomputed;
-            stats.prefilled_tokens = r.prefilled;
-            if admitted {
-                self.stats.reused_device_tokens += r.reused_device as u64;
-                self.stats.reused_host_tokens += r.reused_host as u64;
-                self.stats.recomputed_tokens += r.recomputed as u64;
-                self.stats.prefilled_tokens += r.prefilled as u64;
-            }
-        }
-        if let Some(conv) = self.convs.get_mut(&conv_id) {
-            conv.busy = false;
-            conv.last_active = now;
-            if admitted {
-                conv.seen_text.push_str(&live.prompt_text);
-                if let Ok(text) = self.model.decode(&live.generated) {
-                    conv.seen_text.push_str(&text);
-                }
-                conv.messages.extend(live.user_message);
-                conv.messages.push(Message::new("assistant", live.reply));
+        if admitted {
+            self.stats.reused_device_tokens += counts.reused_device as u64;
+            self.stats.reused_host_tokens += counts.reused_host as u64;
+            self.stats.recomputed_tokens += counts.recomputed as u64;
+            self.stats.prefilled_tokens += counts.prefilled as u64;
+            if let Some(conv) = self.convs.get_mut(&conv_id) {
+                turn.record(&self.model, conv);
             }
         }
         if self.config.mode == CacheMode::Stateless {
-            self.cache.release_all(&mut self.convs, conv_id, false);
+            self.cache.release_all(conv_id);
         }
         self.stats.turns_finished += 1;
         self.backlog.push(Event::Finished {
@@ -629,40 +554,15 @@ impl Engine {
         });
     }
 
-    /// Checks the cache invariants; called after every step in debug builds.
+    /// Checks the invariants: the cache's (no slot leak, one owner per block and host chunk,
+    /// budgets) and the turn table's (every turn queued exactly once, on an open
+    /// conversation).
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] describing the violated invariant.
+    /// [`Error::Invariant`] naming the first violation.
     pub fn check_invariants(&self) -> Result<()> {
-        self.cache
-            .check(&self.convs)
-            .map_err(|e| Error::InvalidBatch(format!("invariant violated: {e}")))?;
-        for (id, l) in &self.live {
-            if !self.sched.requests.contains_key(id)
-                || !self.convs.get(&l.conv).is_some_and(|c| c.busy)
-            {
-                return Err(Error::InvalidBatch(format!(
-                    "invariant violated: {id} is live but not scheduled"
-                )));
-            }
-        }
+        self.cache.check()?;
+        self.sched.check()?;
         Ok(())
     }
-}
-
-fn validate_params(p: &SamplingParams) -> Result<()> {
-    let bad = |m: &str| Err(Error::InvalidParams(m.to_string()));
-    if p.max_tokens == 0 {
-        return bad("max_tokens must be at least 1");
-    }
-    if !p.temperature.is_finite() {
-        return bad("temperature must be finite");
-    }
-    if p.top_p.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
-        return bad("top_p must be in (0, 1]");
-    }
-    if p.top_k == Some(0) {
-        return bad("top_k must be at least 1");
-    }
-    Ok(())
 }

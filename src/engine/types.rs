@@ -1,19 +1,11 @@
 //! Public request/response types of the engine: turns, sampling parameters, events, stats.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conversation::ConversationId;
+use crate::ids::{ConversationId, RequestId};
 use crate::kv::CostModel;
-
-/// Handle of a submitted turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
-impl std::fmt::Display for RequestId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "request {}", self.0)
-    }
-}
+use crate::Error;
 
 /// One turn's input.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +69,7 @@ impl SamplingParams {
 }
 
 /// Why a turn ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum FinishReason {
     /// An end-of-turn or stop token was generated.
     Stop,
@@ -89,8 +81,26 @@ pub enum FinishReason {
     ContextFull,
     /// Cancelled by the caller.
     Cancelled,
-    /// The turn failed; the message says why. Other conversations are unaffected.
-    Failed(String),
+    /// The turn failed with this error. Other conversations are unaffected.
+    Failed(Arc<Error>),
+}
+
+impl FinishReason {
+    pub(crate) fn failed(e: Error) -> Self {
+        FinishReason::Failed(Arc::new(e))
+    }
+}
+
+impl PartialEq for FinishReason {
+    /// Failures are equal when they are the same error, or errors that read the same.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (FinishReason::Failed(a), FinishReason::Failed(b)) => {
+                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
+            }
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
 }
 
 /// What happened to one turn.
@@ -102,9 +112,11 @@ pub struct TurnStats {
     pub reused_tokens: usize,
     /// Of those, tokens found in the host tier (swapped in).
     pub reused_from_host_tokens: usize,
-    /// History tokens whose KV had been dropped and was recomputed.
+    /// Tokens whose KV had been dropped and was recomputed (history at admission, and work
+    /// redone after a suspension).
     pub recomputed_tokens: usize,
-    /// Tokens run through the model before the first output token.
+    /// Tokens run through the model other than one-token decode steps: the new prompt,
+    /// uncomputed history and recomputed tokens.
     pub prefilled_tokens: usize,
     /// Tokens generated.
     pub output_tokens: usize,
@@ -148,13 +160,13 @@ pub struct EngineStats {
     pub steps: u64,
     /// Turns finished (any reason).
     pub turns_finished: u64,
-    /// Tokens run through the model before first tokens (prompts, pending, recomputed).
+    /// Tokens run through the model other than decode steps (prompts, pending, recomputed).
     pub prefilled_tokens: u64,
     /// History tokens reused from the device tier.
     pub reused_device_tokens: u64,
     /// History tokens reused from the host tier.
     pub reused_host_tokens: u64,
-    /// History tokens recomputed after a drop.
+    /// Tokens recomputed after a drop (also work redone after a suspension).
     pub recomputed_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
@@ -166,6 +178,10 @@ pub struct EngineStats {
     pub chunks_dropped_from_device: u64,
     /// Chunks dropped from the host tier.
     pub chunks_dropped_from_host: u64,
+    /// Swap-outs whose copy failed (the chunk was dropped instead).
+    pub swap_out_failures: u64,
+    /// Swap-ins whose copy failed (the chunk was recomputed instead).
+    pub swap_in_failures: u64,
     /// Running turns suspended (swapped out and requeued) for lack of device slots.
     pub suspensions: u64,
     /// Device slots in use now.

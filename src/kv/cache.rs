@@ -1,17 +1,28 @@
-//! The cache manager: plans KV moves between tiers (Pensieve §4.3, thesis §3.4.3).
+//! The cache manager: every conversation's chunk table, and the moves of KV between tiers
+//! (Pensieve §4.3, thesis §3.4.3).
 //!
-//! It owns the device block allocator, the host pool and the eviction policy, and edits
-//! conversations' chunk tables. Moves are two-phase: planning marks a chunk `SwappingOut` /
-//! `SwappingIn` and books the destination; the executor copies the bytes; `complete_*` frees
-//! the source. Drops take effect at once (nothing to copy). Eviction picks, among the leading
-//! chunk of each unprotected conversation in a tier, the lowest value under the policy.
+//! It owns the device block allocator, the host pool, the eviction policy and one
+//! [`ChunkTable`] per conversation; a chunk table changes only through its methods. Moves are
+//! two-phase: planning marks a chunk `SwappingOut` / `SwappingIn` and books the destination
+//! (the plan's [`Moves`]); the executor copies the bytes; `complete_*` frees the source, or
+//! `abort_*` drops the chunk when the copy failed (counted). Drops take effect at once (nothing
+//! to copy). Eviction picks, among the leading chunk of each unprotected conversation in a
+//! tier, the lowest value under the policy. Ahead-of-time eviction only moves KV to a lower
+//! tier with free room; dropping happens only on demand.
+//!
+//! Invariants (checked by [`CacheManager::check`]): every allocated block and host chunk
+//! belongs to exactly one chunk of one table; the host pool never exceeds its budget; a table
+//! covers at least its computed tokens.
 //!
 //! Cost: one eviction scans the conversations, `O(conversations + chunks)`.
 
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::time::Instant;
 
-use super::{BlockAllocator, BlockId, Candidate, ChunkLoc, EvictionPolicy, HostChunkId, HostPool};
-use crate::conversation::{ConversationId, Conversations};
+use super::{BlockAllocator, BlockId, ChunkLoc, EvictionPolicy, HostChunkId, HostPool, Violation};
+use crate::ids::ConversationId;
+use crate::kv::policy::Candidate;
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,48 +44,110 @@ pub(crate) struct SwapIn {
     pub len: usize,
 }
 
-/// Counters the engine reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheCounters {
-    /// Bytes copied device → host.
-    pub bytes_swapped_out: u64,
-    /// Bytes copied host → device.
-    pub bytes_swapped_in: u64,
-    /// Chunks dropped from the device tier (no host room or no host tier).
-    pub chunks_dropped_from_device: u64,
-    /// Chunks dropped from the host tier.
-    pub chunks_dropped_from_host: u64,
+/// The copies one step does before its forward pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Moves {
+    pub swap_out: Vec<SwapOut>,
+    pub swap_in: Vec<SwapIn>,
 }
 
-/// Which tier an eviction takes from.
+impl Moves {
+    pub fn is_empty(&self) -> bool {
+        self.swap_out.is_empty() && self.swap_in.is_empty()
+    }
+}
+
+/// Why KV leaves the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tier {
-    Device,
-    Host,
+pub(crate) enum Eviction {
+    /// Blocks are needed now: swap to the host, making room there by dropping host chunks,
+    /// else drop.
+    OnDemand,
+    /// Keeping free blocks for later: swap only into free host room, never drop.
+    AheadOfTime,
+}
+
+/// Counters the engine reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CacheCounters {
+    pub bytes_swapped_out: u64,
+    pub bytes_swapped_in: u64,
+    pub chunks_dropped_from_device: u64,
+    pub chunks_dropped_from_host: u64,
+    /// Swap-outs whose copy failed: the chunk was dropped instead.
+    pub swap_out_failures: u64,
+    /// Swap-ins whose copy failed: the chunk is recomputed instead.
+    pub swap_in_failures: u64,
+}
+
+/// One conversation's KV: where each chunk lives and how far the KV has been computed.
+#[derive(Debug)]
+pub(crate) struct ChunkTable {
+    chunks: Vec<ChunkLoc>,
+    /// Tokens `[0, computed)` have had their KV computed (it may since have been dropped).
+    computed: usize,
+    /// When the conversation last ran; eviction's idle time counts from here.
+    last_active: Instant,
+}
+
+impl ChunkTable {
+    /// Where each chunk lives.
+    pub fn chunks(&self) -> &[ChunkLoc] {
+        &self.chunks
+    }
+
+    /// Tokens whose KV has been computed.
+    pub fn computed(&self) -> usize {
+        self.computed
+    }
+
+    /// Leading chunks that hold computed tokens.
+    fn computed_chunks(&self, chunk: usize) -> usize {
+        self.computed.div_ceil(chunk).min(self.chunks.len())
+    }
+
+    /// Computed tokens in chunk `i`.
+    fn chunk_len(&self, i: usize, chunk: usize) -> usize {
+        self.computed.saturating_sub(i * chunk).min(chunk)
+    }
+}
+
+/// What restoring a conversation for a turn found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Restore {
+    /// Dropped positions to recompute, in order, as maximal runs.
+    pub recompute: Vec<Range<usize>>,
+    /// Computed tokens already on the device (or reclaimed from a swap-out in flight).
+    pub on_device: usize,
+    /// Computed tokens being swapped in from the host.
+    pub from_host: usize,
 }
 
 #[derive(Debug)]
 pub(crate) struct CacheManager {
-    pub blocks: BlockAllocator,
-    pub host: HostPool,
+    blocks: BlockAllocator,
+    host: HostPool,
     policy: Box<dyn EvictionPolicy>,
     /// Host bytes of one KV-token.
     token_bytes: usize,
-    pub counters: CacheCounters,
+    tables: BTreeMap<ConversationId, ChunkTable>,
+    counters: CacheCounters,
 }
 
 impl CacheManager {
     pub fn new(
-        blocks: BlockAllocator,
-        host: HostPool,
+        num_blocks: usize,
+        chunk_size: usize,
+        host_bytes: usize,
         policy: Box<dyn EvictionPolicy>,
         token_bytes: usize,
     ) -> Self {
         Self {
-            blocks,
-            host,
+            blocks: BlockAllocator::new(num_blocks, chunk_size),
+            host: HostPool::new(host_bytes),
             policy,
             token_bytes,
+            tables: BTreeMap::new(),
             counters: CacheCounters::default(),
         }
     }
@@ -83,40 +156,106 @@ impl CacheManager {
         self.blocks.chunk_size()
     }
 
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.blocks.num_free()
+    }
+
+    pub fn host_used_bytes(&self) -> usize {
+        self.host.used_bytes()
+    }
+
+    pub fn counters(&self) -> CacheCounters {
+        self.counters
+    }
+
+    /// First slot of `block`.
+    pub fn first_slot(&self, block: BlockId) -> usize {
+        self.blocks.slot(block, 0) as usize
+    }
+
     /// Host bytes of `len` KV-tokens.
-    pub fn bytes_of(&self, len: usize) -> usize {
+    fn bytes_of(&self, len: usize) -> usize {
         len * self.token_bytes
     }
 
-    /// The lowest-value leading chunk in `tier` among conversations `protect` does not cover.
+    /// Starts an empty table for a new conversation.
+    pub fn open(&mut self, id: ConversationId, now: Instant) {
+        self.tables.insert(
+            id,
+            ChunkTable {
+                chunks: Vec::new(),
+                computed: 0,
+                last_active: now,
+            },
+        );
+    }
+
+    /// Releases everything `id` holds and forgets it.
+    pub fn close(&mut self, id: ConversationId) {
+        self.release_all(id);
+        self.tables.remove(&id);
+    }
+
+    pub fn table(&self, id: ConversationId) -> Option<&ChunkTable> {
+        self.tables.get(&id)
+    }
+
+    /// The device slot holding position `pos` of `id`, if attention can read it this step.
+    pub fn slot(&self, id: ConversationId, pos: usize) -> Option<u32> {
+        let chunk = self.chunk_size();
+        let block = self
+            .tables
+            .get(&id)?
+            .chunks
+            .get(pos / chunk)?
+            .readable_block()?;
+        Some(self.blocks.slot(block, pos % chunk))
+    }
+
+    /// Records that positions below `end` of `id` now have their KV computed.
+    pub fn mark_computed(&mut self, id: ConversationId, end: usize) {
+        if let Some(t) = self.tables.get_mut(&id) {
+            t.computed = t.computed.max(end);
+        }
+    }
+
+    /// Records activity of `id` at `now` (eviction's idle time restarts).
+    pub fn touch(&mut self, id: ConversationId, now: Instant) {
+        if let Some(t) = self.tables.get_mut(&id) {
+            t.last_active = now;
+        }
+    }
+
+    /// The lowest-value leading chunk in the tier `in_tier` matches, among conversations
+    /// `protect` does not cover.
     fn victim(
         &self,
-        convs: &Conversations,
-        tier: Tier,
+        in_tier: fn(&ChunkLoc) -> bool,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<(ConversationId, usize)> {
         let chunk = self.chunk_size();
         let mut best: Option<(f64, ConversationId, usize)> = None;
-        for (&id, conv) in convs {
+        for (&id, table) in &self.tables {
             if protect(id) {
                 continue;
             }
-            let computed = conv.computed_chunks(chunk).min(conv.chunks.len());
-            let lead = conv.chunks[..computed].iter().position(|loc| match tier {
-                Tier::Device => matches!(loc, ChunkLoc::Device(_)),
-                Tier::Host => matches!(loc, ChunkLoc::Host(_)),
-            });
-            let Some(i) = lead else { continue };
-            let idle_s = now
-                .saturating_duration_since(conv.last_active)
-                .as_secs_f64();
-            let c = Candidate {
-                start: i * chunk,
-                len: conv.chunk_len(i, chunk),
-                idle_s,
+            let computed = table.computed_chunks(chunk);
+            let Some(i) = table.chunks[..computed].iter().position(in_tier) else {
+                continue;
             };
-            let value = self.policy.value(&c);
+            let candidate = Candidate {
+                start: i * chunk,
+                len: table.chunk_len(i, chunk),
+                idle_s: now
+                    .saturating_duration_since(table.last_active)
+                    .as_secs_f64(),
+            };
+            let value = self.policy.value(&candidate);
             if best.is_none_or(|(v, _, _)| value < v) {
                 best = Some((value, id, i));
             }
@@ -125,80 +264,79 @@ impl CacheManager {
     }
 
     /// Evicts leading device chunks of unprotected conversations until `free + pending` device
-    /// blocks reach `target_free`, swapping to the host tier when it has (or can make) room and
-    /// dropping otherwise. Swap-outs free their blocks at commit; they are counted as pending.
+    /// blocks reach `target_free` (swap-outs free their blocks at commit; they count as
+    /// pending), or until `how` allows no more.
     pub fn evict_device(
         &mut self,
-        convs: &mut Conversations,
         protect: &dyn Fn(ConversationId) -> bool,
         target_free: usize,
+        how: Eviction,
         now: Instant,
-        swaps: &mut Vec<SwapOut>,
+        moves: &mut Moves,
     ) {
-        while self.blocks.num_free() + swaps.len() < target_free {
-            let Some((id, i)) = self.victim(convs, Tier::Device, protect, now) else {
+        let on_device = |l: &ChunkLoc| matches!(l, ChunkLoc::Device(_));
+        while self.blocks.num_free() + moves.swap_out.len() < target_free {
+            let Some((id, i)) = self.victim(on_device, protect, now) else {
                 break;
             };
-            if !self.evict_chunk(convs, id, i, protect, now, swaps) {
+            if !self.evict_chunk(id, i, protect, how, now, moves) {
                 break;
             }
         }
     }
 
-    /// Evicts every device chunk of `id`, leading first (suspension of a running turn).
+    /// Evicts every device chunk of `id`, leading first (suspension of a running turn). The
+    /// caller settles the turn first, so every chunk left holds computed tokens.
     pub fn evict_conversation(
         &mut self,
-        convs: &mut Conversations,
         id: ConversationId,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
-        swaps: &mut Vec<SwapOut>,
+        moves: &mut Moves,
     ) {
-        let n = convs.get(&id).map_or(0, |c| c.chunks.len());
+        let n = self.tables.get(&id).map_or(0, |t| t.chunks.len());
         for i in 0..n {
-            self.evict_chunk(convs, id, i, protect, now, swaps);
+            self.evict_chunk(id, i, protect, Eviction::OnDemand, now, moves);
         }
     }
 
-    /// Moves chunk `i` of `id` off the device: to the host tier if it has or can make room
-    /// (dropping host chunks of conversations `protect` does not cover), else dropped.
-    /// `false` if the chunk was not on the device.
+    /// Moves chunk `i` of `id` off the device: to the host tier if it has room (on demand,
+    /// dropping host chunks of conversations `protect` does not cover to make it), else
+    /// dropped on demand. `false` if the chunk did not move.
     fn evict_chunk(
         &mut self,
-        convs: &mut Conversations,
         id: ConversationId,
         i: usize,
         protect: &dyn Fn(ConversationId) -> bool,
+        how: Eviction,
         now: Instant,
-        swaps: &mut Vec<SwapOut>,
+        moves: &mut Moves,
     ) -> bool {
         let chunk = self.chunk_size();
-        let Some(len) = convs.get(&id).and_then(|c| match c.chunks.get(i) {
-            Some(ChunkLoc::Device(_)) => Some(c.chunk_len(i, chunk)),
+        let Some((block, len)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
+            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk))),
             _ => None,
         }) else {
             return false;
         };
         let bytes = self.bytes_of(len);
-        let host = match self.host.reserve(bytes) {
-            Some(h) => Some(h),
-            None if bytes <= self.host.budget_bytes() => {
+        let host = match (self.host.reserve(bytes), how) {
+            (Some(h), _) => Some(h),
+            (None, Eviction::AheadOfTime) => return false,
+            (None, Eviction::OnDemand) if bytes <= self.host.budget_bytes() => {
                 let spare = |c: ConversationId| c == id || protect(c);
-                self.make_host_room(convs, bytes, &spare, now);
+                self.make_host_room(bytes, &spare, now);
                 self.host.reserve(bytes)
             }
-            None => None,
+            (None, Eviction::OnDemand) => None,
         };
-        let Some(conv) = convs.get_mut(&id) else {
-            return false;
-        };
-        let ChunkLoc::Device(block) = conv.chunks[i] else {
+        let Some(table) = self.tables.get_mut(&id) else {
             return false;
         };
         match host {
             Some(host) => {
-                conv.chunks[i] = ChunkLoc::SwappingOut { block, host };
-                swaps.push(SwapOut {
+                table.chunks[i] = ChunkLoc::SwappingOut { block, host };
+                moves.swap_out.push(SwapOut {
                     conv: id,
                     chunk: i,
                     block,
@@ -207,7 +345,7 @@ impl CacheManager {
                 });
             }
             None => {
-                conv.chunks[i] = ChunkLoc::Dropped;
+                table.chunks[i] = ChunkLoc::Dropped;
                 self.blocks.release(block);
                 self.counters.chunks_dropped_from_device += 1;
             }
@@ -219,144 +357,159 @@ impl CacheManager {
     /// `bytes` fit in the host pool (or nothing more can be dropped).
     fn make_host_room(
         &mut self,
-        convs: &mut Conversations,
         bytes: usize,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
+        let on_host = |l: &ChunkLoc| matches!(l, ChunkLoc::Host(_));
         while self.host.free_bytes() < bytes {
-            let Some((id, i)) = self.victim(convs, Tier::Host, protect, now) else {
+            let Some((id, i)) = self.victim(on_host, protect, now) else {
                 return;
             };
-            let Some(conv) = convs.get_mut(&id) else {
+            let Some(table) = self.tables.get_mut(&id) else {
                 return;
             };
-            if let ChunkLoc::Host(h) = conv.chunks[i] {
+            if let ChunkLoc::Host(h) = table.chunks[i] {
                 self.host.release(h);
-                conv.chunks[i] = ChunkLoc::Dropped;
+                table.chunks[i] = ChunkLoc::Dropped;
                 self.counters.chunks_dropped_from_host += 1;
             }
         }
     }
 
     /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
-    pub fn blocks_to_restore(convs: &Conversations, id: ConversationId) -> usize {
-        convs.get(&id).map_or(0, |c| {
-            c.chunks
+    pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
+        self.tables.get(&id).map_or(0, |t| {
+            t.chunks
                 .iter()
                 .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Dropped))
                 .count()
         })
     }
 
-    /// Plans the restore of conversation `id`: host chunks swapped in, dropped chunks given a
-    /// block to be recomputed into. Returns the recompute runs `[start, end)` in position
-    /// order, or `None` (and plans nothing) when the device lacks free blocks.
-    pub fn restore(
-        &mut self,
-        convs: &mut Conversations,
-        id: ConversationId,
-        swaps: &mut Vec<SwapIn>,
-    ) -> Option<Vec<std::ops::Range<usize>>> {
-        if Self::blocks_to_restore(convs, id) > self.blocks.num_free() {
+    /// Plans the restore of `id` for a turn: host chunks swapped in, dropped chunks given a
+    /// block to be recomputed into, and chunks still being swapped out this step reclaimed
+    /// (their copy is cancelled: the block still holds the KV). `None`, with nothing planned,
+    /// when the device lacks free blocks.
+    pub fn restore(&mut self, id: ConversationId, moves: &mut Moves) -> Option<Restore> {
+        if self.blocks_to_restore(id) > self.blocks.num_free() {
             return None;
         }
         let chunk = self.chunk_size();
-        let conv = convs.get_mut(&id)?;
-        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-        for i in 0..conv.chunks.len() {
-            let len = conv.chunk_len(i, chunk);
-            match conv.chunks[i] {
+        let table = self.tables.get_mut(&id)?;
+        let mut out = Restore::default();
+        for i in 0..table.chunks.len() {
+            let len = table.chunk_len(i, chunk);
+            match table.chunks[i] {
+                ChunkLoc::Device(_) | ChunkLoc::SwappingIn { .. } | ChunkLoc::Recomputing(_) => {
+                    out.on_device += len;
+                }
+                ChunkLoc::SwappingOut { block, host } => {
+                    moves.swap_out.retain(|s| (s.conv, s.chunk) != (id, i));
+                    self.host.release(host);
+                    table.chunks[i] = ChunkLoc::Device(block);
+                    out.on_device += len;
+                }
                 ChunkLoc::Host(host) => {
                     let block = self.blocks.allocate()?;
-                    conv.chunks[i] = ChunkLoc::SwappingIn { host, block };
-                    swaps.push(SwapIn {
+                    table.chunks[i] = ChunkLoc::SwappingIn { host, block };
+                    moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
                         host,
                         block,
                         len,
                     });
+                    out.from_host += len;
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;
-                    conv.chunks[i] = ChunkLoc::Recomputing(block);
-                    let (s, e) = (i * chunk, i * chunk + len);
-                    match runs.last_mut() {
-                        Some(r) if r.end == s => r.end = e,
-                        _ => runs.push(s..e),
+                    table.chunks[i] = ChunkLoc::Recomputing(block);
+                    let run = i * chunk..i * chunk + len;
+                    match out.recompute.last_mut() {
+                        Some(r) if r.end == run.start => r.end = run.end,
+                        _ => out.recompute.push(run),
                     }
                 }
-                _ => {}
             }
         }
-        Some(runs)
+        Some(out)
     }
 
-    /// Marks a swap-out done: the block returns to the free list, the chunk is on the host.
-    pub fn complete_swap_out(&mut self, convs: &mut Conversations, s: &SwapOut) {
+    /// A swap-out's bytes were copied: they go into the booked host chunk and the block is
+    /// freed. If the host no longer has the booking, the chunk is dropped (counted).
+    pub fn complete_swap_out(&mut self, s: &SwapOut, data: Vec<f32>) {
+        if !self.host.store(s.host, data) {
+            self.abort_swap_out(s);
+            return;
+        }
         self.blocks.release(s.block);
         self.counters.bytes_swapped_out += self.bytes_of(s.len) as u64;
-        if let Some(conv) = convs.get_mut(&s.conv) {
-            conv.chunks[s.chunk] = ChunkLoc::Host(s.host);
+        if let Some(t) = self.tables.get_mut(&s.conv) {
+            t.chunks[s.chunk] = ChunkLoc::Host(s.host);
         }
     }
 
-    /// Marks a swap-in done: the chunk is on the device.
-    pub fn complete_swap_in(&mut self, convs: &mut Conversations, s: &SwapIn) {
+    /// A swap-out whose copy failed: the chunk is dropped (its raw tokens rebuild it).
+    pub fn abort_swap_out(&mut self, s: &SwapOut) {
+        self.blocks.release(s.block);
+        self.host.release(s.host);
+        self.counters.swap_out_failures += 1;
+        self.counters.chunks_dropped_from_device += 1;
+        if let Some(t) = self.tables.get_mut(&s.conv) {
+            t.chunks[s.chunk] = ChunkLoc::Dropped;
+        }
+    }
+
+    /// Hands over a swap-in's bytes, freeing the host chunk; `None` if they are gone.
+    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Vec<f32>> {
+        self.host.take(s.host)
+    }
+
+    /// A swap-in's bytes are on the device.
+    pub fn complete_swap_in(&mut self, s: &SwapIn) {
         self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
-        if let Some(conv) = convs.get_mut(&s.conv) {
-            conv.chunks[s.chunk] = ChunkLoc::Device(s.block);
+        if let Some(t) = self.tables.get_mut(&s.conv) {
+            t.chunks[s.chunk] = ChunkLoc::Device(s.block);
         }
     }
 
-    /// A swap whose copy failed: the chunk is dropped (its raw tokens rebuild it).
-    pub fn abort_swap(&mut self, convs: &mut Conversations, conv: ConversationId, chunk: usize) {
-        let Some(c) = convs.get_mut(&conv) else {
-            return;
+    /// A swap-in whose copy failed: the chunk is dropped (recomputed when next needed).
+    pub fn abort_swap_in(&mut self, s: &SwapIn) {
+        self.blocks.release(s.block);
+        self.host.release(s.host);
+        self.counters.swap_in_failures += 1;
+        if let Some(t) = self.tables.get_mut(&s.conv) {
+            t.chunks[s.chunk] = ChunkLoc::Dropped;
+        }
+    }
+
+    /// Gives `id` one more block, for tokens about to be computed; `false` if the device is
+    /// full.
+    pub fn grow(&mut self, id: ConversationId) -> bool {
+        let Some(table) = self.tables.get_mut(&id) else {
+            return false;
         };
-        match c.chunks[chunk] {
-            ChunkLoc::SwappingOut { block, host } | ChunkLoc::SwappingIn { host, block } => {
-                self.blocks.release(block);
-                self.host.release(host);
-                c.chunks[chunk] = ChunkLoc::Dropped;
+        match self.blocks.allocate() {
+            Some(block) => {
+                table.chunks.push(ChunkLoc::Device(block));
+                true
             }
-            _ => {}
+            None => false,
         }
     }
 
-    /// Gives a block to chunk `i` of `id` for tokens about to be computed; `None` if the
-    /// device is full.
-    pub fn grow(&mut self, convs: &mut Conversations, id: ConversationId) -> Option<BlockId> {
-        let block = self.blocks.allocate()?;
-        match convs.get_mut(&id) {
-            Some(conv) => {
-                conv.chunks.push(ChunkLoc::Device(block));
-                Some(block)
-            }
-            None => {
-                self.blocks.release(block);
-                None
-            }
-        }
-    }
-
-    /// After a turn ends: recomputations that did not finish go back to `Dropped`, and blocks
-    /// reserved past the computed tokens are released.
-    pub fn settle(
-        &mut self,
-        convs: &mut Conversations,
-        id: ConversationId,
-        recomputed_upto: usize,
-    ) {
+    /// After a turn ends or is suspended: recomputations that did not finish go back to
+    /// `Dropped`, and blocks reserved past the computed tokens are released.
+    pub fn settle(&mut self, id: ConversationId, recomputed_upto: usize) {
         let chunk = self.chunk_size();
-        let Some(conv) = convs.get_mut(&id) else {
+        let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        for i in 0..conv.chunks.len() {
-            if let ChunkLoc::Recomputing(block) = conv.chunks[i] {
-                let end = i * chunk + conv.chunk_len(i, chunk);
-                conv.chunks[i] = if end <= recomputed_upto {
+        for i in 0..table.chunks.len() {
+            if let ChunkLoc::Recomputing(block) = table.chunks[i] {
+                let end = i * chunk + table.chunk_len(i, chunk);
+                table.chunks[i] = if end <= recomputed_upto {
                     ChunkLoc::Device(block)
                 } else {
                     self.blocks.release(block);
@@ -364,21 +517,21 @@ impl CacheManager {
                 };
             }
         }
-        let keep = conv.computed_chunks(chunk);
-        for loc in conv.chunks.drain(keep.min(conv.chunks.len())..) {
+        let keep = table.computed_chunks(chunk);
+        for loc in table.chunks.drain(keep..) {
             if let ChunkLoc::Device(b) = loc {
                 self.blocks.release(b);
             }
         }
     }
 
-    /// Releases every block and host chunk of `id` (stateless mode after a turn, or close).
-    /// With `forget`, the chunk table is cleared; otherwise every chunk becomes `Dropped`.
-    pub fn release_all(&mut self, convs: &mut Conversations, id: ConversationId, forget: bool) {
-        let Some(conv) = convs.get_mut(&id) else {
+    /// Releases every block and host chunk of `id` (stateless mode after a turn, or close):
+    /// every chunk becomes `Dropped`, to be recomputed from the raw tokens.
+    pub fn release_all(&mut self, id: ConversationId) {
+        let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        for loc in conv.chunks.iter_mut() {
+        for loc in table.chunks.iter_mut() {
             match *loc {
                 ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) => {
                     self.blocks.release(b);
@@ -392,26 +545,25 @@ impl CacheManager {
             }
             *loc = ChunkLoc::Dropped;
         }
-        if forget {
-            conv.chunks.clear();
-        }
     }
 
-    /// Checks the invariants against the conversation table: every allocated block and host
-    /// chunk belongs to exactly one chunk, budgets hold. Returns a description of the first
-    /// violation.
-    pub fn check(&self, convs: &Conversations) -> Result<(), String> {
-        let mut blocks = vec![0u32; self.blocks.num_blocks()];
-        let mut host_chunks = 0usize;
-        for (id, conv) in convs {
-            if conv.chunks.len() * self.chunk_size() < conv.kv_len {
-                return Err(format!(
-                    "{id}: chunk table shorter than its {} tokens",
-                    conv.kv_len
-                ));
+    /// Checks the invariants of the module header.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found.
+    pub fn check(&self) -> Result<(), Violation> {
+        let mut owners = vec![0usize; self.blocks.num_blocks()];
+        let mut named_host = 0usize;
+        for (&conversation, table) in &self.tables {
+            if table.chunks.len() * self.chunk_size() < table.computed {
+                return Err(Violation::ShortChunkTable {
+                    conversation,
+                    chunks: table.chunks.len(),
+                    computed: table.computed,
+                });
             }
-            for loc in &conv.chunks {
-                let (b, h) = match *loc {
+            for (chunk, loc) in table.chunks.iter().enumerate() {
+                let (block, on_host) = match *loc {
                     ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) => (Some(b), false),
                     ChunkLoc::Host(_) => (None, true),
                     ChunkLoc::SwappingOut { block, .. } | ChunkLoc::SwappingIn { block, .. } => {
@@ -419,34 +571,44 @@ impl CacheManager {
                     }
                     ChunkLoc::Dropped => (None, false),
                 };
-                if let Some(b) = b {
+                if let Some(b) = block {
                     if !self.blocks.is_allocated(b) {
-                        return Err(format!("{id}: {b} used but free"));
+                        return Err(Violation::FreeBlockInUse {
+                            conversation,
+                            chunk,
+                            block: b.0,
+                        });
                     }
-                    blocks[b.0 as usize] += 1;
+                    owners[b.0 as usize] += 1;
                 }
-                host_chunks += usize::from(h);
+                named_host += usize::from(on_host);
             }
         }
-        if let Some(b) = blocks.iter().position(|&n| n > 1) {
-            return Err(format!("block {b} owned by {} chunks", blocks[b]));
+        if let Some(b) = owners.iter().position(|&n| n > 1) {
+            return Err(Violation::SharedBlock {
+                block: b as u32,
+                owners: owners[b],
+            });
         }
-        let owned = blocks.iter().filter(|&&n| n == 1).count();
+        let owned = owners.iter().filter(|&&n| n == 1).count();
         if owned + self.blocks.num_free() != self.blocks.num_blocks() {
-            return Err(format!(
-                "slot leak: {owned} owned + {} free != {} blocks",
-                self.blocks.num_free(),
-                self.blocks.num_blocks()
-            ));
+            return Err(Violation::LeakedBlocks {
+                owned,
+                free: self.blocks.num_free(),
+                total: self.blocks.num_blocks(),
+            });
         }
-        if host_chunks != self.host.len() {
-            return Err(format!(
-                "host holds {} chunks, tables name {host_chunks}",
-                self.host.len()
-            ));
+        if named_host != self.host.len() {
+            return Err(Violation::HostMismatch {
+                held: self.host.len(),
+                named: named_host,
+            });
         }
         if self.host.used_bytes() > self.host.budget_bytes() {
-            return Err("host budget exceeded".into());
+            return Err(Violation::HostOverBudget {
+                used: self.host.used_bytes(),
+                budget: self.host.budget_bytes(),
+            });
         }
         Ok(())
     }

@@ -96,11 +96,6 @@ impl HostPool {
     pub fn len(&self) -> usize {
         self.entries.len() - self.free_ids.len()
     }
-
-    /// Whether no chunk is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

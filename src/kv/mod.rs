@@ -1,27 +1,30 @@
-//! KV storage and bookkeeping (Pensieve §4.3, AttentionStore §3.2–3.4): the device pool of
-//! slots that attention reads, the block allocator over it, the host tier, the eviction
-//! policies and the cache manager that plans moves between tiers.
+//! KV bookkeeping (Pensieve §4.3, AttentionStore §3.2–3.4): the block allocator over the
+//! device pool, the host tier, the eviction policies and the cache manager that owns every
+//! conversation's chunk table and plans moves between tiers.
 //!
-//! Only [`KvPool`] touches tensors; everything else moves ids, so the bookkeeping unit-tests
-//! without a model.
+//! Nothing here touches tensors or knows the model: this layer moves ids, and
+//! [`crate::attention::KvPool`] moves the bytes the executor asks it to. So the bookkeeping
+//! unit-tests without a model (and `tests/layering.rs` keeps it that way).
 
 mod allocator;
-pub(crate) mod cache;
+mod cache;
 mod host;
 mod policy;
-mod pool;
 
-pub use allocator::{BlockAllocator, BlockId};
-pub use host::{HostChunkId, HostPool};
-pub use policy::{Candidate, CostModel, EvictionPolicy, LruPolicy, ValuePolicy};
-pub use pool::KvPool;
+pub(crate) use allocator::{BlockAllocator, BlockId};
+pub(crate) use cache::{CacheManager, Eviction, Moves};
+pub(crate) use host::{HostChunkId, HostPool};
+pub use policy::CostModel;
+pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
+
+use crate::ids::ConversationId;
 
 /// Where one chunk of a conversation's KV lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChunkLoc {
+pub(crate) enum ChunkLoc {
     /// In the device pool, readable by attention.
     Device(BlockId),
-    /// Being copied device → host this step (both copies pinned until the step commits).
+    /// Being copied device → host this step (both copies booked until the step commits).
     SwappingOut {
         /// Source block.
         block: BlockId,
@@ -41,4 +44,87 @@ pub enum ChunkLoc {
     Dropped,
     /// Dropped and being recomputed into `block` by the running turn.
     Recomputing(BlockId),
+}
+
+impl ChunkLoc {
+    /// The device block attention may read this step, if any.
+    pub(crate) fn readable_block(self) -> Option<BlockId> {
+        match self {
+            ChunkLoc::Device(b)
+            | ChunkLoc::Recomputing(b)
+            | ChunkLoc::SwappingIn { block: b, .. } => Some(b),
+            ChunkLoc::SwappingOut { .. } | ChunkLoc::Host(_) | ChunkLoc::Dropped => None,
+        }
+    }
+}
+
+/// A broken cache invariant: a bookkeeping bug, never a caller's mistake.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    /// A conversation's chunk table covers fewer tokens than it has computed.
+    #[error("{conversation}: chunk table of {chunks} chunks is shorter than its {computed} computed tokens")]
+    ShortChunkTable {
+        /// The conversation.
+        conversation: ConversationId,
+        /// Chunks in its table.
+        chunks: usize,
+        /// Tokens it has computed.
+        computed: usize,
+    },
+    /// A chunk names a block the allocator holds as free.
+    #[error("{conversation}: chunk {chunk} uses free block {block}")]
+    FreeBlockInUse {
+        /// The conversation.
+        conversation: ConversationId,
+        /// Its chunk index.
+        chunk: usize,
+        /// The block.
+        block: u32,
+    },
+    /// Two chunks name the same block.
+    #[error("block {block} is owned by {owners} chunks")]
+    SharedBlock {
+        /// The block.
+        block: u32,
+        /// How many chunks name it.
+        owners: usize,
+    },
+    /// Allocated blocks that no chunk names.
+    #[error("slot leak: {owned} owned + {free} free blocks != {total}")]
+    LeakedBlocks {
+        /// Blocks named by chunks.
+        owned: usize,
+        /// Blocks on the free list.
+        free: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
+    /// The host pool holds chunks that no table names, or the reverse.
+    #[error("host pool holds {held} chunks but the chunk tables name {named}")]
+    HostMismatch {
+        /// Chunks the host pool holds or has booked.
+        held: usize,
+        /// Chunks the tables place on the host.
+        named: usize,
+    },
+    /// A tier holds more than its budget.
+    #[error("host tier uses {used} bytes of a {budget}-byte budget")]
+    HostOverBudget {
+        /// Bytes in use.
+        used: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// A row of a step needs a position whose KV is not readable on the device.
+    #[error("{conversation}: position {position} has no device slot")]
+    MissingSlot {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The position.
+        position: usize,
+    },
+    /// A turn is in the turn table but in neither queue, or in a queue but not in the table.
+    #[error("{0} is not consistently queued")]
+    LostRequest(crate::ids::RequestId),
 }

@@ -3,6 +3,7 @@
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
+use crate::attention::KvShape;
 use crate::{Error, Result};
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -93,9 +94,13 @@ impl LlamaConfig {
         Ok(())
     }
 
-    /// Bytes of one KV-token (K and V, every layer) at `bytes_per_value`.
-    pub fn kv_token_bytes(&self, bytes_per_value: usize) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+    /// The shape of one KV-token, as the KV pool stores it.
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            num_layers: self.num_layers,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+        }
     }
 
     /// Reads the config of a `llama` GGUF file.
@@ -266,7 +271,7 @@ mod tests {
             (64, 3, RopeVariant::HalfSplit)
         );
         assert!(c.tie_word_embeddings);
-        assert_eq!(c.kv_token_bytes(4), 2 * 30 * 3 * 64 * 4);
+        assert_eq!(c.kv_shape().token_bytes(4), 2 * 30 * 3 * 64 * 4);
     }
 
     #[test]

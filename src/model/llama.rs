@@ -20,8 +20,7 @@ use candle_core::{DType, Device, Module, Tensor, D};
 
 use super::config::{LlamaConfig, RopeVariant};
 use super::small_matmul;
-use crate::attention::{attention, AttentionBatch};
-use crate::kv::KvPool;
+use crate::attention::{attention, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
 /// How linear-layer weights are held in memory and multiplied.

@@ -10,6 +10,7 @@ mod detokenize;
 mod llama;
 mod small_matmul;
 mod source;
+mod tiny;
 mod tokenizer;
 
 use std::path::Path;
@@ -49,17 +50,60 @@ impl Default for LoadOptions {
 /// A loaded model with its tokenizer and chat template.
 #[derive(Debug)]
 pub struct Model {
-    /// The network.
-    pub llama: Llama,
-    /// The tokenizer shipped with the weights.
-    pub tokenizer: Tokenizer,
-    /// The model's chat template, when it ships one.
-    pub template: Option<ChatTemplate>,
-    /// Tokens that end a reply (end of turn, end of text).
-    pub eos_token_ids: Vec<u32>,
+    llama: Llama,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    eos_token_ids: Vec<u32>,
 }
 
 impl Model {
+    /// A model from its parts: the network, the tokenizer of its vocabulary, its chat template
+    /// (if any) and the tokens that end a reply.
+    pub fn new(
+        llama: Llama,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        eos_token_ids: Vec<u32>,
+    ) -> Self {
+        Self {
+            llama,
+            tokenizer,
+            template,
+            eos_token_ids,
+        }
+    }
+
+    /// The same tokenizer and template over other weights (random weights of a larger shape,
+    /// for throughput studies).
+    pub fn with_llama(self, llama: Llama) -> Self {
+        Self { llama, ..self }
+    }
+
+    /// The network.
+    pub fn llama(&self) -> &Llama {
+        &self.llama
+    }
+
+    /// The network's hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        self.llama.config()
+    }
+
+    /// The tokenizer shipped with the weights.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, when it ships one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// Tokens that end a reply (end of turn, end of text).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
     /// Resolves `source` and loads it.
     ///
     /// # Errors

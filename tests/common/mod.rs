@@ -2,9 +2,7 @@
 //! `scripts/fetch-assets`, which the README's test command runs first).
 #![allow(dead_code)]
 
-pub mod tiny;
-
-use pensieve::kv::KvPool;
+use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 
 pub fn real_model(format: WeightFormat) -> Model {
@@ -29,9 +27,9 @@ pub fn greedy(
     slots_for: impl Fn(usize) -> u32,
     n_slots: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let llama = &model.llama;
+    let llama = model.llama();
     let pool = KvPool::new(
-        llama.config(),
+        llama.config().kv_shape(),
         n_slots,
         candle_core::DType::F32,
         llama.device(),
@@ -138,9 +136,9 @@ pub fn chat_prompt(model: &Model, user: &str) -> Vec<u32> {
 
 /// Logits at every position of `tokens`, computed in one stateless pass (the reference).
 pub fn score_all(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let llama = &model.llama;
+    let llama = model.llama();
     let pool = KvPool::new(
-        llama.config(),
+        llama.config().kv_shape(),
         tokens.len(),
         candle_core::DType::F32,
         llama.device(),

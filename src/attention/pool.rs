@@ -1,13 +1,32 @@
-//! The device KV pool: per layer, a K and a V tensor of `[n_slots, n_kv_heads, head_dim]`.
+//! The device KV pool that attention reads: per layer, a K and a V tensor of
+//! `[n_slots, n_kv_heads, head_dim]`, and the copies of whole chunks to and from host memory.
 //!
 //! Slot `s` addresses the same token in every layer. Writes go in place (candle's
 //! `scatter_set`, which every backend implements), so a step costs `O(new tokens)` copies, not
-//! `O(pool)`. Which slot belongs to whom is decided elsewhere; this type only stores bytes.
+//! `O(pool)`. Which slot belongs to whom is decided by the cache manager (`crate::kv`), which
+//! moves ids only; this type is the one that moves KV bytes.
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::LlamaConfig;
 use crate::{Error, Result};
+
+/// The shape of one KV-token: what the pool needs to know about a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// KV heads per layer.
+    pub num_kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Bytes of one KV-token (K and V of every layer) at `dtype_bytes` per value.
+    pub fn token_bytes(&self, dtype_bytes: usize) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    }
+}
 
 /// Per-layer K and V tensors of a fixed number of slots.
 #[derive(Debug)]
@@ -19,28 +38,23 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    /// A zeroed pool of `n_slots` slots for `config`'s shape, in `dtype` on `device`.
+    /// A zeroed pool of `n_slots` slots of `shape`, in `dtype` on `device`.
     ///
     /// # Errors
     /// [`Error::Candle`] when the device cannot allocate it.
-    pub fn new(
-        config: &LlamaConfig,
-        n_slots: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Self> {
-        let shape = (n_slots, config.num_kv_heads, config.head_dim);
-        let mut k = Vec::with_capacity(config.num_layers);
-        let mut v = Vec::with_capacity(config.num_layers);
-        for _ in 0..config.num_layers {
-            k.push(Tensor::zeros(shape, dtype, device)?);
-            v.push(Tensor::zeros(shape, dtype, device)?);
+    pub fn new(shape: KvShape, n_slots: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let dims = (n_slots, shape.num_kv_heads, shape.head_dim);
+        let mut k = Vec::with_capacity(shape.num_layers);
+        let mut v = Vec::with_capacity(shape.num_layers);
+        for _ in 0..shape.num_layers {
+            k.push(Tensor::zeros(dims, dtype, device)?);
+            v.push(Tensor::zeros(dims, dtype, device)?);
         }
         Ok(Self {
             k,
             v,
             n_slots,
-            row: config.num_kv_heads * config.head_dim,
+            row: shape.num_kv_heads * shape.head_dim,
         })
     }
 

@@ -1,0 +1,309 @@
+//! Replays real multi-turn conversations through the engine in real time and measures what the
+//! papers measure (Pensieve §6, AttentionStore §4): throughput, time to first token, and
+//! normalized latency (turn latency per output token), for the stateless baseline, a device-only
+//! cache and the tiered cache.
+//!
+//! ```text
+//! cargo run --release --example replay -- --mode tiered --rate 0.5          # open loop
+//! cargo run --release --example replay -- --mode stateless --concurrency 8  # closed loop
+//! cargo run --release --example replay -- --sweep 0.1,0.2,0.4 --out target/replay
+//! ```
+//! The workload is ShareGPT (conversations with at least `--min-turns` turns, real user text,
+//! each reply forced to the original reply's length in tokens) or a JSON-lines `--trace`.
+//! Open loop: conversations arrive as a Poisson process and each user thinks before the next
+//! turn (100 ms per output token, at least 5 s, times `--think-scale`). Closed loop: N
+//! conversations in flight, each sending its next turn as soon as its reply is complete.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use common::{positive, positive_f64, EngineArgs, Mode};
+use indicatif::{ProgressBar, ProgressStyle};
+use pensieve::engine::{CostProfile, Engine, EngineConfig};
+use pensieve::model::{Llama, LlamaConfig, Model};
+use pensieve::workload::{default_sharegpt_path, read_sharegpt, read_trace, ConversationSpec};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+#[path = "../common/mod.rs"]
+mod common;
+mod driver;
+mod plot;
+mod report;
+
+use report::Summary;
+
+pub(crate) type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Llama shapes for `--model-shape`: random weights, the tokenizer and template of `--model`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Shape {
+    /// SmolLM2-360M: 32 layers, width 960, 15 heads over 5 kv heads.
+    #[value(name = "360m")]
+    M360,
+    /// Llama 3.2 1B: 16 layers, width 2048, 32 heads over 8 kv heads.
+    #[value(name = "1b")]
+    B1,
+    /// Llama 3.2 3B: 28 layers, width 3072, 24 heads over 8 kv heads of 128.
+    #[value(name = "3b")]
+    B3,
+}
+
+impl Shape {
+    fn config(self, vocab_size: usize) -> pensieve::Result<LlamaConfig> {
+        let (hidden, inter, layers, heads, kv_heads, theta) = match self {
+            Shape::M360 => (960, 2560, 32, 15, 5, 100_000.0),
+            Shape::B1 => (2048, 8192, 16, 32, 8, 500_000.0),
+            Shape::B3 => (3072, 8192, 28, 24, 8, 500_000.0),
+        };
+        LlamaConfig::from_hf_json(&format!(
+            r#"{{"vocab_size":{vocab_size},"hidden_size":{hidden},"intermediate_size":{inter},
+                "num_hidden_layers":{layers},"num_attention_heads":{heads},
+                "num_key_value_heads":{kv_heads},"rms_norm_eps":1e-5,"rope_theta":{theta},
+                "max_position_embeddings":8192,"tie_word_embeddings":true}}"#
+        ))
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Replay multi-turn conversations and measure against stateless serving")]
+struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Random weights of a larger Llama shape (tokenizer and template still from `--model`).
+    #[arg(long, value_enum)]
+    model_shape: Option<Shape>,
+    /// ShareGPT JSON file (default: the one `scripts/fetch-assets` fetched).
+    #[arg(long)]
+    sharegpt: Option<PathBuf>,
+    /// JSON-lines trace instead of ShareGPT.
+    #[arg(long, conflicts_with = "sharegpt")]
+    trace: Option<PathBuf>,
+    /// Conversations to replay: sampled from ShareGPT (default 16), or the first N of a
+    /// `--trace` (default: all of it).
+    #[arg(long, value_parser = positive)]
+    conversations: Option<usize>,
+    /// ShareGPT conversations with fewer user → assistant turns are left out.
+    #[arg(long, default_value_t = 5)]
+    min_turns: usize,
+    /// Turns replayed per conversation at most.
+    #[arg(long, default_value_t = 8, value_parser = positive)]
+    max_turns: usize,
+    /// Cap on each reply's forced length in tokens.
+    #[arg(long, default_value_t = 128, value_parser = positive)]
+    max_output: usize,
+    /// Cap on each user message in tokens (ShareGPT has pasted documents); 0 = no cap.
+    #[arg(long, default_value_t = 512)]
+    max_input: usize,
+    /// Open loop: conversation arrivals per second (Poisson).
+    #[arg(long, default_value_t = 0.5, value_parser = positive_f64)]
+    rate: f64,
+    /// Scales the user think time (1 = the papers' 100 ms per output token, at least 5 s).
+    #[arg(long, default_value_t = 1.0)]
+    think_scale: f64,
+    /// Closed loop with this many conversations in flight instead of the open loop.
+    #[arg(long, value_parser = positive)]
+    concurrency: Option<usize>,
+    /// Seed of the conversation sample and the arrivals.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Most tokens one step runs through the model.
+    #[arg(long, default_value_t = 512, value_parser = positive)]
+    step_tokens: usize,
+    /// Print one JSON object per run on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Open-loop rates to run for all three modes; writes a CSV and a PNG plot into `--out`.
+    #[arg(long, value_delimiter = ',', conflicts_with = "sweep_concurrency")]
+    sweep: Option<Vec<f64>>,
+    /// Closed-loop concurrencies to run for all three modes, like `--sweep`.
+    #[arg(long, value_delimiter = ',')]
+    sweep_concurrency: Option<Vec<usize>>,
+    /// Folder for the sweep's CSV files and plot.
+    #[arg(long, default_value = "target/replay")]
+    out: PathBuf,
+    /// Redraw `sweep.png` in this folder from its `sweep.csv` and `ttft_by_turn.csv`, then exit.
+    #[arg(long)]
+    replot: Option<PathBuf>,
+}
+
+/// How load is offered.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Load {
+    /// Poisson arrivals at `rate` per second, think time scaled by `think_scale`.
+    Open { rate: f64, think_scale: f64 },
+    /// `concurrency` conversations in flight, no think time.
+    Closed { concurrency: usize },
+}
+
+impl Load {
+    pub(crate) fn label(self) -> String {
+        match self {
+            Load::Open { rate, .. } => format!("rate {rate}/s"),
+            Load::Closed { concurrency } => format!("{concurrency} in flight"),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    common::exit_code(run(Args::parse()))
+}
+
+fn run(args: Args) -> AnyResult<()> {
+    if let Some(dir) = &args.replot {
+        plot::plot(&dir.join("sweep.png"), &plot::read_points(dir)?)?;
+        eprintln!("wrote {}/sweep.png", dir.display());
+        return Ok(());
+    }
+    let model = load_model(&args)?;
+    let workload = load_workload(&args, &model)?;
+    if workload.is_empty() {
+        return Err("the workload has no conversations".into());
+    }
+    let turns: usize = workload.iter().map(|c| c.turns.len()).sum();
+    eprintln!(
+        "{} conversations, {turns} turns, {} output tokens",
+        workload.len(),
+        workload
+            .iter()
+            .flat_map(|c| &c.turns)
+            .map(|t| t.output_tokens)
+            .sum::<usize>()
+    );
+    // The value policy's cost curve is measured once and shared by every run.
+    let probe = Engine::with_model(model.clone(), engine_config(&args, Mode::Tiered, None))?;
+    let cost = probe.stats().cost_model.map(CostProfile::Fixed);
+    drop(probe);
+    let mut summaries = Vec::new();
+    for (mode, load) in points(&args) {
+        let mut engine = Engine::with_model(model.clone(), engine_config(&args, mode, cost))?;
+        let arrivals = driver::arrivals(&workload, load, args.seed);
+        let progress = ProgressBar::new(turns as u64).with_style(ProgressStyle::with_template(
+            "{prefix:>24} [{elapsed_precise}] {wide_bar} {pos}/{len} turns {msg}",
+        )?);
+        progress.set_prefix(format!("{} {}", mode.name(), load.label()));
+        let run = driver::replay(&mut engine, &workload, &arrivals, load, &progress)?;
+        progress.finish_and_clear();
+        let summary = report::summarize(mode, load, &run, &engine.stats());
+        if args.json {
+            println!("{}", serde_json::to_string(&summary)?);
+        }
+        summaries.push(summary);
+    }
+    report::print_table(&summaries);
+    if args.sweep.is_some() || args.sweep_concurrency.is_some() {
+        write_sweep(&args, &summaries)?;
+    }
+    Ok(())
+}
+
+/// The runs to do: every mode at each sweep point, or the one mode and load of the flags.
+fn points(args: &Args) -> Vec<(Mode, Load)> {
+    let open = |rate| Load::Open {
+        rate,
+        think_scale: args.think_scale,
+    };
+    let loads: Vec<Load> = match (&args.sweep, &args.sweep_concurrency) {
+        (Some(rates), _) => rates.iter().map(|&r| open(r)).collect(),
+        (None, Some(ns)) => ns
+            .iter()
+            .map(|&concurrency| Load::Closed { concurrency })
+            .collect(),
+        (None, None) => {
+            let load = match args.concurrency {
+                Some(concurrency) => Load::Closed { concurrency },
+                None => open(args.rate),
+            };
+            return vec![(args.engine.mode, load)];
+        }
+    };
+    Mode::ALL
+        .iter()
+        .flat_map(|&m| loads.iter().map(move |&l| (m, l)))
+        .collect()
+}
+
+fn write_sweep(args: &Args, summaries: &[Summary]) -> AnyResult<()> {
+    std::fs::create_dir_all(&args.out)?;
+    report::write_csv(&args.out, summaries)?;
+    let points: Vec<plot::PlotPoint> = summaries.iter().map(plot::PlotPoint::from).collect();
+    plot::plot(&args.out.join("sweep.png"), &points)?;
+    eprintln!(
+        "wrote {0}/sweep.csv, {0}/ttft_by_turn.csv and {0}/sweep.png",
+        args.out.display()
+    );
+    Ok(())
+}
+
+fn load_model(args: &Args) -> AnyResult<Arc<Model>> {
+    let mut model = args.engine.load_model()?;
+    if let Some(shape) = args.model_shape {
+        let config = shape.config(model.tokenizer().get_vocab_size(true))?;
+        eprintln!("random weights of shape {shape:?}: {config:?}");
+        let options = args.engine.load_options();
+        let llama = Llama::random(config, args.seed, options.format, &options.device)?;
+        model = model.with_llama(llama);
+    }
+    Ok(Arc::new(model))
+}
+
+fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>> {
+    let count = |text: &str| Ok(model.encode(text)?.len());
+    let mut convs = match &args.trace {
+        Some(path) => {
+            let mut convs = read_trace(path)?;
+            convs.truncate(args.conversations.unwrap_or(usize::MAX));
+            for conv in &mut convs {
+                conv.turns.truncate(args.max_turns);
+                for turn in &mut conv.turns {
+                    turn.output_tokens = turn.output_tokens.min(args.max_output.max(1));
+                }
+            }
+            convs
+        }
+        None => {
+            let path = args.sharegpt.clone().unwrap_or_else(default_sharegpt_path);
+            let found = read_sharegpt(&path, args.min_turns)?;
+            eprintln!(
+                "{}: {} records{}, {} with {}+ turns",
+                path.display(),
+                found.records,
+                if found.truncated {
+                    " (file cut short; records before the cut kept)"
+                } else {
+                    ""
+                },
+                found.conversations.len(),
+                args.min_turns
+            );
+            let mut all = found.conversations;
+            all.shuffle(&mut StdRng::seed_from_u64(args.seed));
+            all.truncate(args.conversations.unwrap_or(16));
+            all.iter()
+                .map(|c| c.to_spec(args.max_turns, args.max_output, count))
+                .collect::<pensieve::Result<_>>()?
+        }
+    };
+    if args.max_input > 0 {
+        for turn in convs.iter_mut().flat_map(|c| &mut c.turns) {
+            let ids = model.encode(&turn.user)?;
+            if ids.len() > args.max_input {
+                turn.user = model.decode(&ids[..args.max_input])?;
+            }
+        }
+    }
+    Ok(convs)
+}
+
+fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineConfig {
+    EngineConfig {
+        budgets: args.engine.budgets(),
+        step_token_budget: args.step_tokens,
+        mode: mode.cache_mode(),
+        cost_profile: cost.unwrap_or_default(),
+        ..EngineConfig::default()
+    }
+}

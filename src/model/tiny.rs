@@ -1,0 +1,67 @@
+//! A tiny random-weight Llama with a byte-level tokenizer and a ChatML template, built in
+//! code: for tests of the engine's mechanism, and of applications embedding it, that need no
+//! real weights.
+
+use candle_core::Device;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+
+use super::{ChatTemplate, Llama, LlamaConfig, Model, WeightFormat};
+use crate::{Error, Result};
+
+const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn byte_tokenizer() -> Result<Tokenizer> {
+    let mut vocab: Vocab = SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.to_string(), i as u32))
+        .collect();
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort();
+    for c in alphabet {
+        let n = vocab.len() as u32;
+        vocab.insert(c.to_string(), n);
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, vec![])
+        .build()
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let mut t = Tokenizer::new(bpe);
+    t.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    t.with_decoder(Some(ByteLevelDecoder::default()));
+    t.add_special_tokens(
+        &SPECIALS
+            .iter()
+            .map(|s| AddedToken::from(*s, true))
+            .collect::<Vec<_>>(),
+    );
+    Ok(t)
+}
+
+impl Model {
+    /// A tiny model with seeded random weights: 2 layers, width 32, 4 query heads over 2 KV
+    /// heads, a 259-token byte vocabulary (`<|im_end|>` ends a reply), ChatML, a 2048-token
+    /// window. Its replies are noise, but deterministic.
+    ///
+    /// # Errors
+    /// Only if candle or the tokenizer cannot build it.
+    pub fn tiny(seed: u64) -> Result<Self> {
+        let config = LlamaConfig::from_hf_json(
+            r#"{"vocab_size":259,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,
+                "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
+                "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
+        )?;
+        let llama = Llama::random(config, seed, WeightFormat::F32, &Device::Cpu)?;
+        let template = ChatTemplate::new(CHATML, "", "<|im_end|>")?;
+        Ok(Model::new(
+            llama,
+            byte_tokenizer()?,
+            Some(template),
+            vec![2],
+        ))
+    }
+}

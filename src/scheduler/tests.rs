@@ -1,0 +1,253 @@
+//! Scheduler and cache bookkeeping without a model: plans are applied as the engine would,
+//! with every sampled row producing token 9 and every copy succeeding.
+
+use std::time::Duration;
+
+use super::*;
+use crate::conversation::Conversation;
+use crate::kv::{ChunkLoc, LruPolicy};
+
+const CHUNK: usize = 4;
+
+struct World {
+    s: Scheduler<()>,
+    convs: Conversations,
+    cache: CacheManager,
+    t0: Instant,
+}
+
+fn world(blocks: usize, host_chunks: usize, reserve: usize, swap_out: usize) -> World {
+    World {
+        s: Scheduler::new(Limits {
+            token_budget: 100,
+            reserve_blocks: reserve,
+            swap_out_blocks: swap_out,
+        }),
+        convs: Conversations::new(),
+        // One byte per KV-token: the host budget counts tokens.
+        cache: CacheManager::new(blocks, CHUNK, host_chunks * CHUNK, Box::new(LruPolicy), 1),
+        t0: Instant::now(),
+    }
+}
+
+impl World {
+    /// A turn of `conv` with a `prompt`-token prompt, arriving `ms` after the start.
+    fn submit(&mut self, conv: u64, prompt: usize, ms: u64) -> RequestId {
+        let c = ConversationId(conv);
+        if let std::collections::btree_map::Entry::Vacant(v) = self.convs.entry(c) {
+            v.insert(Conversation::new(Vec::new()));
+            self.cache.open(c, self.t0);
+        }
+        let id = RequestId(self.s.requests.len() as u64 * 100 + conv);
+        let arrival = self.t0 + Duration::from_millis(ms);
+        self.s.enqueue(id, c, arrival, vec![7; prompt], ());
+        id
+    }
+
+    fn plan(&mut self) -> StepPlan {
+        self.s.schedule(&self.convs, &mut self.cache, self.t0)
+    }
+
+    /// Applies `plan` as the engine does when every copy and row succeeds.
+    fn commit(&mut self, plan: &StepPlan) {
+        for o in &plan.moves.swap_out {
+            self.cache.complete_swap_out(o, vec![0.0; o.len]);
+        }
+        for i in &plan.moves.swap_in {
+            assert!(self.cache.take_swap_in(i).is_some());
+            self.cache.complete_swap_in(i);
+        }
+        let outcome = Outcome {
+            ran: vec![true; plan.rows.len()],
+            sampled: plan
+                .rows
+                .iter()
+                .filter(|r| r.sample)
+                .map(|r| (r.request, 9))
+                .collect(),
+            requeue: Vec::new(),
+        };
+        self.s
+            .commit(plan, &outcome, &mut self.convs, &mut self.cache);
+        self.check();
+    }
+
+    fn step(&mut self) -> StepPlan {
+        let plan = self.plan();
+        assert!(plan.broken.is_empty(), "{:?}", plan.broken);
+        self.commit(&plan);
+        plan
+    }
+
+    fn check(&self) {
+        self.cache.check().unwrap();
+        self.s.check().unwrap();
+    }
+
+    fn chunks(&self, conv: u64) -> Vec<ChunkLoc> {
+        self.cache
+            .table(ConversationId(conv))
+            .unwrap()
+            .chunks()
+            .to_vec()
+    }
+}
+
+#[test]
+fn admission_is_fcfs_and_keeps_the_reserve() {
+    let mut w = world(10, 0, 1, 0);
+    for conv in 0..3 {
+        w.submit(conv, 12, 0);
+    }
+    let plan = w.plan();
+    // Each needs 4 blocks (12 tokens + the first output); the third would eat the reserve.
+    assert_eq!(plan.rows.len(), 2);
+    assert_eq!(w.s.waiting.len(), 1);
+    assert!(plan.rows.iter().all(|r| r.sample && r.tokens.len() == 12));
+    assert!(plan.rejected.is_empty());
+    // Planning changed no conversation: the prompts enter the history at commit.
+    assert!(w.convs.values().all(|c| c.tokens().is_empty()));
+    w.commit(&plan);
+    assert_eq!(w.convs[&ConversationId(0)].tokens().len(), 12);
+}
+
+#[test]
+fn decode_out_of_blocks_suspends_the_latest_arrival() {
+    let mut w = world(4, 16, 0, 0);
+    w.submit(0, 4, 0);
+    w.submit(1, 4, 1);
+    for _ in 0..8 {
+        w.step();
+        if w.s.suspensions > 0 {
+            break;
+        }
+    }
+    assert_eq!(w.s.suspensions, 1);
+    assert_eq!(w.s.running.len(), 1);
+    let running = w.s.requests[&w.s.running[0]].conv;
+    assert_eq!(running, ConversationId(0));
+    // Its KV went to the host tier, not lost.
+    assert!(w.chunks(1).iter().any(|c| matches!(c, ChunkLoc::Host(_))));
+}
+
+/// Defect 3: the victim is the latest arrival, not the last admitted. A turn that arrived
+/// first but was admitted last (here: queued behind a later arrival) is kept running.
+#[test]
+fn suspension_spares_an_early_arrival_admitted_last() {
+    let mut w = world(4, 16, 0, 0);
+    let late = w.submit(1, 4, 5);
+    let early = w.submit(0, 4, 0);
+    let plan = w.step();
+    assert_eq!(plan.rows.len(), 2);
+    assert_eq!(w.s.running, vec![late, early]);
+    for _ in 0..8 {
+        w.step();
+        if w.s.suspensions > 0 {
+            break;
+        }
+    }
+    assert_eq!(w.s.suspensions, 1);
+    assert_eq!(w.s.running, vec![early]);
+    assert_eq!(w.s.waiting.front(), Some(&late));
+}
+
+#[test]
+fn idle_conversations_are_swapped_out_ahead_of_time() {
+    let mut w = world(4, 16, 0, 3);
+    let id = w.submit(0, 11, 0);
+    w.step();
+    // The turn ends: its conversation is idle and holds 3 of 4 blocks.
+    w.s.finish(id, &mut w.convs, &mut w.cache, w.t0);
+    let plan = w.plan();
+    assert_eq!(
+        plan.moves.swap_out.len(),
+        2,
+        "free 1 + 2 swapped = threshold 3"
+    );
+    assert_eq!(plan.moves.swap_out[0].chunk, 0, "leading chunk first");
+    w.commit(&plan);
+    assert_eq!(w.cache.num_free_blocks(), 3);
+}
+
+/// Defect 4: without a host tier, keeping blocks free ahead of time must not drop anyone's
+/// KV; dropping happens only when a turn needs the blocks.
+#[test]
+fn ahead_of_time_eviction_never_drops() {
+    let mut w = world(4, 0, 0, 3);
+    let id = w.submit(0, 11, 0);
+    w.step();
+    w.s.finish(id, &mut w.convs, &mut w.cache, w.t0);
+    let plan = w.plan();
+    assert!(plan.is_empty(), "{plan:?}");
+    assert_eq!(w.cache.counters().chunks_dropped_from_device, 0);
+    assert!(w.chunks(0).iter().all(|c| matches!(c, ChunkLoc::Device(_))));
+    // On demand, it is dropped: a new conversation needs 3 blocks.
+    w.submit(1, 11, 1);
+    let plan = w.step();
+    assert_eq!(plan.rows.len(), 1);
+    assert!(w.cache.counters().chunks_dropped_from_device > 0);
+}
+
+/// Defect 1: a conversation whose chunks are being swapped out in the step that admits it
+/// gets them back (the copies are cancelled), instead of rows without slots.
+#[test]
+fn admission_reclaims_chunks_being_swapped_out_in_the_same_step() {
+    let mut w = world(4, 16, 0, 0);
+    let id = w.submit(0, 7, 0);
+    w.step();
+    w.s.finish(id, &mut w.convs, &mut w.cache, w.t0);
+    let mut plan = StepPlan::default();
+    w.cache
+        .evict_device(&|_| false, 4, Eviction::OnDemand, w.t0, &mut plan.moves);
+    assert_eq!(plan.moves.swap_out.len(), 2);
+    let again = w.submit(0, 3, 1);
+    let mut budget = 100;
+    w.s.admit_waiting(&w.convs, &mut w.cache, w.t0, &mut budget, &mut plan);
+    assert!(plan.broken.is_empty(), "{:?}", plan.broken);
+    assert!(plan.moves.swap_out.is_empty(), "copies cancelled");
+    let row = &plan.rows[0];
+    assert_eq!(row.request, again);
+    assert_eq!(row.ctx_slots.len(), 11);
+    assert!(w.chunks(0).iter().all(|c| matches!(c, ChunkLoc::Device(_))));
+    w.commit(&plan);
+    assert_eq!(w.cache.counters().bytes_swapped_out, 0);
+}
+
+/// Defect 5: when a turn is suspended during decode and its KV dropped, the work redone at
+/// re-admission counts as recomputed (and prefilled), not as nothing.
+#[test]
+fn work_redone_after_a_suspension_is_counted() {
+    let mut w = world(4, 0, 0, 0);
+    let first = w.submit(0, 4, 0);
+    let second = w.submit(1, 4, 1);
+    let mut steps = 0;
+    while w.s.suspensions == 0 && steps < 16 {
+        w.step();
+        steps += 1;
+    }
+    assert_eq!(w.s.suspensions, 1);
+    // The victim's KV was dropped (no host tier); finish the first turn to make room.
+    w.s.finish(first, &mut w.convs, &mut w.cache, w.t0);
+    let computed = w.cache.table(ConversationId(1)).unwrap().computed();
+    let before = w.s.requests[&second].counts;
+    assert_eq!(before.recomputed, 0);
+    w.step();
+    let after = w.s.requests[&second].counts;
+    assert_eq!(after.recomputed, computed);
+    assert_eq!(after.prefilled, before.prefilled + computed);
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_rejected() {
+    let mut w = world(2, 0, 0, 0);
+    let id = w.submit(0, 9, 0);
+    let plan = w.plan();
+    assert_eq!(
+        plan.rejected,
+        vec![Rejection {
+            request: id,
+            needed: 12,
+            available: 8
+        }]
+    );
+}

@@ -1,0 +1,252 @@
+//! Random interleavings of open / submit / step / cancel / close on the tiny model, in every
+//! cache mode and under budgets that force swaps, drops and suspensions: after every operation
+//! the invariants hold, every submit and cancel answers as the API promises, and every turn
+//! that ran to its length generated exactly the greedy tokens of a stateless recompute of its
+//! conversation alone (one forward pass over the whole history).
+//!
+//! `PENSIEVE_PROPTEST_CASES` sets the number of sequences (64 by default; `.ci/run` runs a
+//! longer pass).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostProfile, Engine, EngineConfig,
+    Event, FinishReason, RequestId, SamplingParams, Turn,
+};
+use pensieve::kv::CostModel;
+use pensieve::model::Model;
+use pensieve::Error;
+use proptest::prelude::*;
+
+fn cases() -> u32 {
+    std::env::var("PENSIEVE_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Open,
+    Submit(usize, usize),
+    Step,
+    Cancel(usize),
+    Close(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => Just(Op::Open),
+        4 => (any::<usize>(), 1usize..12).prop_map(|(c, n)| Op::Submit(c, n)),
+        6 => Just(Op::Step),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => any::<usize>().prop_map(Op::Close),
+    ]
+}
+
+/// What the test knows of one turn.
+struct TurnLog {
+    conv: ConversationId,
+    generated: Vec<u32>,
+    /// Length of the conversation's history when the turn ended (its last token's end).
+    end: Option<usize>,
+    finished: Option<FinishReason>,
+}
+
+struct Harness {
+    e: Engine,
+    model: Model,
+    turns: HashMap<RequestId, TurnLog>,
+    open: Vec<ConversationId>,
+}
+
+impl Harness {
+    fn record(&mut self, events: Vec<Event>) {
+        for ev in events {
+            match ev {
+                Event::Token { request, token, .. } => {
+                    self.turns.get_mut(&request).unwrap().generated.push(token);
+                }
+                Event::Finished {
+                    request, reason, ..
+                } => {
+                    let t = self.turns.get_mut(&request).unwrap();
+                    assert!(t.finished.is_none(), "{request} finished twice");
+                    assert!(
+                        !matches!(reason, FinishReason::Failed(_)),
+                        "{request}: {reason:?}"
+                    );
+                    t.end = self.e.tokens(t.conv).ok().map(|h| h.len());
+                    t.finished = Some(reason);
+                }
+            }
+        }
+    }
+
+    /// Every turn of `conv` that ran to its length generated the stateless greedy tokens.
+    fn verify(&self, conv: ConversationId) -> Result<(), TestCaseError> {
+        let history = self.e.tokens(conv).unwrap();
+        let done: Vec<&TurnLog> = self
+            .turns
+            .values()
+            .filter(|t| t.conv == conv && t.finished == Some(FinishReason::Length))
+            .collect();
+        if done.is_empty() {
+            return Ok(());
+        }
+        let logits = common::score_all(&self.model, history);
+        for t in done {
+            let end = t.end.unwrap();
+            let start = end - t.generated.len();
+            prop_assert_eq!(&history[start..end], &t.generated[..]);
+            for (i, &token) in t.generated.iter().enumerate() {
+                let p = start + i;
+                prop_assert_eq!(
+                    common::argmax(&logits[p - 1]),
+                    token,
+                    "{} position {}",
+                    conv,
+                    p
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, conv: ConversationId) -> Result<(), TestCaseError> {
+        self.verify(conv)?;
+        self.e.close(conv).unwrap();
+        self.open.retain(|&c| c != conv);
+        Ok(())
+    }
+}
+
+fn params(n: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(n)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_operations_keep_invariants_and_outputs(
+        ops in prop::collection::vec(op(), 1..60),
+        mode in 0usize..3,
+        reserve in prop_oneof![Just(0.0), Just(0.1)],
+    ) {
+        let mode = [CacheMode::Tiered, CacheMode::DeviceOnly, CacheMode::Stateless][mode];
+        let config = EngineConfig {
+            budgets: Budgets {
+                device_bytes: None,
+                device_tokens: 96,
+                // 20 chunks of 8 tokens at 256 bytes per KV-token.
+                host_bytes: 20 * 8 * 256,
+            },
+            mode,
+            chunk_size: 8,
+            step_token_budget: 64,
+            reserve,
+            cost_profile: CostProfile::Fixed(CostModel {
+                per_token_s: 1e-4,
+                per_token_per_position_s: 1e-7,
+            }),
+            check_invariants: true,
+            ..EngineConfig::default()
+        };
+        let mut h = Harness {
+            e: Engine::with_model(Model::tiny(7).unwrap(), config).unwrap(),
+            model: Model::tiny(7).unwrap(),
+            turns: HashMap::new(),
+            open: Vec::new(),
+        };
+        let mut submitted: Vec<RequestId> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Open => h.open.push(h.e.open(ConversationOptions::default()).unwrap()),
+                Op::Submit(c, n) if !h.open.is_empty() => {
+                    let conv = h.open[c % h.open.len()];
+                    let busy = h.turns.values().any(|t| t.conv == conv && t.finished.is_none());
+                    match h.e.submit(conv, Turn::user(format!("message {n}")), params(n)) {
+                        Ok(id) => {
+                            prop_assert!(!busy, "{conv} accepted a second turn");
+                            submitted.push(id);
+                            h.turns.insert(id, TurnLog { conv, generated: Vec::new(), end: None, finished: None });
+                        }
+                        Err(Error::ConversationBusy(c)) => prop_assert!(busy && c == conv),
+                        // The 96-slot pool bounds a conversation's length.
+                        Err(Error::BudgetTooSmall { .. }) => prop_assert!(h.e.tokens(conv).unwrap().len() > 40),
+                        Err(e) => prop_assert!(false, "submit failed: {e}"),
+                    }
+                }
+                Op::Cancel(r) if !submitted.is_empty() => {
+                    let id = submitted[r % submitted.len()];
+                    let live = h.turns[&id].finished.is_none();
+                    match h.e.cancel(id) {
+                        Ok(()) => prop_assert!(live),
+                        Err(Error::UnknownRequest(r)) => prop_assert!(!live && r == id),
+                        Err(e) => prop_assert!(false, "cancel failed: {e}"),
+                    }
+                    // A cancelled turn's event arrives with the next step; mark it now so a new
+                    // submit to its conversation is expected to succeed.
+                    if let Some(t) = h.turns.get_mut(&id) {
+                        t.finished.get_or_insert(FinishReason::Cancelled);
+                    }
+                }
+                Op::Close(c) if !h.open.is_empty() => {
+                    let conv = h.open[c % h.open.len()];
+                    for t in h.turns.values_mut().filter(|t| t.conv == conv) {
+                        t.finished.get_or_insert(FinishReason::Cancelled);
+                    }
+                    h.close(conv)?;
+                }
+                _ => {
+                    let events = h.e.step().unwrap();
+                    h.record_step(events);
+                }
+            }
+            h.e.check_invariants().unwrap();
+            let s = h.e.stats();
+            prop_assert!(s.device_slots_used <= s.device_slots_total);
+        }
+        let mut guard = 0;
+        while h.e.has_work() {
+            let events = h.e.step().unwrap();
+            h.record_step(events);
+            guard += 1;
+            prop_assert!(guard < 10_000, "the engine did not finish");
+        }
+        for id in &submitted {
+            prop_assert!(h.turns[id].finished.is_some(), "{id} never finished");
+        }
+        for conv in h.open.clone() {
+            h.close(conv)?;
+        }
+        let s = h.e.stats();
+        prop_assert_eq!((s.device_slots_used, s.host_bytes_used), (0, 0));
+    }
+}
+
+impl Harness {
+    /// Records a step's events; turns cancelled by the test already count as finished.
+    fn record_step(&mut self, events: Vec<Event>) {
+        let events = events
+            .into_iter()
+            .filter(|ev| match ev {
+                Event::Finished {
+                    request,
+                    reason: FinishReason::Cancelled,
+                    ..
+                } => self.turns[request].finished.is_none(),
+                _ => true,
+            })
+            .collect();
+        self.record(events);
+    }
+}
