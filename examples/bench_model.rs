@@ -17,8 +17,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::attention::KvPool;
 use pensieve::model::{
-    default_model_path, small_matmul_f16, ForwardBatch, LoadOptions, Model, ModelSource,
-    WeightFormat, MIXED_F16_MAX_ROWS,
+    default_model_path, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat,
 };
 
 #[path = "common/exit.rs"]
@@ -69,7 +68,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     batch.push(prompt, &pos, &pos, &pos, &pos, true)?;
     let started = Instant::now();
     let logits = model.llama().forward(&batch, &pool)?;
-    let mut next = pensieve::model::Llama::greedy(&logits)?[0];
+    let mut next = argmax(&logits)?;
     if !decode {
         return Ok(started.elapsed().as_secs_f64());
     }
@@ -79,7 +78,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
         let ctx: Vec<u32> = (0..=p).collect();
         let mut batch = ForwardBatch::new();
         batch.push(&[next], &[p], &[p], &ctx, &ctx, true)?;
-        next = pensieve::model::Llama::greedy(&model.llama().forward(&batch, &pool)?)?[0];
+        next = argmax(&model.llama().forward(&batch, &pool)?)?;
     }
     Ok(started.elapsed().as_secs_f64())
 }
@@ -135,35 +134,12 @@ fn gemm_gflops(m: usize) -> candle_core::Result<f64> {
     Ok(2.0 * m as f64 * 576.0 * 1536.0 / median(times) / 1e9)
 }
 
-/// How a linear layer's weights are multiplied.
-#[derive(Clone, Copy)]
-enum Linear {
-    /// candle's f32 GEMM.
-    F32,
-    /// candle's `QMatMul` with f16 weights (activations converted to f16 and back).
-    CandleF16,
-    /// pensieve's small-batch f16 matmul (f32 activations).
-    SmallF16,
-}
-
-/// Time of one `[m, 576] x [576, 1536]` linear layer.
-fn linear_us(m: usize, how: Linear) -> pensieve::Result<f64> {
-    use candle_core::quantized::QMatMul;
-    let x = Tensor::randn(0f32, 1.0, (m, 576), &Device::Cpu)?;
-    let w = Tensor::randn(0f32, 1.0, (1536, 576), &Device::Cpu)?;
-    let w16 = w.to_dtype(DType::F16)?;
-    let (f32_lin, f16_lin) = (QMatMul::Tensor(w), QMatMul::TensorF16(w16.clone()));
-    let mut times = Vec::new();
-    for _ in 0..7 {
-        let t = Instant::now();
-        match how {
-            Linear::F32 => drop(f32_lin.forward(&x)?),
-            Linear::CandleF16 => drop(f16_lin.forward(&x)?),
-            Linear::SmallF16 => drop(small_matmul_f16(&x, &w16)?),
-        }
-        times.push(t.elapsed().as_secs_f64());
-    }
-    Ok(median(times) * 1e6)
+/// The most likely token of the first row of `logits`.
+fn argmax(logits: &Tensor) -> candle_core::Result<u32> {
+    logits
+        .get(0)?
+        .argmax(candle_core::D::Minus1)?
+        .to_scalar::<u32>()
 }
 
 fn main() -> std::process::ExitCode {
@@ -280,22 +256,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(|v| v.map_or("skipped".into(), |v| format!("{v:.1}")))
             .collect();
         println!("| {name} | {} |", cells.join(" | "));
-    }
-    println!();
-    println!("Linear [m x 576] x [576 x 1536], microseconds (median of 7):");
-    println!("| m | candle f32 | candle f16 | pensieve small f16 |");
-    println!("|---:|---:|---:|---:|");
-    for m in [1, 2, 4, 8, 16, 32, 64] {
-        let small = if m <= MIXED_F16_MAX_ROWS {
-            format!("{:.0}", linear_us(m, Linear::SmallF16)?)
-        } else {
-            "-".into()
-        };
-        println!(
-            "| {m} | {:.0} | {:.0} | {small} |",
-            linear_us(m, Linear::F32)?,
-            linear_us(m, Linear::CandleF16)?
-        );
     }
     println!();
     println!(

@@ -72,6 +72,13 @@ pub enum Error {
     #[error("invalid attention batch: {0}")]
     InvalidBatch(String),
 
+    /// The attention op takes head dimensions in pairs; this one is odd.
+    #[error("head dimension {head_dim} is not supported (it must be even)")]
+    UnsupportedHeadDim {
+        /// The head dimension.
+        head_dim: usize,
+    },
+
     /// A token id outside the model's vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfVocab {

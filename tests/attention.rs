@@ -48,7 +48,7 @@ fn case() -> impl Strategy<Value = Case> {
     (
         1usize..4,
         prop_oneof![Just(1usize), Just(2), Just(3), Just(4)],
-        prop_oneof![Just(8usize), Just(64), Just(20)],
+        prop_oneof![Just(8usize), Just(64), Just(20), Just(128)],
         prop::collection::vec(seq_case(), 1..6),
         any::<u64>(),
     )
@@ -205,5 +205,17 @@ fn out_of_pool_slot_is_a_typed_error() {
     assert!(matches!(
         attention(&q, &k, &k, &batch, 1.0),
         Err(pensieve::Error::InvalidBatch(_))
+    ));
+}
+
+#[test]
+fn odd_head_dim_is_a_typed_error() {
+    let q = Tensor::zeros((1, 2, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let k = Tensor::zeros((4, 1, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let mut batch = AttentionBatch::new();
+    batch.push_sequence(&[0], &[0], &[0]).unwrap();
+    assert!(matches!(
+        attention(&q, &k, &k, &batch, 1.0),
+        Err(pensieve::Error::UnsupportedHeadDim { head_dim: 5 })
     ));
 }

@@ -1,24 +1,28 @@
-//! The core property on the real SmolLM2 weights: 16 multi-turn conversations interleaved
-//! under `Tiered` with budgets small enough that swap-out, swap-in, drops and recompute all
-//! happen give the same greedy outputs as `Stateless`, and every generated token is a greedy
-//! choice under a full stateless recompute of its history.
+//! The core property on the real SmolLM2 weights under the default weight format: 64
+//! multi-turn conversations interleaved under `Tiered`, with budgets small enough that
+//! swap-out, swap-in, host drops and recompute all happen, give the same greedy outputs as
+//! `Stateless`.
 //!
-//! Float reduction order differs between a token computed in a big prefill and the same token
-//! computed at decode time, so the check is vLLM's: outputs identical, or the first divergence
-//! falls where the reference's top-2 logit margin is below [`NEAR_TIE`]; such near-ties are
-//! counted and reported.
+//! The rule is vLLM's: every conversation's tokens are identical, or the first divergence
+//! falls where the stateless reference's top-2 logit gap is below [`NEAR_TIE`]. Divergences are
+//! reported with their gaps. A row's logits can depend on its batch under a weight format that
+//! switches kernels by pass size (`Mixed` reads an f16 copy of the weights for passes of up to
+//! 8 rows, f32 beyond); the report says how often that moved a token, and the test fails on
+//! any divergence that is not a near-tie.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, EngineStats, Event,
+    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, EngineStats,
     SamplingParams, Turn,
 };
-use pensieve::model::WeightFormat;
+use pensieve::model::{Model, WeightFormat};
 
-const NEAR_TIE: f32 = 0.05;
+const NEAR_TIE: f32 = 1e-3;
+const CONVERSATIONS: usize = 64;
+const TURNS: usize = 3;
 const QUESTIONS: [&str; 8] = [
     "What is the capital of France?",
     "Name a fruit that is yellow.",
@@ -30,53 +34,43 @@ const QUESTIONS: [&str; 8] = [
     "What do bees make?",
 ];
 
-struct Transcript {
-    tokens: Vec<u32>,
-    /// Positions of generated tokens.
-    generated: Vec<usize>,
-}
-
-fn run(mode: CacheMode, budgets: Budgets) -> (Vec<Transcript>, EngineStats) {
-    let model = common::real_model(WeightFormat::F32);
+fn run(
+    model: &std::sync::Arc<Model>,
+    mode: CacheMode,
+    budgets: Budgets,
+) -> (Vec<Vec<u32>>, EngineStats) {
     let config = EngineConfig {
         budgets,
         mode,
         step_token_budget: 256,
         cost_profile: CostProfile::Measure,
+        check_invariants: true,
         ..EngineConfig::default()
     };
-    let mut e = Engine::with_model(model, config).unwrap();
-    let convs: Vec<_> = (0..16)
+    let mut e = Engine::with_model(model.clone(), config).unwrap();
+    let convs: Vec<_> = (0..CONVERSATIONS)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
-    let mut generated: Vec<Vec<usize>> = vec![Vec::new(); convs.len()];
-    for turn in 0..3 {
+    for turn in 0..TURNS {
         for (i, &c) in convs.iter().enumerate() {
             let q = QUESTIONS[(i + turn * 3) % QUESTIONS.len()];
-            e.submit(
-                c,
-                Turn::user(q),
-                SamplingParams::greedy().with_max_tokens(10),
-            )
-            .unwrap();
+            let params = SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy().with_max_tokens(8)
+            };
+            e.submit(c, Turn::user(q), params).unwrap();
         }
         while e.has_work() {
             for ev in e.step().unwrap() {
-                if let Event::Token { conversation, .. } = ev {
-                    let i = convs.iter().position(|&c| c == conversation).unwrap();
-                    generated[i].push(e.tokens(conversation).unwrap().len() - 1);
+                if let pensieve::engine::Event::Finished { reason, .. } = ev {
+                    assert_eq!(reason, pensieve::engine::FinishReason::Length);
                 }
             }
-            e.check_invariants().unwrap();
         }
     }
     let out = convs
         .iter()
-        .zip(generated)
-        .map(|(&c, g)| Transcript {
-            tokens: e.tokens(c).unwrap().to_vec(),
-            generated: g,
-        })
+        .map(|&c| e.tokens(c).unwrap().to_vec())
         .collect();
     (out, e.stats())
 }
@@ -89,29 +83,27 @@ fn top2_margin(row: &[f32]) -> f32 {
 
 #[test]
 fn real_model_tiered_under_pressure_equals_stateless() {
-    let chunk_bytes = 32 * 46_080;
-    // 16 blocks of 32 on the device, 12 chunks on the host, for ~16 x 5 chunks of history.
+    let model = std::sync::Arc::new(common::real_model(WeightFormat::default()));
+    let chunk_bytes = 32 * model.config().kv_shape().token_bytes(4);
+    // 32 blocks of 32 on the device and 160 chunks on the host, for 64 x 2 chunks of history
+    // after the first turn and 64 x 4 after the third: hits at first, then host drops.
     let (tiered, stats) = run(
+        &model,
         CacheMode::Tiered,
         Budgets {
             device_bytes: None,
-            device_tokens: 512,
-            host_bytes: 12 * chunk_bytes,
+            device_tokens: 1024,
+            host_bytes: 160 * chunk_bytes,
         },
     );
     eprintln!("tiered stats: {stats:?}");
     assert!(stats.bytes_swapped_out > 0, "no swap-out");
     assert!(stats.bytes_swapped_in > 0, "no swap-in");
-    assert!(
-        stats.chunks_dropped_from_host + stats.chunks_dropped_from_device > 0,
-        "no drop"
-    );
+    assert!(stats.chunks_dropped_from_host > 0, "no host drop");
     assert!(stats.recomputed_tokens > 0, "no recompute");
-    // Round-robin submission of all 16 cycles through a device pool smaller than the working
-    // set, so hits come from the host tier here (device hits: see tests/engine.rs).
     assert!(stats.reused_host_tokens > 0, "no host hit");
-
     let (stateless, _) = run(
+        &model,
         CacheMode::Stateless,
         Budgets {
             device_bytes: None,
@@ -119,34 +111,20 @@ fn real_model_tiered_under_pressure_equals_stateless() {
             host_bytes: 0,
         },
     );
-    let model = common::real_model(WeightFormat::F32);
-    let (mut near_ties, mut worst_gap) = (0, 0f32);
+    let mut report = Vec::new();
     for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {
-        // Every token Tiered generated is the greedy choice of a full recompute, up to a near-tie.
-        let reference = common::score_all(&model, &t.tokens);
-        for &p in &t.generated {
-            let row = &reference[p - 1];
-            let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let gap = best - row[t.tokens[p] as usize];
-            worst_gap = worst_gap.max(gap);
-            assert!(
-                gap < NEAR_TIE,
-                "conversation {i}, position {p}: chosen token {gap} below the best"
-            );
-        }
-        match t.tokens.iter().zip(&s.tokens).position(|(a, b)| a != b) {
-            None => assert_eq!(t.tokens.len(), s.tokens.len(), "conversation {i}"),
-            Some(p) => {
-                let margin = top2_margin(&reference[p - 1]);
-                assert!(
-                    margin < NEAR_TIE,
-                    "conversation {i} diverges at {p} with margin {margin}"
-                );
-                near_ties += 1;
-            }
-        }
+        let Some(p) = t.iter().zip(s).position(|(a, b)| a != b) else {
+            assert_eq!(t.len(), s.len(), "conversation {i}");
+            continue;
+        };
+        let reference = common::score_all(&model, &s[..p]);
+        let margin = top2_margin(&reference[p - 1]);
+        report.push((i, p, margin));
     }
     eprintln!(
-        "near-ties: {near_ties} of 16 conversations; worst gap to the greedy logit {worst_gap:.2e}"
+        "{} of {CONVERSATIONS} conversations diverge (conversation, position, top-2 gap): {report:?}",
+        report.len()
     );
+    let real: Vec<_> = report.iter().filter(|(_, _, m)| *m >= NEAR_TIE).collect();
+    assert!(real.is_empty(), "divergences beyond a near-tie: {real:?}");
 }

@@ -177,6 +177,10 @@ impl Dims {
                 v_pool.dims()
             )));
         }
+        // The kernels take head dimensions in pairs (as RoPE does).
+        if head_dim % 2 != 0 {
+            return Err(Error::UnsupportedHeadDim { head_dim });
+        }
         if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(Error::InvalidBatch(format!(
                 "{n_heads} query heads are not a multiple of {n_kv_heads} kv heads"
@@ -207,7 +211,8 @@ impl Dims {
 ///
 /// # Errors
 /// [`Error::InvalidBatch`] when shapes and batch disagree or a slot is out of the pool;
-/// [`Error::Candle`] for device failures.
+/// [`Error::UnsupportedHeadDim`] for an odd head dimension; [`Error::Candle`] for device
+/// failures.
 pub fn attention(
     q: &Tensor,
     k_pool: &Tensor,

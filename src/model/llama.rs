@@ -16,7 +16,7 @@ use std::io::{Read, Seek};
 use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::{LlamaConfig, RopeVariant};
 use super::small_matmul;
@@ -45,7 +45,7 @@ pub enum WeightFormat {
 /// bound by the bytes of weights read; on the CPU these passes run pensieve's small-batch f16
 /// matmul (f32 activations, each weight row converted once for all rows), which reads half
 /// the bytes of the f32 GEMM. Larger passes are compute-bound and take the f32 GEMM.
-pub const MIXED_F16_MAX_ROWS: usize = small_matmul::MAX_ROWS;
+pub(crate) const MIXED_F16_MAX_ROWS: usize = small_matmul::MAX_ROWS;
 
 /// A linear layer's weights, possibly with an f16 copy for small passes.
 #[derive(Debug)]
@@ -529,14 +529,6 @@ impl Llama {
             device: device.clone(),
             config,
         })
-    }
-
-    /// The argmax of each logits row: greedy next tokens.
-    ///
-    /// # Errors
-    /// [`Error::Candle`] for non-2D input.
-    pub fn greedy(logits: &Tensor) -> Result<Vec<u32>> {
-        Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
     }
 }
 

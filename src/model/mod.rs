@@ -22,8 +22,7 @@ use tokenizers::Tokenizer;
 pub use chat_template::{ChatTemplate, Message};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
-pub use llama::{ForwardBatch, Llama, WeightFormat, MIXED_F16_MAX_ROWS};
-pub use small_matmul::small_matmul_f16;
+pub use llama::{ForwardBatch, Llama, WeightFormat};
 pub use source::{default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles};
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
 

@@ -12,7 +12,7 @@ use half::f16;
 use rayon::prelude::*;
 
 /// Largest `m` the op takes: one accumulator register per row.
-pub const MAX_ROWS: usize = 8;
+pub(crate) const MAX_ROWS: usize = 8;
 
 /// Output columns per parallel work item (enough to amortise rayon's dispatch).
 const COLS_PER_ITEM: usize = 64;
@@ -22,7 +22,7 @@ const COLS_PER_ITEM: usize = 64;
 ///
 /// # Errors
 /// [`crate::Error::Candle`] for other shapes or dtypes.
-pub fn small_matmul_f16(x: &Tensor, w: &Tensor) -> crate::Result<Tensor> {
+pub(crate) fn small_matmul_f16(x: &Tensor, w: &Tensor) -> crate::Result<Tensor> {
     if x.device().is_cpu() {
         Ok(x.to_dtype(DType::F32)?
             .contiguous()?
@@ -117,14 +117,15 @@ mod avx2 {
 
     use half::f16;
 
-    use super::MAX_ROWS;
-
     /// Dispatches on the row count so each case keeps its accumulators in registers.
+    /// `dot::<M>` reads `M` rows of `x` and writes `M` outputs, so `M` must equal `out.len()`
+    /// and `x` must hold that many rows: checked here, where the reads happen, for every
+    /// row count including none.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_rows(w: &[f16], x: &[f32], out: &mut [f32]) {
         let k = w.len();
         let m = out.len();
-        if m > MAX_ROWS || x.len() < m * k {
+        if x.len() < m * k {
             return;
         }
         match m {
@@ -135,7 +136,9 @@ mod avx2 {
             5 => dot::<5>(w, x, out),
             6 => dot::<6>(w, x, out),
             7 => dot::<7>(w, x, out),
-            _ => dot::<8>(w, x, out),
+            8 => dot::<8>(w, x, out),
+            // No rows (nothing to read) or more than MAX_ROWS (the caller refuses them).
+            _ => {}
         }
     }
 
@@ -176,6 +179,14 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::*;
+
+    /// No rows: the vector kernel reads nothing (its guard sits beside the reads).
+    #[test]
+    fn no_rows_read_nothing() {
+        let w = vec![f16::from_f32(1.0); 64];
+        let mut out: [f32; 0] = [];
+        dot_rows(&w, &[], &mut out);
+    }
 
     /// Against candle's f32 matmul of the same (f16-rounded) weights, for every row count and
     /// a k that is not a multiple of 8.
