@@ -142,6 +142,49 @@ fn argmax(logits: &Tensor) -> candle_core::Result<u32> {
         .to_scalar::<u32>()
 }
 
+/// Our model in each of `formats`, with its row name.
+fn load_ours(formats: &[String]) -> Result<Vec<(&'static str, Model)>, Box<dyn std::error::Error>> {
+    let mut models = Vec::new();
+    for f in formats {
+        let (name, format) = match f.as_str() {
+            "f32" => ("pensieve f32", WeightFormat::F32),
+            "f16" => ("pensieve f16", WeightFormat::F16),
+            "mixed" => ("pensieve mixed f32/f16", WeightFormat::Mixed),
+            "q4_1" => ("pensieve Q4_1", WeightFormat::Quantized),
+            other => return Err(format!("unknown format {other}").into()),
+        };
+        let options = LoadOptions {
+            format,
+            ..LoadOptions::default()
+        };
+        models.push((name, Model::load(&ModelSource::Default, &options)?));
+    }
+    Ok(models)
+}
+
+/// The results as a Markdown table.
+fn print_rows(prefill_lens: &[usize], decode_ctx: &[usize], rows: Vec<(String, Vec<Option<f64>>)>) {
+    let mut header = String::from("| implementation |");
+    for n in prefill_lens {
+        header.push_str(&format!(" prefill {n} tok/s |"));
+    }
+    for c in decode_ctx {
+        header.push_str(&format!(" decode @ctx {c} tok/s |"));
+    }
+    println!("{header}");
+    println!(
+        "|{}",
+        "---|".repeat(1 + prefill_lens.len() + decode_ctx.len())
+    );
+    for (name, row) in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .map(|v| v.map_or("skipped".into(), |v| format!("{v:.1}")))
+            .collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+}
+
 fn main() -> std::process::ExitCode {
     exit::exit_code(run())
 }
@@ -152,26 +195,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let decode_ctx: &[usize] = if args.quick { &[64] } else { &[64, 1024] };
 
     eprintln!("loading models ...");
-    let load = |format| {
-        Model::load(
-            &ModelSource::Default,
-            &LoadOptions {
-                format,
-                ..LoadOptions::default()
-            },
-        )
-    };
-    let mut ours_models = Vec::new();
-    for f in &args.formats {
-        let (name, format) = match f.as_str() {
-            "f32" => ("pensieve f32", WeightFormat::F32),
-            "f16" => ("pensieve f16", WeightFormat::F16),
-            "mixed" => ("pensieve mixed f32/f16", WeightFormat::Mixed),
-            "q4_1" => ("pensieve Q4_1", WeightFormat::Quantized),
-            other => return Err(format!("unknown format {other}").into()),
-        };
-        ours_models.push((name, load(format)?));
-    }
+    let ours_models = load_ours(&args.formats)?;
     let mut candle_models = if args.no_candle {
         Vec::new()
     } else {
@@ -238,25 +262,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     bar.finish_and_clear();
 
-    let mut header = String::from("| implementation |");
-    for n in prefill_lens {
-        header.push_str(&format!(" prefill {n} tok/s |"));
-    }
-    for c in decode_ctx {
-        header.push_str(&format!(" decode @ctx {c} tok/s |"));
-    }
-    println!("{header}");
-    println!(
-        "|{}",
-        "---|".repeat(1 + prefill_lens.len() + decode_ctx.len())
-    );
-    for (name, row) in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .map(|v| v.map_or("skipped".into(), |v| format!("{v:.1}")))
-            .collect();
-        println!("| {name} | {} |", cells.join(" | "));
-    }
+    print_rows(prefill_lens, decode_ctx, rows);
     println!();
     println!(
         "f32 GEMM [m x 576] x [576 x 1536]: m=32 {:.1} GFLOP/s, m=256 {:.1} GFLOP/s, m=1024 {:.1} GFLOP/s ({} rayon threads)",

@@ -98,17 +98,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         ..SamplingParams::greedy().with_max_tokens(args.max_tokens)
     };
 
-    let lines: Box<dyn Iterator<Item = std::io::Result<String>>> = match &args.script {
-        Some(p) => {
-            let file = std::fs::File::open(p)
-                .map_err(|e| format!("cannot open script {}: {e}", p.display()))?;
-            Box::new(std::io::BufReader::new(file).lines())
-        }
-        None => {
-            eprintln!("type a message and press enter; an empty line or end of input quits");
-            Box::new(std::io::stdin().lock().lines())
-        }
-    };
+    let lines = input_lines(&args)?;
     let mut turn = 0;
     for line in lines {
         let line = line?;
@@ -146,6 +136,23 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         report(turn, &args, &reason, &stats, &reply, stateless.as_ref());
     }
     Ok(())
+}
+
+/// The user's messages: the script's lines, or stdin's.
+fn input_lines(
+    args: &Args,
+) -> Result<Box<dyn Iterator<Item = std::io::Result<String>>>, Box<dyn Error>> {
+    Ok(match &args.script {
+        Some(p) => {
+            let file = std::fs::File::open(p)
+                .map_err(|e| format!("cannot open script {}: {e}", p.display()))?;
+            Box::new(std::io::BufReader::new(file).lines())
+        }
+        None => {
+            eprintln!("type a message and press enter; an empty line or end of input quits");
+            Box::new(std::io::stdin().lock().lines())
+        }
+    })
 }
 
 fn run_quiet(

@@ -285,7 +285,7 @@ impl TileKeys<'_> {
 #[inline(always)]
 fn transpose_tile(kt: &mut [f32], keys: &TileKeys<'_>, avx2: bool) {
     #[cfg(target_arch = "x86_64")]
-    let done = if avx2 && keys.d % 8 == 0 && kt.len() >= keys.d * K_TILE {
+    let done = if avx2 && keys.d.is_multiple_of(8) && kt.len() >= keys.d * K_TILE {
         // SAFETY: the caller runs with AVX2 enabled (`avx2` is only true inside
         // `Block::body_avx2`); bounds are checked inside.
         unsafe { transpose_avx2::blocks(kt, keys) }

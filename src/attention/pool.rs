@@ -139,7 +139,7 @@ impl KvPool {
     /// device errors.
     pub fn write_slots(&self, start: usize, data: &[f32]) -> Result<()> {
         let per = 2 * self.row * self.k.len();
-        if per == 0 || data.len() % per != 0 {
+        if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::InvalidBatch(format!(
                 "{} values are not whole KV-tokens",
                 data.len()

@@ -76,13 +76,13 @@ impl LlamaConfig {
         if self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 {
             return bad("layer and head counts must be positive".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} heads not a multiple of {} kv heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be positive and even",
                 self.head_dim
