@@ -35,7 +35,7 @@ struct Args {
     #[arg(long)]
     skip_slow: bool,
     /// Our weight formats to measure.
-    #[arg(long, value_delimiter = ',', default_value = "f32,f16,mixed,q4_1")]
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,packed,q4_1")]
     formats: Vec<String>,
     /// Leave out candle-transformers' model.
     #[arg(long)]
@@ -149,7 +149,7 @@ fn load_ours(formats: &[String]) -> Result<Vec<(&'static str, Model)>, Box<dyn s
         let (name, format) = match f.as_str() {
             "f32" => ("pensieve f32", WeightFormat::F32),
             "f16" => ("pensieve f16", WeightFormat::F16),
-            "mixed" => ("pensieve mixed f32/f16", WeightFormat::Mixed),
+            "packed" => ("pensieve packed (default)", WeightFormat::Packed),
             "q4_1" => ("pensieve Q4_1", WeightFormat::Quantized),
             other => return Err(format!("unknown format {other}").into()),
         };

@@ -49,10 +49,14 @@ impl Mode {
 /// In-memory weight format.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Format {
+    /// Packed weights on pensieve's batch-invariant matmul (the default).
+    Packed,
+    /// f32 on candle's GEMM.
     F32,
+    /// f16 on candle's matmul.
     F16,
+    /// The file's quantization on candle's quantized matmul.
     Quantized,
-    Mixed,
 }
 
 /// Flags for the model and the engine's cache.
@@ -62,7 +66,7 @@ pub struct EngineArgs {
     #[arg(long, default_value = "default")]
     pub model: String,
     /// Weight format.
-    #[arg(long, value_enum, default_value = "mixed")]
+    #[arg(long, value_enum, default_value = "packed")]
     pub format: Format,
     /// Cache mode.
     #[arg(long, value_enum, default_value = "tiered")]
@@ -83,7 +87,7 @@ impl EngineArgs {
                 Format::F32 => WeightFormat::F32,
                 Format::F16 => WeightFormat::F16,
                 Format::Quantized => WeightFormat::Quantized,
-                Format::Mixed => WeightFormat::Mixed,
+                Format::Packed => WeightFormat::Packed,
             },
             ..LoadOptions::default()
         }

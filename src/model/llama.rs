@@ -7,9 +7,9 @@
 //! slots before attention reads the context, so prefill and decode share one pass. Logits are
 //! computed only for the rows asked for (the output projection is the largest matmul).
 //!
-//! Weights come from a GGUF file or safetensors, held as candle `QMatMul`s in the
-//! [`WeightFormat`] chosen at load (see `docs/BENCHMARKS.md` for the measurements behind the
-//! mixed f32/f16 default).
+//! Weights come from a GGUF file or safetensors, held in the [`WeightFormat`] chosen at load:
+//! by default packed for pensieve's own batch-invariant matmul (`packed.rs`), or as candle
+//! `QMatMul`s for comparison.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek};
@@ -19,49 +19,42 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::{LlamaConfig, RopeVariant};
-use super::small_matmul;
+use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
 /// How linear-layer weights are held in memory and multiplied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// Dequantized to f32: candle's CPU GEMM runs at full speed; 4 bytes per weight.
-    F32,
-    /// Dequantized to f16: half the bytes read per decode step.
-    F16,
-    /// Kept in the file's quantized format (safetensors weights are quantized to Q8_0);
-    /// candle quantizes activations too.
-    Quantized,
-    /// Both f32 and f16 copies: passes of at most [`MIXED_F16_MAX_ROWS`] rows (decode of up
-    /// to that many sequences) read the f16 copy, larger passes (prefill) the f32 one. 6 bytes
-    /// per weight. The default: f32 prefill speed with f16 decode bandwidth (measured in
-    /// `docs/BENCHMARKS.md`).
+    /// The default: pensieve's packed weights and its own matmul, one path for every pass
+    /// size, so a row's logits do not depend on the rest of its batch. GGUF `Q4_1`/`Q8_0`
+    /// weights keep their codes (0.625 / 1.25 bytes per weight, dequantized exactly on the
+    /// fly), other weights are held as f32. On devices other than the CPU it falls back to
+    /// f32 weights on candle's matmul.
     #[default]
-    Mixed,
+    Packed,
+    /// Dequantized to f32 on candle's GEMM: 4 bytes per weight. The reference the packed
+    /// path is checked against.
+    F32,
+    /// Dequantized to f16 on candle's matmul: half the bytes of f32.
+    F16,
+    /// Kept in the file's quantized format on candle's quantized matmul (safetensors weights
+    /// are quantized to Q8_0); candle quantizes activations too.
+    Quantized,
 }
 
-/// Largest pass that [`WeightFormat::Mixed`] runs on its f16 copy. Decode of a few sequences is
-/// bound by the bytes of weights read; on the CPU these passes run pensieve's small-batch f16
-/// matmul (f32 activations, each weight row converted once for all rows), which reads half
-/// the bytes of the f32 GEMM. Larger passes are compute-bound and take the f32 GEMM.
-pub(crate) const MIXED_F16_MAX_ROWS: usize = small_matmul::MAX_ROWS;
-
-/// A linear layer's weights, possibly with an f16 copy for small passes.
+/// A linear layer's weights and the kernel that multiplies them.
 #[derive(Debug)]
-struct Linear {
-    main: QMatMul,
-    /// `[out, in]` f16, used for passes of at most [`MIXED_F16_MAX_ROWS`] rows when present.
-    small: Option<Tensor>,
+enum Linear {
+    Candle(QMatMul),
+    Packed(PackedLinear, Isa),
 }
 
 impl Linear {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.small {
-            Some(w) if x.rank() == 2 && x.dim(0)? <= MIXED_F16_MAX_ROWS => {
-                small_matmul::small_matmul_f16(x, w).map_err(candle_core::Error::wrap)
-            }
-            _ => self.main.forward(x),
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Linear::Candle(q) => Ok(q.forward(x)?),
+            Linear::Packed(p, isa) => p.forward(x, *isa),
         }
     }
 }
@@ -534,24 +527,38 @@ impl Llama {
 
 fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear> {
     let main = match (format, q.dtype()) {
+        (WeightFormat::Packed, _) if device.is_cpu() => {
+            return Ok(Linear::Packed(
+                PackedLinear::from_qtensor(&q)?,
+                Isa::detect(),
+            ));
+        }
         (WeightFormat::F16, _) => QMatMul::TensorF16(q.dequantize_f16(device)?),
         (WeightFormat::Quantized, dt) if !matches!(dt, GgmlDType::F32 | GgmlDType::F16) => {
             QMatMul::QTensor(std::sync::Arc::new(q))
         }
         _ => QMatMul::Tensor(q.dequantize(device)?),
     };
-    with_small_copy(main, format)
+    Ok(Linear::Candle(main))
 }
 
 fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
     let main = match format {
-        WeightFormat::F32 | WeightFormat::Mixed => QMatMul::Tensor(w),
+        WeightFormat::Packed if w.device().is_cpu() => {
+            let (n, k) = w.dims2()?;
+            let values = w.flatten_all()?.to_vec1::<f32>()?;
+            return Ok(Linear::Packed(
+                PackedLinear::from_f32(&values, n, k)?,
+                Isa::detect(),
+            ));
+        }
+        WeightFormat::F32 | WeightFormat::Packed => QMatMul::Tensor(w),
         WeightFormat::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
         WeightFormat::Quantized => {
             QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
         }
     };
-    with_small_copy(main, format)
+    Ok(Linear::Candle(main))
 }
 
 /// splitmix64: a uniform value in [0, 1) from a 64-bit state, fast enough for a billion
@@ -563,15 +570,6 @@ fn splitmix_unit(state: &mut u64) -> f32 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
     (z >> 40) as f32 / (1u64 << 24) as f32
-}
-
-/// Adds the f16 copy of an f32 weight for [`WeightFormat::Mixed`].
-fn with_small_copy(main: QMatMul, format: WeightFormat) -> Result<Linear> {
-    let small = match (&main, format) {
-        (QMatMul::Tensor(w), WeightFormat::Mixed) => Some(w.to_dtype(DType::F16)?.contiguous()?),
-        _ => None,
-    };
-    Ok(Linear { main, small })
 }
 
 /// Reads every tensor of the safetensors files in `paths` (shards of one checkpoint).

@@ -8,7 +8,7 @@ mod chat_template;
 mod config;
 mod detokenize;
 mod llama;
-mod small_matmul;
+mod packed;
 mod source;
 mod tiny;
 mod tokenizer;

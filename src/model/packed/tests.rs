@@ -1,0 +1,142 @@
+//! The packed matmul against an f64 reference, bit-exact dequantization, batch invariance and
+//! agreement of every instruction path this CPU has.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::*;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Weights of `[n, k]` packed from `dtype`, with the f32 values they stand for.
+fn weights(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (PackedLinear, Vec<f32>) {
+    let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    match dtype {
+        GgmlDType::F32 => {
+            let v = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            (PackedLinear::from_f32(&v, n, k).unwrap(), v)
+        }
+        _ => {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let v = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
+            (
+                PackedLinear::from_qtensor(&q).unwrap(),
+                v.to_vec1::<f32>().unwrap(),
+            )
+        }
+    }
+}
+
+const SHAPES: [(usize, usize, GgmlDType); 6] = [
+    (33, 64, GgmlDType::Q4_1),
+    (16, 96, GgmlDType::Q4_1),
+    (40, 32, GgmlDType::Q8_0),
+    (7, 64, GgmlDType::Q8_0),
+    (17, 40, GgmlDType::F32),
+    (5, 7, GgmlDType::F32),
+];
+
+#[test]
+fn matches_the_f64_reference() {
+    for isa in Isa::available() {
+        for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {
+            let (lin, w) = weights(n, k, dtype, i as u64);
+            for m in [0, 1, 2, 5, 6, 7, 13] {
+                let x = values(m * k, 100 + m as u64);
+                let y = lin.matmul(&x, m, isa);
+                assert_eq!(y.len(), m * n);
+                for r in 0..m {
+                    for c in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|j| x[r * k + j] as f64 * w[c * k + j] as f64)
+                            .sum();
+                        let got = y[r * n + c] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * k as f64,
+                            "{isa:?} {dtype:?} m={m} n={n} k={k} [{r}][{c}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantization_is_bit_exact() {
+    // x = the identity: row j of y is column j of W, computed as 1 · w plus exact zeros.
+    for isa in Isa::available() {
+        for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {
+            let (lin, w) = weights(n, k, dtype, i as u64);
+            let mut eye = vec![0f32; k * k];
+            for j in 0..k {
+                eye[j * k + j] = 1.0;
+            }
+            let y = lin.matmul(&eye, k, isa);
+            for j in 0..k {
+                for c in 0..n {
+                    assert_eq!(
+                        y[j * n + c].to_bits(),
+                        w[c * k + j].to_bits(),
+                        "{isa:?} {dtype:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_is_bit_identical_alone_and_in_any_batch() {
+    let (n, k) = (37, 96);
+    let x = values(64 * k, 7);
+    for isa in Isa::available() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
+            let (lin, _) = weights(n, k, dtype, 3);
+            let all = lin.matmul(&x, 64, isa);
+            for size in [1, 2, 3, 6, 7, 13, 64] {
+                for start in [0, 64 - size, (64 - size) / 2] {
+                    let part = lin.matmul(&x[start * k..(start + size) * k], size, isa);
+                    assert_eq!(
+                        part.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        all[start * n..(start + size) * n]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>(),
+                        "{isa:?} {dtype:?}: rows {start}..+{size}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_instruction_path_gives_the_same_bits() {
+    let (n, k, m) = (50, 128, 11);
+    let x = values(m * k, 9);
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
+        let (lin, _) = weights(n, k, dtype, 5);
+        let scalar = lin.matmul(&x, m, Isa::Scalar);
+        for isa in Isa::available() {
+            let y = lin.matmul(&x, m, isa);
+            assert!(
+                y.iter()
+                    .zip(&scalar)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa:?} {dtype:?} differs from the scalar path"
+            );
+        }
+    }
+}
