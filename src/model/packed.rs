@@ -29,6 +29,10 @@ pub(crate) const NR: usize = 16;
 const QK: usize = 32;
 /// Rows per register tile.
 const MR: usize = 6;
+/// Rows whose activations stay in L2 while a work item's panels run over them.
+const ROW_CHUNK: usize = 16 * MR;
+/// Most panels per work item.
+const MAX_GROUP: usize = 8;
 
 /// The weight values of every panel.
 #[derive(Debug)]
@@ -177,12 +181,24 @@ impl PackedLinear {
         if m == 0 || n == 0 {
             return Vec::new();
         }
-        // Panel-major `[panel][row][NR]`, so each work item owns one contiguous chunk.
-        let mut out_t = vec![0f32; self.panels() * m * NR];
+        // Panel-major `[panel][row][NR]`, so each work item owns one contiguous chunk: a group
+        // of panels, enough items to balance the threads, and each chunk of rows runs over all
+        // of the group's panels while its activations are in cache.
+        let panels = self.panels();
+        let group = (panels / (4 * rayon::current_num_threads())).clamp(1, MAX_GROUP);
+        let mut out_t = vec![0f32; panels * m * NR];
         out_t
-            .par_chunks_mut(m * NR)
+            .par_chunks_mut(group * m * NR)
             .enumerate()
-            .for_each(|(p, out)| self.panel(p, &x[..m * k], m, out, isa));
+            .for_each(|(g, out)| {
+                for r0 in (0..m).step_by(ROW_CHUNK) {
+                    let rows = ROW_CHUNK.min(m - r0);
+                    for (j, panel_out) in out.chunks_exact_mut(m * NR).enumerate() {
+                        let dst = &mut panel_out[r0 * NR..][..rows * NR];
+                        self.panel(g * group + j, &x[r0 * k..m * k], rows, dst, isa);
+                    }
+                }
+            });
         let mut out = vec![0f32; m * n];
         for (p, tile) in out_t.chunks_exact(m * NR).enumerate() {
             let cols = NR.min(n - p * NR);

@@ -38,7 +38,9 @@ fn weights(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (PackedLinear, Ve
     }
 }
 
-const SHAPES: [(usize, usize, GgmlDType); 6] = [
+const SHAPES: [(usize, usize, GgmlDType); 7] = [
+    // 19 panels: work items of several panels.
+    (300, 64, GgmlDType::Q4_1),
     (33, 64, GgmlDType::Q4_1),
     (16, 96, GgmlDType::Q4_1),
     (40, 32, GgmlDType::Q8_0),
@@ -52,7 +54,7 @@ fn matches_the_f64_reference() {
     for isa in Isa::available() {
         for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {
             let (lin, w) = weights(n, k, dtype, i as u64);
-            for m in [0, 1, 2, 5, 6, 7, 13] {
+            for m in [0, 1, 2, 5, 6, 7, 13, 100] {
                 let x = values(m * k, 100 + m as u64);
                 let y = lin.matmul(&x, m, isa);
                 assert_eq!(y.len(), m * n);
@@ -99,14 +101,15 @@ fn dequantization_is_bit_exact() {
 
 #[test]
 fn a_row_is_bit_identical_alone_and_in_any_batch() {
-    let (n, k) = (37, 96);
-    let x = values(64 * k, 7);
+    // 200 rows: more than one chunk of rows per work item.
+    let (n, k, total) = (300, 96, 200);
+    let x = values(total * k, 7);
     for isa in Isa::available() {
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
             let (lin, _) = weights(n, k, dtype, 3);
-            let all = lin.matmul(&x, 64, isa);
-            for size in [1, 2, 3, 6, 7, 13, 64] {
-                for start in [0, 64 - size, (64 - size) / 2] {
+            let all = lin.matmul(&x, total, isa);
+            for size in [1, 2, 3, 6, 7, 13, 64, 97, 200] {
+                for start in [0, total - size, (total - size) / 2] {
                     let part = lin.matmul(&x[start * k..(start + size) * k], size, isa);
                     assert_eq!(
                         part.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
