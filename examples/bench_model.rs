@@ -83,6 +83,53 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// Seconds of one decode step of `rows` sequences, each with `ctx` tokens of history (median of
+/// `repeats`), after one warm-up step.
+fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensieve::Result<f64> {
+    let pool = KvPool::new(
+        model.config().kv_shape(),
+        rows * (ctx + 1),
+        DType::F32,
+        model.llama().device(),
+    )?;
+    let mut batch = ForwardBatch::new();
+    for r in 0..rows {
+        let base = (r * (ctx + 1)) as u32;
+        let positions: Vec<u32> = (0..=ctx as u32).collect();
+        let slots: Vec<u32> = positions.iter().map(|p| base + p).collect();
+        batch.push(
+            &[100 + r as u32],
+            &[ctx as u32],
+            &slots[ctx..],
+            &slots,
+            &positions,
+            true,
+        )?;
+    }
+    model.llama().forward(&batch, &pool)?;
+    let mut times = Vec::new();
+    for _ in 0..repeats {
+        let started = Instant::now();
+        model.llama().forward(&batch, &pool)?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
+/// Copy bandwidth in GB/s: bytes read plus bytes written by copying 256 MiB (median of 5).
+fn copy_gbps() -> f64 {
+    let src = vec![1u8; 256 << 20];
+    let mut dst = vec![0u8; 256 << 20];
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        dst.copy_from_slice(&src);
+        times.push(started.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * src.len() as f64 / median(times) / 1e9
+}
+
 /// candle's `quantized_llama`: the same two timings.
 fn candle(model: &mut ModelWeights, prompt: &[u32], decode: bool) -> candle_core::Result<f64> {
     model.clear_kv_cache();
@@ -263,6 +310,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     bar.finish_and_clear();
 
     print_rows(prefill_lens, decode_ctx, rows);
+    println!();
+    let gbps = copy_gbps();
+    println!("Decode step of 8 sequences at context 512 (median of {}); copy bandwidth {gbps:.1} GB/s (read + write):", args.repeats.max(3));
+    println!("| implementation | step ms | weight bytes | bytes / bandwidth ms | ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, m) in &ours_models {
+        let step = decode_step(m, 8, 512, args.repeats.max(3))?;
+        let bytes = m.llama().weight_bytes();
+        // Streaming the weights once reads them: half the copy traffic per byte.
+        let stream = bytes as f64 / (gbps / 2.0 * 1e9);
+        println!(
+            "| {name} | {:.1} | {:.0} MB | {:.1} | {:.2} |",
+            step * 1e3,
+            bytes as f64 / 1e6,
+            stream * 1e3,
+            step / stream
+        );
+    }
     println!();
     println!(
         "f32 GEMM [m x 576] x [576 x 1536]: m=32 {:.1} GFLOP/s, m=256 {:.1} GFLOP/s, m=1024 {:.1} GFLOP/s ({} rayon threads)",

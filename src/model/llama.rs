@@ -51,6 +51,17 @@ enum Linear {
 }
 
 impl Linear {
+    /// Bytes of the weights, read once per pass.
+    fn bytes(&self) -> usize {
+        match self {
+            Linear::Candle(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Linear::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
+            Linear::Packed(p, _) => p.bytes(),
+        }
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Candle(q) => Ok(q.forward(x)?),
@@ -258,6 +269,18 @@ impl Llama {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// Bytes of linear-layer weights one forward pass reads (every layer's projections and
+    /// the output layer): the memory traffic that bounds a decode step.
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(Linear::bytes)
+            .sum();
+        layers + self.lm_head.bytes()
     }
 
     /// The device the weights live on.

@@ -171,6 +171,23 @@ impl PackedLinear {
         })
     }
 
+    /// Bytes the weights take (what one pass reads).
+    pub fn bytes(&self) -> usize {
+        match &self.codes {
+            Codes::Q4 {
+                codes,
+                scales,
+                offsets,
+            }
+            | Codes::Q8 {
+                codes,
+                scales,
+                offsets,
+            } => codes.len() + 4 * (scales.len() + offsets.len()),
+            Codes::F32(w) => 4 * w.len(),
+        }
+    }
+
     fn panels(&self) -> usize {
         self.n.div_ceil(NR)
     }
