@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::default_cache_dir;
 use crate::{Error, Result};
@@ -194,14 +194,15 @@ fn turn_pairs(messages: &[RawMessage]) -> Vec<(String, String)> {
     turns
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 struct TraceRecord {
     id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     arrival_s: Option<f64>,
     turns: Vec<TraceTurn>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 struct TraceTurn {
     user: String,
     output_tokens: usize,
@@ -255,4 +256,34 @@ pub fn read_trace(path: &Path) -> Result<Vec<ConversationSpec>> {
         });
     }
     Ok(out)
+}
+
+/// Writes `convs` as a JSON-lines trace that [`read_trace`] reads back: the exact turns and
+/// forced lengths of a workload, for replaying it elsewhere (another engine's client).
+///
+/// # Errors
+/// [`Error::Io`] if the file cannot be written.
+pub fn write_trace(path: &Path, convs: &[ConversationSpec]) -> Result<()> {
+    let mut text = String::new();
+    for c in convs {
+        let record = TraceRecord {
+            id: c.id.clone(),
+            arrival_s: c.arrival_s,
+            turns: c
+                .turns
+                .iter()
+                .map(|t| TraceTurn {
+                    user: t.user.clone(),
+                    output_tokens: t.output_tokens,
+                })
+                .collect(),
+        };
+        let line = serde_json::to_string(&record).map_err(|e| Error::InvalidWorkload {
+            what: c.id.clone(),
+            reason: e.to_string(),
+        })?;
+        text.push_str(&line);
+        text.push('\n');
+    }
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }

@@ -193,3 +193,35 @@ fn fetched_sharegpt_is_read_despite_its_cut() {
     );
     assert!(found.conversations.iter().all(|c| c.turns.len() >= 5));
 }
+
+#[test]
+fn a_written_trace_reads_back_the_same() {
+    let convs = vec![
+        ConversationSpec {
+            id: "a".into(),
+            arrival_s: Some(1.5),
+            turns: vec![TurnSpec {
+                user: "hi \"there\"\nline two".into(),
+                output_tokens: 7,
+            }],
+        },
+        ConversationSpec {
+            id: "b".into(),
+            arrival_s: None,
+            turns: vec![
+                TurnSpec {
+                    user: "one".into(),
+                    output_tokens: 1,
+                },
+                TurnSpec {
+                    user: "two".into(),
+                    output_tokens: 96,
+                },
+            ],
+        },
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.jsonl");
+    pensieve::workload::write_trace(&path, &convs).unwrap();
+    assert_eq!(read_trace(&path).unwrap(), convs);
+}

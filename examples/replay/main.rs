@@ -23,7 +23,9 @@ use common::{positive, positive_f64, EngineArgs, Mode};
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::engine::{CostProfile, Engine, EngineConfig};
 use pensieve::model::{Llama, LlamaConfig, Model};
-use pensieve::workload::{default_sharegpt_path, read_sharegpt, read_trace, ConversationSpec};
+use pensieve::workload::{
+    default_sharegpt_path, read_sharegpt, read_trace, write_trace, ConversationSpec,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -128,6 +130,11 @@ struct Args {
     /// Redraw `sweep.png` in this folder from its `sweep.csv` and `ttft_by_turn.csv`, then exit.
     #[arg(long)]
     replot: Option<PathBuf>,
+    /// Write the workload (turns and forced reply lengths, after every cap) as a JSON-lines
+    /// trace to this file, then exit: the same turns for another engine's client
+    /// (`scripts/peers`).
+    #[arg(long)]
+    write_trace: Option<PathBuf>,
 }
 
 /// How load is offered.
@@ -162,6 +169,15 @@ fn run(args: Args) -> AnyResult<()> {
     let workload = load_workload(&args, &model)?;
     if workload.is_empty() {
         return Err("the workload has no conversations".into());
+    }
+    if let Some(path) = &args.write_trace {
+        write_trace(path, &workload)?;
+        eprintln!(
+            "wrote {} conversations to {}",
+            workload.len(),
+            path.display()
+        );
+        return Ok(());
     }
     let turns: usize = workload.iter().map(|c| c.turns.len()).sum();
     eprintln!(

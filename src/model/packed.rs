@@ -208,12 +208,15 @@ impl PackedLinear {
             .par_chunks_mut(group * m * NR)
             .enumerate()
             .for_each(|(g, out)| {
+                let panels = out.len() / (m * NR);
                 for r0 in (0..m).step_by(ROW_CHUNK) {
                     let rows = ROW_CHUNK.min(m - r0);
-                    for (j, panel_out) in out.chunks_exact_mut(m * NR).enumerate() {
-                        let dst = &mut panel_out[r0 * NR..][..rows * NR];
-                        self.panel(g * group + j, &x[r0 * k..m * k], rows, dst, isa);
-                    }
+                    let dst = Dst {
+                        out: &mut *out,
+                        panel_stride: m * NR,
+                        row0: r0,
+                    };
+                    self.group(g * group, panels, &x[r0 * k..m * k], rows, dst, isa);
                 }
             });
         let mut out = vec![0f32; m * n];
@@ -226,61 +229,89 @@ impl PackedLinear {
         out
     }
 
-    /// Panel `p`'s columns for every row: `out` is `[m][NR]`.
-    fn panel(&self, p: usize, x: &[f32], m: usize, out: &mut [f32], isa: Isa) {
+    /// Panels `first..first + panels` for `rows` rows of `x`, into `dst`.
+    fn group(&self, first: usize, panels: usize, x: &[f32], rows: usize, mut dst: Dst, isa: Isa) {
         let k = self.k;
-        let mut buf = [0f32; QK * NR];
+        let mut bufs = [0f32; MAX_GROUP * QK * NR];
         for k0 in (0..k).step_by(QK) {
             let kb = QK.min(k - k0);
-            let w: &[f32] = match &self.codes {
-                Codes::F32(all) => &all[(p * k + k0) * NR..][..kb * NR],
-                Codes::Q4 {
-                    codes,
-                    scales,
-                    offsets,
-                } => {
-                    let b = p * (k / QK) + k0 / QK;
-                    let codes = &codes[b * QK * NR / 2..][..QK * NR / 2];
-                    unpack(
-                        isa,
-                        4,
-                        codes,
-                        &scales[b * NR..][..NR],
-                        &offsets[b * NR..][..NR],
-                        &mut buf,
-                    );
-                    &buf
-                }
-                Codes::Q8 {
-                    codes,
-                    scales,
-                    offsets,
-                } => {
-                    let b = p * (k / QK) + k0 / QK;
-                    let codes = &codes[b * QK * NR..][..QK * NR];
-                    unpack(
-                        isa,
-                        8,
-                        codes,
-                        &scales[b * NR..][..NR],
-                        &offsets[b * NR..][..NR],
-                        &mut buf,
-                    );
-                    &buf
-                }
-            };
-            for r0 in (0..m).step_by(MR) {
-                let rows = MR.min(m - r0);
+            let mut ws: [&[f32]; MAX_GROUP] = [&[]; MAX_GROUP];
+            for (j, buf) in bufs.chunks_exact_mut(QK * NR).take(panels).enumerate() {
+                ws[j] = self.block_weights(first + j, k0, kb, buf, isa);
+            }
+            for r in (0..rows).step_by(MR) {
+                let tile_rows = MR.min(rows - r);
                 let block = Block {
-                    x: &x[r0 * k + k0..],
+                    x: &x[r * k + k0..],
                     stride: k,
-                    rows,
+                    rows: tile_rows,
                     kb,
                 };
-                accumulate(isa, &block, w, &mut out[r0 * NR..][..rows * NR]);
+                // Few rows make few independent FMA chains: widen the tile across panels.
+                let width = match tile_rows {
+                    1 => 4,
+                    2 | 3 => 2,
+                    _ => 1,
+                };
+                let mut j = 0;
+                while j < panels {
+                    let wide = [4, 2, 1]
+                        .into_iter()
+                        .find(|&w| w <= width && j + w <= panels)
+                        .unwrap_or(1);
+                    let row = dst.row0 + r;
+                    accumulate(isa, &block, &ws[j..j + wide], &mut dst, j, row);
+                    j += wide;
+                }
             }
         }
     }
+
+    /// Block `k0..k0 + kb` of panel `p` as f32 `[kb][NR]`: the stored values, or codes
+    /// dequantized into `buf`.
+    fn block_weights<'s>(
+        &'s self,
+        p: usize,
+        k0: usize,
+        kb: usize,
+        buf: &'s mut [f32],
+        isa: Isa,
+    ) -> &'s [f32] {
+        let k = self.k;
+        let (bits, codes, scales, offsets) = match &self.codes {
+            Codes::F32(all) => return &all[(p * k + k0) * NR..][..kb * NR],
+            Codes::Q4 {
+                codes,
+                scales,
+                offsets,
+            } => (4, codes, scales, offsets),
+            Codes::Q8 {
+                codes,
+                scales,
+                offsets,
+            } => (8, codes, scales, offsets),
+        };
+        let b = p * (k / QK) + k0 / QK;
+        let per_block = QK * NR * bits / 8;
+        let codes = &codes[b * per_block..][..per_block];
+        unpack(
+            isa,
+            bits,
+            codes,
+            &scales[b * NR..][..NR],
+            &offsets[b * NR..][..NR],
+            buf,
+        );
+        buf
+    }
+}
+
+/// Where a work item writes: its chunk of the output, `[panel][row][NR]`, `panel_stride`
+/// values per panel, from row `row0` on.
+struct Dst<'a> {
+    out: &'a mut [f32],
+    panel_stride: usize,
+    row0: usize,
 }
 
 /// One block of a row tile: `rows` rows of `x` (`stride` apart), `kb` values each.
@@ -380,19 +411,24 @@ fn unpack(isa: Isa, bits: usize, codes: &[u8], scales: &[f32], offsets: &[f32], 
     }
 }
 
-/// `out[r][c] += Σ_kk x[r][kk] · w[kk][c]`, one fused multiply-add per term, in `kk` order.
-fn accumulate(isa: Isa, b: &Block, w: &[f32], out: &mut [f32]) {
+/// For each of `ws.len()` panels `j` (from `first` on) and each row `r` of the block:
+/// `out[j][row + r][c] += Σ_kk x[r][kk] · w_j[kk][c]`, one fused multiply-add per term, in `kk`
+/// order, whatever the tile's shape.
+fn accumulate(isa: Isa, b: &Block, ws: &[&[f32]], dst: &mut Dst, first: usize, row: usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `unpack`: the CPU has AVX2 and FMA, and the callee checks lengths.
-        Isa::Avx2 => unsafe { avx2::accumulate(b, w, out) },
+        Isa::Avx2 => unsafe { avx2::accumulate(b, ws, dst, first, row) },
         Isa::Scalar => {
-            for r in 0..b.rows {
-                let x = &b.x[r * b.stride..][..b.kb];
-                let acc = &mut out[r * NR..][..NR];
-                for (kk, &xv) in x.iter().enumerate() {
-                    for (a, &wv) in acc.iter_mut().zip(&w[kk * NR..][..NR]) {
-                        *a = xv.mul_add(wv, *a);
+            for (j, w) in ws.iter().enumerate() {
+                for r in 0..b.rows {
+                    let x = &b.x[r * b.stride..][..b.kb];
+                    let at = (first + j) * dst.panel_stride + (row + r) * NR;
+                    let acc = &mut dst.out[at..][..NR];
+                    for (kk, &xv) in x.iter().enumerate() {
+                        for (a, &wv) in acc.iter_mut().zip(&w[kk * NR..][..NR]) {
+                            *a = xv.mul_add(wv, *a);
+                        }
                     }
                 }
             }
@@ -404,7 +440,7 @@ fn accumulate(isa: Isa, b: &Block, w: &[f32], out: &mut [f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Block, MR, NR, QK};
+    use super::{Block, Dst, NR, QK};
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn unpack(
@@ -457,49 +493,75 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn accumulate(b: &Block, w: &[f32], out: &mut [f32]) {
-        if b.rows == 0
-            || b.rows > MR
-            || w.len() < b.kb * NR
-            || out.len() < b.rows * NR
-            || b.x.len() < (b.rows - 1) * b.stride + b.kb
+    pub(super) fn accumulate(b: &Block, ws: &[&[f32]], dst: &mut Dst, first: usize, row: usize) {
+        let (rows, wide) = (b.rows, ws.len());
+        let last = (first + wide).saturating_sub(1) * dst.panel_stride + (row + rows) * NR;
+        if rows == 0
+            || wide == 0
+            || ws.iter().any(|w| w.len() < b.kb * NR)
+            || dst.out.len() < last
+            || b.x.len() < (rows - 1) * b.stride + b.kb
         {
             return;
         }
-        match b.rows {
-            1 => tile::<1>(b, w, out),
-            2 => tile::<2>(b, w, out),
-            3 => tile::<3>(b, w, out),
-            4 => tile::<4>(b, w, out),
-            5 => tile::<5>(b, w, out),
-            _ => tile::<6>(b, w, out),
+        match (rows, wide) {
+            (1, 4) => tile::<1, 4>(b, ws, dst, first, row),
+            (1, 2) => tile::<1, 2>(b, ws, dst, first, row),
+            (2, 2) => tile::<2, 2>(b, ws, dst, first, row),
+            (3, 2) => tile::<3, 2>(b, ws, dst, first, row),
+            (1, _) => tile::<1, 1>(b, ws, dst, first, row),
+            (2, _) => tile::<2, 1>(b, ws, dst, first, row),
+            (3, _) => tile::<3, 1>(b, ws, dst, first, row),
+            (4, _) => tile::<4, 1>(b, ws, dst, first, row),
+            (5, _) => tile::<5, 1>(b, ws, dst, first, row),
+            _ => tile::<6, 1>(b, ws, dst, first, row),
         }
     }
 
-    /// `R` rows × 16 columns of accumulators in registers. The caller checked that `x` holds
-    /// `R` rows of `kb` values `stride` apart, `w` `kb` rows of NR, and `out` `R` rows of NR.
+    /// `R` rows × `P` panels × 16 columns of accumulators in registers. The caller checked
+    /// that `x` holds `R` rows of `kb` values `stride` apart, each of the first `P` weight
+    /// blocks `kb` rows of NR, and `dst` the `P` panels' rows `row..row + R`.
     #[target_feature(enable = "avx2,fma")]
-    fn tile<const R: usize>(b: &Block, w: &[f32], out: &mut [f32]) {
-        // SAFETY: all offsets are within the lengths `accumulate` checked (R == b.rows).
+    fn tile<const R: usize, const P: usize>(
+        b: &Block,
+        ws: &[&[f32]],
+        dst: &mut Dst,
+        first: usize,
+        row: usize,
+    ) {
+        let at = |p: usize, r: usize| (first + p) * dst.panel_stride + (row + r) * NR;
+        // SAFETY: all offsets are within the lengths `accumulate` checked (R == b.rows,
+        // P <= ws.len()).
         unsafe {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
-            for (r, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_loadu_ps(out.as_ptr().add(r * NR));
-                a[1] = _mm256_loadu_ps(out.as_ptr().add(r * NR + 8));
-            }
-            let (xp, wp) = (b.x.as_ptr(), w.as_ptr());
-            for kk in 0..b.kb {
-                let w0 = _mm256_loadu_ps(wp.add(kk * NR));
-                let w1 = _mm256_loadu_ps(wp.add(kk * NR + 8));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let xb = _mm256_broadcast_ss(&*xp.add(r * b.stride + kk));
-                    a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
-                    a[1] = _mm256_fmadd_ps(xb, w1, a[1]);
+            let mut acc = [[[_mm256_setzero_ps(); 2]; P]; R];
+            let out = dst.out.as_mut_ptr();
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                for (p, a) in acc_r.iter_mut().enumerate() {
+                    a[0] = _mm256_loadu_ps(out.add(at(p, r)));
+                    a[1] = _mm256_loadu_ps(out.add(at(p, r) + 8));
                 }
             }
-            for (r, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.as_mut_ptr().add(r * NR), a[0]);
-                _mm256_storeu_ps(out.as_mut_ptr().add(r * NR + 8), a[1]);
+            let xp = b.x.as_ptr();
+            for kk in 0..b.kb {
+                let mut w = [[_mm256_setzero_ps(); 2]; P];
+                for (p, wp) in w.iter_mut().enumerate() {
+                    let src = ws[p].as_ptr().add(kk * NR);
+                    wp[0] = _mm256_loadu_ps(src);
+                    wp[1] = _mm256_loadu_ps(src.add(8));
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let xb = _mm256_broadcast_ss(&*xp.add(r * b.stride + kk));
+                    for (a, wp) in acc_r.iter_mut().zip(&w) {
+                        a[0] = _mm256_fmadd_ps(xb, wp[0], a[0]);
+                        a[1] = _mm256_fmadd_ps(xb, wp[1], a[1]);
+                    }
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (p, a) in acc_r.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(at(p, r)), a[0]);
+                    _mm256_storeu_ps(out.add(at(p, r) + 8), a[1]);
+                }
             }
         }
     }

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Replays a pensieve trace against an OpenAI-compatible server (vLLM), closed loop.
+
+`--concurrency` conversations are in flight; each sends its next turn as soon as its reply is
+complete, and a new conversation takes the place of one that ended, as `examples/replay
+--concurrency N` does. Each turn's prompt is the whole history rendered with the model's chat
+template (the stateless client's way: `/v1/completions`), each reply forced to the trace's
+length (`max_tokens`, `ignore_eos`), streamed with usage so that the server's prefix-cache hits
+(`prompt_tokens_details.cached_tokens`) are counted.
+
+Prints one JSON line with the same fields as `examples/replay --json` that apply.
+"""
+
+import argparse
+import json
+import queue
+import threading
+import time
+import urllib.request
+
+import jinja2
+
+
+def stream_completion(url, model, prompt, max_tokens):
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+    submitted = time.perf_counter()
+    first, text, usage = None, "", {}
+    with urllib.request.urlopen(req) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices", []):
+                if choice.get("text") and first is None:
+                    first = time.perf_counter()
+                text += choice.get("text", "")
+            usage = event.get("usage") or usage
+    done = time.perf_counter()
+    return text, (first or done) - submitted, done - submitted, usage
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", required=True, help="served model name")
+    ap.add_argument("--template-from", required=True, help="tokenizer_config.json with the chat template")
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--concurrency", type=int, default=8)
+    a = ap.parse_args()
+
+    trace = [json.loads(line) for line in open(a.trace) if line.strip()]
+    config = json.load(open(a.template_from))
+    template = jinja2.Environment().from_string(config["chat_template"])
+    pending = queue.Queue()
+    for conv in trace:
+        pending.put(conv)
+    records, lock = [], threading.Lock()
+
+    def worker():
+        while True:
+            try:
+                conv = pending.get_nowait()
+            except queue.Empty:
+                return
+            messages = []
+            for index, turn in enumerate(conv["turns"]):
+                messages.append({"role": "user", "content": turn["user"]})
+                prompt = template.render(messages=messages, add_generation_prompt=True)
+                text, ttft, latency, usage = stream_completion(a.url, a.model, prompt, turn["output_tokens"])
+                details = usage.get("prompt_tokens_details") or {}
+                with lock:
+                    records.append({"turn": index, "ttft": ttft, "latency": latency,
+                                    "output": usage.get("completion_tokens", turn["output_tokens"]),
+                                    "prompt": usage.get("prompt_tokens", 0),
+                                    "cached": details.get("cached_tokens", 0)})
+                messages.append({"role": "assistant", "content": text})
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+
+    def pct(values, p):
+        v = sorted(values)
+        return v[min(len(v) - 1, round(p / 100 * (len(v) - 1)))]
+
+    ttft = [r["ttft"] * 1e3 for r in records]
+    norm = [r["latency"] * 1e3 / max(1, r["output"]) for r in records]
+    late = [r["ttft"] * 1e3 for r in records if r["turn"] >= 3]
+    prompt = sum(r["prompt"] for r in records)
+    cached = sum(r["cached"] for r in records)
+    print(json.dumps({
+        "engine": "vLLM-CPU (OpenAI server)",
+        "concurrency": a.concurrency,
+        "conversations": len(trace),
+        "turns": len(records),
+        "wall_s": wall,
+        "output_tok_per_s": sum(r["output"] for r in records) / wall,
+        "ttft_ms_p50": pct(ttft, 50),
+        "ttft_ms_p90": pct(ttft, 90),
+        "norm_latency_ms_p90": pct(norm, 90),
+        "ttft_ms_turns_4_plus_mean": sum(late) / max(1, len(late)),
+        "prefilled_tokens": prompt - cached,
+        "cached_tokens": cached,
+    }))
+
+
+if __name__ == "__main__":
+    main()
