@@ -17,6 +17,7 @@ import time
 
 import jinja2
 from llama_cpp import Llama, LogitsProcessorList
+from summary import summarize
 
 
 def main() -> None:
@@ -64,25 +65,8 @@ def main() -> None:
             messages.append({"role": "assistant", "content": text})
     wall = time.perf_counter() - started
 
-    def pct(values, p):
-        v = sorted(values)
-        return v[min(len(v) - 1, round(p / 100 * (len(v) - 1)))]
-
-    ttft = [r["ttft"] * 1e3 for r in records]
-    norm = [r["latency"] * 1e3 / r["output"] for r in records]
-    late = [r["ttft"] * 1e3 for r in records if r["turn"] >= 3]
-    print(json.dumps({
-        "engine": "llama.cpp (llama-cpp-python, prompt reuse)",
-        "conversations": len(trace),
-        "turns": len(records),
-        "wall_s": wall,
-        "output_tok_per_s": sum(r["output"] for r in records) / wall,
-        "ttft_ms_p50": pct(ttft, 50),
-        "ttft_ms_p90": pct(ttft, 90),
-        "norm_latency_ms_p90": pct(norm, 90),
-        "ttft_ms_turns_4_plus_mean": sum(late) / max(1, len(late)),
-    }))
-
+    print(json.dumps(summarize(records, wall, engine="llama.cpp (llama-cpp-python, prompt reuse)",
+                               conversations=len(trace))))
 
 if __name__ == "__main__":
     main()

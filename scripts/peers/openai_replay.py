@@ -19,6 +19,7 @@ import time
 import urllib.request
 
 import jinja2
+from summary import summarize
 
 
 def stream_completion(url, model, prompt, max_tokens):
@@ -48,14 +49,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--model", required=True, help="served model name")
-    ap.add_argument("--template-from", required=True, help="tokenizer_config.json with the chat template")
+    ap.add_argument("--chat-template", required=True,
+                    help="the model's chat template: a .jinja file, or a tokenizer_config.json holding it")
     ap.add_argument("--trace", required=True)
     ap.add_argument("--concurrency", type=int, default=8)
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
-    config = json.load(open(a.template_from))
-    template = jinja2.Environment().from_string(config["chat_template"])
+    source = open(a.chat_template).read()
+    if a.chat_template.endswith(".json"):
+        source = json.loads(source)["chat_template"]
+    template = jinja2.Environment().from_string(source)
     pending = queue.Queue()
     for conv in trace:
         pending.put(conv)
@@ -88,30 +92,11 @@ def main() -> None:
         t.join()
     wall = time.perf_counter() - started
 
-    def pct(values, p):
-        v = sorted(values)
-        return v[min(len(v) - 1, round(p / 100 * (len(v) - 1)))]
-
-    ttft = [r["ttft"] * 1e3 for r in records]
-    norm = [r["latency"] * 1e3 / max(1, r["output"]) for r in records]
-    late = [r["ttft"] * 1e3 for r in records if r["turn"] >= 3]
     prompt = sum(r["prompt"] for r in records)
     cached = sum(r["cached"] for r in records)
-    print(json.dumps({
-        "engine": "vLLM-CPU (OpenAI server)",
-        "concurrency": a.concurrency,
-        "conversations": len(trace),
-        "turns": len(records),
-        "wall_s": wall,
-        "output_tok_per_s": sum(r["output"] for r in records) / wall,
-        "ttft_ms_p50": pct(ttft, 50),
-        "ttft_ms_p90": pct(ttft, 90),
-        "norm_latency_ms_p90": pct(norm, 90),
-        "ttft_ms_turns_4_plus_mean": sum(late) / max(1, len(late)),
-        "prefilled_tokens": prompt - cached,
-        "cached_tokens": cached,
-    }))
-
+    print(json.dumps(summarize(records, wall, engine="vLLM-CPU (OpenAI server)", concurrency=a.concurrency,
+                               conversations=len(trace), prefilled_tokens=prompt - cached,
+                               cached_tokens=cached)))
 
 if __name__ == "__main__":
     main()
