@@ -261,7 +261,7 @@ impl Engine {
         sampler::validate(&params)?;
         let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits)?;
         let prompt = std::mem::take(&mut prepared.prompt);
-        let active = ActiveTurn::new(prepared, params, now)?;
+        let active = ActiveTurn::new(prepared, params, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::sampler::{self, Sampler};
+use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, Turn};
 use crate::conversation::Conversation;
 use crate::model::{IncrementalDecoder, Message, Model};
@@ -147,13 +147,10 @@ pub(crate) struct Accepted {
 }
 
 impl ActiveTurn {
-    /// A turn of `prepared` with validated `params`, submitted at `now`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidParams`].
-    pub fn new(prepared: PreparedTurn, params: SamplingParams, now: Instant) -> Result<Self> {
-        sampler::validate(&params)?;
-        Ok(Self {
+    /// A turn of `prepared` with `params` (checked by `sampler::validate`), submitted at
+    /// `now`.
+    pub fn new(prepared: PreparedTurn, params: SamplingParams, now: Instant) -> Self {
+        Self {
             sampler: Sampler::new(&params),
             params,
             decoder: IncrementalDecoder::new(),
@@ -164,7 +161,7 @@ impl ActiveTurn {
             prompt_tokens: prepared.size.prompt_tokens,
             submitted: now,
             first_token: None,
-        })
+        }
     }
 
     pub fn sampler(&mut self) -> &mut Sampler {
