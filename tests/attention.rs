@@ -121,17 +121,23 @@ fn build(c: &Case) -> (Tensor, Tensor, Tensor, AttentionBatch) {
     (q, k, v, batch)
 }
 
+/// Outputs are weighted means of values in [-2, 2]; one near zero is a cancellation whose
+/// absolute f32 rounding (about 1e-6 over a few hundred keys) says nothing about the kernel, so
+/// relative error is floored at this magnitude. A wrong mask, slot or scale moves outputs by
+/// 1e-2 or more.
+const REL_FLOOR: f32 = 0.1;
+
 fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(&b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+        .map(|(x, y)| (x - y).abs() / y.abs().max(REL_FLOOR))
         .fold(0.0, f32::max)
 }
 
-/// The fast CPU kernel's tolerance against the f64 reference (relative, floored at 1e-2).
+/// The fast CPU kernel's tolerance against the f64 reference (relative, floored at `REL_FLOOR`).
 const FAST_TOL: f32 = 1e-4;
 /// The gather path sums through candle's blocked f32 GEMM and a separate softmax; its error
 /// against the f64 reference reaches a few 1e-4 on peaky score rows.
