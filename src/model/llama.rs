@@ -28,9 +28,10 @@ use crate::{Error, Result};
 pub enum WeightFormat {
     /// The default: pensieve's packed weights and its own matmul, one path for every pass
     /// size, so a row's logits do not depend on the rest of its batch. GGUF `Q4_1`/`Q8_0`
-    /// weights keep their codes (0.625 / 1.25 bytes per weight, dequantized exactly on the
-    /// fly), other weights are held as f32. On devices other than the CPU it falls back to
-    /// f32 weights on candle's matmul.
+    /// weights keep their codes (0.75 / 1.25 bytes per weight with their scales) and multiply
+    /// activations quantized to 8 bits per 32 values with integer dot products (AVX-512 VNNI
+    /// or AVX2, chosen at run time); other weights are held as f32. On devices other than the
+    /// CPU it falls back to f32 weights on candle's matmul.
     #[default]
     Packed,
     /// Dequantized to f32 on candle's GEMM: 4 bytes per weight. The reference the packed
