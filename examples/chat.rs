@@ -66,6 +66,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let config = EngineConfig {
         budgets: args.engine.budgets(),
         mode,
+        kv_precision: args.engine.kv_precision(),
         ..EngineConfig::default()
     };
     let mut engine = Engine::with_model(model.clone(), config.clone())?;

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use pensieve::attention::{attention, attention_gather, attention_reference, AttentionBatch};
 use proptest::prelude::*;
 
@@ -149,6 +149,19 @@ proptest! {
     #[test]
     fn fast_cpu_equals_reference(c in case()) {
         let (q, k, v, batch) = build(&c);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
+        let err = max_rel_err(&fast, &reference);
+        prop_assert!(err < FAST_TOL, "err {}", err);
+    }
+
+    #[test]
+    fn fast_cpu_reads_f16_pools(c in case()) {
+        // The pools as the engine keeps them by default; the reference reads the same f16
+        // values widened to f32.
+        let (q, k, v, batch) = build(&c);
+        let (k, v) = (k.to_dtype(DType::F16).unwrap(), v.to_dtype(DType::F16).unwrap());
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
         let fast = attention(&q, &k, &v, &batch, scale).unwrap();

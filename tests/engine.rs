@@ -206,7 +206,8 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     let tc = t.open(ConversationOptions::default()).unwrap();
     let (_, st) = t.run_turn(tc, Turn::user(long), params(3), |_| {}).unwrap();
     assert_eq!(st.prompt_tokens, 2047);
-    // The device budget in bytes: 2 layers x 2 x 2 kv heads x 8 dims x 4 bytes = 256 per token.
+    // The device budget in bytes: 2 layers x 2 x 2 kv heads x 8 dims x 2 bytes (f16, the
+    // default) = 128 per token; f32 takes twice that.
     let bytes = EngineConfig {
         budgets: Budgets {
             device_tokens: 0,
@@ -215,7 +216,13 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
         },
         ..config(CacheMode::Tiered, 0, 0)
     };
-    let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), bytes).unwrap();
+    let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), bytes.clone());
+    assert_eq!(by_bytes.unwrap().stats().device_slots_total, 128);
+    let f32_kv = EngineConfig {
+        kv_precision: pensieve::engine::KvPrecision::F32,
+        ..bytes
+    };
+    let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), f32_kv).unwrap();
     assert_eq!(by_bytes.stats().device_slots_total, 64);
     let too_small = EngineConfig {
         budgets: Budgets {

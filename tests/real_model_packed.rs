@@ -8,6 +8,7 @@
 mod common;
 
 use pensieve::attention::KvPool;
+use pensieve::engine::KvPrecision;
 use pensieve::model::{ForwardBatch, Message, Model, WeightFormat};
 use pensieve::workload::{default_sharegpt_path, read_sharegpt};
 
@@ -86,7 +87,7 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
 }
 
 /// Mean negative log-likelihood per token of each reply given its user turn.
-fn nll(model: &Model, samples: &[(String, String)]) -> f64 {
+fn nll(model: &Model, samples: &[(String, String)], kv: KvPrecision) -> f64 {
     let (mut total, mut count) = (0f64, 0usize);
     for (user, reply) in samples {
         let prompt = model
@@ -95,7 +96,7 @@ fn nll(model: &Model, samples: &[(String, String)]) -> f64 {
         let prompt_ids = model.encode(&prompt).unwrap();
         let reply_ids = model.encode(&format!("{reply}<|im_end|>")).unwrap();
         let ids: Vec<u32> = prompt_ids.iter().chain(&reply_ids).copied().collect();
-        let logits = common::score_all(model, &ids);
+        let logits = common::score_all_with(model, &ids, kv);
         for (i, &t) in reply_ids.iter().enumerate() {
             let row = &logits[prompt_ids.len() + i - 1];
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -131,11 +132,17 @@ fn real_model_packed_perplexity_is_within_one_percent_of_f32() {
         .map(|(u, r)| (cap(u), cap(r)))
         .collect();
     assert_eq!(samples.len(), 100);
-    let reference = nll(&f32_model, &samples);
+    // The reference computes and keeps everything in f32; the default keeps packed weights,
+    // 8-bit activations and an f16 KV cache.
+    let reference = nll(&f32_model, &samples, KvPrecision::F32);
     drop(f32_model);
-    let packed = nll(&common::real_model(WeightFormat::Packed), &samples);
+    let packed = nll(
+        &common::real_model(WeightFormat::Packed),
+        &samples,
+        KvPrecision::default(),
+    );
     let (ppl_ref, ppl) = (reference.exp(), packed.exp());
-    eprintln!("perplexity over 100 replies: f32 {ppl_ref:.4}, packed {ppl:.4}");
+    eprintln!("perplexity over 100 replies: f32 {ppl_ref:.4}, default (packed, f16 KV) {ppl:.4}");
     assert!(
         (ppl / ppl_ref - 1.0).abs() < 0.01,
         "f32 {ppl_ref}, packed {ppl}"

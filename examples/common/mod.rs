@@ -8,7 +8,7 @@ use std::error::Error;
 
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
-use pensieve::engine::{Budgets, CacheMode};
+use pensieve::engine::{Budgets, CacheMode, KvPrecision};
 use pensieve::model::{LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.
@@ -59,6 +59,15 @@ pub enum Format {
     Quantized,
 }
 
+/// How the KV cache stores values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Kv {
+    /// Half precision (the default): half the bytes per token in every tier.
+    F16,
+    /// f32.
+    F32,
+}
+
 /// Flags for the model and the engine's cache.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
@@ -77,6 +86,9 @@ pub struct EngineArgs {
     /// Host KV tier in MiB.
     #[arg(long, default_value_t = 1024)]
     pub host_mib: usize,
+    /// KV cache precision.
+    #[arg(long, value_enum, default_value = "f16")]
+    pub kv: Kv,
 }
 
 impl EngineArgs {
@@ -90,6 +102,14 @@ impl EngineArgs {
                 Format::Packed => WeightFormat::Packed,
             },
             ..LoadOptions::default()
+        }
+    }
+
+    /// The KV precision of `--kv`.
+    pub fn kv_precision(&self) -> KvPrecision {
+        match self.kv {
+            Kv::F16 => KvPrecision::F16,
+            Kv::F32 => KvPrecision::F32,
         }
     }
 

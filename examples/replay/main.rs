@@ -320,6 +320,7 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         step_token_budget: args.step_tokens,
         mode: mode.cache_mode(),
         cost_profile: cost.unwrap_or_default(),
+        kv_precision: args.engine.kv_precision(),
         ..EngineConfig::default()
     }
 }

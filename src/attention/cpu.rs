@@ -7,8 +7,10 @@
 //! processed together against tiles of [`K_TILE`] context entries, so a K/V row read from the
 //! pool is reused by every query of the block while it is in L1.
 //!
-//! The inner loops use `mul_add`: one fused instruction in the AVX2+FMA build selected at run
-//! time on x86-64 (the portable build is correct but slow on CPUs without FMA).
+//! The pools hold f32 or f16; each tile is loaded once into f32 buffers (keys transposed,
+//! values gathered, `tiles`) shared by every query of the block. The inner loops use `mul_add`:
+//! one fused instruction in the AVX2+FMA+F16C build selected at run time on x86-64 (the
+//! portable build is correct but slow on CPUs without FMA).
 //!
 //! Cost: `O(queries × visible context × head_dim)` flops per head; context entries at positions
 //! after every query of a tile are skipped without reading K or V.
@@ -17,6 +19,11 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 use rayon::prelude::*;
 
 use super::{AttentionBatch, Dims};
+
+mod tiles;
+
+pub(crate) use tiles::KvElem;
+use tiles::TileRows;
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -44,10 +51,30 @@ impl CustomOp3 for PagedAttention<'_> {
         v: &CpuStorage,
         v_l: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let q = contiguous_f32(q, q_l, "q")?;
-        let k = contiguous_f32(k, k_l, "k_pool")?;
-        let v = contiguous_f32(v, v_l, "v_pool")?;
-        let out = forward(q, k, v, self.batch, self.dims, self.scale);
+        let CpuStorage::F32(q) = q else {
+            candle_core::bail!("q must be f32 for the CPU attention kernel")
+        };
+        let q = contiguous(q, q_l, "q")?;
+        let (b, d, s) = (self.batch, self.dims, self.scale);
+        let out = match (k, v) {
+            (CpuStorage::F32(k), CpuStorage::F32(v)) => forward(
+                q,
+                contiguous(k, k_l, "k")?,
+                contiguous(v, v_l, "v")?,
+                b,
+                d,
+                s,
+            ),
+            (CpuStorage::F16(k), CpuStorage::F16(v)) => forward(
+                q,
+                contiguous(k, k_l, "k")?,
+                contiguous(v, v_l, "v")?,
+                b,
+                d,
+                s,
+            ),
+            _ => candle_core::bail!("the CPU attention kernel reads f32 or f16 KV pools"),
+        };
         let d = self.dims;
         Ok((
             CpuStorage::F32(out),
@@ -56,10 +83,7 @@ impl CustomOp3 for PagedAttention<'_> {
     }
 }
 
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, name: &str) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(data) = s else {
-        candle_core::bail!("{name} must be f32 for the CPU attention kernel")
-    };
+fn contiguous<'a, T>(data: &'a [T], l: &Layout, name: &str) -> candle_core::Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&data[a..b]),
         None => candle_core::bail!("{name} must be contiguous for the CPU attention kernel"),
@@ -75,12 +99,12 @@ struct Item {
     g: usize,
 }
 
-/// `q`: `[tokens, n_heads, head_dim]`, `k`/`v`: `[n_slots, n_kv_heads, head_dim]`, all f32
+/// `q`: `[tokens, n_heads, head_dim]` f32, `k`/`v`: `[n_slots, n_kv_heads, head_dim]`, all
 /// row-major; returns `[tokens, n_heads, head_dim]`.
-pub(super) fn forward(
+pub(super) fn forward<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     batch: &AttentionBatch,
     dims: Dims,
     scale: f32,
@@ -138,31 +162,30 @@ pub(super) fn forward(
 }
 
 /// A block of query rows of one sequence with everything its attention reads.
-struct Block<'a> {
+struct Block<'a, T> {
     q_rows: &'a [f32],
     q_positions: &'a [u32],
     ctx_slots: &'a [u32],
     ctx_positions: &'a [u32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [T],
+    v: &'a [T],
     /// The kv head whose query heads this block computes.
     g: usize,
     dims: Dims,
     scale: f32,
 }
 
-impl Block<'_> {
+impl<T: KvElem> Block<'_, T> {
     /// Attention for the block's rows and the query heads of kv head `g`, into `out` as
-    /// `[rows][group][head_dim]`: the AVX2+FMA build of
-    /// [`Block::body`] where the CPU has it, the baseline build otherwise.
+    /// `[rows][group][head_dim]`: the AVX2+FMA+F16C build of [`Block::body`] where the CPU
+    /// has it, the baseline build otherwise.
     fn run(&self, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU supports AVX2 and FMA, checked just above; the function is
-                // otherwise ordinary safe Rust compiled with those features enabled.
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above; the
+                // function is otherwise ordinary safe Rust compiled with those features.
                 unsafe { self.body_avx2(out) };
                 return;
             }
@@ -171,12 +194,12 @@ impl Block<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn body_avx2(&self, out: &mut [f32]) {
         self.body(out, true)
     }
 
-    /// `avx2`: the caller runs with AVX2 enabled (K tiles are transposed 8x8 in registers).
+    /// `avx2`: the caller runs with AVX2 and F16C enabled (tiles move 8 values at a time).
     #[inline(always)]
     fn body(&self, out: &mut [f32], avx2: bool) {
         let Block {
@@ -203,10 +226,11 @@ impl Block<'_> {
         let mut l = vec![0f32; nq];
         let mut acc = vec![0f32; nq * d];
         let mut scores = [0f32; K_TILE];
-        // K tile transposed, kt[dim * K_TILE + key], so scores vectorise across keys without
-        // horizontal sums. Every query takes this one path, whatever shares its block: a row's
-        // result does not depend on how the batch was cut (batch invariance).
-        let mut kt = vec![0f32; d * K_TILE];
+        // The tile's keys and values gathered as f32, `[key][dim]`. Every query takes this one
+        // path, whatever shares its block: a row's result does not depend on how the batch
+        // was cut (batch invariance).
+        let mut kt = vec![0f32; K_TILE * d];
+        let mut vt = vec![0f32; K_TILE * d];
 
         // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
         for r in 0..rows {
@@ -224,29 +248,30 @@ impl Block<'_> {
             if positions.iter().all(|&p| p > max_pos) {
                 continue;
             }
-            let keys = TileKeys {
-                k,
+            let rows = |pool| TileRows {
+                pool,
                 slots,
                 kv_row,
                 off: g * d,
                 d,
             };
-            transpose_tile(&mut kt, &keys, avx2);
+            rows(k).gather_into(&mut kt, avx2);
+            rows(v).gather_into(&mut vt, avx2);
+            let tile = Tile {
+                simd: avx2,
+                len: slots.len(),
+                positions,
+                kt: &kt,
+                vt: &vt,
+            };
             for i in 0..nq {
-                let tile = Tile {
-                    slots,
-                    positions,
-                    kt: &kt,
-                    kv_off: g * d,
-                    kv_row,
-                };
                 let acc_i = &mut acc[i * d..(i + 1) * d];
                 let qi = &qv[i * d..(i + 1) * d];
                 let (mi, li) = (&mut m[i], &mut l[i]);
                 match d {
-                    64 => tile_step::<64>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                    128 => tile_step::<128>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
-                    _ => tile_step::<0>(qi, qpos[i], &tile, v, &mut scores, acc_i, mi, li),
+                    64 => tile_step::<64>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
+                    128 => tile_step::<128>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
+                    _ => tile_step::<0>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
                 }
             }
         }
@@ -260,174 +285,35 @@ impl Block<'_> {
     }
 }
 
-/// The keys of one context tile for one kv head: key `j` is `d` values of `k` at
-/// `slots[j] * kv_row + off`.
-struct TileKeys<'a> {
-    k: &'a [f32],
-    slots: &'a [u32],
-    kv_row: usize,
-    off: usize,
-    d: usize,
-}
-
-impl TileKeys<'_> {
-    /// Key `j`, or `None` when its slot lies outside `k`.
-    #[inline(always)]
-    fn key(&self, j: usize) -> Option<&[f32]> {
-        let start = *self.slots.get(j)? as usize * self.kv_row + self.off;
-        self.k.get(start..start + self.d)
-    }
-}
-
-/// Fills `kt[t * K_TILE + j]` with element `t` of key `j`. With few queries per block
-/// (decode) this copy costs more than the scores, so the AVX2 build moves 8x8 blocks through
-/// registers; both builds write the same values.
-#[inline(always)]
-fn transpose_tile(kt: &mut [f32], keys: &TileKeys<'_>, avx2: bool) {
-    #[cfg(target_arch = "x86_64")]
-    let done = if avx2 && keys.d.is_multiple_of(8) && kt.len() >= keys.d * K_TILE {
-        // SAFETY: the caller runs with AVX2 enabled (`avx2` is only true inside
-        // `Block::body_avx2`); bounds are checked inside.
-        unsafe { transpose_avx2::blocks(kt, keys) }
-    } else {
-        0
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = {
-        let _ = avx2;
-        0
-    };
-    for j in done..keys.slots.len() {
-        let Some(kj) = keys.key(j) else {
-            continue;
-        };
-        for (t, &x) in kj.iter().enumerate() {
-            kt[t * K_TILE + j] = x;
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod transpose_avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{TileKeys, K_TILE};
-
-    /// Transposes the keys in groups of 8 and returns how many it did (a multiple of 8; the
-    /// caller copies the rest). `d % 8 == 0` and `kt.len() >= d * K_TILE`.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn blocks(kt: &mut [f32], keys: &TileKeys<'_>) -> usize {
-        let d = keys.d;
-        let groups = keys.slots.len().min(K_TILE) / 8;
-        for jb in 0..groups {
-            let mut rows = [keys.k.as_ptr(); 8];
-            for (i, r) in rows.iter_mut().enumerate() {
-                match keys.key(jb * 8 + i) {
-                    Some(key) => *r = key.as_ptr(),
-                    None => return jb * 8,
-                }
-            }
-            for tb in (0..d).step_by(8) {
-                // SAFETY: each row pointer starts a key of d >= tb + 8 floats (`TileKeys::key`);
-                // stores go to kt[(tb + i) * K_TILE + jb * 8 ..][..8], inside d * K_TILE.
-                unsafe {
-                    let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i].add(tb)));
-                    let c = transpose8(r);
-                    for (i, col) in c.iter().enumerate() {
-                        _mm256_storeu_ps(kt.as_mut_ptr().add((tb + i) * K_TILE + jb * 8), *col);
-                    }
-                }
-            }
-        }
-        groups * 8
-    }
-
-    /// 8x8 transpose: column `i` of the result holds element `i` of each input row.
-    #[target_feature(enable = "avx2")]
-    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ]
-    }
-}
-
 /// One tile of context for [`tile_step`].
 struct Tile<'a> {
-    slots: &'a [u32],
+    /// Whether the caller runs with AVX2 and FMA enabled.
+    simd: bool,
+    /// Context entries in the tile (up to `K_TILE`).
+    len: usize,
     positions: &'a [u32],
-    /// The tile's keys transposed, `[head_dim][K_TILE]`.
+    /// The tile's keys, `[K_TILE][head_dim]`.
     kt: &'a [f32],
-    /// Offset of this kv head inside a pool row, and the row length.
-    kv_off: usize,
-    kv_row: usize,
+    /// The tile's values, `[K_TILE][head_dim]`.
+    vt: &'a [f32],
 }
 
 /// One query against one tile: scores, online-softmax update of `(m, l)`, and `acc += p v`.
 /// `D` is the head dimension when known at compile time (64, 128): fixed-size arrays keep the
 /// scores and the accumulator in registers; `D = 0` is the generic fallback.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn tile_step<const D: usize>(
     qi: &[f32],
     qpos: u32,
     tile: &Tile<'_>,
-    v: &[f32],
     scores: &mut [f32; K_TILE],
     acc_i: &mut [f32],
     m: &mut f32,
     l: &mut f32,
 ) {
     let d = qi.len();
-    let n = tile.slots.len();
-    let row = |slot: u32| -> std::ops::Range<usize> {
-        let start = slot as usize * tile.kv_row + tile.kv_off;
-        start..start + d
-    };
-    // Two interleaved accumulators (even and odd dimensions) halve the rounding chain of each
-    // score. Half a tile at a time and dimensions in pairs, so both stay in 8 vector registers.
-    const HALF: usize = K_TILE / 2;
-    for (h, out) in scores.chunks_exact_mut(HALF).enumerate() {
-        let (mut s0, mut s1) = ([0f32; HALF], [0f32; HALF]);
-        for (t, pair) in qi.chunks_exact(2).enumerate() {
-            let row = |dim: usize| -> Option<&[f32; HALF]> {
-                let start = dim * K_TILE + h * HALF;
-                tile.kt.get(start..start + HALF)?.try_into().ok()
-            };
-            let (Some(k0), Some(k1)) = (row(2 * t), row(2 * t + 1)) else {
-                return;
-            };
-            for j in 0..HALF {
-                s0[j] = pair[0].mul_add(k0[j], s0[j]);
-                s1[j] = pair[1].mul_add(k1[j], s1[j]);
-            }
-        }
-        for j in 0..HALF {
-            out[j] = s0[j] + s1[j];
-        }
-    }
+    let n = tile.len;
+    tiles::scores(qi, tile.kt, n, scores, tile.simd);
     // Entries past the tile's end and masked ones become -inf, and every reduction runs over
     // the whole fixed-size tile: the summation order never depends on where the tile or the
     // batch was cut, so a row's result is the same in any batch (batch invariance).
@@ -455,10 +341,9 @@ fn tile_step<const D: usize>(
             for x in a.iter_mut() {
                 *x *= alpha;
             }
-            for (&p, &slot) in s.iter().zip(tile.slots) {
+            for (&p, vj) in s.iter().zip(tile.vt.chunks_exact(D)) {
                 if p != 0.0 {
-                    let r = row(slot);
-                    if let Ok(vj) = <&[f32; D]>::try_from(&v[r]) {
+                    if let Ok(vj) = <&[f32; D]>::try_from(vj) {
                         for t in 0..D {
                             a[t] = p.mul_add(vj[t], a[t]);
                         }
@@ -471,9 +356,9 @@ fn tile_step<const D: usize>(
         if alpha != 1.0 {
             acc_i.iter_mut().for_each(|a| *a *= alpha);
         }
-        for (&p, &slot) in s.iter().zip(tile.slots) {
+        for (&p, vj) in s.iter().zip(tile.vt.chunks_exact(d)) {
             if p != 0.0 {
-                axpy(acc_i, p, &v[row(slot)]);
+                axpy(acc_i, p, vj);
             }
         }
     }

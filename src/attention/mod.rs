@@ -225,8 +225,12 @@ pub fn attention(
         Device::Cpu => {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;
-            let k = k_pool.to_dtype(DType::F32)?;
-            let v = v_pool.to_dtype(DType::F32)?;
+            // The kernel reads f32 and f16 pools as they are; other types are converted.
+            let kv = |pool: &Tensor| match pool.dtype() {
+                DType::F32 | DType::F16 => Ok(pool.clone()),
+                _ => pool.to_dtype(DType::F32),
+            };
+            let (k, v) = (kv(k_pool)?, kv(v_pool)?);
             let op = cpu::PagedAttention { batch, dims, scale };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }

@@ -7,6 +7,7 @@
 //! moves ids only; this type is the one that moves KV bytes.
 
 use candle_core::{DType, Device, Tensor};
+use half::f16;
 
 use crate::{Error, Result};
 
@@ -112,52 +113,75 @@ impl KvPool {
 
 impl KvPool {
     /// Copies the KV of slots `[start, start + len)` out of every layer, as
-    /// `[layer][k, v][len][n_kv_heads * head_dim]` f32 values (a chunk on its way to the host).
+    /// `[layer][k, v][len][n_kv_heads * head_dim]` values of the pool's type, little-endian
+    /// bytes (a chunk on its way to a lower tier; the bytes are what a tier stores).
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] for a range outside the pool; [`Error::Candle`] on device errors.
-    pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<f32>> {
+    /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32
+    /// and f16; [`Error::Candle`] on device errors.
+    pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<u8>> {
         self.check_range(start, len)?;
-        let mut out = Vec::with_capacity(self.k.len() * 2 * len * self.row);
+        let width = self.dtype().size_in_bytes();
+        let mut out = Vec::with_capacity(self.k.len() * 2 * len * self.row * width);
         for (k, v) in self.k.iter().zip(&self.v) {
             for pool in [k, v] {
-                let rows = pool
-                    .narrow(0, start, len)?
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?;
-                out.extend(rows.to_vec1::<f32>()?);
+                let rows = pool.narrow(0, start, len)?.flatten_all()?;
+                match rows.dtype() {
+                    DType::F32 => {
+                        out.extend(rows.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()))
+                    }
+                    DType::F16 => {
+                        out.extend(rows.to_vec1::<f16>()?.iter().flat_map(|x| x.to_le_bytes()))
+                    }
+                    other => return Err(unsupported(other)),
+                }
             }
         }
         Ok(out)
     }
 
     /// Writes data laid out as [`Self::read_slots`] returns it into slots
-    /// `[start, start + len)` of every layer (a chunk coming back from the host).
+    /// `[start, start + len)` of every layer (a chunk coming back from a lower tier).
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] if the data does not match the range; [`Error::Candle`] on
-    /// device errors.
-    pub fn write_slots(&self, start: usize, data: &[f32]) -> Result<()> {
-        let per = 2 * self.row * self.k.len();
+    /// [`Error::InvalidBatch`] if `data` is not whole KV-tokens or the range lies outside the
+    /// pool; [`Error::Candle`] on device errors.
+    pub fn write_slots(&self, start: usize, data: &[u8]) -> Result<()> {
+        let part_bytes = self.row * self.dtype().size_in_bytes();
+        let per = 2 * part_bytes * self.k.len();
         if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::InvalidBatch(format!(
-                "{} values are not whole KV-tokens",
+                "{} bytes are not whole KV-tokens",
                 data.len()
             )));
         }
         let len = data.len() / per;
         self.check_range(start, len)?;
-        let mut chunks = data.chunks_exact(len * self.row);
+        let mut chunks = data.chunks_exact(len * part_bytes);
         for (k, v) in self.k.iter().zip(&self.v) {
             for pool in [k, v] {
                 let part = chunks.next().unwrap_or_default();
-                let src = Tensor::from_slice(part, (len, self.row), pool.device())?
-                    .to_dtype(pool.dtype())?;
+                let shape = (len, self.row);
+                let device = pool.device();
+                let src = match pool.dtype() {
+                    DType::F32 => {
+                        Tensor::from_vec(decode(part, f32::from_le_bytes), shape, device)?
+                    }
+                    DType::F16 => {
+                        Tensor::from_vec(decode(part, f16::from_le_bytes), shape, device)?
+                    }
+                    other => return Err(unsupported(other)),
+                };
                 pool.reshape((self.n_slots, self.row))?
                     .slice_set(&src, 0, start)?;
             }
         }
         Ok(())
+    }
+
+    /// The type of the pool's values.
+    pub fn dtype(&self) -> DType {
+        self.k.first().map_or(DType::F32, Tensor::dtype)
     }
 
     fn check_range(&self, start: usize, len: usize) -> Result<()> {
@@ -169,5 +193,57 @@ impl KvPool {
             )));
         }
         Ok(())
+    }
+}
+
+/// Values from little-endian bytes (`N` bytes each).
+fn decode<T, const N: usize>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|b| from(b.try_into().unwrap_or([0; N])))
+        .collect()
+}
+
+fn unsupported(dtype: DType) -> Error {
+    Error::InvalidBatch(format!("KV pools of {dtype:?} cannot move between tiers"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: KvShape = KvShape {
+        num_layers: 2,
+        num_kv_heads: 3,
+        head_dim: 4,
+    };
+
+    #[test]
+    fn chunks_round_trip_through_bytes_in_both_precisions() {
+        for dtype in [DType::F32, DType::F16] {
+            let pool = KvPool::new(SHAPE, 10, dtype, &Device::Cpu).unwrap();
+            let row = 12;
+            let k = Tensor::arange(0f32, (3 * row) as f32, &Device::Cpu).unwrap();
+            let k = k.reshape((3, 3, 4)).unwrap();
+            let v = (&k * -0.5).unwrap();
+            let index = pool.write_index(&[4, 5, 6], &Device::Cpu).unwrap();
+            for layer in 0..2 {
+                pool.write(layer, &index, &k, &v).unwrap();
+            }
+            let bytes = pool.read_slots(4, 3).unwrap();
+            assert_eq!(bytes.len(), 3 * SHAPE.token_bytes(dtype.size_in_bytes()));
+            // Into other slots, then out again: the same bytes, and the values written.
+            pool.write_slots(0, &bytes).unwrap();
+            assert_eq!(pool.read_slots(0, 3).unwrap(), bytes);
+            let (kp, vp) = pool.layer(1).unwrap();
+            let got = |p: &Tensor| {
+                let t = p.narrow(0, 0, 3).unwrap().to_dtype(DType::F32).unwrap();
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            };
+            assert_eq!(got(kp), k.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            assert_eq!(got(vp), v.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            assert!(pool.write_slots(0, &bytes[1..]).is_err());
+            assert!(pool.write_slots(8, &bytes).is_err());
+        }
     }
 }

@@ -46,6 +46,28 @@ pub enum OverflowPolicy {
     TruncatePrompt,
 }
 
+/// How KV values are stored, in the device pool and in every tier below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvPrecision {
+    /// IEEE half precision: half the bytes of f32, so twice the conversations per byte of
+    /// every tier and half the bytes attention reads per step. The default (llama.cpp and
+    /// vLLM keep 16-bit KV too); the attention kernel widens values to f32 exactly.
+    #[default]
+    F16,
+    /// f32, as the model computes them.
+    F32,
+}
+
+impl KvPrecision {
+    /// The pool's tensor type.
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            KvPrecision::F16 => candle_core::DType::F16,
+            KvPrecision::F32 => candle_core::DType::F32,
+        }
+    }
+}
+
 /// Memory budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budgets {
@@ -93,6 +115,8 @@ pub struct EngineConfig {
     pub cost_profile: CostProfile,
     /// Prompts beyond the context window.
     pub overflow: OverflowPolicy,
+    /// How KV values are stored.
+    pub kv_precision: KvPrecision,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
@@ -113,6 +137,7 @@ impl Default for EngineConfig {
             eviction: EvictionKind::Value,
             cost_profile: CostProfile::Measure,
             overflow: OverflowPolicy::Error,
+            kv_precision: KvPrecision::default(),
             check_invariants: cfg!(debug_assertions),
         }
     }

@@ -27,7 +27,9 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use config::{Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, OverflowPolicy};
+pub use config::{
+    Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
+};
 pub use handle::EngineHandle;
 pub use turn::TurnSize;
 pub use types::{EngineStats, Event, FinishReason, SamplingParams, Turn, TurnStats};
@@ -89,19 +91,16 @@ impl Engine {
         config.validate()?;
         let model = model.into();
         let shape = model.config().kv_shape();
-        let blocks = config.num_blocks(shape.token_bytes(4));
+        let dtype = config.kv_precision.dtype();
+        let token_bytes = shape.token_bytes(dtype.size_in_bytes());
+        let blocks = config.num_blocks(token_bytes);
         if blocks == 0 {
             return Err(Error::InvalidConfig(
                 "the device budget must hold at least one chunk".into(),
             ));
         }
         let slots = blocks * config.chunk_size;
-        let pool = KvPool::new(
-            shape,
-            slots,
-            candle_core::DType::F32,
-            model.llama().device(),
-        )?;
+        let pool = KvPool::new(shape, slots, dtype, model.llama().device())?;
         let cost = match config.cost_profile {
             CostProfile::Fixed(c) => c,
             CostProfile::Measure => executor::measure_cost(&model, &pool, config.chunk_size)?,
@@ -114,13 +113,7 @@ impl Engine {
             CacheMode::Tiered => config.budgets.host_bytes,
             CacheMode::DeviceOnly | CacheMode::Stateless => 0,
         };
-        let cache = CacheManager::new(
-            blocks,
-            config.chunk_size,
-            host_bytes,
-            policy,
-            shape.token_bytes(4),
-        );
+        let cache = CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
         let sched = Scheduler::new(Limits {
             token_budget: config.step_token_budget,

@@ -438,7 +438,7 @@ impl CacheManager {
 
     /// A swap-out's bytes were copied: they go into the booked host chunk and the block is
     /// freed. If the host no longer has the booking, the chunk is dropped (counted).
-    pub fn complete_swap_out(&mut self, s: &SwapOut, data: Vec<f32>) {
+    pub fn complete_swap_out(&mut self, s: &SwapOut, data: Vec<u8>) {
         if !self.host.store(s.host, data) {
             self.abort_swap_out(s);
             return;
@@ -462,7 +462,7 @@ impl CacheManager {
     }
 
     /// Hands over a swap-in's bytes, freeing the host chunk; `None` if they are gone.
-    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Vec<f32>> {
+    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Vec<u8>> {
         self.host.take(s.host)
     }
 

@@ -12,7 +12,7 @@ pub struct HostChunkId(pub u32);
 #[derive(Debug)]
 struct Entry {
     bytes: usize,
-    data: Option<Vec<f32>>,
+    data: Option<Vec<u8>>,
 }
 
 /// KV chunks in host memory.
@@ -69,7 +69,7 @@ impl HostPool {
     }
 
     /// Fills a reserved chunk with its data. Returns `false` for an unknown id.
-    pub fn store(&mut self, id: HostChunkId, data: Vec<f32>) -> bool {
+    pub fn store(&mut self, id: HostChunkId, data: Vec<u8>) -> bool {
         match self.entries.get_mut(id.0 as usize) {
             Some(Some(e)) => {
                 e.data = Some(data);
@@ -80,7 +80,7 @@ impl HostPool {
     }
 
     /// Removes a chunk and returns its data (for a swap-in), freeing its bytes.
-    pub fn take(&mut self, id: HostChunkId) -> Option<Vec<f32>> {
+    pub fn take(&mut self, id: HostChunkId) -> Option<Vec<u8>> {
         let entry = self.entries.get_mut(id.0 as usize)?.take()?;
         self.used_bytes -= entry.bytes;
         self.free_ids.push(id.0);
@@ -107,10 +107,10 @@ mod tests {
         let mut h = HostPool::new(100);
         let a = h.reserve(60).unwrap();
         assert!(h.reserve(60).is_none());
-        assert!(h.store(a, vec![1.0; 15]));
+        assert!(h.store(a, vec![1; 15]));
         let b = h.reserve(40).unwrap();
         assert_eq!(h.used_bytes(), 100);
-        assert_eq!(h.take(a), Some(vec![1.0; 15]));
+        assert_eq!(h.take(a), Some(vec![1; 15]));
         h.release(b);
         assert_eq!((h.used_bytes(), h.len()), (0, 0));
         assert!(h.take(a).is_none());

@@ -134,13 +134,24 @@ pub fn chat_prompt(model: &Model, user: &str) -> Vec<u32> {
     model.encode(&text).unwrap()
 }
 
-/// Logits at every position of `tokens`, computed in one stateless pass (the reference).
+/// Logits at every position of `tokens`, computed in one stateless pass over a KV pool of the
+/// engine's default precision (the reference an engine is checked against: its KV goes
+/// through the same rounding whether it was computed now or turns ago).
 pub fn score_all(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    score_all_with(model, tokens, pensieve::engine::KvPrecision::default())
+}
+
+/// [`score_all`] with KV stored at `kv`.
+pub fn score_all_with(
+    model: &Model,
+    tokens: &[u32],
+    kv: pensieve::engine::KvPrecision,
+) -> Vec<Vec<f32>> {
     let llama = model.llama();
     let pool = KvPool::new(
         llama.config().kv_shape(),
         tokens.len(),
-        candle_core::DType::F32,
+        kv.dtype(),
         llama.device(),
     )
     .unwrap();
