@@ -180,6 +180,86 @@ proptest! {
     }
 }
 
+fn long_case() -> impl Strategy<Value = Case> {
+    // Contexts of several segments (512 entries each): decode rows, prefill runs, recompute.
+    let seq = (500usize..1400, 0usize..3, any::<u64>()).prop_map(|(ctx_len, kind, r)| {
+        let n = ctx_len as u32;
+        let queries = match kind {
+            0 => vec![n - 1],
+            1 => (n - 1 - r as u32 % 40..n).collect(),
+            _ => (0..3).chain(n - 5..n).collect(),
+        };
+        SeqCase { ctx_len, queries }
+    });
+    (prop::collection::vec(seq, 1..3), any::<u64>()).prop_map(|(seqs, seed)| Case {
+        n_kv_heads: 2,
+        group: 3,
+        head_dim: 64,
+        seqs,
+        seed,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn long_contexts_merge_their_segments(c in long_case()) {
+        let (q, k, v, batch) = build(&c);
+        let (k, v) = (k.to_dtype(DType::F16).unwrap(), v.to_dtype(DType::F16).unwrap());
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
+        let err = max_rel_err(&fast, &reference);
+        prop_assert!(err < FAST_TOL, "err {}", err);
+    }
+}
+
+#[test]
+fn a_query_is_bit_identical_alone_and_in_a_prefill_block() {
+    // Position 1199 of a 1,200-entry context (three segments): as a decode row alone, and as
+    // the last row of a 40-row prefill run beside another sequence.
+    let (k_len, d, heads, kv_heads) = (1200usize, 64usize, 6usize, 2usize);
+    let slots: Vec<u32> = (0..k_len as u32).rev().collect();
+    let positions: Vec<u32> = (0..k_len as u32).collect();
+    let kv = |seed| {
+        let t = Tensor::from_vec(
+            values(k_len * kv_heads * d, seed),
+            (k_len, kv_heads, d),
+            &Device::Cpu,
+        );
+        t.unwrap().to_dtype(DType::F16).unwrap()
+    };
+    let (k, v) = (kv(11), kv(12));
+    let q_all = values(41 * heads * d, 13);
+    let last = &q_all[40 * heads * d..];
+    let scale = 0.125;
+
+    let mut alone = AttentionBatch::new();
+    alone.push_sequence(&[1199], &slots, &positions).unwrap();
+    let q = Tensor::from_vec(last.to_vec(), (1, heads, d), &Device::Cpu).unwrap();
+    let one = attention(&q, &k, &v, &alone, scale).unwrap();
+
+    let mut mixed = AttentionBatch::new();
+    mixed
+        .push_sequence(&[5], &slots[..6], &positions[..6])
+        .unwrap();
+    let run: Vec<u32> = (1160..1200).collect();
+    mixed.push_sequence(&run, &slots, &positions).unwrap();
+    let q = Tensor::from_vec(q_all, (41, heads, d), &Device::Cpu).unwrap();
+    let many = attention(&q, &k, &v, &mixed, scale).unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&one), bits(&many.narrow(0, 40, 1).unwrap()));
+}
+
 #[test]
 fn future_context_is_invisible() {
     // Changing K/V at positions after every query must not change the output; changing a

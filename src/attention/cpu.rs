@@ -15,6 +15,8 @@
 //! Cost: `O(queries × visible context × head_dim)` flops per head; context entries at positions
 //! after every query of a tile are skipped without reading K or V.
 
+use std::ops::Range;
+
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 use rayon::prelude::*;
 
@@ -29,6 +31,8 @@ use tiles::TileRows;
 const Q_BLOCK: usize = 16;
 /// Context entries per tile.
 const K_TILE: usize = 64;
+/// Tiles per segment: contexts longer than this are split across work items.
+const SEGMENT: usize = 8;
 
 /// The op as candle sees it; borrowed batch and checked shapes.
 pub(super) struct PagedAttention<'a> {
@@ -91,16 +95,29 @@ fn contiguous<'a, T>(data: &'a [T], l: &Layout, name: &str) -> candle_core::Resu
 }
 
 /// One unit of parallel work: rows `[row0, row1)` of sequence `seq`, the query heads that read
-/// kv head `g`. Splitting by kv head keeps both cores busy when a single sequence decodes.
+/// kv head `g`, against context tiles `tiles` (one segment). Splitting by kv head and by
+/// segment keeps both cores busy when a single sequence decodes a long context.
 struct Item {
     seq: usize,
     row0: usize,
     row1: usize,
     g: usize,
+    tiles: Range<usize>,
+}
+
+impl Item {
+    /// Whether `other` computes the same rows and heads (another segment of them).
+    fn same_rows(&self, other: &Item) -> bool {
+        (self.seq, self.row0, self.g) == (other.seq, other.row0, other.g)
+    }
 }
 
 /// `q`: `[tokens, n_heads, head_dim]` f32, `k`/`v`: `[n_slots, n_kv_heads, head_dim]`, all
 /// row-major; returns `[tokens, n_heads, head_dim]`.
+///
+/// A sequence's context is cut into segments of [`SEGMENT`] tiles by index in its context
+/// list, whatever the batch; each segment is its own work item with its own softmax state, and
+/// the segments are merged in order. A query's result depends on its own context only.
 pub(super) fn forward<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -115,20 +132,22 @@ pub(super) fn forward<T: KvElem>(
     let mut items = Vec::new();
     for (seq, view) in batch.sequences().enumerate() {
         let n = view.q_positions.len();
+        let tiles = view.ctx_slots.len().div_ceil(K_TILE);
         for r in (0..n).step_by(Q_BLOCK) {
             for g in 0..dims.n_kv_heads {
-                items.push(Item {
-                    seq,
-                    row0: r,
-                    row1: (r + Q_BLOCK).min(n),
-                    g,
-                });
+                for t in (0..tiles.max(1)).step_by(SEGMENT) {
+                    items.push(Item {
+                        seq,
+                        row0: r,
+                        row1: (r + Q_BLOCK).min(n),
+                        g,
+                        tiles: t..(t + SEGMENT).min(tiles),
+                    });
+                }
             }
         }
     }
-    // Each item's heads are interleaved with other items' in the output rows: items write
-    // `[rows][group][head_dim]` buffers, copied into place afterwards.
-    let parts: Vec<(Item, Vec<f32>)> = items
+    let parts: Vec<(Item, Partial)> = items
         .into_par_iter()
         .map(|item| {
             let view = batch.sequence(item.seq);
@@ -139,26 +158,76 @@ pub(super) fn forward<T: KvElem>(
                 q_positions: &view.q_positions[item.row0..item.row1],
                 ctx_slots: view.ctx_slots,
                 ctx_positions: view.ctx_positions,
+                tiles: item.tiles.clone(),
                 k,
                 v,
                 g: item.g,
                 dims,
                 scale,
             };
-            let mut buf = vec![0f32; rows * group * d];
-            block.run(&mut buf);
-            (item, buf)
+            let part = block.run();
+            (item, part)
         })
         .collect();
+    // Each item's heads are interleaved with other items' in the output rows: partials are
+    // `[rows][group][head_dim]`, merged and copied into place here.
     let mut out = vec![0f32; dims.tokens * row_len];
-    for (item, buf) in parts {
+    let mut parts = parts.into_iter().peekable();
+    while let Some((item, mut part)) = parts.next() {
+        while let Some((_, next)) = parts.next_if(|(next, _)| next.same_rows(&item)) {
+            part.merge(&next, d);
+        }
         let first = batch.sequence(item.seq).first_row + item.row0;
-        for (r, src) in buf.chunks_exact(group * d).enumerate() {
+        for (r, dst) in part.normalized(d).chunks_exact(group * d).enumerate() {
             let at = (first + r) * row_len + item.g * group * d;
-            out[at..at + group * d].copy_from_slice(src);
+            out[at..at + group * d].copy_from_slice(dst);
         }
     }
     out
+}
+
+/// The softmax state of a block's queries over part of their context: per query `i`, the
+/// running maximum score `m[i]`, the sum of `e^(score - m)` `l[i]`, and the weighted sum of
+/// values `acc[i * d..][..d]`, not yet divided by `l`.
+struct Partial {
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+impl Partial {
+    /// Folds `other` (the next segment of the same queries) into `self`.
+    fn merge(&mut self, other: &Partial, d: usize) {
+        for (i, (&mb, &lb)) in other.m.iter().zip(&other.l).enumerate() {
+            let ma = self.m[i];
+            let acc_b = &other.acc[i * d..][..d];
+            let acc_a = &mut self.acc[i * d..][..d];
+            if mb == f32::NEG_INFINITY {
+                continue;
+            }
+            if ma == f32::NEG_INFINITY {
+                acc_a.copy_from_slice(acc_b);
+                (self.m[i], self.l[i]) = (mb, lb);
+                continue;
+            }
+            let m = ma.max(mb);
+            let (a, b) = (exp(ma - m), exp(mb - m));
+            for (x, &y) in acc_a.iter_mut().zip(acc_b) {
+                *x = y.mul_add(b, *x * a);
+            }
+            self.l[i] = lb.mul_add(b, self.l[i] * a);
+            self.m[i] = m;
+        }
+    }
+
+    /// The attention outputs: `acc / l` (zero for a query that saw no context).
+    fn normalized(mut self, d: usize) -> Vec<f32> {
+        for (acc, &l) in self.acc.chunks_exact_mut(d).zip(&self.l) {
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            acc.iter_mut().for_each(|a| *a *= inv);
+        }
+        self.acc
+    }
 }
 
 /// A block of query rows of one sequence with everything its attention reads.
@@ -167,6 +236,8 @@ struct Block<'a, T> {
     q_positions: &'a [u32],
     ctx_slots: &'a [u32],
     ctx_positions: &'a [u32],
+    /// The context tiles (by index) this block reads.
+    tiles: Range<usize>,
     k: &'a [T],
     v: &'a [T],
     /// The kv head whose query heads this block computes.
@@ -176,37 +247,37 @@ struct Block<'a, T> {
 }
 
 impl<T: KvElem> Block<'_, T> {
-    /// Attention for the block's rows and the query heads of kv head `g`, into `out` as
-    /// `[rows][group][head_dim]`: the AVX2+FMA+F16C build of [`Block::body`] where the CPU
-    /// has it, the baseline build otherwise.
-    fn run(&self, out: &mut [f32]) {
+    /// The softmax state of the block's rows and the query heads of kv head `g` (query
+    /// `r * group + j`) over its tiles: the AVX2+FMA+F16C build of [`Block::body`] where the
+    /// CPU has it, the baseline build otherwise.
+    fn run(&self) -> Partial {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx2") && has!("fma") && has!("f16c") {
                 // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above; the
                 // function is otherwise ordinary safe Rust compiled with those features.
-                unsafe { self.body_avx2(out) };
-                return;
+                return unsafe { self.body_avx2() };
             }
         }
-        self.body(out, false)
+        self.body(false)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn body_avx2(&self, out: &mut [f32]) {
-        self.body(out, true)
+    unsafe fn body_avx2(&self) -> Partial {
+        self.body(true)
     }
 
     /// `avx2`: the caller runs with AVX2 and F16C enabled (tiles move 8 values at a time).
     #[inline(always)]
-    fn body(&self, out: &mut [f32], avx2: bool) {
+    fn body(&self, avx2: bool) -> Partial {
         let Block {
             q_rows,
             q_positions,
             ctx_slots,
             ctx_positions,
+            ref tiles,
             k,
             v,
             g,
@@ -244,7 +315,8 @@ impl<T: KvElem> Block<'_, T> {
                 qpos[i] = q_positions[r];
             }
         }
-        for (slots, positions) in ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE)) {
+        let all = ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE));
+        for (slots, positions) in all.skip(tiles.start).take(tiles.len()) {
             if positions.iter().all(|&p| p > max_pos) {
                 continue;
             }
@@ -276,12 +348,7 @@ impl<T: KvElem> Block<'_, T> {
             }
         }
 
-        for (i, dst) in out.chunks_exact_mut(d).take(nq).enumerate() {
-            let inv = if l[i] > 0.0 { 1.0 / l[i] } else { 0.0 };
-            for (o, a) in dst.iter_mut().zip(&acc[i * d..(i + 1) * d]) {
-                *o = a * inv;
-            }
-        }
+        Partial { acc, m, l }
     }
 }
 

@@ -296,6 +296,16 @@ impl Llama {
     /// [`Error::TokenOutOfVocab`], [`Error::ContextOverflow`], [`Error::InvalidBatch`] for bad
     /// batches (nothing is written then); [`Error::Candle`] for device failures.
     pub fn forward(&self, batch: &ForwardBatch, pool: &KvPool) -> Result<Tensor> {
+        // The pass runs on a worker of rayon's pool, so each parallel op inside it forks from
+        // a worker (work stealing) instead of waking the pool from outside and sleeping on a
+        // latch: one hand-off per pass instead of one per op (measured: 1.2x replay output).
+        match rayon::current_thread_index() {
+            Some(_) => self.forward_here(batch, pool),
+            None => rayon::join(|| self.forward_here(batch, pool), || ()).0,
+        }
+    }
+
+    fn forward_here(&self, batch: &ForwardBatch, pool: &KvPool) -> Result<Tensor> {
         let c = &self.config;
         if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfVocab {
