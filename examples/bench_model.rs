@@ -11,11 +11,12 @@
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::attention::KvPool;
+use pensieve::engine::KvPrecision;
 use pensieve::model::{
     default_model_path, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat,
 };
@@ -54,13 +55,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The engine's KV precision, which every pool here uses.
+fn kv() -> KvPrecision {
+    KvPrecision::default()
+}
+
 /// Our model: time to prefill `prompt`, and time of `DECODE_STEPS` decode steps after it.
 fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     let n = prompt.len();
     let pool = KvPool::new(
         model.config().kv_shape(),
         n + DECODE_STEPS + 1,
-        DType::F32,
+        kv().dtype(),
         model.llama().device(),
     )?;
     let pos: Vec<u32> = (0..n as u32).collect();
@@ -89,7 +95,7 @@ fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensie
     let pool = KvPool::new(
         model.config().kv_shape(),
         rows * (ctx + 1),
-        DType::F32,
+        kv().dtype(),
         model.llama().device(),
     )?;
     let mut batch = ForwardBatch::new();
@@ -313,19 +319,22 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     let gbps = copy_gbps();
     println!("Decode step of 8 sequences at context 512 (median of {}); copy bandwidth {gbps:.1} GB/s (read + write):", args.repeats.max(3));
-    println!("| implementation | step ms | weight bytes | bytes / bandwidth ms | ratio |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| implementation | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (name, m) in &ours_models {
         let step = decode_step(m, 8, 512, args.repeats.max(3))?;
         let bytes = m.llama().weight_bytes();
-        // Streaming the weights once reads them: half the copy traffic per byte.
-        let stream = bytes as f64 / (gbps / 2.0 * 1e9);
+        let kv = 8 * 513 * m.config().kv_shape().token_bytes(kv().dtype().size_in_bytes());
+        // Streaming bytes once reads them: half the copy traffic per byte.
+        let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
         println!(
-            "| {name} | {:.1} | {:.0} MB | {:.1} | {:.2} |",
+            "| {name} | {:.1} | {:.0} MB | {:.1} | {:.2} | {:.0} MB | {:.1} |",
             step * 1e3,
             bytes as f64 / 1e6,
-            stream * 1e3,
-            step / stream
+            ms(bytes),
+            step * 1e3 / ms(bytes),
+            kv as f64 / 1e6,
+            ms(bytes + kv),
         );
     }
     println!();

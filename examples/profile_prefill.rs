@@ -24,7 +24,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let pool = KvPool::new(
         model.config().kv_shape(),
         n,
-        candle_core::DType::F32,
+        pensieve::engine::KvPrecision::default().dtype(),
         model.llama().device(),
     )?;
     let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i * 7919 % 40_000).collect();
