@@ -324,7 +324,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for (name, m) in &ours_models {
         let step = decode_step(m, 8, 512, args.repeats.max(3))?;
         let bytes = m.llama().weight_bytes();
-        let kv = 8 * 513 * m.config().kv_shape().token_bytes(kv().dtype().size_in_bytes());
+        let kv = 8
+            * 513
+            * m.config()
+                .kv_shape()
+                .token_bytes(kv().dtype().size_in_bytes());
         // Streaming bytes once reads them: half the copy traffic per byte.
         let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
         println!(
