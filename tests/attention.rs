@@ -137,6 +137,17 @@ fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The fast CPU kernel's error against the reference, with the pools stored as `dtype` (the
+/// reference reads the same stored values widened to f32).
+fn fast_error(c: &Case, dtype: DType) -> f32 {
+    let (q, k, v, batch) = build(c);
+    let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+    let fast = attention(&q, &k, &v, &batch, scale).unwrap();
+    max_rel_err(&fast, &reference)
+}
+
 /// The fast CPU kernel's tolerance against the f64 reference (relative, floored at `REL_FLOOR`).
 const FAST_TOL: f32 = 1e-4;
 /// The gather path sums through candle's blocked f32 GEMM and a separate softmax; its error
@@ -148,24 +159,14 @@ proptest! {
 
     #[test]
     fn fast_cpu_equals_reference(c in case()) {
-        let (q, k, v, batch) = build(&c);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
-        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
-        let err = max_rel_err(&fast, &reference);
+        let err = fast_error(&c, DType::F32);
         prop_assert!(err < FAST_TOL, "err {}", err);
     }
 
     #[test]
     fn fast_cpu_reads_f16_pools(c in case()) {
-        // The pools as the engine keeps them by default; the reference reads the same f16
-        // values widened to f32.
-        let (q, k, v, batch) = build(&c);
-        let (k, v) = (k.to_dtype(DType::F16).unwrap(), v.to_dtype(DType::F16).unwrap());
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
-        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
-        let err = max_rel_err(&fast, &reference);
+        // The pools as the engine keeps them by default.
+        let err = fast_error(&c, DType::F16);
         prop_assert!(err < FAST_TOL, "err {}", err);
     }
 
@@ -205,12 +206,7 @@ proptest! {
 
     #[test]
     fn long_contexts_merge_their_segments(c in long_case()) {
-        let (q, k, v, batch) = build(&c);
-        let (k, v) = (k.to_dtype(DType::F16).unwrap(), v.to_dtype(DType::F16).unwrap());
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
-        let fast = attention(&q, &k, &v, &batch, scale).unwrap();
-        let err = max_rel_err(&fast, &reference);
+        let err = fast_error(&c, DType::F16);
         prop_assert!(err < FAST_TOL, "err {}", err);
     }
 }

@@ -19,6 +19,25 @@ use rayon::prelude::*;
 
 use crate::{Error, Result};
 
+/// `$tile::<R, P>(args)` for a register tile of `$rows` rows spanning `$panels` panels (the
+/// shapes [`tile_width`] hands out), in every kernel's vector paths.
+macro_rules! tile_shapes {
+    ($rows:expr, $panels:expr, $tile:ident($($arg:expr),*)) => {
+        match ($rows, $panels) {
+            (1, 4) => $tile::<1, 4>($($arg),*),
+            (1, 2) => $tile::<1, 2>($($arg),*),
+            (2, 2) => $tile::<2, 2>($($arg),*),
+            (3, 2) => $tile::<3, 2>($($arg),*),
+            (1, _) => $tile::<1, 1>($($arg),*),
+            (2, _) => $tile::<2, 1>($($arg),*),
+            (3, _) => $tile::<3, 1>($($arg),*),
+            (4, _) => $tile::<4, 1>($($arg),*),
+            (5, _) => $tile::<5, 1>($($arg),*),
+            _ => $tile::<6, 1>($($arg),*),
+        }
+    };
+}
+
 mod float;
 mod quant;
 

@@ -112,18 +112,7 @@ mod avx2 {
         {
             return;
         }
-        match (rows, wide) {
-            (1, 4) => tile::<1, 4>(b, ws, t, first, row),
-            (1, 2) => tile::<1, 2>(b, ws, t, first, row),
-            (2, 2) => tile::<2, 2>(b, ws, t, first, row),
-            (3, 2) => tile::<3, 2>(b, ws, t, first, row),
-            (1, _) => tile::<1, 1>(b, ws, t, first, row),
-            (2, _) => tile::<2, 1>(b, ws, t, first, row),
-            (3, _) => tile::<3, 1>(b, ws, t, first, row),
-            (4, _) => tile::<4, 1>(b, ws, t, first, row),
-            (5, _) => tile::<5, 1>(b, ws, t, first, row),
-            _ => tile::<6, 1>(b, ws, t, first, row),
-        }
+        tile_shapes!(rows, wide, tile(b, ws, t, first, row))
     }
 
     /// `R` rows × `P` panels × 16 columns of accumulators in registers. The caller checked

@@ -46,20 +46,7 @@ pub(super) unsafe fn quantize(x: &[f32], inv: f32, codes: &mut [i8]) -> i32 {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
     // SAFETY: as this function's contract.
-    unsafe {
-        match (spot.rows, spot.panels) {
-            (1, 4) => tile::<1, 4>(w, a, spot, o, out),
-            (1, 2) => tile::<1, 2>(w, a, spot, o, out),
-            (2, 2) => tile::<2, 2>(w, a, spot, o, out),
-            (3, 2) => tile::<3, 2>(w, a, spot, o, out),
-            (1, _) => tile::<1, 1>(w, a, spot, o, out),
-            (2, _) => tile::<2, 1>(w, a, spot, o, out),
-            (3, _) => tile::<3, 1>(w, a, spot, o, out),
-            (4, _) => tile::<4, 1>(w, a, spot, o, out),
-            (5, _) => tile::<5, 1>(w, a, spot, o, out),
-            _ => tile::<6, 1>(w, a, spot, o, out),
-        }
-    }
+    unsafe { tile_shapes!(spot.rows, spot.panels, tile(w, a, spot, o, out)) }
 }
 
 /// `R` rows × `P` panels × 8 columns (half `h` of each panel), every block.

@@ -9,20 +9,7 @@ use super::{Bits, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK};
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
     // SAFETY: as this function's contract.
-    unsafe {
-        match (spot.rows, spot.panels) {
-            (1, 4) => tile::<1, 4>(w, a, spot, o, out),
-            (1, 2) => tile::<1, 2>(w, a, spot, o, out),
-            (2, 2) => tile::<2, 2>(w, a, spot, o, out),
-            (3, 2) => tile::<3, 2>(w, a, spot, o, out),
-            (1, _) => tile::<1, 1>(w, a, spot, o, out),
-            (2, _) => tile::<2, 1>(w, a, spot, o, out),
-            (3, _) => tile::<3, 1>(w, a, spot, o, out),
-            (4, _) => tile::<4, 1>(w, a, spot, o, out),
-            (5, _) => tile::<5, 1>(w, a, spot, o, out),
-            _ => tile::<6, 1>(w, a, spot, o, out),
-        }
-    }
+    unsafe { tile_shapes!(spot.rows, spot.panels, tile(w, a, spot, o, out)) }
 }
 
 /// `R` rows × `P` panels, every block; integer dots per block, f32 accumulators across blocks.
