@@ -4,7 +4,17 @@
 use super::*;
 
 fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
+    engine_with(mode, device_tokens, host_bytes, KvPrecision::default())
+}
+
+fn engine_with(
+    mode: CacheMode,
+    device_tokens: usize,
+    host_bytes: usize,
+    kv: KvPrecision,
+) -> Engine {
     let config = EngineConfig {
+        kv_precision: kv,
         budgets: Budgets {
             device_tokens,
             device_bytes: None,
@@ -32,10 +42,14 @@ fn params() -> SamplingParams {
 
 /// Two turns each of six conversations, one at a time, with `faults` armed before the
 /// second round; returns every conversation's tokens and the stats.
-fn run(mode: CacheMode, mut faults: Faults) -> (Vec<Vec<u32>>, EngineStats) {
+fn run(mode: CacheMode, faults: Faults) -> (Vec<Vec<u32>>, EngineStats) {
+    run_with(mode, faults, KvPrecision::default())
+}
+
+fn run_with(mode: CacheMode, mut faults: Faults, kv: KvPrecision) -> (Vec<Vec<u32>>, EngineStats) {
     // 30 blocks of 8 on the device: the six conversations (~130 tokens each after two turns)
     // do not all fit.
-    let mut e = engine(mode, 240, 1 << 20);
+    let mut e = engine_with(mode, 240, 1 << 20, kv);
     let convs: Vec<_> = (0..6)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
@@ -54,6 +68,16 @@ fn run(mode: CacheMode, mut faults: Faults) -> (Vec<Vec<u32>>, EngineStats) {
         .map(|&c| e.tokens(c).unwrap().to_vec())
         .collect();
     (tokens, e.stats())
+}
+
+/// Chunks of either precision go to the host tier and come back as the same values: Tiered
+/// equals Stateless at f32 as at f16 (the default, which the other tests run).
+#[test]
+fn f32_kv_swaps_through_the_host_and_matches_stateless() {
+    let (stateless, _) = run_with(CacheMode::Stateless, Faults::default(), KvPrecision::F32);
+    let (tiered, stats) = run_with(CacheMode::Tiered, Faults::default(), KvPrecision::F32);
+    assert!(stats.bytes_swapped_in > 0, "{stats:?}");
+    assert_eq!(tiered, stateless);
 }
 
 /// Defect 2: a failed swap-in must not let the step read the block it released.
