@@ -3,16 +3,7 @@
 
 use super::*;
 
-fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
-    engine_with(mode, device_tokens, host_bytes, KvPrecision::default())
-}
-
-fn engine_with(
-    mode: CacheMode,
-    device_tokens: usize,
-    host_bytes: usize,
-    kv: KvPrecision,
-) -> Engine {
+fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize, kv: KvPrecision) -> Engine {
     let config = EngineConfig {
         kv_precision: kv,
         budgets: Budgets {
@@ -49,7 +40,7 @@ fn run(mode: CacheMode, faults: Faults) -> (Vec<Vec<u32>>, EngineStats) {
 fn run_with(mode: CacheMode, mut faults: Faults, kv: KvPrecision) -> (Vec<Vec<u32>>, EngineStats) {
     // 30 blocks of 8 on the device: the six conversations (~130 tokens each after two turns)
     // do not all fit.
-    let mut e = engine_with(mode, 240, 1 << 20, kv);
+    let mut e = engine(mode, 240, 1 << 20, kv);
     let convs: Vec<_> = (0..6)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
