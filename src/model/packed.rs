@@ -1,8 +1,8 @@
 //! Packed linear weights and the one matmul every pass runs on the CPU, whatever its row count.
 //!
 //! `y = x · Wᵀ` for `x: [m, k]` (f32) and `W: [n, k]`. The weights are repacked at load into
-//! panels of [`NR`] output columns. GGUF `Q4_1` and `Q8_0` keep their codes (0.625 and 1.0625
-//! bytes per weight) and run the integer kernel of `quant`: activations quantized to 8 bits per
+//! panels of [`NR`] output columns. GGUF `Q4_1` and `Q8_0` keep their codes (0.75 and 1.25
+//! bytes per weight with their f32 scales and offsets) and run the integer kernel of `quant`: activations quantized to 8 bits per
 //! 32 values, integer dot products per block (AVX-512 VNNI, AVX2, or scalar). Other weights are
 //! held as f32 and run the FMA kernel of `float`.
 //!

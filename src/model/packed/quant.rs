@@ -14,7 +14,8 @@
 //! bit-identical alone or in any batch, and every instruction path gives the same bits.
 //!
 //! Cost per 32 × 16 block: 8 `vpdpbusd` on 64-byte vectors per row, against 64 f32 FMAs on
-//! 32-byte vectors; the weights are read as stored (0.625 bytes per `Q4_1` weight).
+//! 32-byte vectors; the weights are read as stored (4-bit codes plus an f32 scale and
+//! offset per 32: 0.75 bytes per `Q4_1` weight).
 
 use rayon::prelude::*;
 
