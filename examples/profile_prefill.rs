@@ -1,7 +1,9 @@
-//! Runs repeated prefills of one long prompt, for profiling (`perf record`).
+//! Runs one forward pass repeatedly, for profiling (`perf record`): a prefill of one long
+//! prompt, or, with `SEQUENCES`, a decode step of that many sequences with `TOKENS` of history
+//! each (one new token and one logits row per sequence).
 //!
 //! ```text
-//! cargo run --release --example profile_prefill -- [TOKENS] [REPEATS]
+//! cargo run --release --example profile_prefill -- [TOKENS] [REPEATS] [SEQUENCES]
 //! ```
 
 use std::time::Instant;
@@ -20,22 +22,37 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1024);
     let repeats: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(3);
+    let sequences: Option<usize> = args.next().map(|a| a.parse()).transpose()?;
     let model = Model::load(&ModelSource::Default, &LoadOptions::default())?;
+    let slots = sequences.map_or(n, |s| s * (n + 1));
     let pool = KvPool::new(
         model.config().kv_shape(),
-        n,
+        slots,
         pensieve::engine::KvPrecision::default().dtype(),
         model.llama().device(),
     )?;
     let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i * 7919 % 40_000).collect();
     let pos: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::new();
-    batch.push(&tokens, &pos, &pos, &pos, &pos, true)?;
+    let (rows, what) = match sequences {
+        None => {
+            batch.push(&tokens, &pos, &pos, &pos, &pos, true)?;
+            (n, "tokens")
+        }
+        Some(s) => {
+            for seq in 0..s as u32 {
+                let positions: Vec<u32> = (0..=n as u32).collect();
+                let slots: Vec<u32> = positions.iter().map(|p| seq * (n as u32 + 1) + p).collect();
+                batch.push(&[100 + seq], &[n as u32], &slots[n..], &slots, &positions, true)?;
+            }
+            (s, "sequences")
+        }
+    };
     for _ in 0..repeats {
         let t = Instant::now();
         model.llama().forward(&batch, &pool)?;
         let s = t.elapsed().as_secs_f64();
-        println!("{n} tokens in {s:.3} s: {:.0} tokens/s", n as f64 / s);
+        println!("{rows} {what} in {s:.4} s: {:.0} rows/s", rows as f64 / s);
     }
     Ok(())
 }

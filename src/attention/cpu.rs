@@ -25,7 +25,7 @@ use super::{AttentionBatch, Dims};
 mod tiles;
 
 pub(crate) use tiles::KvElem;
-use tiles::TileRows;
+use tiles::{TileRows, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -296,7 +296,7 @@ impl<T: KvElem> Block<'_, T> {
         let mut m = vec![f32::NEG_INFINITY; nq];
         let mut l = vec![0f32; nq];
         let mut acc = vec![0f32; nq * d];
-        let mut scores = [0f32; K_TILE];
+        let mut scores = [[0f32; K_TILE]; QG];
         // The tile's keys and values gathered as f32, `[key][dim]`. Every query takes this one
         // path, whatever shares its block: a row's result does not depend on how the batch
         // was cut (batch invariance).
@@ -329,21 +329,29 @@ impl<T: KvElem> Block<'_, T> {
             };
             rows(k).gather_into(&mut kt, avx2);
             rows(v).gather_into(&mut vt, avx2);
+            // Past the tile's end, positions read as "after every query": masked.
+            let mut padded = [u32::MAX; K_TILE];
+            padded[..positions.len()].copy_from_slice(positions);
             let tile = Tile {
                 simd: avx2,
                 len: slots.len(),
-                positions,
+                positions: &padded,
                 kt: &kt,
                 vt: &vt,
             };
-            for i in 0..nq {
-                let acc_i = &mut acc[i * d..(i + 1) * d];
-                let qi = &qv[i * d..(i + 1) * d];
-                let (mi, li) = (&mut m[i], &mut l[i]);
-                match d {
-                    64 => tile_step::<64>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
-                    128 => tile_step::<128>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
-                    _ => tile_step::<0>(qi, qpos[i], &tile, &mut scores, acc_i, mi, li),
+            for i0 in (0..nq).step_by(QG) {
+                let i1 = (i0 + QG).min(nq);
+                let queries = Queries {
+                    q: &qv[i0 * d..i1 * d],
+                    positions: &qpos[i0..i1],
+                    acc: &mut acc[i0 * d..i1 * d],
+                    m: &mut m[i0..i1],
+                    l: &mut l[i0..i1],
+                };
+                match i1 - i0 {
+                    1 => tile_step::<1>(queries, &tile, &mut scores),
+                    2 => tile_step::<2>(queries, &tile, &mut scores),
+                    _ => tile_step::<QG>(queries, &tile, &mut scores),
                 }
             }
         }
@@ -358,40 +366,77 @@ struct Tile<'a> {
     simd: bool,
     /// Context entries in the tile (up to `K_TILE`).
     len: usize,
-    positions: &'a [u32],
+    /// Each entry's position; `u32::MAX` past the tile's end.
+    positions: &'a [u32; K_TILE],
     /// The tile's keys, `[K_TILE][head_dim]`.
     kt: &'a [f32],
     /// The tile's values, `[K_TILE][head_dim]`.
     vt: &'a [f32],
 }
 
-/// One query against one tile: scores, online-softmax update of `(m, l)`, and `acc += p v`.
-/// `D` is the head dimension when known at compile time (64, 128): fixed-size arrays keep the
-/// scores and the accumulator in registers; `D = 0` is the generic fallback.
+/// Up to [`QG`] queries of a block with their softmax state: query `i` is `q[i * d..][..d]`
+/// at `positions[i]`, its state `m[i]`, `l[i]`, `acc[i * d..][..d]`.
+struct Queries<'a> {
+    q: &'a [f32],
+    positions: &'a [u32],
+    acc: &'a mut [f32],
+    m: &'a mut [f32],
+    l: &'a mut [f32],
+}
+
+/// `Q` queries against one tile: scores, online-softmax update of `(m, l)`, and `acc += p v`.
+/// Each query's arithmetic is the same whatever `Q` and whatever else is in the batch.
 #[inline(always)]
-fn tile_step<const D: usize>(
-    qi: &[f32],
+fn tile_step<const Q: usize>(
+    queries: Queries<'_>,
+    tile: &Tile<'_>,
+    scores: &mut [[f32; K_TILE]; QG],
+) {
+    let Queries {
+        q,
+        positions,
+        acc,
+        m,
+        l,
+    } = queries;
+    let d = q.len() / Q;
+    let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[i * d..(i + 1) * d]);
+    tiles::scores(qs, tile.kt, tile.len, scores, tile.simd);
+    for (i, s) in scores.iter_mut().enumerate().take(Q) {
+        softmax_step(s, positions[i], tile, &mut m[i], &mut l[i], &mut acc[i * d..][..d]);
+    }
+    let mut rows = acc.chunks_exact_mut(d);
+    let accs: [&mut [f32]; Q] = std::array::from_fn(|_| rows.next().unwrap_or_default());
+    tiles::accumulate(scores, tile.vt, tile.len, accs, tile.simd);
+}
+
+/// One query's online-softmax update over a tile: `scores` become the weights `p` (all zero
+/// when the tile is invisible to the query), `acc` is rescaled to the new maximum, and `(m, l)`
+/// updated.
+#[inline(always)]
+fn softmax_step(
+    scores: &mut [f32; K_TILE],
     qpos: u32,
     tile: &Tile<'_>,
-    scores: &mut [f32; K_TILE],
-    acc_i: &mut [f32],
     m: &mut f32,
     l: &mut f32,
+    acc: &mut [f32],
 ) {
-    let d = qi.len();
-    let n = tile.len;
-    tiles::scores(qi, tile.kt, n, scores, tile.simd);
     // Entries past the tile's end and masked ones become -inf, and every reduction runs over
     // the whole fixed-size tile: the summation order never depends on where the tile or the
     // batch was cut, so a row's result is the same in any batch (batch invariance).
-    let mut tile_max = f32::NEG_INFINITY;
-    for (j, sj) in scores.iter_mut().enumerate() {
-        if tile.positions.get(j).is_none_or(|&pos| pos > qpos) {
-            *sj = f32::NEG_INFINITY;
+    // Branch-free over fixed-size arrays, so the loops vectorise; `max` is exact, so its lane
+    // order changes no bits.
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for (s, p) in scores.chunks_exact_mut(8).zip(tile.positions.chunks_exact(8)) {
+        for i in 0..8 {
+            s[i] = if p[i] > qpos { f32::NEG_INFINITY } else { s[i] };
+            lanes[i] = if s[i] > lanes[i] { s[i] } else { lanes[i] };
         }
-        tile_max = tile_max.max(*sj);
     }
+    let tile_max = lanes.into_iter().fold(f32::NEG_INFINITY, f32::max);
     if tile_max == f32::NEG_INFINITY {
+        scores.fill(0.0);
         return;
     }
     let m_new = m.max(tile_max);
@@ -401,33 +446,8 @@ fn tile_step<const D: usize>(
         *sj = exp(*sj - m_new);
     }
     let sum = lane_sum(&scores[..]);
-    let s = &scores[..n];
-    if D > 0 {
-        if let Ok(acc) = <&mut [f32; D]>::try_from(&mut *acc_i) {
-            let mut a = *acc;
-            for x in a.iter_mut() {
-                *x *= alpha;
-            }
-            for (&p, vj) in s.iter().zip(tile.vt.chunks_exact(D)) {
-                if p != 0.0 {
-                    if let Ok(vj) = <&[f32; D]>::try_from(vj) {
-                        for t in 0..D {
-                            a[t] = p.mul_add(vj[t], a[t]);
-                        }
-                    }
-                }
-            }
-            *acc = a;
-        }
-    } else {
-        if alpha != 1.0 {
-            acc_i.iter_mut().for_each(|a| *a *= alpha);
-        }
-        for (&p, vj) in s.iter().zip(tile.vt.chunks_exact(d)) {
-            if p != 0.0 {
-                axpy(acc_i, p, vj);
-            }
-        }
+    for a in acc.iter_mut() {
+        *a *= alpha;
     }
     *l = *l * alpha + sum;
     *m = m_new;
@@ -435,21 +455,31 @@ fn tile_step<const D: usize>(
 
 /// `e^x` for `x <= 0` (softmax arguments), branch-free so loops over it vectorise: range
 /// reduction `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-6 polynomial for `e^r`
-/// (relative error below 2e-7), and `2^n` built in the exponent bits. Returns exactly 0 for
-/// `x < -87` (including -inf).
+/// (relative error below 2e-7), and `2^n` built in the exponent bits. `n` is rounded by adding
+/// `1.5 · 2^23`, which leaves it in the low mantissa bits, so no float-to-int conversion
+/// (scalar in Rust, which saturates) is needed. Returns exactly 0 for `x < -87` (including
+/// -inf).
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0;
     let xc = x.max(-87.0);
-    let n = (xc * LOG2E).round();
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `t`'s bits are `ROUND`'s plus `n`, so these are `(n + 127) << 23` for -126 <= n <= 0.
+    let scale = f32::from_bits(
+        t.to_bits()
+            .wrapping_sub(ROUND.to_bits())
+            .wrapping_add(127)
+            << 23,
+    );
     if x < -87.0 {
         0.0
     } else {
@@ -470,16 +500,82 @@ fn lane_sum(x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
 }
 
-/// `acc += p * x`.
-#[inline(always)]
-fn axpy(acc: &mut [f32], p: f32, x: &[f32]) {
-    for (a, x) in acc.iter_mut().zip(x) {
-        *a += p * x;
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
+    use super::{Block, Dims, KvElem, Partial};
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, mut state: u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn bits(p: &Partial) -> Vec<u32> {
+        p.acc.iter().chain(&p.m).chain(&p.l).map(|x| x.to_bits()).collect()
+    }
+
+    /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
+    /// 7 prefill rows (21 queries: full and partial query groups) over 150 shuffled slots with
+    /// a partial last tile, for head dims on and off the vector paths' chunk sizes.
+    fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
+        for d in [64, 40, 12] {
+            let (n_heads, n_kv_heads, ctx, rows) = (6, 2, 150, 7);
+            let slots: Vec<u32> = (0..ctx as u32).map(|i| (i * 37) % ctx as u32).collect();
+            let positions: Vec<u32> = (0..ctx as u32).collect();
+            let q_positions: Vec<u32> = (ctx as u32 - rows as u32..ctx as u32).collect();
+            let q = values(rows * n_heads * d, 1);
+            let kv = |seed| -> Vec<T> {
+                values(ctx * n_kv_heads * d, seed).into_iter().map(convert).collect()
+            };
+            let (k, v) = (kv(2), kv(3));
+            let block = Block {
+                q_rows: &q,
+                q_positions: &q_positions,
+                ctx_slots: &slots,
+                ctx_positions: &positions,
+                tiles: 0..ctx.div_ceil(super::K_TILE),
+                k: &k,
+                v: &v,
+                g: 1,
+                dims: Dims {
+                    tokens: rows,
+                    n_heads,
+                    n_kv_heads,
+                    head_dim: d,
+                    n_slots: ctx,
+                },
+                scale: 0.125,
+            };
+            let portable = block.body(false);
+            assert!(portable.l.iter().all(|&l| l > 0.0));
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                // SAFETY: the CPU has AVX2, FMA and F16C, checked just above.
+                let simd = unsafe { block.body_avx2() };
+                assert_eq!(bits(&portable), bits(&simd), "head dim {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_build_gives_the_same_bits_f32() {
+        paths_agree::<f32>(|x| x);
+    }
+
+    #[test]
+    fn every_build_gives_the_same_bits_f16() {
+        paths_agree::<f16>(f16::from_f32);
+    }
+
     #[test]
     fn exp_matches_libm() {
         let mut worst = 0f32;

@@ -93,35 +93,87 @@ impl<T: KvElem> TileRows<'_, T> {
     }
 }
 
-/// `out[j] = q · keys[j]` for the first `n` keys of a gathered tile (`keys[j * d..][..d]`),
-/// rounded up to a multiple of 8. Every score takes one fixed order whatever the tile or the
-/// batch: eight lanes, lane `l` summing dimensions `t ≡ l (mod 8)` in order, then the lanes
-/// pairwise (`((0+1)+(2+3)) + ((4+5)+(6+7))`). `simd`: the caller runs with AVX2 and FMA.
+/// Queries scored and accumulated together against a tile: every K and V row loaded from the
+/// tile serves this many queries (register blocking).
+pub(super) const QG: usize = 3;
+
+/// Keys scored together: a quad of scores comes out of one reduction tree.
+const KQ: usize = 4;
+
+/// `out[i][j] = qs[i] · keys[j]` for the first `n` keys of a gathered tile
+/// (`keys[j * d..][..d]`), rounded up to a multiple of 4. Every score takes one fixed order
+/// whatever the tile, the batch or the queries scored beside it: eight lanes, lane `l` summing
+/// dimensions `t ≡ l (mod 8)` in order, then the lanes pairwise
+/// (`((0+1)+(2+3)) + ((4+5)+(6+7))`). `simd`: the caller runs with AVX2 and FMA.
 #[inline(always)]
-pub(super) fn scores(q: &[f32], keys: &[f32], n: usize, out: &mut [f32; K_TILE], simd: bool) {
-    let d = q.len();
-    let blocks = n.div_ceil(8).min(K_TILE / 8);
+pub(super) fn scores<const Q: usize>(
+    qs: [&[f32]; Q],
+    keys: &[f32],
+    n: usize,
+    out: &mut [[f32; K_TILE]; QG],
+    simd: bool,
+) {
+    let d = keys.len() / K_TILE;
+    let quads = n.div_ceil(KQ).min(K_TILE / KQ);
     #[cfg(target_arch = "x86_64")]
-    if simd && d.is_multiple_of(8) && keys.len() >= blocks * 8 * d {
-        for (b, out) in out.chunks_exact_mut(8).take(blocks).enumerate() {
-            // SAFETY: `simd` is only true inside the AVX2+FMA build; `keys` holds the 8 keys
-            // of block `b` (checked above) and `out` 8 floats.
-            unsafe { avx2::scores8(q, &keys[b * 8 * d..][..8 * d], out) };
+    if simd && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
+        for b in 0..quads {
+            // SAFETY: `simd` is only true inside the AVX2+FMA build; each query holds `d`
+            // floats (checked above), `keys` the `K_TILE` rows of `d` (its length defines `d`),
+            // and `b * KQ + KQ <= K_TILE`.
+            unsafe { avx2::scores_quad(&qs, &keys[b * KQ * d..][..KQ * d], out, b * KQ) };
         }
         return;
     }
     let _ = simd;
-    for (j, o) in out.iter_mut().enumerate().take(blocks * 8) {
-        let Some(key) = keys.get(j * d..(j + 1) * d) else {
-            *o = 0.0;
-            continue;
-        };
-        let mut lanes = [0f32; 8];
-        for (t, (&a, &b)) in q.iter().zip(key).enumerate() {
-            lanes[t % 8] = a.mul_add(b, lanes[t % 8]);
+    for (q, out) in qs.iter().zip(out.iter_mut()) {
+        for (j, o) in out.iter_mut().enumerate().take(quads * KQ) {
+            let Some(key) = keys.get(j * d..(j + 1) * d) else {
+                *o = 0.0;
+                continue;
+            };
+            let mut lanes = [0f32; 8];
+            for (t, (&a, &b)) in q.iter().zip(key).enumerate() {
+                lanes[t % 8] = a.mul_add(b, lanes[t % 8]);
+            }
+            let l = lanes;
+            *o = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
         }
-        let l = lanes;
-        *o = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+}
+
+/// `accs[i] += Σ_j ps[i][j] · values[j]` over the first `n` rows of a gathered tile, one
+/// multiply-add per element and key in key order (a key every query gives weight 0 is skipped:
+/// adding `0 · v` changes no bits). `simd`: the caller runs with AVX2 and FMA.
+#[inline(always)]
+pub(super) fn accumulate<const Q: usize>(
+    ps: &[[f32; K_TILE]; QG],
+    values: &[f32],
+    n: usize,
+    accs: [&mut [f32]; Q],
+    simd: bool,
+) {
+    let d = values.len() / K_TILE;
+    let n = n.min(K_TILE);
+    #[cfg(target_arch = "x86_64")]
+    if simd && d.is_multiple_of(8) && accs.iter().all(|a| a.len() == d) {
+        // SAFETY: `simd` is only true inside the AVX2+FMA build; each accumulator holds `d`
+        // floats (checked above) and `values` `K_TILE` rows of `d`.
+        unsafe { avx2::accumulate(ps, values, n, accs) };
+        return;
+    }
+    let _ = simd;
+    let mut accs = accs;
+    for j in 0..n {
+        if ps.iter().take(Q).all(|p| p[j] == 0.0) {
+            continue;
+        }
+        let v = &values[j * d..][..d];
+        for (acc, p) in accs.iter_mut().zip(ps) {
+            for (a, &x) in acc.iter_mut().zip(v) {
+                *a = p[j].mul_add(x, *a);
+            }
+        }
     }
 }
 
@@ -129,36 +181,117 @@ pub(super) fn scores(q: &[f32], keys: &[f32], n: usize, out: &mut [f32; K_TILE],
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// Eight scores, in the order [`super::scores`] describes. `q.len() % 8 == 0`,
-    /// `keys.len() == 8 * q.len()`, `out.len() == 8`.
+    use super::{K_TILE, KQ, QG};
+
+    /// Scores of `Q` queries against the `KQ` keys of `keys` (`KQ` rows of `d`), in the order
+    /// [`super::scores`] describes, stored at `out[i][j0..j0 + KQ]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `d % 8 == 0`, every query holds `d` floats, `keys` `KQ * d`
+    /// and `j0 + KQ <= K_TILE`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores8(q: &[f32], keys: &[f32], out: &mut [f32]) {
-        let d = q.len();
-        if keys.len() < 8 * d || out.len() < 8 {
-            return;
-        }
-        // SAFETY: loads stay inside `q` (d floats) and `keys` (8 rows of d); the store writes
-        // the 8 floats of `out` (all checked above).
+    pub(super) unsafe fn scores_quad<const Q: usize>(
+        qs: &[&[f32]; Q],
+        keys: &[f32],
+        out: &mut [[f32; K_TILE]; QG],
+        j0: usize,
+    ) {
+        let d = keys.len() / KQ;
+        // SAFETY: loads stay inside each query (d floats) and `keys` (KQ rows of d); the
+        // stores write 4 floats of `out[i]` at `j0 + KQ <= K_TILE` (the contract).
         unsafe {
-            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut acc = [[_mm256_setzero_ps(); KQ]; Q];
             for t in (0..d).step_by(8) {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(t));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let kv = _mm256_loadu_ps(keys.as_ptr().add(j * d + t));
-                    *a = _mm256_fmadd_ps(qv, kv, *a);
+                for j in 0..KQ {
+                    let k = _mm256_loadu_ps(keys.as_ptr().add(j * d + t));
+                    for i in 0..Q {
+                        let q = _mm256_loadu_ps(qs[i].as_ptr().add(t));
+                        acc[i][j] = _mm256_fmadd_ps(q, k, acc[i][j]);
+                    }
                 }
             }
-            // Lane pairs, then pairs of pairs: lanes [(0+1)+(2+3)] of each key in the low
-            // half, [(4+5)+(6+7)] in the high half, then the halves added.
-            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
-            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
-            let h0123 = _mm256_hadd_ps(h01, h23);
-            let h4567 = _mm256_hadd_ps(h45, h67);
-            let lo = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
-            let hi = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(lo, hi));
+            for (acc, out) in acc.iter().zip(out.iter_mut()) {
+                // Lane pairs, then pairs of pairs ([(0+1)+(2+3)] of each key in the low half,
+                // [(4+5)+(6+7)] in the high half), then the halves added.
+                let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+                let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+                let h = _mm256_hadd_ps(h01, h23);
+                let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                _mm_storeu_ps(out.as_mut_ptr().add(j0), s);
+            }
+        }
+    }
+
+    /// [`super::accumulate`] with 32 dimensions of every query in registers at a time.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `d % 8 == 0`, every accumulator holds `d` floats, `values`
+    /// `K_TILE * d` and `n <= K_TILE`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn accumulate<const Q: usize>(
+        ps: &[[f32; K_TILE]; QG],
+        values: &[f32],
+        n: usize,
+        mut accs: [&mut [f32]; Q],
+    ) {
+        let d = values.len() / K_TILE;
+        // SAFETY: as this function's contract: chunks start below `d` and hold 8 floats.
+        unsafe {
+            let mut c0 = 0;
+            while c0 < d {
+                if d - c0 >= 32 {
+                    chunks::<Q, 4>(ps, values, n, &mut accs, c0, d);
+                    c0 += 32;
+                } else {
+                    chunks::<Q, 1>(ps, values, n, &mut accs, c0, d);
+                    c0 += 8;
+                }
+            }
+        }
+    }
+
+    /// Dimensions `c0..c0 + 8 * C` of every query.
+    ///
+    /// # Safety
+    /// As [`accumulate`], with `c0 + 8 * C <= d`.
+    #[inline(always)]
+    unsafe fn chunks<const Q: usize, const C: usize>(
+        ps: &[[f32; K_TILE]; QG],
+        values: &[f32],
+        n: usize,
+        accs: &mut [&mut [f32]; Q],
+        c0: usize,
+        d: usize,
+    ) {
+        // SAFETY: as this function's contract; 8 floats at `c0 + 8c < d` of each accumulator
+        // and of each value row.
+        unsafe {
+            let mut a = [[_mm256_setzero_ps(); C]; Q];
+            for i in 0..Q {
+                for c in 0..C {
+                    a[i][c] = _mm256_loadu_ps(accs[i].as_ptr().add(c0 + 8 * c));
+                }
+            }
+            for j in 0..n {
+                if ps.iter().take(Q).all(|p| p[j] == 0.0) {
+                    continue;
+                }
+                let row = values.as_ptr().add(j * d + c0);
+                for c in 0..C {
+                    let v = _mm256_loadu_ps(row.add(8 * c));
+                    for i in 0..Q {
+                        let p = _mm256_set1_ps(ps[i][j]);
+                        a[i][c] = _mm256_fmadd_ps(p, v, a[i][c]);
+                    }
+                }
+            }
+            for i in 0..Q {
+                for c in 0..C {
+                    _mm256_storeu_ps(accs[i].as_mut_ptr().add(c0 + 8 * c), a[i][c]);
+                }
+            }
         }
     }
 }
