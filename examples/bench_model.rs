@@ -318,7 +318,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     print_rows(prefill_lens, decode_ctx, rows);
     println!();
     let gbps = copy_gbps();
-    println!("Decode step of 8 sequences (median of {}); copy bandwidth {gbps:.1} GB/s (read + write):", args.repeats.max(3));
+    println!(
+        "Decode step of 8 sequences (median of {}); copy bandwidth {gbps:.1} GB/s (read + write):",
+        args.repeats.max(3)
+    );
     println!("| implementation | context | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for ((name, m), ctx) in ours_models.iter().flat_map(|m| [(m, 64), (m, 512)]) {

@@ -43,7 +43,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             for seq in 0..s as u32 {
                 let positions: Vec<u32> = (0..=n as u32).collect();
                 let slots: Vec<u32> = positions.iter().map(|p| seq * (n as u32 + 1) + p).collect();
-                batch.push(&[100 + seq], &[n as u32], &slots[n..], &slots, &positions, true)?;
+                batch.push(
+                    &[100 + seq],
+                    &[n as u32],
+                    &slots[n..],
+                    &slots,
+                    &positions,
+                    true,
+                )?;
             }
             (s, "sequences")
         }

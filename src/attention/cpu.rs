@@ -403,7 +403,14 @@ fn tile_step<const Q: usize>(
     let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[i * d..(i + 1) * d]);
     tiles::scores(qs, tile.kt, tile.len, scores, tile.simd);
     for (i, s) in scores.iter_mut().enumerate().take(Q) {
-        softmax_step(s, positions[i], tile, &mut m[i], &mut l[i], &mut acc[i * d..][..d]);
+        softmax_step(
+            s,
+            positions[i],
+            tile,
+            &mut m[i],
+            &mut l[i],
+            &mut acc[i * d..][..d],
+        );
     }
     let mut rows = acc.chunks_exact_mut(d);
     let accs: [&mut [f32]; Q] = std::array::from_fn(|_| rows.next().unwrap_or_default());
@@ -428,7 +435,10 @@ fn softmax_step(
     // Branch-free over fixed-size arrays, so the loops vectorise; `max` is exact, so its lane
     // order changes no bits.
     let mut lanes = [f32::NEG_INFINITY; 8];
-    for (s, p) in scores.chunks_exact_mut(8).zip(tile.positions.chunks_exact(8)) {
+    for (s, p) in scores
+        .chunks_exact_mut(8)
+        .zip(tile.positions.chunks_exact(8))
+    {
         for i in 0..8 {
             s[i] = if p[i] > qpos { f32::NEG_INFINITY } else { s[i] };
             lanes[i] = if s[i] > lanes[i] { s[i] } else { lanes[i] };
@@ -474,12 +484,7 @@ fn exp(x: f32) -> f32 {
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     // `t`'s bits are `ROUND`'s plus `n`, so these are `(n + 127) << 23` for -126 <= n <= 0.
-    let scale = f32::from_bits(
-        t.to_bits()
-            .wrapping_sub(ROUND.to_bits())
-            .wrapping_add(127)
-            << 23,
-    );
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     if x < -87.0 {
         0.0
     } else {
@@ -510,14 +515,21 @@ mod tests {
     fn values(n: usize, mut state: u64) -> Vec<f32> {
         (0..n)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
             })
             .collect()
     }
 
     fn bits(p: &Partial) -> Vec<u32> {
-        p.acc.iter().chain(&p.m).chain(&p.l).map(|x| x.to_bits()).collect()
+        p.acc
+            .iter()
+            .chain(&p.m)
+            .chain(&p.l)
+            .map(|x| x.to_bits())
+            .collect()
     }
 
     /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
@@ -531,7 +543,10 @@ mod tests {
             let q_positions: Vec<u32> = (ctx as u32 - rows as u32..ctx as u32).collect();
             let q = values(rows * n_heads * d, 1);
             let kv = |seed| -> Vec<T> {
-                values(ctx * n_kv_heads * d, seed).into_iter().map(convert).collect()
+                values(ctx * n_kv_heads * d, seed)
+                    .into_iter()
+                    .map(convert)
+                    .collect()
             };
             let (k, v) = (kv(2), kv(3));
             let block = Block {

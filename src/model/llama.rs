@@ -19,6 +19,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::{LlamaConfig, RopeVariant};
+use super::ops::swiglu;
 use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention, AttentionBatch, KvPool};
 use crate::{Error, Result};
@@ -66,7 +67,15 @@ impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Candle(q) => Ok(q.forward(x)?),
-            Linear::Packed(p, isa) => p.forward(x, *isa),
+            Linear::Packed(p, isa) => p.forward(x, None, *isa),
+        }
+    }
+
+    /// `residual + x · Wᵀ`, in one pass where the kernel can add it.
+    fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        match self {
+            Linear::Candle(q) => Ok((residual + q.forward(x)?)?),
+            Linear::Packed(p, isa) => p.forward(x, Some(residual), *isa),
         }
     }
 }
@@ -354,14 +363,13 @@ impl Llama {
             pool.write(i, &write_index, &k, &v)?;
             let (k_pool, v_pool) = pool.layer(i)?;
             let a = attention(&q, k_pool, v_pool, &batch.attention, scale)?;
-            x = (x + layer
-                .wo
-                .forward(&a.reshape((t, c.num_heads * c.head_dim))?)?)?;
+            let a = a.reshape((t, c.num_heads * c.head_dim))?;
+            x = layer.wo.forward_residual(&a, &x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps as f32)?;
-            let gate = layer.w_gate.forward(&h)?.silu()?;
+            let gate = layer.w_gate.forward(&h)?;
             let up = layer.w_up.forward(&h)?;
-            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+            x = layer.w_down.forward_residual(&swiglu(&gate, &up)?, &x)?;
         }
         let rows = Tensor::from_slice(&batch.logit_rows, batch.logit_rows.len(), dev)?;
         let x = x.index_select(&rows, 0)?;

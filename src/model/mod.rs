@@ -8,6 +8,7 @@ mod chat_template;
 mod config;
 mod detokenize;
 mod llama;
+mod ops;
 mod packed;
 mod source;
 mod tiny;

@@ -13,7 +13,7 @@
 //! instruction path gives the same bits as the scalar one.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
@@ -52,6 +52,8 @@ const MR: usize = 6;
 const ROW_CHUNK: usize = 16 * MR;
 /// Most panels per work item.
 const MAX_GROUP: usize = 8;
+/// Output elements per parallel task of the panels-to-rows copy: fewer is not worth a task.
+const ELEMENTS_PER_TASK: usize = 16 * 1024;
 
 /// Which instructions run the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,8 +219,9 @@ impl PackedLinear {
         }
     }
 
-    /// `x · Wᵀ` for `x: [m, k]` row-major; returns `[m, n]` row-major.
-    pub fn matmul(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+    /// `x · Wᵀ` for `x: [m, k]` row-major, plus `residual` (`[m, n]`) when given; returns
+    /// `[m, n]` row-major.
+    pub fn matmul(&self, x: &[f32], m: usize, residual: Option<&[f32]>, isa: Isa) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         if m == 0 || n == 0 {
             return Vec::new();
@@ -255,13 +258,26 @@ impl PackedLinear {
                     }
                 }
             });
-        let mut out = vec![0f32; m * n];
-        for (p, tile) in out_t.chunks_exact(m * NR).enumerate() {
-            let cols = NR.min(n - p * NR);
-            for (r, row) in tile.chunks_exact(NR).enumerate() {
-                out[r * n + p * NR..][..cols].copy_from_slice(&row[..cols]);
-            }
-        }
+        // Panels back to rows, in parallel (a serial copy here would idle the other cores),
+        // adding the residual where there is one: `x + W·h` in one pass.
+        let mut out = match residual {
+            Some(r) => r[..m * n].to_vec(),
+            None => vec![0f32; m * n],
+        };
+        let min_rows = (ELEMENTS_PER_TASK / n).max(1);
+        out.par_chunks_mut(n)
+            .with_min_len(min_rows)
+            .enumerate()
+            .for_each(|(r, row)| {
+                for (dst, tile) in row.chunks_mut(NR).zip(out_t.chunks_exact(m * NR)) {
+                    let src = &tile[r * NR..][..dst.len()];
+                    if residual.is_some() {
+                        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
+                }
+            });
         out
     }
 }
@@ -276,39 +292,85 @@ pub(crate) struct PackedMatmul<'a> {
     pub isa: Isa,
 }
 
+impl PackedMatmul<'_> {
+    /// The op on `x` (and `residual`), checked.
+    fn run(
+        &self,
+        x: &CpuStorage,
+        l: &Layout,
+        residual: Option<(&CpuStorage, &Layout)>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = l.shape().dims2()?;
+        let n = self.linear.n;
+        if k != self.linear.k {
+            candle_core::bail!(
+                "packed matmul: x [{m}, {k}] for weights [{n}, {}]",
+                self.linear.k
+            )
+        }
+        let x = f32_rows(x, l, "activations")?;
+        let residual = match residual {
+            Some((r, rl)) if rl.shape().dims() == [m, n] => Some(f32_rows(r, rl, "residual")?),
+            Some((_, rl)) => {
+                candle_core::bail!("packed matmul: residual {:?} for [{m}, {n}]", rl.shape())
+            }
+            None => None,
+        };
+        let y = self.linear.matmul(x, m, residual, self.isa);
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+}
+
+/// The contiguous f32 values of an operand.
+fn f32_rows<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("packed matmul takes f32 {what}")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("packed matmul takes contiguous {what}"),
+    }
+}
+
 impl CustomOp1 for PackedMatmul<'_> {
     fn name(&self) -> &'static str {
         "pensieve-packed-matmul"
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(x) = x else {
-            candle_core::bail!("packed matmul takes f32 activations")
-        };
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("packed matmul takes contiguous activations")
-        };
-        let (m, k) = l.shape().dims2()?;
-        if k != self.linear.k {
-            candle_core::bail!(
-                "packed matmul: x [{m}, {k}] for weights [{}, {}]",
-                self.linear.n,
-                self.linear.k
-            )
-        }
-        let y = self.linear.matmul(&x[a..b], m, self.isa);
-        Ok((CpuStorage::F32(y), Shape::from((m, self.linear.n))))
+        self.run(x, l, None)
+    }
+}
+
+impl CustomOp2 for PackedMatmul<'_> {
+    fn name(&self) -> &'static str {
+        "pensieve-packed-matmul-residual"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        l: &Layout,
+        r: &CpuStorage,
+        rl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.run(x, l, Some((r, rl)))
     }
 }
 
 impl PackedLinear {
-    /// `x · Wᵀ` for `x: [m, k]` on the CPU.
+    /// `x · Wᵀ` for `x: [m, k]` on the CPU, plus `residual` (`[m, n]`) when given.
     ///
     /// # Errors
     /// [`Error::Candle`] for another shape, dtype or device.
-    pub fn forward(&self, x: &Tensor, isa: Isa) -> Result<Tensor> {
-        let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
-        Ok(x.apply_op1_no_bwd(&PackedMatmul { linear: self, isa })?)
+    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>, isa: Isa) -> Result<Tensor> {
+        let f32_contiguous = |t: &Tensor| t.to_dtype(candle_core::DType::F32)?.contiguous();
+        let x = f32_contiguous(x)?;
+        let op = PackedMatmul { linear: self, isa };
+        Ok(match residual {
+            Some(r) => x.apply_op2_no_bwd(&f32_contiguous(r)?, &op)?,
+            None => x.apply_op1_no_bwd(&op)?,
+        })
     }
 }
 

@@ -181,7 +181,7 @@ pub(super) fn accumulate<const Q: usize>(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{K_TILE, KQ, QG};
+    use super::{KQ, K_TILE, QG};
 
     /// Scores of `Q` queries against the `KQ` keys of `keys` (`KQ` rows of `d`), in the order
     /// [`super::scores`] describes, stored at `out[i][j0..j0 + KQ]`.

@@ -77,7 +77,7 @@ fn matches_the_f64_reference() {
                     GgmlDType::F32 => x.iter().map(|&v| v as f64).collect(),
                     _ => quantized_activations(&x),
                 };
-                let y = lin.matmul(&x, m, isa);
+                let y = lin.matmul(&x, m, None, isa);
                 assert_eq!(y.len(), m * n);
                 for r in 0..m {
                     for c in 0..n {
@@ -113,7 +113,7 @@ fn f32_weights_are_used_bit_exact() {
             for j in 0..k {
                 eye[j * k + j] = 1.0;
             }
-            let y = lin.matmul(&eye, k, isa);
+            let y = lin.matmul(&eye, k, None, isa);
             for j in 0..k {
                 for c in 0..n {
                     assert_eq!(
@@ -135,10 +135,10 @@ fn a_row_is_bit_identical_alone_and_in_any_batch() {
     for isa in Isa::available() {
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
             let (lin, _) = weights(n, k, dtype, 3);
-            let all = lin.matmul(&x, total, isa);
+            let all = lin.matmul(&x, total, None, isa);
             for size in [1, 2, 3, 6, 7, 13, 64, 97, 200] {
                 for start in [0, total - size, (total - size) / 2] {
-                    let part = lin.matmul(&x[start * k..(start + size) * k], size, isa);
+                    let part = lin.matmul(&x[start * k..(start + size) * k], size, None, isa);
                     assert_eq!(
                         part.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                         all[start * n..(start + size) * n]
@@ -159,9 +159,9 @@ fn every_instruction_path_gives_the_same_bits() {
     let x = values(m * k, 9);
     for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
         let (lin, _) = weights(n, k, dtype, 5);
-        let scalar = lin.matmul(&x, m, Isa::Scalar);
+        let scalar = lin.matmul(&x, m, None, Isa::Scalar);
         for isa in Isa::available() {
-            let y = lin.matmul(&x, m, isa);
+            let y = lin.matmul(&x, m, None, isa);
             assert!(
                 y.iter()
                     .zip(&scalar)

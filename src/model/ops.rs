@@ -1,0 +1,90 @@
+//! Element-wise steps of the decoder fused into one parallel pass on our own thread pool.
+//!
+//! candle runs large element-wise ops on a second thread pool of its own whose workers spin
+//! after each op, taking a core from the pass's rayon workers; the ops here run on rayon, so a
+//! forward pass uses one pool.
+
+use candle_core::{CpuStorage, CustomOp2, Device, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+use crate::Result;
+
+/// Elements per parallel task: fewer is not worth a task.
+const ELEMENTS_PER_TASK: usize = 16 * 1024;
+
+/// `silu(gate) · up`, element-wise (the SwiGLU of Llama's MLP), rounded as candle's `silu`
+/// then `mul` round it.
+///
+/// # Errors
+/// [`crate::Error::Candle`] when the shapes differ.
+pub(super) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if !matches!(gate.device(), Device::Cpu) {
+        return Ok((gate.silu()? * up)?);
+    }
+    let (gate, up) = (gate.contiguous()?, up.contiguous()?);
+    Ok(gate.apply_op2_no_bwd(&up, &SwiGlu)?)
+}
+
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "pensieve-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        g: &CpuStorage,
+        gl: &Layout,
+        u: &CpuStorage,
+        ul: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(g), CpuStorage::F32(u)) = (g, u) else {
+            candle_core::bail!("swiglu takes f32 operands")
+        };
+        if gl.shape() != ul.shape() {
+            candle_core::bail!("swiglu: gate {:?}, up {:?}", gl.shape(), ul.shape())
+        }
+        let (Some((g0, g1)), Some((u0, u1))) = (gl.contiguous_offsets(), ul.contiguous_offsets())
+        else {
+            candle_core::bail!("swiglu takes contiguous operands")
+        };
+        let (g, u) = (&g[g0..g1], &u[u0..u1]);
+        let mut out = vec![0f32; g.len()];
+        out.par_chunks_mut(ELEMENTS_PER_TASK)
+            .zip(g.par_chunks(ELEMENTS_PER_TASK))
+            .zip(u.par_chunks(ELEMENTS_PER_TASK))
+            .for_each(|((o, g), u)| {
+                for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
+        Ok((CpuStorage::F32(out), gl.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    /// Bit for bit what candle's `silu` then `mul` give, so the fused pass changes no logits.
+    #[test]
+    fn swiglu_equals_candles_silu_times_up() -> candle_core::Result<()> {
+        let n = 7 * (super::ELEMENTS_PER_TASK / 2 + 3);
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let u: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        let g = Tensor::from_vec(g, (n / 7, 7), &Device::Cpu)?;
+        let u = Tensor::from_vec(u, (n / 7, 7), &Device::Cpu)?;
+        let fused = super::swiglu(&g, &u).map_err(candle_core::Error::wrap)?;
+        let reference = (g.silu()? * &u)?;
+        let bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {
+            Ok(t.flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect())
+        };
+        assert_eq!(bits(&fused)?, bits(&reference)?);
+        Ok(())
+    }
+}
