@@ -203,11 +203,12 @@ mod avx2 {
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); KQ]; Q];
             for t in (0..d).step_by(8) {
-                for j in 0..KQ {
-                    let k = _mm256_loadu_ps(keys.as_ptr().add(j * d + t));
-                    for i in 0..Q {
-                        let q = _mm256_loadu_ps(qs[i].as_ptr().add(t));
-                        acc[i][j] = _mm256_fmadd_ps(q, k, acc[i][j]);
+                let q: [__m256; Q] =
+                    std::array::from_fn(|i| _mm256_loadu_ps(qs[i].as_ptr().add(t)));
+                for (j, key) in keys.chunks_exact(d).enumerate() {
+                    let k = _mm256_loadu_ps(key.as_ptr().add(t));
+                    for (acc, &q) in acc.iter_mut().zip(&q) {
+                        acc[j] = _mm256_fmadd_ps(q, k, acc[j]);
                     }
                 }
             }
@@ -268,28 +269,24 @@ mod avx2 {
         // SAFETY: as this function's contract; 8 floats at `c0 + 8c < d` of each accumulator
         // and of each value row.
         unsafe {
-            let mut a = [[_mm256_setzero_ps(); C]; Q];
-            for i in 0..Q {
-                for c in 0..C {
-                    a[i][c] = _mm256_loadu_ps(accs[i].as_ptr().add(c0 + 8 * c));
-                }
-            }
+            let mut a: [[__m256; C]; Q] = std::array::from_fn(|i| {
+                std::array::from_fn(|c| _mm256_loadu_ps(accs[i].as_ptr().add(c0 + 8 * c)))
+            });
             for j in 0..n {
                 if ps.iter().take(Q).all(|p| p[j] == 0.0) {
                     continue;
                 }
                 let row = values.as_ptr().add(j * d + c0);
-                for c in 0..C {
-                    let v = _mm256_loadu_ps(row.add(8 * c));
-                    for i in 0..Q {
-                        let p = _mm256_set1_ps(ps[i][j]);
-                        a[i][c] = _mm256_fmadd_ps(p, v, a[i][c]);
+                let p: [__m256; Q] = std::array::from_fn(|i| _mm256_set1_ps(ps[i][j]));
+                for (c, v) in (0..C).map(|c| (c, _mm256_loadu_ps(row.add(8 * c)))) {
+                    for (a, &p) in a.iter_mut().zip(&p) {
+                        a[c] = _mm256_fmadd_ps(p, v, a[c]);
                     }
                 }
             }
-            for i in 0..Q {
-                for c in 0..C {
-                    _mm256_storeu_ps(accs[i].as_mut_ptr().add(c0 + 8 * c), a[i][c]);
+            for (a, acc) in a.iter().zip(accs.iter_mut()) {
+                for (c, &a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(acc.as_mut_ptr().add(c0 + 8 * c), a);
                 }
             }
         }
