@@ -130,9 +130,9 @@ struct Args {
     /// Redraw `sweep.png` in this folder from its `sweep.csv` and `ttft_by_turn.csv`, then exit.
     #[arg(long)]
     replot: Option<PathBuf>,
-    /// Write the workload (turns and forced reply lengths, after every cap) as a JSON-lines
-    /// trace to this file, then exit: the same turns for another engine's client
-    /// (`scripts/peers`).
+    /// Write the workload (turns and forced reply lengths, after every cap, and the arrival
+    /// times unless `--concurrency` is given) as a JSON-lines trace to this file, then exit:
+    /// the same turns for another engine's client (`scripts/peers`).
     #[arg(long)]
     write_trace: Option<PathBuf>,
 }
@@ -166,11 +166,22 @@ fn run(args: Args) -> AnyResult<()> {
         return Ok(());
     }
     let model = load_model(&args)?;
-    let workload = load_workload(&args, &model)?;
+    let mut workload = load_workload(&args, &model)?;
     if workload.is_empty() {
         return Err("the workload has no conversations".into());
     }
     if let Some(path) = &args.write_trace {
+        if args.concurrency.is_none() {
+            // Open loop: the arrivals go into the trace, so a peer's client replays the same.
+            let load = Load::Open {
+                rate: args.rate,
+                think_scale: args.think_scale,
+            };
+            let arrivals = driver::arrivals(&workload, load, args.seed);
+            for (c, a) in workload.iter_mut().zip(arrivals) {
+                c.arrival_s = Some(a);
+            }
+        }
         write_trace(path, &workload)?;
         eprintln!(
             "wrote {} conversations to {}",

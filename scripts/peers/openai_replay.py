@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Replays a pensieve trace against an OpenAI-compatible server (vLLM), closed loop.
+"""Replays a pensieve trace against an OpenAI-compatible server (vLLM), closed or open loop.
 
-`--concurrency` conversations are in flight; each sends its next turn as soon as its reply is
-complete, and a new conversation takes the place of one that ended, as `examples/replay
---concurrency N` does. Each turn's prompt is the whole history rendered with the model's chat
+Closed loop (`--concurrency N`): N conversations are in flight; each sends its next turn as
+soon as its reply is complete, and a new conversation takes the place of one that ended, as
+`examples/replay --concurrency N` does. Open loop (`--open`): each conversation starts at its
+`arrival_s` in the trace (written by `examples/replay --write-trace` without
+`--concurrency`) and its user thinks before each next turn as `examples/replay` has it: 100 ms
+per output token of the reply, at least 5 s, times `--think-scale`. Each turn's prompt is the whole history rendered with the model's chat
 template (the stateless client's way: `/v1/completions`), each reply forced to the trace's
 length (`max_tokens`, `ignore_eos`), streamed with usage so that the server's prefix-cache hits
 (`prompt_tokens_details.cached_tokens`) are counted.
@@ -53,6 +56,8 @@ def main() -> None:
                     help="the model's chat template: a .jinja file, or a tokenizer_config.json holding it")
     ap.add_argument("--trace", required=True)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--open", action="store_true", help="open loop: the trace's arrivals, think time")
+    ap.add_argument("--think-scale", type=float, default=1.0)
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
@@ -65,27 +70,39 @@ def main() -> None:
         pending.put(conv)
     records, lock = [], threading.Lock()
 
+    def converse(conv, think):
+        messages = []
+        for index, turn in enumerate(conv["turns"]):
+            messages.append({"role": "user", "content": turn["user"]})
+            prompt = template.render(messages=messages, add_generation_prompt=True)
+            text, ttft, latency, usage = stream_completion(a.url, a.model, prompt, turn["output_tokens"])
+            details = usage.get("prompt_tokens_details") or {}
+            output = usage.get("completion_tokens", turn["output_tokens"])
+            with lock:
+                records.append({"turn": index, "ttft": ttft, "latency": latency, "output": output,
+                                "prompt": usage.get("prompt_tokens", 0),
+                                "cached": details.get("cached_tokens", 0)})
+            messages.append({"role": "assistant", "content": text})
+            if think and index + 1 < len(conv["turns"]):
+                time.sleep(max(0.1 * output, 5.0) * a.think_scale)
+
     def worker():
         while True:
             try:
                 conv = pending.get_nowait()
             except queue.Empty:
                 return
-            messages = []
-            for index, turn in enumerate(conv["turns"]):
-                messages.append({"role": "user", "content": turn["user"]})
-                prompt = template.render(messages=messages, add_generation_prompt=True)
-                text, ttft, latency, usage = stream_completion(a.url, a.model, prompt, turn["output_tokens"])
-                details = usage.get("prompt_tokens_details") or {}
-                with lock:
-                    records.append({"turn": index, "ttft": ttft, "latency": latency,
-                                    "output": usage.get("completion_tokens", turn["output_tokens"]),
-                                    "prompt": usage.get("prompt_tokens", 0),
-                                    "cached": details.get("cached_tokens", 0)})
-                messages.append({"role": "assistant", "content": text})
+            converse(conv, think=False)
+
+    def arriving(conv, started):
+        time.sleep(max(0.0, started + conv.get("arrival_s", 0.0) - time.perf_counter()))
+        converse(conv, think=True)
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
+    if a.open:
+        threads = [threading.Thread(target=arriving, args=(conv, started)) for conv in trace]
+    else:
+        threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -94,7 +111,8 @@ def main() -> None:
 
     prompt = sum(r["prompt"] for r in records)
     cached = sum(r["cached"] for r in records)
-    print(json.dumps(summarize(records, wall, engine="vLLM-CPU (OpenAI server)", concurrency=a.concurrency,
+    print(json.dumps(summarize(records, wall, engine="vLLM-CPU (OpenAI server)",
+                               concurrency=None if a.open else a.concurrency,
                                conversations=len(trace), prefilled_tokens=prompt - cached,
                                cached_tokens=cached)))
 
