@@ -149,7 +149,7 @@ pub(crate) enum Load {
 impl Load {
     pub(crate) fn label(self) -> String {
         match self {
-            Load::Open { rate, .. } => format!("rate {rate}/s"),
+            Load::Open { rate, .. } => format!("rate {}/s", (rate * 1e3).round() / 1e3),
             Load::Closed { concurrency } => format!("{concurrency} in flight"),
         }
     }
@@ -205,7 +205,7 @@ fn run(args: Args) -> AnyResult<()> {
     let cost = probe.stats().cost_model.map(CostProfile::Fixed);
     drop(probe);
     let mut summaries = Vec::new();
-    for (mode, load) in points(&args) {
+    for (mode, load) in points(&args, &workload) {
         let mut engine = Engine::with_model(model.clone(), engine_config(&args, mode, cost))?;
         let arrivals = driver::arrivals(&workload, load, args.seed);
         let progress = ProgressBar::new(turns as u64).with_style(ProgressStyle::with_template(
@@ -227,8 +227,14 @@ fn run(args: Args) -> AnyResult<()> {
     Ok(())
 }
 
-/// The runs to do: every mode at each sweep point, or the one mode and load of the flags.
-fn points(args: &Args) -> Vec<(Mode, Load)> {
+/// The runs to do: every mode at each sweep point, or the one mode and load of the flags. An
+/// open loop over a trace that carries its arrival times runs at those times, and reports
+/// their mean rate.
+fn points(args: &Args, workload: &[ConversationSpec]) -> Vec<(Mode, Load)> {
+    let arrivals: Option<Vec<f64>> = workload.iter().map(|c| c.arrival_s).collect();
+    let trace_rate = arrivals
+        .and_then(|a| Some((a.len() - 1) as f64 / a.into_iter().reduce(f64::max)?))
+        .filter(|r| r.is_finite() && *r > 0.0);
     let open = |rate| Load::Open {
         rate,
         think_scale: args.think_scale,
@@ -242,7 +248,7 @@ fn points(args: &Args) -> Vec<(Mode, Load)> {
         (None, None) => {
             let load = match args.concurrency {
                 Some(concurrency) => Load::Closed { concurrency },
-                None => open(args.rate),
+                None => open(trace_rate.unwrap_or(args.rate)),
             };
             return vec![(args.engine.mode, load)];
         }
