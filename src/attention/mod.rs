@@ -23,6 +23,8 @@
 //! that every fast path is tested against.
 
 mod cpu;
+#[cfg(any(feature = "cuda", test))]
+mod cuda;
 mod gather;
 mod pool;
 mod reference;
@@ -234,7 +236,16 @@ pub fn attention(
             let op = cpu::PagedAttention { batch, dims, scale };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // Until the CUDA kernel of `kernels/` lands, GPUs run the device-agnostic gather path.
+        // The kernel is built for head dims 64 and 128; others take the gather path.
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if matches!(dims.head_dim, 64 | 128) => {
+            let in_dtype = q.dtype();
+            let q = q.to_dtype(DType::F32)?.contiguous()?;
+            let (k, v) = (k_pool.contiguous()?, v_pool.contiguous()?);
+            let op = cuda::CudaAttention { batch, dims, scale };
+            Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
+        }
+        // Other devices run the device-agnostic gather path.
         _ => attention_gather(q, k_pool, v_pool, batch, scale),
     }
 }
