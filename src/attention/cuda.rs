@@ -207,9 +207,9 @@ mod launch {
                 (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
                     attend(&func("bf16")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
                 }
-                _ => candle_core::bail!(
-                    "the CUDA attention kernel reads two f32, f16 or bf16 pools"
-                ),
+                _ => {
+                    candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools")
+                }
             }
             merge(dev, op, &bufs, &out)?;
         }
@@ -269,7 +269,8 @@ mod launch {
     ) -> candle_core::Result<()> {
         let func = dev.get_or_load_custom_func("pensieve_attention_merge", MODULE, PTX)?;
         let d = op.dims;
-        let (heads, kv_heads, head_dim) = (d.n_heads as i32, d.n_kv_heads as i32, d.head_dim as i32);
+        let (heads, kv_heads, head_dim) =
+            (d.n_heads as i32, d.n_kv_heads as i32, d.head_dim as i32);
         let groups = bufs.groups.len() / 2;
         let mut b = func.builder();
         b.arg(&bufs.part_acc);
