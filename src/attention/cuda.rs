@@ -112,9 +112,9 @@ impl CustomOp3 for CudaAttention<'_> {
 #[cfg(feature = "cuda")]
 mod launch {
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
     };
-    use candle_core::cuda_backend::{CudaFunc, CudaStorageSlice, WrapErr};
+    use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
     use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
 
     use super::{CudaAttention, Plan, MAX_Q};
@@ -195,17 +195,18 @@ mod launch {
             let q = view(q_s, q_l, "q")?;
             let func = |dtype: &str| {
                 let name = format!("pensieve_attention_{dtype}_d{}", d.head_dim);
-                dev.get_or_load_custom_func(&name, MODULE, PTX)
+                let func = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+                Ok::<_, candle_core::Error>(func.into_cuda_function())
             };
             match (&k.slice, &v.slice) {
                 (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => {
-                    attend(&func("f32")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
+                    attend(dev, &func("f32")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
                 }
                 (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => {
-                    attend(&func("f16")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
+                    attend(dev, &func("f16")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
                 }
                 (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
-                    attend(&func("bf16")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
+                    attend(dev, &func("bf16")?, op, &q, (ks, k_l), (vs, v_l), &bufs)?
                 }
                 _ => {
                     candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools")
@@ -223,7 +224,8 @@ mod launch {
 
     /// One block of 128 threads per item: the partials.
     fn attend<T: DeviceRepr>(
-        func: &CudaFunc,
+        dev: &CudaDevice,
+        func: &CudaFunction,
         op: &CudaAttention<'_>,
         q: &CudaView<'_, f32>,
         (k, k_l): (&CudaSlice<T>, &Layout),
@@ -233,7 +235,8 @@ mod launch {
         let (k, v) = (view(k, k_l, "k")?, view(v, v_l, "v")?);
         let (heads, kv_heads) = (op.dims.n_heads as i32, op.dims.n_kv_heads as i32);
         let items = bufs.items.len() / super::ITEM_INTS;
-        let mut b = func.builder();
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(func);
         b.arg(q);
         b.arg(&k);
         b.arg(&v);
