@@ -314,3 +314,66 @@ fn odd_head_dim_is_a_typed_error() {
         Err(pensieve::Error::UnsupportedHeadDim { head_dim: 5 })
     ));
 }
+
+/// The GPU to run on, or `None` (said once) where there is none: the CUDA tests then skip.
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Option<Device> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    // Creating a CUDA context where no driver is installed aborts: look for the driver first.
+    let found = if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        Device::new_cuda(0).map_err(|e| e.to_string())
+    } else {
+        Err("no NVIDIA driver".to_string())
+    };
+    match found {
+        Ok(d) => Some(d),
+        Err(why) => {
+            SAID.call_once(|| eprintln!("CUDA attention tests skipped: {why}"));
+            None
+        }
+    }
+}
+
+/// The CUDA op's error against the reference, the pools stored as `dtype` on the GPU and the
+/// reference reading the same stored values; `None` without a GPU.
+#[cfg(feature = "cuda")]
+fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
+    let gpu = cuda_device()?;
+    let (q, k, v, batch) = build(c);
+    let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+    let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let out = attention(&on_gpu(&q), &on_gpu(&k), &on_gpu(&v), &batch, scale).unwrap();
+    Some(max_rel_err(
+        &out.to_device(&Device::Cpu).unwrap(),
+        &reference,
+    ))
+}
+
+/// The CUDA kernel's tolerance, for every pool dtype (the reference reads the same stored
+/// values): f32 sums in another order than the reference's f64, and `__expf`, a few ulp off.
+#[cfg(feature = "cuda")]
+const CUDA_TOL: f32 = 1e-3;
+
+#[cfg(feature = "cuda")]
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cuda_kernel_equals_reference(
+        c in case(),
+        dtype in prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)],
+    ) {
+        if let Some(err) = cuda_error(&c, dtype) {
+            prop_assert!(err < CUDA_TOL, "{:?}: err {}", dtype, err);
+        }
+    }
+
+    #[test]
+    fn cuda_long_contexts_merge_their_segments(c in long_case()) {
+        if let Some(err) = cuda_error(&c, DType::F16) {
+            prop_assert!(err < CUDA_TOL, "err {}", err);
+        }
+    }
+}
