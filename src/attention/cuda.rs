@@ -251,16 +251,21 @@ mod launch {
         b.arg(&heads);
         b.arg(&kv_heads);
         b.arg(&op.scale);
-        let cfg = LaunchConfig {
-            grid_dim: (items as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = blocks(items, 128);
         // SAFETY: the arguments match the attention kernels' parameters in order and type;
         // every index the kernel forms comes from the plan and the batch, whose slots
         // `Dims::check` checked against the pool.
         unsafe { b.launch(cfg) }.w()?;
         Ok(())
+    }
+
+    /// A 1-D grid of `n` blocks of `threads` threads, static shared memory only.
+    fn blocks(n: usize, threads: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// One block per output group: the segments folded in order, normalized, into `out`.
@@ -285,11 +290,7 @@ mod launch {
         b.arg(&heads);
         b.arg(&kv_heads);
         b.arg(&head_dim);
-        let cfg = LaunchConfig {
-            grid_dim: (groups as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = blocks(groups, 256);
         // SAFETY: the arguments match `pensieve_attention_merge`'s parameters in order and
         // type; the partials were written by `attend` on the same stream.
         unsafe { b.launch(cfg) }.w()?;
