@@ -72,6 +72,10 @@ pub enum Error {
     #[error("invalid attention batch: {0}")]
     InvalidBatch(String),
 
+    /// A copy of KV between the device pool and host memory failed (the chunk is recomputed).
+    #[error("KV copy failed: {0}")]
+    Transfer(String),
+
     /// The attention op takes head dimensions in pairs; this one is odd.
     #[error("head dimension {head_dim} is not supported (it must be even)")]
     UnsupportedHeadDim {

@@ -66,6 +66,8 @@ pub enum Kv {
     F16,
     /// f32.
     F32,
+    /// bfloat16 (for GPUs; the CPU widens it on every read).
+    Bf16,
 }
 
 /// Flags for the model and the engine's cache.
@@ -110,6 +112,7 @@ impl EngineArgs {
         match self.kv {
             Kv::F16 => KvPrecision::F16,
             Kv::F32 => KvPrecision::F32,
+            Kv::Bf16 => KvPrecision::Bf16,
         }
     }
 

@@ -6,9 +6,13 @@
 //! `O(pool)`. Which slot belongs to whom is decided by the cache manager (`crate::kv`), which
 //! moves ids only; this type is the one that moves KV bytes.
 
-use candle_core::{DType, Device, Tensor};
-use half::f16;
+#[cfg(feature = "cuda")]
+mod cuda;
 
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
+
+use crate::kv::ChunkBytes;
 use crate::{Error, Result};
 
 /// The shape of one KV-token: what the pool needs to know about a model.
@@ -36,6 +40,9 @@ pub struct KvPool {
     v: Vec<Tensor>,
     n_slots: usize,
     row: usize,
+    /// On a GPU: the copy stream that moves chunks while the compute stream runs.
+    #[cfg(feature = "cuda")]
+    mover: Option<cuda::Mover>,
 }
 
 impl KvPool {
@@ -47,6 +54,13 @@ impl KvPool {
         let dims = (n_slots, shape.num_kv_heads, shape.head_dim);
         let mut k = Vec::with_capacity(shape.num_layers);
         let mut v = Vec::with_capacity(shape.num_layers);
+        // The copy stream exists before the pool's tensors, so that the device tracks their
+        // uses across both streams.
+        #[cfg(feature = "cuda")]
+        let mover = match device {
+            Device::Cuda(dev) => Some(cuda::Mover::new(dev, shape.num_layers)?),
+            _ => None,
+        };
         for _ in 0..shape.num_layers {
             k.push(Tensor::zeros(dims, dtype, device)?);
             v.push(Tensor::zeros(dims, dtype, device)?);
@@ -56,6 +70,8 @@ impl KvPool {
             v,
             n_slots,
             row: shape.num_kv_heads * shape.head_dim,
+            #[cfg(feature = "cuda")]
+            mover,
         })
     }
 
@@ -64,11 +80,17 @@ impl KvPool {
         self.n_slots
     }
 
-    /// Layer `layer`'s `(k_pool, v_pool)`.
+    /// Layer `layer`'s `(k_pool, v_pool)`, ready for the compute that follows: on a GPU the
+    /// compute stream first waits for this step's copies of that layer (and only that layer).
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] for a layer the pool does not have.
+    /// [`Error::InvalidBatch`] for a layer the pool does not have; [`Error::Transfer`] if the
+    /// device cannot order the wait.
     pub fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let Some(m) = &self.mover {
+            m.await_layer(layer)?;
+        }
         match (self.k.get(layer), self.v.get(layer)) {
             (Some(k), Some(v)) => Ok((k, v)),
             _ => Err(Error::InvalidBatch(format!(
@@ -95,7 +117,8 @@ impl KvPool {
     }
 
     /// Writes new tokens' `k`, `v` (`[tokens, n_kv_heads, head_dim]`) into their slots of
-    /// `layer`, using an index from [`Self::write_index`].
+    /// `layer`, using an index from [`Self::write_index`]; on a GPU after this step's copies
+    /// of the layer ([`Self::layer`]).
     ///
     /// # Errors
     /// [`Error::Candle`] on shape or device mismatch.
@@ -112,13 +135,62 @@ impl KvPool {
 }
 
 impl KvPool {
+    /// One step's chunk copies: `outs` (`(first slot, tokens)`) leave the pool as host bytes
+    /// laid out as [`Self::read_slots`] returns them, then `ins` (`(first slot, bytes)`) are
+    /// written into their slots. On the CPU this is done on return. On a GPU the copies run
+    /// on their own stream in layer order, each layer's behind one event that
+    /// [`Self::layer`] makes the compute wait for (with `pipelined`; otherwise on return),
+    /// so layer 0 of the next pass starts while later layers are still in flight; the
+    /// returned bytes wait for their copy when read.
+    ///
+    /// # Errors
+    /// As [`Self::read_slots`] and [`Self::write_slots`]; [`Error::Transfer`] when the
+    /// device fails a copy or a chunk's bytes are unreadable.
+    pub(crate) fn copy_chunks(
+        &self,
+        outs: &[(usize, usize)],
+        ins: Vec<(usize, ChunkBytes)>,
+        pipelined: bool,
+    ) -> Result<Vec<ChunkBytes>> {
+        for &(start, len) in outs {
+            self.check_range(start, len)?;
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(m) = &self.mover {
+            let per = self.token_bytes();
+            for (start, data) in &ins {
+                self.check_range(*start, data.len() / per.max(1))?;
+            }
+            return m.copy(&self.k, &self.v, self.row_bytes(), outs, ins, pipelined);
+        }
+        let _ = pipelined;
+        let out = outs
+            .iter()
+            .map(|&(start, len)| self.read_slots(start, len).map(ChunkBytes::from))
+            .collect::<Result<Vec<_>>>()?;
+        for (start, data) in ins {
+            self.write_slots(start, data.bytes().map_err(Error::Transfer)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Bytes of one slot's row in one layer's K (or V).
+    fn row_bytes(&self) -> usize {
+        self.row * self.dtype().size_in_bytes()
+    }
+
+    /// Bytes of one KV-token across the pool's layers.
+    fn token_bytes(&self) -> usize {
+        2 * self.k.len() * self.row_bytes()
+    }
+
     /// Copies the KV of slots `[start, start + len)` out of every layer, as
     /// `[layer][k, v][len][n_kv_heads * head_dim]` values of the pool's type, little-endian
     /// bytes (a chunk on its way to a lower tier; the bytes are what a tier stores).
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32
-    /// and f16; [`Error::Candle`] on device errors.
+    /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32,
+    /// f16 and bf16; [`Error::Candle`] on device errors.
     pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<u8>> {
         self.check_range(start, len)?;
         let width = self.dtype().size_in_bytes();
@@ -132,6 +204,9 @@ impl KvPool {
                     }
                     DType::F16 => {
                         out.extend(rows.to_vec1::<f16>()?.iter().flat_map(|x| x.to_le_bytes()))
+                    }
+                    DType::BF16 => {
+                        out.extend(rows.to_vec1::<bf16>()?.iter().flat_map(|x| x.to_le_bytes()))
                     }
                     other => return Err(unsupported(other)),
                 }
@@ -147,8 +222,8 @@ impl KvPool {
     /// [`Error::InvalidBatch`] if `data` is not whole KV-tokens or the range lies outside the
     /// pool; [`Error::Candle`] on device errors.
     pub fn write_slots(&self, start: usize, data: &[u8]) -> Result<()> {
-        let part_bytes = self.row * self.dtype().size_in_bytes();
-        let per = 2 * part_bytes * self.k.len();
+        let part_bytes = self.row_bytes();
+        let per = self.token_bytes();
         if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::InvalidBatch(format!(
                 "{} bytes are not whole KV-tokens",
@@ -169,6 +244,9 @@ impl KvPool {
                     }
                     DType::F16 => {
                         Tensor::from_vec(decode(part, f16::from_le_bytes), shape, device)?
+                    }
+                    DType::BF16 => {
+                        Tensor::from_vec(decode(part, bf16::from_le_bytes), shape, device)?
                     }
                     other => return Err(unsupported(other)),
                 };

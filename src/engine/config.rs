@@ -56,6 +56,9 @@ pub enum KvPrecision {
     F16,
     /// f32, as the model computes them.
     F32,
+    /// bfloat16: f32's range in 16 bits, for models trained in it (on the CPU attention
+    /// widens the pool to f32 on each read, so prefer f16 there).
+    Bf16,
 }
 
 impl KvPrecision {
@@ -64,6 +67,7 @@ impl KvPrecision {
         match self {
             KvPrecision::F16 => candle_core::DType::F16,
             KvPrecision::F32 => candle_core::DType::F32,
+            KvPrecision::Bf16 => candle_core::DType::BF16,
         }
     }
 }
@@ -117,6 +121,11 @@ pub struct EngineConfig {
     pub overflow: OverflowPolicy,
     /// How KV values are stored.
     pub kv_precision: KvPrecision,
+    /// Restore swapped-in KV layer by layer: on a GPU a pass starts computing layer 0 while
+    /// later layers are still being copied (each layer waits only for its own copies). Off,
+    /// the step waits for the whole restore first (the serial baseline). Outputs are the same
+    /// either way; the CPU copies synchronously regardless.
+    pub pipelined_restore: bool,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
@@ -138,6 +147,7 @@ impl Default for EngineConfig {
             cost_profile: CostProfile::Measure,
             overflow: OverflowPolicy::Error,
             kv_precision: KvPrecision::default(),
+            pipelined_restore: true,
             check_invariants: cfg!(debug_assertions),
         }
     }

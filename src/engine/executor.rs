@@ -13,33 +13,62 @@ use crate::model::{ForwardBatch, Model};
 use crate::scheduler::RowPlan;
 use crate::Result;
 
-/// Copies the planned chunks between tiers (swap-outs first, so host room booked by drops is
-/// used before swap-ins need blocks) and completes or aborts each move. Returns the
-/// conversations whose swap-in failed: their KV has a hole this step, so their rows must not
-/// run (they are requeued to recompute it).
+/// Copies the planned chunks between tiers in one batch (swap-outs first, so host room booked
+/// by drops is used before swap-ins need blocks; on a GPU in layer order, `pipelined` letting
+/// the pass start before the last layer has arrived) and completes or aborts each move.
+/// Returns the conversations whose swap-in failed: their KV has a hole this step, so their
+/// rows must not run (they are requeued to recompute it).
 pub(super) fn transfer(
     pool: &KvPool,
     cache: &mut CacheManager,
     moves: &Moves,
     faults: &mut Faults,
+    pipelined: bool,
 ) -> HashSet<ConversationId> {
+    let mut lost = HashSet::new();
+    let mut outs = Vec::new();
     for s in &moves.swap_out {
-        match pool.read_slots(cache.first_slot(s.block), s.len) {
-            Ok(data) if !Faults::fail(&mut faults.swap_out) => cache.complete_swap_out(s, data),
-            _ => cache.abort_swap_out(s),
+        if Faults::fail(&mut faults.swap_out) {
+            cache.abort_swap_out(s);
+        } else {
+            outs.push(s);
         }
     }
-    let mut lost = HashSet::new();
+    let mut ins = Vec::new();
     for s in &moves.swap_in {
-        let copied = cache.take_swap_in(s).is_some_and(|data| {
-            !Faults::fail(&mut faults.swap_in)
-                && pool.write_slots(cache.first_slot(s.block), &data).is_ok()
-        });
-        if copied {
-            cache.complete_swap_in(s);
-        } else {
-            cache.abort_swap_in(s);
-            lost.insert(s.conv);
+        match cache.take_swap_in(s) {
+            Some(data) if !Faults::fail(&mut faults.swap_in) => ins.push((s, data)),
+            _ => {
+                cache.abort_swap_in(s);
+                lost.insert(s.conv);
+            }
+        }
+    }
+    let out_ranges: Vec<(usize, usize)> = outs
+        .iter()
+        .map(|s| (cache.first_slot(s.block), s.len))
+        .collect();
+    let (in_moves, in_data): (Vec<_>, Vec<_>) = ins
+        .into_iter()
+        .map(|(s, data)| (s, (cache.first_slot(s.block), data)))
+        .unzip();
+    match pool.copy_chunks(&out_ranges, in_data, pipelined) {
+        Ok(copied) => {
+            for (s, data) in outs.into_iter().zip(copied) {
+                cache.complete_swap_out(s, data);
+            }
+            for s in in_moves {
+                cache.complete_swap_in(s);
+            }
+        }
+        Err(_) => {
+            for s in outs {
+                cache.abort_swap_out(s);
+            }
+            for s in in_moves {
+                cache.abort_swap_in(s);
+                lost.insert(s.conv);
+            }
         }
     }
     lost

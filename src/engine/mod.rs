@@ -359,7 +359,13 @@ impl Engine {
         failed: &mut Vec<(RequestId, FinishReason)>,
     ) -> (Outcome, Instant) {
         let t1 = Instant::now();
-        let lost = executor::transfer(&self.pool, &mut self.cache, &plan.moves, &mut self.faults);
+        let lost = executor::transfer(
+            &self.pool,
+            &mut self.cache,
+            &plan.moves,
+            &mut self.faults,
+            self.config.pipelined_restore,
+        );
         let requeue: Vec<RequestId> = lost.iter().filter_map(|&c| self.sched.turn_of(c)).collect();
         let mut ran: Vec<bool> = plan.rows.iter().map(|r| !lost.contains(&r.conv)).collect();
         let rows: Vec<&RowPlan> = plan

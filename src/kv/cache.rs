@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Instant;
 
-use super::{BlockAllocator, BlockId, ChunkLoc, EvictionPolicy, HostChunkId, HostPool, Violation};
+use super::{
+    BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool, Violation,
+};
 use crate::ids::ConversationId;
 use crate::kv::policy::Candidate;
 
@@ -438,7 +440,7 @@ impl CacheManager {
 
     /// A swap-out's bytes were copied: they go into the booked host chunk and the block is
     /// freed. If the host no longer has the booking, the chunk is dropped (counted).
-    pub fn complete_swap_out(&mut self, s: &SwapOut, data: Vec<u8>) {
+    pub fn complete_swap_out(&mut self, s: &SwapOut, data: ChunkBytes) {
         if !self.host.store(s.host, data) {
             self.abort_swap_out(s);
             return;
@@ -462,7 +464,7 @@ impl CacheManager {
     }
 
     /// Hands over a swap-in's bytes, freeing the host chunk; `None` if they are gone.
-    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Vec<u8>> {
+    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<ChunkBytes> {
         self.host.take(s.host)
     }
 

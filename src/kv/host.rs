@@ -5,6 +5,60 @@
 //! data; `take` hands the data back for a swap-in and frees the bytes; `release` drops a chunk.
 //! Invariant: `used_bytes <= budget_bytes`, and `used_bytes` is the sum of the reserved sizes.
 
+/// Memory for a chunk's bytes that a device copies into asynchronously (pinned host memory
+/// on a GPU), owned by the device layer; this layer only holds and hands it back.
+#[cfg(feature = "cuda")]
+pub(crate) trait HostBuffer: Send + Sync + std::fmt::Debug {
+    /// The chunk's bytes, once every copy into them has finished (waits for it).
+    ///
+    /// # Errors
+    /// The device's description of a failed copy.
+    fn bytes(&self) -> Result<&[u8], String>;
+
+    /// Number of bytes.
+    fn len(&self) -> usize;
+}
+
+/// A chunk's KV as little-endian bytes in host memory: the unit every tier below the device
+/// stores.
+#[derive(Debug)]
+pub(crate) enum ChunkBytes {
+    /// Ordinary memory, filled synchronously.
+    Heap(Vec<u8>),
+    /// Device-registered memory a copy may still be filling.
+    #[cfg(feature = "cuda")]
+    Device(Box<dyn HostBuffer>),
+}
+
+impl ChunkBytes {
+    /// The bytes, waiting for a copy still in flight.
+    ///
+    /// # Errors
+    /// The device's description of a failed copy.
+    pub(crate) fn bytes(&self) -> Result<&[u8], String> {
+        match self {
+            ChunkBytes::Heap(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            ChunkBytes::Device(b) => b.bytes(),
+        }
+    }
+
+    /// Number of bytes (known before a copy finishes).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ChunkBytes::Heap(v) => v.len(),
+            ChunkBytes::Device(b) => b.len(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for ChunkBytes {
+    fn from(v: Vec<u8>) -> Self {
+        ChunkBytes::Heap(v)
+    }
+}
+
 /// Index of a chunk held by the host pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HostChunkId(pub u32);
@@ -12,7 +66,7 @@ pub struct HostChunkId(pub u32);
 #[derive(Debug)]
 struct Entry {
     bytes: usize,
-    data: Option<Vec<u8>>,
+    data: Option<ChunkBytes>,
 }
 
 /// KV chunks in host memory.
@@ -69,7 +123,7 @@ impl HostPool {
     }
 
     /// Fills a reserved chunk with its data. Returns `false` for an unknown id.
-    pub fn store(&mut self, id: HostChunkId, data: Vec<u8>) -> bool {
+    pub fn store(&mut self, id: HostChunkId, data: ChunkBytes) -> bool {
         match self.entries.get_mut(id.0 as usize) {
             Some(Some(e)) => {
                 e.data = Some(data);
@@ -80,7 +134,7 @@ impl HostPool {
     }
 
     /// Removes a chunk and returns its data (for a swap-in), freeing its bytes.
-    pub fn take(&mut self, id: HostChunkId) -> Option<Vec<u8>> {
+    pub fn take(&mut self, id: HostChunkId) -> Option<ChunkBytes> {
         let entry = self.entries.get_mut(id.0 as usize)?.take()?;
         self.used_bytes -= entry.bytes;
         self.free_ids.push(id.0);
@@ -107,10 +161,10 @@ mod tests {
         let mut h = HostPool::new(100);
         let a = h.reserve(60).unwrap();
         assert!(h.reserve(60).is_none());
-        assert!(h.store(a, vec![1; 15]));
+        assert!(h.store(a, vec![1; 15].into()));
         let b = h.reserve(40).unwrap();
         assert_eq!(h.used_bytes(), 100);
-        assert_eq!(h.take(a), Some(vec![1; 15]));
+        assert_eq!(h.take(a).unwrap().bytes().unwrap(), &[1; 15]);
         h.release(b);
         assert_eq!((h.used_bytes(), h.len()), (0, 0));
         assert!(h.take(a).is_none());

@@ -13,7 +13,9 @@ mod policy;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, Eviction, Moves};
-pub(crate) use host::{HostChunkId, HostPool};
+#[cfg(feature = "cuda")]
+pub(crate) use host::HostBuffer;
+pub(crate) use host::{ChunkBytes, HostChunkId, HostPool};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 

@@ -1,0 +1,198 @@
+//! The pool's chunk copies on a GPU (Pensieve §4.3.2): a copy stream of its own, so that
+//! swaps overlap the compute stream's work; host chunks in pinned memory, so that copies are
+//! asynchronous DMA; and one event per layer, so that a pass waits for layer `l`'s restored
+//! KV only when it reaches layer `l` (layer-wise pipelined swap-in).
+//!
+//! Ordering, all on the device, none on the host until a chunk's bytes are read:
+//! 1. the copy stream waits for the compute stream's work so far (the KV it wrote);
+//! 2. per layer: the swap-outs' device → host copies, then the swap-ins' host → device
+//!    copies, then an event;
+//! 3. the compute stream waits for layer `l`'s event before it writes or reads layer `l`
+//!    ([`Mover::await_layer`]); a swap-out's bytes wait for the copy's end when read.
+//!
+//! Host buffers a swap-in reads stay alive until the copy stream has passed them: the next
+//! step's copies (or the mover's drop) synchronize it first.
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    result, sys, CudaEvent, CudaStream, DevicePtr, DriverError, PinnedHostSlice,
+};
+use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
+use candle_core::{Storage, Tensor};
+use parking_lot::Mutex;
+
+use crate::kv::{ChunkBytes, HostBuffer};
+use crate::{Error, Result};
+
+/// The copy stream and this step's per-layer readiness.
+#[derive(Debug)]
+pub(super) struct Mover {
+    compute: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    /// Per layer: the event after this step's copies of that layer, until the compute
+    /// stream has been told to wait for it.
+    ready: Mutex<Vec<Option<CudaEvent>>>,
+    /// Swap-in sources the copy stream may still be reading.
+    in_flight: Mutex<Vec<ChunkBytes>>,
+}
+
+fn transfer(e: DriverError) -> Error {
+    Error::Transfer(e.to_string())
+}
+
+impl Mover {
+    /// A copy stream beside `device`'s compute stream, for a pool of `layers` layers.
+    pub(super) fn new(device: &CudaDevice, layers: usize) -> Result<Self> {
+        let compute = device.cuda_stream();
+        let copy = compute.context().new_stream().map_err(transfer)?;
+        Ok(Self {
+            compute,
+            copy,
+            ready: Mutex::new((0..layers).map(|_| None).collect()),
+            in_flight: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Makes the compute stream wait for this step's copies of `layer` (once per step).
+    pub(super) fn await_layer(&self, layer: usize) -> Result<()> {
+        let event = self.ready.lock().get_mut(layer).and_then(Option::take);
+        match event {
+            Some(e) => self.compute.wait(&e).map_err(transfer),
+            None => Ok(()),
+        }
+    }
+
+    /// Enqueues one step's copies (see the module comment); `row_bytes` is one slot's row in
+    /// one layer's K or V. Without `pipelined`, returns only when every copy is done.
+    pub(super) fn copy(
+        &self,
+        k: &[Tensor],
+        v: &[Tensor],
+        row_bytes: usize,
+        outs: &[(usize, usize)],
+        ins: Vec<(usize, ChunkBytes)>,
+        pipelined: bool,
+    ) -> Result<Vec<ChunkBytes>> {
+        // The last step's sources are done with once the stream has passed them.
+        self.copy.synchronize().map_err(transfer)?;
+        self.in_flight.lock().clear();
+        if outs.is_empty() && ins.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.copy.join(&self.compute).map_err(transfer)?;
+        let layers = k.len();
+        let ctx = self.copy.context();
+        let mut bufs = outs
+            .iter()
+            .map(|&(_, len)| {
+                // Plain page-locked memory (not write-combined): the host reads it back
+                // (to the disk tier, or to swap it in again).
+                // SAFETY: every byte is written by the copies below before it is read.
+                unsafe { ctx.alloc_pinned_with_flags::<u8>(2 * layers * len * row_bytes, 0) }
+                    .map_err(transfer)
+            })
+            .collect::<Result<Vec<PinnedHostSlice<u8>>>>()?;
+        let mut hosts = bufs
+            .iter_mut()
+            .map(|b| b.as_mut_slice().map_err(transfer))
+            .collect::<Result<Vec<&mut [u8]>>>()?;
+        let sources = ins
+            .iter()
+            .map(|(start, data)| Ok((*start, data.bytes().map_err(Error::Transfer)?)))
+            .collect::<Result<Vec<(usize, &[u8])>>>()?;
+        let stream = self.copy.cu_stream();
+        let mut ready = Vec::with_capacity(layers);
+        for (layer, (kl, vl)) in k.iter().zip(v).enumerate() {
+            for (part, pool) in [kl, vl].into_iter().enumerate() {
+                let base = device_ptr(pool, &self.copy)?;
+                for (&(start, len), host) in outs.iter().zip(hosts.iter_mut()) {
+                    let n = len * row_bytes;
+                    let at = (2 * layer + part) * n;
+                    let dst = &mut host[at..at + n];
+                    let src = base + (start * row_bytes) as u64;
+                    // SAFETY: `src..src + n` lies in the pool (ranges checked by the caller);
+                    // `dst` is pinned memory that outlives the copy (its chunk waits for the
+                    // copy's event before it is read or freed).
+                    unsafe { result::memcpy_dtoh_async(dst, src, stream) }.map_err(transfer)?;
+                }
+                for &(start, bytes) in &sources {
+                    let n = bytes.len() / (2 * layers);
+                    let at = (2 * layer + part) * n;
+                    let dst = base + (start * row_bytes) as u64;
+                    // SAFETY: as above; the source stays in `in_flight` until the stream has
+                    // passed it.
+                    unsafe { result::memcpy_htod_async(dst, &bytes[at..at + n], stream) }
+                        .map_err(transfer)?;
+                }
+            }
+            ready.push(self.copy.record_event(None).map_err(transfer)?);
+        }
+        drop(hosts);
+        if pipelined {
+            *self.ready.lock() = ready.into_iter().map(Some).collect();
+        } else {
+            self.copy.synchronize().map_err(transfer)?;
+        }
+        self.in_flight
+            .lock()
+            .extend(ins.into_iter().map(|(_, d)| d));
+        bufs.into_iter()
+            .zip(outs)
+            .map(|(buf, &(_, len))| {
+                let done = self.copy.record_event(None).map_err(transfer)?;
+                let len = 2 * layers * len * row_bytes;
+                Ok(ChunkBytes::Device(Box::new(Pinned { buf, len, done })))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Mover {
+    fn drop(&mut self) {
+        // Swap-in sources are freed with the mover: not before the stream has passed them.
+        let _ = self.copy.synchronize();
+    }
+}
+
+/// The device address of `pool`'s first element, ordered after its last write on `stream`.
+fn device_ptr(pool: &Tensor, stream: &Arc<CudaStream>) -> Result<sys::CUdeviceptr> {
+    let (storage, layout) = pool.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else {
+        return Err(Error::Transfer("the pool is not on the GPU".into()));
+    };
+    let ptr = match &cs.slice {
+        CudaStorageSlice::F32(s) => s.device_ptr(stream).0,
+        CudaStorageSlice::F16(s) => s.device_ptr(stream).0,
+        CudaStorageSlice::BF16(s) => s.device_ptr(stream).0,
+        _ => return Err(Error::Transfer(format!("a {:?} pool", pool.dtype()))),
+    };
+    Ok(ptr + (layout.start_offset() * pool.dtype().size_in_bytes()) as u64)
+}
+
+/// A chunk's bytes in pinned host memory, valid once `done` has passed.
+#[derive(Debug)]
+struct Pinned {
+    buf: PinnedHostSlice<u8>,
+    len: usize,
+    done: CudaEvent,
+}
+
+impl HostBuffer for Pinned {
+    fn bytes(&self) -> std::result::Result<&[u8], String> {
+        self.done.synchronize().map_err(|e| e.to_string())?;
+        let all = self.buf.as_slice().map_err(|e| e.to_string())?;
+        Ok(&all[..self.len])
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // Evicted while its copy is in flight: the memory is freed after the copy.
+        let _ = self.done.synchronize();
+    }
+}
