@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::{attention, attention_gather, attention_reference, AttentionBatch};
 use proptest::prelude::*;
@@ -315,30 +317,11 @@ fn odd_head_dim_is_a_typed_error() {
     ));
 }
 
-/// The GPU to run on, or `None` (said once) where there is none: the CUDA tests then skip.
-#[cfg(feature = "cuda")]
-fn cuda_device() -> Option<Device> {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    // Creating a CUDA context where no driver is installed aborts: look for the driver first.
-    let found = if std::path::Path::new("/proc/driver/nvidia/version").exists() {
-        Device::new_cuda(0).map_err(|e| e.to_string())
-    } else {
-        Err("no NVIDIA driver".to_string())
-    };
-    match found {
-        Ok(d) => Some(d),
-        Err(why) => {
-            SAID.call_once(|| eprintln!("CUDA attention tests skipped: {why}"));
-            None
-        }
-    }
-}
-
 /// The CUDA op's error against the reference, the pools stored as `dtype` on the GPU and the
 /// reference reading the same stored values; `None` without a GPU.
 #[cfg(feature = "cuda")]
 fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
-    let gpu = cuda_device()?;
+    let gpu = common::cuda_device("CUDA attention tests")?;
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
