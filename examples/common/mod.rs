@@ -9,7 +9,8 @@ use std::error::Error;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
 use pensieve::engine::{Budgets, CacheMode, KvPrecision};
-use pensieve::model::{LoadOptions, Model, ModelSource, WeightFormat};
+use candle_core::Device;
+use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -73,9 +74,15 @@ pub enum Kv {
 /// Flags for the model and the engine's cache.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
-    /// Model: `default`, a .gguf file, a safetensors folder, or an `org/name` hub repo.
+    /// Model: `default`, a .gguf file, a safetensors folder, an `org/name` hub repo, or
+    /// `tiny` (random weights with a byte tokenizer: no files needed, e.g. on a GPU machine
+    /// with `--model-shape`).
     #[arg(long, default_value = "default")]
     pub model: String,
+    /// Where weights, KV pool and compute live: `cpu`, or `cuda` / `cuda:N` (a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu", value_parser = device)]
+    pub device: Device,
     /// Weight format.
     #[arg(long, value_enum, default_value = "packed")]
     pub format: Format,
@@ -94,16 +101,16 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// Load options for `--format` on the CPU.
+    /// Load options for `--format` on `--device`.
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
+            device: self.device.clone(),
             format: match self.format {
                 Format::F32 => WeightFormat::F32,
                 Format::F16 => WeightFormat::F16,
                 Format::Quantized => WeightFormat::Quantized,
                 Format::Packed => WeightFormat::Packed,
             },
-            ..LoadOptions::default()
         }
     }
 
@@ -119,8 +126,14 @@ impl EngineArgs {
     /// Loads `--model`.
     pub fn load_model(&self) -> Result<Model, Box<dyn Error>> {
         eprintln!("loading {} ...", self.model);
+        let options = self.load_options();
+        if self.model == "tiny" {
+            let tiny = Model::tiny(7)?;
+            let llama = Llama::random(tiny.config().clone(), 7, options.format, &options.device)?;
+            return Ok(tiny.with_llama(llama));
+        }
         let source: ModelSource = self.model.parse()?;
-        Model::load(&source, &self.load_options())
+        Model::load(&source, &options)
             .map_err(|e| format!("cannot load model {}: {e}", self.model).into())
     }
 
@@ -132,6 +145,19 @@ impl EngineArgs {
             host_bytes: self.host_mib << 20,
         }
     }
+}
+
+/// `--device`: `cpu`, `cuda` or `cuda:N`.
+pub fn device(s: &str) -> Result<Device, String> {
+    let ordinal = match s {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" => 0,
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => n,
+            _ => return Err("expected cpu, cuda or cuda:N".into()),
+        },
+    };
+    Device::new_cuda(ordinal).map_err(|e| format!("no CUDA device {ordinal}: {e}"))
 }
 
 /// A flag value of at least 1.

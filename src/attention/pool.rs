@@ -145,8 +145,9 @@ impl KvPool {
     ///
     /// # Errors
     /// As [`Self::read_slots`] and [`Self::write_slots`]; [`Error::Transfer`] when the
-    /// device fails a copy or a chunk's bytes are unreadable.
-    pub(crate) fn copy_chunks(
+    /// device fails a copy or a chunk's bytes are unreadable. A failed batch may have copied
+    /// part of its chunks: the caller treats every chunk of it as lost.
+    pub fn copy_chunks(
         &self,
         outs: &[(usize, usize)],
         ins: Vec<(usize, ChunkBytes)>,

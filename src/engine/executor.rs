@@ -125,7 +125,8 @@ pub(super) fn measure_cost(model: &Model, pool: &KvPool, chunk: usize) -> Result
         let end = (offset + chunk) as u32;
         let positions: Vec<u32> = (offset as u32..end).collect();
         let context: Vec<u32> = (0..end).collect();
-        let tokens: Vec<u32> = positions.iter().map(|p| 100 + p % 1000).collect();
+        let vocab = model.config().vocab_size.max(1) as u32;
+        let tokens: Vec<u32> = positions.iter().map(|p| (100 + p) % vocab).collect();
         let mut batch = ForwardBatch::new();
         batch.push(&tokens, &positions, &positions, &context, &context, true)?;
         // The first pass warms caches and allocations; time the second.

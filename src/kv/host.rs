@@ -20,9 +20,13 @@ pub(crate) trait HostBuffer: Send + Sync + std::fmt::Debug {
 }
 
 /// A chunk's KV as little-endian bytes in host memory: the unit every tier below the device
-/// stores.
+/// stores. On a GPU the bytes sit in pinned memory that a copy may still be filling; reading
+/// them waits for it.
 #[derive(Debug)]
-pub(crate) enum ChunkBytes {
+pub struct ChunkBytes(Repr);
+
+#[derive(Debug)]
+enum Repr {
     /// Ordinary memory, filled synchronously.
     Heap(Vec<u8>),
     /// Device-registered memory a copy may still be filling.
@@ -31,31 +35,42 @@ pub(crate) enum ChunkBytes {
 }
 
 impl ChunkBytes {
+    /// Bytes in device-registered memory.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(buffer: Box<dyn HostBuffer>) -> Self {
+        ChunkBytes(Repr::Device(buffer))
+    }
+
     /// The bytes, waiting for a copy still in flight.
     ///
     /// # Errors
     /// The device's description of a failed copy.
-    pub(crate) fn bytes(&self) -> Result<&[u8], String> {
-        match self {
-            ChunkBytes::Heap(v) => Ok(v),
+    pub fn bytes(&self) -> Result<&[u8], String> {
+        match &self.0 {
+            Repr::Heap(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            ChunkBytes::Device(b) => b.bytes(),
+            Repr::Device(b) => b.bytes(),
         }
     }
 
     /// Number of bytes (known before a copy finishes).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            ChunkBytes::Heap(v) => v.len(),
-            ChunkBytes::Device(b) => b.len(),
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Heap(v) => v.len(),
+            #[cfg(feature = "cuda")]
+            Repr::Device(b) => b.len(),
         }
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 impl From<Vec<u8>> for ChunkBytes {
     fn from(v: Vec<u8>) -> Self {
-        ChunkBytes::Heap(v)
+        ChunkBytes(Repr::Heap(v))
     }
 }
 

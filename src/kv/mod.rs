@@ -15,7 +15,8 @@ pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, Eviction, Moves};
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
-pub(crate) use host::{ChunkBytes, HostChunkId, HostPool};
+pub use host::ChunkBytes;
+pub(crate) use host::{HostChunkId, HostPool};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 

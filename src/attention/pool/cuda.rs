@@ -142,7 +142,7 @@ impl Mover {
             .map(|(buf, &(_, len))| {
                 let done = self.copy.record_event(None).map_err(transfer)?;
                 let len = 2 * layers * len * row_bytes;
-                Ok(ChunkBytes::Device(Box::new(Pinned { buf, len, done })))
+                Ok(ChunkBytes::device(Box::new(Pinned { buf, len, done })))
             })
             .collect()
     }
