@@ -6,10 +6,10 @@ mod exit;
 
 use std::error::Error;
 
+use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
 use pensieve::engine::{Budgets, CacheMode, KvPrecision};
-use candle_core::Device;
 use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.

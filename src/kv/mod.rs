@@ -13,9 +13,9 @@ mod policy;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, Eviction, Moves};
+pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
-pub use host::ChunkBytes;
 pub(crate) use host::{HostChunkId, HostPool};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};

@@ -1,0 +1,290 @@
+//! The CUDA path's measurements (build with `--features cuda`; needs a GPU):
+//!
+//! 1. **Attention** in the Pensieve paper's Figure 10 setting: 32 sequences, 1-16 queries
+//!    each, contexts 256-8192, head dim 128 with 32 query heads over 8 KV heads, f16 KV. Our
+//!    kernel over interleaved (non-contiguous) slots, the same kernel over contiguous slots,
+//!    the gather path (context copied out, then candle ops), and candle's attention over
+//!    contiguous per-sequence K/V (matmul, mask, softmax, matmul in f16), the contiguous
+//!    kernel our target compares against.
+//! 2. **Pipelined restore**: one decode step of a random-weight Llama 3.2 1B shape (32 rows
+//!    at context 1024) after swapping in `--chunks` chunks, with the copies serial (the step
+//!    waits for the whole restore) or pipelined (layer `l` waits for layer `l`'s copies),
+//!    and the share of the copy time the pipeline hides.
+//!
+//! Medians of `--repeats` synchronized runs.
+//!
+//! ```text
+//! cargo run --release --features cuda --example bench_gpu -- [--repeats 20] [--chunks 64]
+//! ```
+
+// The flag checks and error report of the other examples; their engine flags go unused.
+#[allow(dead_code)]
+mod common;
+
+use std::error::Error;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use pensieve::attention::{attention, attention_gather, AttentionBatch, KvPool};
+use pensieve::model::{ForwardBatch, Llama, LlamaConfig, Model, WeightFormat};
+
+type AnyResult<T> = Result<T, Box<dyn Error>>;
+
+#[derive(Parser, Debug)]
+#[command(about = "Measure the CUDA attention kernel and the pipelined restore")]
+struct Args {
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// Timed runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 20, value_parser = common::positive)]
+    repeats: usize,
+    /// Chunks of 32 tokens swapped in before the measured decode step.
+    #[arg(long, default_value_t = 64, value_parser = common::positive)]
+    chunks: usize,
+}
+
+const SEQS: usize = 32;
+const HEADS: usize = 32;
+const KV_HEADS: usize = 8;
+const HEAD_DIM: usize = 128;
+
+/// Median seconds of `repeats` runs of `f`, each ended by a device synchronization (after
+/// two unmeasured runs).
+fn median(dev: &Device, repeats: usize, mut f: impl FnMut() -> AnyResult<()>) -> AnyResult<f64> {
+    for _ in 0..2 {
+        f()?;
+    }
+    dev.synchronize()?;
+    let mut t = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        f()?;
+        dev.synchronize()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+/// `nq` queries at the end of each sequence's `ctx` tokens; slots interleaved across
+/// sequences or one run per sequence.
+fn batch(ctx: usize, nq: usize, interleaved: bool) -> AnyResult<AttentionBatch> {
+    let mut b = AttentionBatch::new();
+    for s in 0..SEQS {
+        let slots: Vec<u32> = (0..ctx)
+            .map(|p| if interleaved { p * SEQS + s } else { s * ctx + p } as u32)
+            .collect();
+        let positions: Vec<u32> = (0..ctx as u32).collect();
+        b.push_sequence(&positions[ctx - nq..], &slots, &positions)?;
+    }
+    Ok(b)
+}
+
+/// candle's attention over contiguous `[SEQS, KV_HEADS, ctx, d]` K/V, causal for the last
+/// `nq` positions: the contiguous-KV kernel a paged layout is measured against.
+fn contiguous(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> AnyResult<Tensor> {
+    let rep = HEADS / KV_HEADS;
+    let k = candle_transformers::utils::repeat_kv(k.clone(), rep)?;
+    let v = candle_transformers::utils::repeat_kv(v.clone(), rep)?;
+    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
+    let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(mask)?)?;
+    Ok(p.to_dtype(DType::F16)?.matmul(&v)?)
+}
+
+fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
+    let contexts = [256, 1024, 4096, 8192];
+    let queries = [1, 4, 16];
+    let bar = ProgressBar::new((contexts.len() * queries.len()) as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} {msg} [{elapsed}]",
+    )?);
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    let mut lines = Vec::new();
+    for &ctx in &contexts {
+        let pool = |mean: f32| -> AnyResult<Tensor> {
+            let t = Tensor::randn(mean, 1.0f32, (SEQS * ctx, KV_HEADS, HEAD_DIM), gpu)?;
+            Ok(t.to_dtype(DType::F16)?)
+        };
+        let (k, v) = (pool(0.0)?, pool(0.1)?);
+        // The same values per sequence, contiguous: [SEQS, KV_HEADS, ctx, d].
+        let per_seq = |t: &Tensor| -> AnyResult<Tensor> {
+            let t = t
+                .reshape((ctx, SEQS, KV_HEADS, HEAD_DIM))?
+                .permute((1, 2, 0, 3))?;
+            Ok(t.contiguous()?)
+        };
+        let (kc, vc) = (per_seq(&k)?, per_seq(&v)?);
+        for &nq in &queries {
+            bar.set_message(format!("context {ctx}, {nq} queries"));
+            let q = Tensor::randn(0f32, 1.0, (SEQS * nq, HEADS, HEAD_DIM), gpu)?;
+            let ours = batch(ctx, nq, true)?;
+            let ideal = batch(ctx, nq, false)?;
+            let (kd, vd) = (k.clone(), v.clone());
+            let t_ours = median(gpu, args.repeats, || {
+                attention(&q, &kd, &vd, &ours, scale as f32)?;
+                Ok(())
+            })?;
+            let t_ideal = median(gpu, args.repeats, || {
+                attention(&q, &kd, &vd, &ideal, scale as f32)?;
+                Ok(())
+            })?;
+            let t_gather = median(gpu, args.repeats, || {
+                attention_gather(&q, &kd, &vd, &ours, scale as f32)?;
+                Ok(())
+            })?;
+            let qc = q
+                .reshape((SEQS, nq, HEADS, HEAD_DIM))?
+                .transpose(1, 2)?
+                .contiguous()?
+                .to_dtype(DType::F16)?;
+            let mask: Vec<f32> = (0..nq)
+                .flat_map(|j| {
+                    (0..ctx).map(move |p| {
+                        if p <= ctx - nq + j {
+                            0.0
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (nq, ctx), gpu)?;
+            let t_candle = median(gpu, args.repeats, || {
+                contiguous(&qc, &kc, &vc, &mask, scale)?;
+                Ok(())
+            })?;
+            lines.push(format!(
+                "{ctx:>7} {nq:>3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.2}x {:>9.2}x",
+                t_ours * 1e3,
+                t_ideal * 1e3,
+                t_gather * 1e3,
+                t_candle * 1e3,
+                t_ours / t_candle,
+                t_gather / t_ours,
+            ));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    println!("attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, f16 KV; median ms");
+    println!(
+        "{:>7} {:>3} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "context", "q", "pensieve", "contig.", "gather", "candle", "ours/cndl", "gath/ours"
+    );
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+/// Llama 3.2 1B's shape with random f16 weights, a byte vocabulary.
+fn model_1b(gpu: &Device) -> AnyResult<Model> {
+    let config = LlamaConfig::from_hf_json(
+        r#"{"vocab_size":259,"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
+            "num_attention_heads":32,"num_key_value_heads":8,"rms_norm_eps":1e-5,
+            "rope_theta":500000.0,"max_position_embeddings":8192,"tie_word_embeddings":true}"#,
+    )?;
+    let llama = Llama::random(config, 5, WeightFormat::F16, gpu)?;
+    Ok(Model::tiny(7)?.with_llama(llama))
+}
+
+fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
+    const CTX: usize = 1024;
+    const CHUNK: usize = 32;
+    let model = model_1b(gpu)?;
+    let llama = model.llama();
+    // Contexts in slots [0, SEQS * CTX); restored chunks land after them, and copies out of
+    // the same region supply the bytes.
+    let restored = SEQS * CTX;
+    let slots = restored + args.chunks * CHUNK + SEQS;
+    let pool = KvPool::new(llama.config().kv_shape(), slots, DType::F16, gpu)?;
+    let mut fb = ForwardBatch::new();
+    for s in 0..SEQS {
+        let ctx_slots: Vec<u32> = (0..CTX).map(|p| (s * CTX + p) as u32).collect();
+        let positions: Vec<u32> = (0..CTX as u32).collect();
+        let last = CTX - 1;
+        fb.push(
+            &[(s % 200) as u32],
+            &[last as u32],
+            &[ctx_slots[last]],
+            &ctx_slots,
+            &positions,
+            true,
+        )?;
+    }
+    let outs: Vec<(usize, usize)> = (0..args.chunks).map(|i| (i * CHUNK, CHUNK)).collect();
+    let fresh = || -> AnyResult<Vec<(usize, pensieve::kv::ChunkBytes)>> {
+        let bytes = pool.copy_chunks(&outs, Vec::new(), false)?;
+        for b in &bytes {
+            b.bytes()?;
+        }
+        Ok(bytes
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (restored + i * CHUNK, b))
+            .collect())
+    };
+    let step = || -> AnyResult<()> {
+        llama.forward(&fb, &pool)?.to_device(&Device::Cpu)?;
+        Ok(())
+    };
+    let timed = |pipelined: Option<bool>| -> AnyResult<f64> {
+        let mut t = Vec::new();
+        for _ in 0..args.repeats + 2 {
+            let ins = fresh()?;
+            gpu.synchronize()?;
+            let start = Instant::now();
+            match pipelined {
+                Some(p) => {
+                    pool.copy_chunks(&[], ins, p)?;
+                    step()?;
+                }
+                None => {
+                    pool.copy_chunks(&[], ins, false)?;
+                }
+            }
+            gpu.synchronize()?;
+            t.push(start.elapsed().as_secs_f64());
+        }
+        t.drain(..2);
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    };
+    let t_step = median(gpu, args.repeats, step)?;
+    let t_copy = timed(None)?;
+    let t_serial = timed(Some(false))?;
+    let t_pipe = timed(Some(true))?;
+    let mib = (args.chunks * CHUNK * llama.config().kv_shape().token_bytes(2)) >> 20;
+    println!(
+        "\nrestore, Llama 3.2 1B shape, {SEQS} decode rows at context {CTX}, {} chunks ({mib} MiB) swapped in; median ms",
+        args.chunks
+    );
+    println!(
+        "step alone {:.3}, copies alone {:.3}, serial {:.3}, pipelined {:.3}",
+        t_step * 1e3,
+        t_copy * 1e3,
+        t_serial * 1e3,
+        t_pipe * 1e3
+    );
+    println!(
+        "copy time hidden by the pipeline: {:.0}% (of the copies' {:.3} ms; the most it could hide is min(step, copies))",
+        100.0 * (t_serial - t_pipe) / t_copy,
+        t_copy * 1e3
+    );
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let run = || -> AnyResult<()> {
+        let gpu =
+            Device::new_cuda(args.gpu).map_err(|e| format!("no CUDA device {}: {e}", args.gpu))?;
+        attention_table(&gpu, &args)?;
+        restore_overlap(&gpu, &args)?;
+        Ok(())
+    };
+    common::exit_code(run())
+}
