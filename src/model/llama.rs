@@ -38,7 +38,9 @@ pub enum WeightFormat {
     /// Dequantized to f32 on candle's GEMM: 4 bytes per weight. The reference the packed
     /// path is checked against.
     F32,
-    /// Dequantized to f16 on candle's matmul: half the bytes of f32.
+    /// Dequantized to f16 on candle's matmul: half the bytes of f32. On a GPU the
+    /// activations between the matmuls (residual stream, norms, RoPE) are f16 too; on the CPU
+    /// they stay f32 (candle's CPU f16 element-wise ops are slow).
     F16,
     /// Kept in the file's quantized format on candle's quantized matmul (safetensors weights
     /// are quantized to Q8_0); candle quantizes activations too.
@@ -177,6 +179,9 @@ pub struct Llama {
     cos: Tensor,
     sin: Tensor,
     device: Device,
+    /// The type of activations between the matmuls (and of the embeddings, norms and rotary
+    /// tables they meet).
+    act: DType,
 }
 
 /// One step's worth of work for [`Llama::forward`], as plain data.
@@ -423,7 +428,8 @@ impl Llama {
                 |q| Ok(q.dequantize(device)?),
             )?);
         }
-        Self::assemble(config, embed, layers, norm, lm_head, device)
+        Self::assemble(config, embed, layers, norm, lm_head, device)?
+            .with_activations(activation_dtype(format, device))
     }
 
     /// Builds the model from Hugging Face-named tensors (`model.layers.N.self_attn.q_proj.weight`
@@ -459,7 +465,8 @@ impl Llama {
                 Ok,
             )?);
         }
-        Self::assemble(config, embed, layers, norm, lm_head, device)
+        Self::assemble(config, embed, layers, norm, lm_head, device)?
+            .with_activations(activation_dtype(format, device))
     }
 
     /// A model of `config`'s shape with random weights, for throughput studies of shapes whose
@@ -563,7 +570,40 @@ impl Llama {
             lm_head,
             device: device.clone(),
             config,
+            act: DType::F32,
         })
+    }
+
+    /// The same model computing its activations in `act`: the tensors activations meet
+    /// (embeddings, norm weights, rotary tables) are converted once here.
+    fn with_activations(mut self, act: DType) -> Result<Self> {
+        if act == self.act {
+            return Ok(self);
+        }
+        for t in [
+            &mut self.embed,
+            &mut self.norm,
+            &mut self.cos,
+            &mut self.sin,
+        ] {
+            *t = t.to_dtype(act)?;
+        }
+        for l in &mut self.layers {
+            l.attn_norm = l.attn_norm.to_dtype(act)?;
+            l.ffn_norm = l.ffn_norm.to_dtype(act)?;
+        }
+        self.act = act;
+        Ok(self)
+    }
+}
+
+/// f16 activations where the weights are f16 on a GPU (every op there has an f16 kernel and
+/// the residual stream's bytes halve); f32 elsewhere.
+fn activation_dtype(format: WeightFormat, device: &Device) -> DType {
+    if format == WeightFormat::F16 && !device.is_cpu() {
+        DType::F16
+    } else {
+        DType::F32
     }
 }
 
@@ -630,4 +670,50 @@ pub fn read_safetensors(
         all.extend(tensors);
     }
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f16 activation path (a GPU's, run here on the CPU) tracks f32 activations over the
+    /// same f16 weights.
+    #[test]
+    fn f16_activations_track_f32() {
+        let config = LlamaConfig::from_hf_json(
+            r#"{"vocab_size":300,"hidden_size":128,"intermediate_size":256,"num_hidden_layers":3,
+                "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
+                "rope_theta":10000.0,"max_position_embeddings":256,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        let cpu = Device::Cpu;
+        let f32_act = Llama::random(config.clone(), 3, WeightFormat::F16, &cpu).unwrap();
+        let f16_act = Llama::random(config, 3, WeightFormat::F16, &cpu)
+            .unwrap()
+            .with_activations(DType::F16)
+            .unwrap();
+        assert_eq!((f32_act.act, f16_act.act), (DType::F32, DType::F16));
+        let n = 40u32;
+        let tokens: Vec<u32> = (0..n).map(|i| (i * 37 + 5) % 300).collect();
+        let idx: Vec<u32> = (0..n).collect();
+        let logits = |m: &Llama| {
+            let pool = KvPool::new(m.config().kv_shape(), n as usize, DType::F16, &cpu).unwrap();
+            let mut batch = ForwardBatch::new();
+            batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();
+            let out = m.forward(&batch, &pool).unwrap();
+            assert_eq!(out.dtype(), DType::F32);
+            out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        let (a, b) = (logits(&f32_act), logits(&f16_act));
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(scale > 0.1, "degenerate logits");
+        assert!(
+            err < 1e-2 * scale,
+            "f16 activations off by {err} (scale {scale})"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! after each op, taking a core from the pass's rayon workers; the ops here run on rayon, so a
 //! forward pass uses one pool.
 
-use candle_core::{CpuStorage, CustomOp2, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::Result;
@@ -18,7 +18,7 @@ const ELEMENTS_PER_TASK: usize = 16 * 1024;
 /// # Errors
 /// [`crate::Error::Candle`] when the shapes differ.
 pub(super) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if !matches!(gate.device(), Device::Cpu) {
+    if !matches!(gate.device(), Device::Cpu) || gate.dtype() != DType::F32 {
         return Ok((gate.silu()? * up)?);
     }
     let (gate, up) = (gate.contiguous()?, up.contiguous()?);
