@@ -11,7 +11,9 @@
 //!    ([`Mover::await_layer`]); a swap-out's bytes wait for the copy's end when read.
 //!
 //! Host buffers a swap-in reads stay alive until the copy stream has passed them: the next
-//! step's copies (or the mover's drop) synchronize it first.
+//! step's copies (or the mover's drop) synchronize it first. A released chunk's buffer is
+//! kept for the next swap-out (page-locking memory costs more than a copy), up to
+//! `MAX_SPARE` buffers.
 
 use std::sync::Arc;
 
@@ -25,6 +27,13 @@ use parking_lot::Mutex;
 use crate::kv::{ChunkBytes, HostBuffer};
 use crate::{Error, Result};
 
+/// Page-locked buffers of released chunks, for the next swap-outs: allocating page-locked
+/// memory costs far more than filling it.
+type Spare = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
+
+/// Most spare buffers kept; beyond it a released buffer is freed.
+const MAX_SPARE: usize = 256;
+
 /// The copy stream and this step's per-layer readiness.
 #[derive(Debug)]
 pub(super) struct Mover {
@@ -35,6 +44,7 @@ pub(super) struct Mover {
     ready: Mutex<Vec<Option<CudaEvent>>>,
     /// Swap-in sources the copy stream may still be reading.
     in_flight: Mutex<Vec<ChunkBytes>>,
+    spare: Spare,
 }
 
 fn transfer(e: DriverError) -> Error {
@@ -51,7 +61,25 @@ impl Mover {
             copy,
             ready: Mutex::new((0..layers).map(|_| None).collect()),
             in_flight: Mutex::new(Vec::new()),
+            spare: Spare::default(),
         })
+    }
+
+    /// A page-locked buffer of at least `len` bytes: a spare one if one is large enough.
+    fn buffer(&self, len: usize) -> Result<PinnedHostSlice<u8>> {
+        let reused = {
+            let mut spare = self.spare.lock();
+            let fit = spare.iter().position(|b| b.len() >= len);
+            fit.map(|i| spare.swap_remove(i))
+        };
+        match reused {
+            Some(b) => Ok(b),
+            // Plain page-locked memory (not write-combined): the host reads it back (to the
+            // disk tier, or to swap it in again).
+            // SAFETY: every byte of a chunk is written by its copies before it is read.
+            None => unsafe { self.copy.context().alloc_pinned_with_flags::<u8>(len, 0) }
+                .map_err(transfer),
+        }
     }
 
     /// Makes the compute stream wait for this step's copies of `layer` (once per step).
@@ -82,16 +110,9 @@ impl Mover {
         }
         self.copy.join(&self.compute).map_err(transfer)?;
         let layers = k.len();
-        let ctx = self.copy.context();
         let mut bufs = outs
             .iter()
-            .map(|&(_, len)| {
-                // Plain page-locked memory (not write-combined): the host reads it back
-                // (to the disk tier, or to swap it in again).
-                // SAFETY: every byte is written by the copies below before it is read.
-                unsafe { ctx.alloc_pinned_with_flags::<u8>(2 * layers * len * row_bytes, 0) }
-                    .map_err(transfer)
-            })
+            .map(|&(_, len)| self.buffer(2 * layers * len * row_bytes))
             .collect::<Result<Vec<PinnedHostSlice<u8>>>>()?;
         let mut hosts = bufs
             .iter_mut()
@@ -142,7 +163,13 @@ impl Mover {
             .map(|(buf, &(_, len))| {
                 let done = self.copy.record_event(None).map_err(transfer)?;
                 let len = 2 * layers * len * row_bytes;
-                Ok(ChunkBytes::device(Box::new(Pinned { buf, len, done })))
+                let spare = Arc::clone(&self.spare);
+                Ok(ChunkBytes::device(Box::new(Pinned {
+                    buf: Some(buf),
+                    len,
+                    done,
+                    spare,
+                })))
             })
             .collect()
     }
@@ -170,18 +197,21 @@ fn device_ptr(pool: &Tensor, stream: &Arc<CudaStream>) -> Result<sys::CUdevicept
     Ok(ptr + (layout.start_offset() * pool.dtype().size_in_bytes()) as u64)
 }
 
-/// A chunk's bytes in pinned host memory, valid once `done` has passed.
+/// A chunk's bytes, the first `len` of a pinned buffer, valid once `done` has passed; the
+/// buffer goes back to `spare` when the chunk is released.
 #[derive(Debug)]
 struct Pinned {
-    buf: PinnedHostSlice<u8>,
+    buf: Option<PinnedHostSlice<u8>>,
     len: usize,
     done: CudaEvent,
+    spare: Spare,
 }
 
 impl HostBuffer for Pinned {
     fn bytes(&self) -> std::result::Result<&[u8], String> {
         self.done.synchronize().map_err(|e| e.to_string())?;
-        let all = self.buf.as_slice().map_err(|e| e.to_string())?;
+        let buf = self.buf.as_ref().ok_or("chunk buffer released")?;
+        let all = buf.as_slice().map_err(|e| e.to_string())?;
         Ok(&all[..self.len])
     }
 
@@ -192,7 +222,13 @@ impl HostBuffer for Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // Evicted while its copy is in flight: the memory is freed after the copy.
-        let _ = self.done.synchronize();
+        // Released while its copy is in flight: the memory is reused or freed after the copy.
+        if self.done.synchronize().is_err() {
+            return;
+        }
+        let mut spare = self.spare.lock();
+        if let Some(buf) = self.buf.take().filter(|_| spare.len() < MAX_SPARE) {
+            spare.push(buf);
+        }
     }
 }
