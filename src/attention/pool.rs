@@ -158,9 +158,15 @@ impl KvPool {
         }
         #[cfg(feature = "cuda")]
         if let Some(m) = &self.mover {
-            let per = self.token_bytes();
+            let per = self.token_bytes().max(1);
             for (start, data) in &ins {
-                self.check_range(*start, data.len() / per.max(1))?;
+                if !data.len().is_multiple_of(per) {
+                    return Err(Error::InvalidBatch(format!(
+                        "{} bytes are not whole KV-tokens",
+                        data.len()
+                    )));
+                }
+                self.check_range(*start, data.len() / per)?;
             }
             return m.copy(&self.k, &self.v, self.row_bytes(), outs, ins, pipelined);
         }
