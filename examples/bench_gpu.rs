@@ -216,7 +216,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
         )?;
     }
     let outs: Vec<(usize, usize)> = (0..args.chunks).map(|i| (i * CHUNK, CHUNK)).collect();
-    let fresh = || -> AnyResult<Vec<(usize, pensieve::kv::ChunkBytes)>> {
+    let fresh = || -> AnyResult<Vec<(usize, std::sync::Arc<pensieve::kv::ChunkBytes>)>> {
         let bytes = pool.copy_chunks(&outs, Vec::new(), false)?;
         for b in &bytes {
             b.bytes()?;
@@ -224,7 +224,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
         Ok(bytes
             .into_iter()
             .enumerate()
-            .map(|(i, b)| (restored + i * CHUNK, b))
+            .map(|(i, b)| (restored + i * CHUNK, std::sync::Arc::new(b)))
             .collect())
     };
     let step = || -> AnyResult<()> {

@@ -4,11 +4,16 @@
 //! ```text
 //! cargo run --release --example chat                       # interactive, default SmolLM2
 //! cargo run --release --example chat -- --script examples/data/chat-script.txt --json
+//! cargo run --release --example chat -- --store /tmp/chats --conversation alice
 //! ```
 //! Each turn prefills only its new tokens; the history's KV stays cached. After each reply the
-//! chat prints what the cache saved: tokens reused instead of recomputed, and the time to
-//! first token of the same turn on a stateless engine (whole history re-prefilled), measured
-//! side by side on the same weights (`--no-compare` skips it).
+//! chat prints what the cache saved: tokens reused instead of recomputed (and from which tier),
+//! and the time to first token of the same turn on a stateless engine (whole history
+//! re-prefilled), measured side by side on the same weights (`--no-compare` skips it).
+//!
+//! With `--store DIR --conversation NAME` the conversation persists in the disk tier: run the
+//! program again with the same flags and it continues where it stopped, its history's KV read
+//! back from disk instead of recomputed.
 
 use std::error::Error;
 use std::io::{BufRead, Write};
@@ -18,7 +23,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use pensieve::engine::{
-    CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig,
+    CacheMode, ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig,
     SamplingParams, Turn, TurnStats,
 };
 
@@ -54,6 +59,15 @@ struct Args {
     /// Skip the stateless engine that measures the baseline side by side.
     #[arg(long)]
     no_compare: bool,
+    /// Folder of the disk tier: KV and named conversations persist there across runs.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Name of the conversation to continue (or start) in the store.
+    #[arg(long, requires = "store", default_value = "default")]
+    conversation: String,
+    /// Disk tier budget in GiB.
+    #[arg(long, default_value_t = 4.0)]
+    disk_gib: f64,
 }
 
 fn main() -> ExitCode {
@@ -67,15 +81,33 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         budgets: args.engine.budgets(),
         mode,
         kv_precision: args.engine.kv_precision(),
+        disk: args.store.as_ref().map(|dir| DiskConfig {
+            budget_bytes: (args.disk_gib * (1u64 << 30) as f64) as usize,
+            ..DiskConfig::new(dir)
+        }),
         ..EngineConfig::default()
     };
     let mut engine = Engine::with_model(model.clone(), config.clone())?;
-    let options = ConversationOptions {
-        system: args.system.clone(),
+    let name = args.store.as_ref().map(|_| args.conversation.clone());
+    let conv = match name.as_deref().and_then(|n| engine.find(n)) {
+        Some(conv) => {
+            let history = engine.tokens(conv)?.len();
+            if !args.json {
+                println!(
+                    "[continuing conversation {:?}: {history} tokens of history]",
+                    args.conversation
+                );
+            }
+            conv
+        }
+        None => engine.open(ConversationOptions {
+            system: args.system.clone(),
+            name,
+        })?,
     };
-    let conv = engine.open(options.clone())?;
-    // The baseline: the same turns on a stateless engine sharing the weights. It never evicts,
-    // so it needs no measured cost curve.
+    // The baseline: each turn's whole prompt (history and new message) prefilled by a
+    // stateless engine sharing the weights. It never evicts, so it needs no measured cost
+    // curve.
     let mut baseline = match (args.no_compare, mode) {
         (false, CacheMode::Tiered | CacheMode::DeviceOnly) => {
             let config = EngineConfig {
@@ -84,11 +116,10 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
                     per_token_s: 0.0,
                     per_token_per_position_s: 0.0,
                 }),
+                disk: None,
                 ..config
             };
-            let mut e = Engine::with_model(model, config)?;
-            let c = e.open(options)?;
-            Some((e, c))
+            Some(Engine::with_model(model, config)?)
         }
         _ => None,
     };
@@ -131,7 +162,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
             }
         };
         let stateless = match &mut baseline {
-            Some((e, c)) => Some(run_quiet(e, *c, user, &params)?),
+            Some(e) => {
+                let tokens = engine.tokens(conv)?;
+                let prompt = tokens.len() - stats.output_tokens;
+                Some(prefill_alone(e, &tokens[..prompt])?)
+            }
             None => None,
         };
         report(turn, &args, &reason, &stats, &reply, stateless.as_ref());
@@ -156,13 +191,15 @@ fn input_lines(
     })
 }
 
-fn run_quiet(
-    e: &mut Engine,
-    c: ConversationId,
-    user: &str,
-    params: &SamplingParams,
-) -> pensieve::Result<TurnStats> {
-    Ok(e.run_turn(c, Turn::user(user), params.clone(), |_| {})?.1)
+/// A stateless turn over `prompt` (a whole history) up to its first token.
+fn prefill_alone(e: &mut Engine, prompt: &[u32]) -> pensieve::Result<TurnStats> {
+    let c = e.open(ConversationOptions::default())?;
+    let params = SamplingParams::greedy().with_max_tokens(1);
+    let stats = e
+        .run_turn(c, Turn::Tokens(prompt.to_vec()), params, |_| {})?
+        .1;
+    e.close(c)?;
+    Ok(stats)
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -185,6 +222,8 @@ fn report(
             "mode": args.engine.mode.name(),
             "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens,
+            "host_tokens": s.reused_from_host_tokens,
+            "disk_tokens": s.reused_from_disk_tokens,
             "recomputed_tokens": s.recomputed_tokens,
             "prefilled_tokens": s.prefilled_tokens,
             "output_tokens": s.output_tokens,
@@ -208,11 +247,13 @@ fn report(
         None => String::new(),
     };
     println!(
-        "\n[turn {turn}: prefilled {} ({} new, {} recomputed), reused {} from cache; TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
+        "\n[turn {turn}: prefilled {} ({} new, {} recomputed), reused {} from cache ({} host, {} disk); TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
         s.prefilled_tokens,
         s.prompt_tokens,
         s.recomputed_tokens,
         s.reused_tokens,
+        s.reused_from_host_tokens,
+        s.reused_from_disk_tokens,
         ms(s.ttft),
         s.output_tokens,
         decode_tps

@@ -14,6 +14,8 @@ use crate::model::Message;
 /// One conversation's history.
 #[derive(Debug, Default)]
 pub(crate) struct Conversation {
+    /// The name it is stored under, for a conversation that persists across restarts.
+    name: Option<String>,
     /// Every token the model has been given or has generated, in order.
     tokens: Vec<u32>,
     /// The chat so far, for the template.
@@ -29,6 +31,30 @@ impl Conversation {
             messages,
             ..Self::default()
         }
+    }
+
+    /// A conversation restored from its stored parts.
+    pub fn restore(
+        name: String,
+        tokens: Vec<u32>,
+        messages: Vec<Message>,
+        seen_text: String,
+    ) -> Self {
+        Self {
+            name: Some(name),
+            tokens,
+            messages,
+            seen_text,
+        }
+    }
+
+    /// The same, stored under `name`.
+    pub fn named(self, name: Option<String>) -> Self {
+        Self { name, ..self }
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     pub fn tokens(&self) -> &[u32] {

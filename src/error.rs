@@ -117,7 +117,11 @@ pub enum Error {
     #[error("{0} already has a turn in progress")]
     ConversationBusy(ConversationId),
 
-    /// A turn with nothing in it.
+    /// A conversation is opened under a name another one has.
+    #[error("a conversation named {0:?} already exists")]
+    ConversationExists(String),
+
+    /// A turn with no text or no tokens.
     #[error("empty turn")]
     EmptyTurn,
 

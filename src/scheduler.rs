@@ -26,7 +26,7 @@ mod plan;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-pub(crate) use plan::{Admission, Outcome, Rejection, RowPlan, StepPlan};
+pub(crate) use plan::{Admission, Outcome, Rejection, Reuse, RowPlan, StepPlan};
 use plan::{Run, RunKind};
 
 use crate::conversation::Conversations;
@@ -40,6 +40,8 @@ pub(crate) struct TurnCounts {
     pub reused_device: usize,
     /// History tokens found on the host at first admission.
     pub reused_host: usize,
+    /// History tokens found in the disk tier at first admission.
+    pub reused_disk: usize,
     /// Tokens recomputed after a drop (at any admission, also after a suspension).
     pub recomputed: usize,
     /// Tokens run through the model other than decode steps.
@@ -370,7 +372,11 @@ impl<T> Scheduler<T> {
         Some(Admission {
             request: id,
             work,
-            first_reuse: (!req.admitted).then_some((restore.on_device, restore.from_host)),
+            first_reuse: (!req.admitted).then_some(Reuse {
+                device: restore.on_device,
+                host: restore.from_host,
+                disk: restore.from_disk,
+            }),
         })
     }
 
@@ -514,9 +520,10 @@ impl<T> Scheduler<T> {
             if let Some(req) = self.requests.get_mut(&a.request) {
                 req.work = a.work.clone();
                 req.progress = 0;
-                if let Some((device, host)) = a.first_reuse {
-                    req.counts.reused_device = device;
-                    req.counts.reused_host = host;
+                if let Some(r) = a.first_reuse {
+                    req.counts.reused_device = r.device;
+                    req.counts.reused_host = r.host;
+                    req.counts.reused_disk = r.disk;
                 }
                 req.admitted = true;
             }

@@ -154,6 +154,7 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     let c = e
         .open(ConversationOptions {
             system: Some("be brief".into()),
+            ..ConversationOptions::default()
         })
         .unwrap();
     let other = e.open(ConversationOptions::default()).unwrap();

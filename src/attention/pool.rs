@@ -9,6 +9,8 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
@@ -150,7 +152,7 @@ impl KvPool {
     pub fn copy_chunks(
         &self,
         outs: &[(usize, usize)],
-        ins: Vec<(usize, ChunkBytes)>,
+        ins: Vec<(usize, Arc<ChunkBytes>)>,
         pipelined: bool,
     ) -> Result<Vec<ChunkBytes>> {
         for &(start, len) in outs {

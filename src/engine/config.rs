@@ -1,5 +1,7 @@
 //! Typed engine configuration with validation.
 
+use std::path::PathBuf;
+
 use crate::kv::CostModel;
 use crate::model::{LoadOptions, ModelSource};
 use crate::{Error, Result};
@@ -94,6 +96,31 @@ impl Default for Budgets {
     }
 }
 
+/// The disk tier below host (AttentionStore): chunk files and conversation manifests in a
+/// folder the host application chooses. Conversations opened with a name persist there and a
+/// later engine over the same folder resumes them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiskConfig {
+    /// The store's folder (created if absent). Engines of different models may share it.
+    pub dir: PathBuf,
+    /// Most bytes of chunk files; eviction keeps the store under it.
+    pub budget_bytes: usize,
+    /// Bytes per second the store reads back, weighed against recomputing a chunk: a chunk
+    /// cheaper to recompute than to read is not saved.
+    pub read_bytes_per_s: f64,
+}
+
+impl DiskConfig {
+    /// A store in `dir` of up to 16 GiB, read at 1 GB/s (an NVMe drive or the page cache).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            budget_bytes: 16 << 30,
+            read_bytes_per_s: 1e9,
+        }
+    }
+}
+
 /// Everything an [`super::Engine`] is built from.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -126,6 +153,8 @@ pub struct EngineConfig {
     /// the step waits for the whole restore first (the serial baseline). Outputs are the same
     /// either way; the CPU copies synchronously regardless.
     pub pipelined_restore: bool,
+    /// The disk tier, if any (only in [`CacheMode::Tiered`]).
+    pub disk: Option<DiskConfig>,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
@@ -148,6 +177,7 @@ impl Default for EngineConfig {
             overflow: OverflowPolicy::Error,
             kv_precision: KvPrecision::default(),
             pipelined_restore: true,
+            disk: None,
             check_invariants: cfg!(debug_assertions),
         }
     }
@@ -168,6 +198,13 @@ impl EngineConfig {
         }
         if self.step_token_budget == 0 {
             return bad("step_token_budget must be positive");
+        }
+        if self
+            .disk
+            .as_ref()
+            .is_some_and(|d| !(d.read_bytes_per_s > 0.0))
+        {
+            return bad("disk.read_bytes_per_s must be positive");
         }
         if !(0.0..1.0).contains(&self.reserve) || !(0.0..=1.0).contains(&self.swap_out_threshold) {
             return bad("reserve must be in [0, 1) and swap_out_threshold in [0, 1]");

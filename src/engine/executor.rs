@@ -2,6 +2,7 @@
 //! [`KvPool`], the only place where the engine touches tensors.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
@@ -55,7 +56,7 @@ pub(super) fn transfer(
     match pool.copy_chunks(&out_ranges, in_data, pipelined) {
         Ok(copied) => {
             for (s, data) in outs.into_iter().zip(copied) {
-                cache.complete_swap_out(s, data);
+                cache.complete_swap_out(s, Arc::new(data));
             }
             for s in in_moves {
                 cache.complete_swap_in(s);

@@ -18,6 +18,7 @@ mod config;
 mod executor;
 mod handle;
 mod sampler;
+mod store;
 mod turn;
 mod types;
 
@@ -28,7 +29,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use config::{
-    Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
+    Budgets, CacheMode, CostProfile, DiskConfig, EngineConfig, EvictionKind, KvPrecision,
+    OverflowPolicy,
 };
 pub use handle::EngineHandle;
 pub use turn::TurnSize;
@@ -51,6 +53,10 @@ use turn::{ActiveTurn, TurnLimits};
 pub struct ConversationOptions {
     /// System prompt; the template's default applies when `None`.
     pub system: Option<String>,
+    /// A name to store the conversation under in the disk tier
+    /// ([`EngineConfig::disk`]): its state persists after every turn, and a later engine over
+    /// the same folder resumes it ([`Engine::find`]). Ignored without a disk tier.
+    pub name: Option<String>,
 }
 
 /// The stateful inference engine. See the module documentation for the step loop.
@@ -68,6 +74,8 @@ pub struct Engine {
     backlog: Vec<Event>,
     stats: EngineStats,
     faults: Faults,
+    /// Conversations whose turn ended this step, to save to the disk tier.
+    to_save: Vec<ConversationId>,
 }
 
 impl Engine {
@@ -113,7 +121,14 @@ impl Engine {
             CacheMode::Tiered => config.budgets.host_bytes,
             CacheMode::DeviceOnly | CacheMode::Stateless => 0,
         };
-        let cache = CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
+        let mut cache =
+            CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
+        if config.mode == CacheMode::Tiered {
+            let value_bytes = dtype.size_in_bytes();
+            if let Some(tier) = store::open_disk(&model, &config, shape, value_bytes, cost)? {
+                cache.attach_disk(tier);
+            }
+        }
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
         let sched = Scheduler::new(Limits {
             token_budget: config.step_token_budget,
@@ -131,7 +146,7 @@ impl Engine {
             cost_model: Some(cost),
             ..EngineStats::default()
         };
-        Ok(Self {
+        let mut engine = Self {
             model,
             pool,
             cache,
@@ -144,7 +159,10 @@ impl Engine {
             backlog: Vec::new(),
             stats,
             faults: Faults::default(),
-        })
+            to_save: Vec::new(),
+        };
+        engine.resume_stored(Instant::now());
+        Ok(engine)
     }
 
     /// The loaded model (tokenizer, template, config).
@@ -165,20 +183,33 @@ impl Engine {
     /// Opens a conversation.
     ///
     /// # Errors
-    /// None today; fallible for forward compatibility (conversation limits).
-    pub fn open(&mut self, options: ConversationOptions) -> Result<ConversationId> {
+    /// [`Error::ConversationExists`] if `options.name` is taken.
+    pub fn open(&mut self, mut options: ConversationOptions) -> Result<ConversationId> {
+        match options.name.take() {
+            Some(name) if self.cache.disk_store().is_some() => self.open_named(name, options),
+            _ => Ok(self.open_unnamed(options)),
+        }
+    }
+
+    fn next_id(&mut self) -> ConversationId {
         let id = ConversationId(self.next_conversation);
         self.next_conversation += 1;
+        id
+    }
+
+    fn open_unnamed(&mut self, options: ConversationOptions) -> ConversationId {
+        let id = self.next_id();
         let messages = options
             .system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
         self.convs.insert(id, Conversation::new(messages));
         self.cache.open(id, Instant::now());
-        Ok(id)
+        id
     }
 
-    /// Closes a conversation: a running turn is cancelled and all its KV released.
+    /// Closes a conversation: a running turn is cancelled and all its KV released, its files
+    /// and stored state (for a named one) included.
     ///
     /// # Errors
     /// [`Error::UnknownConversation`].
@@ -189,6 +220,7 @@ impl Engine {
         if let Some(id) = self.sched.turn_of(conv) {
             self.finish(id, FinishReason::Cancelled, Instant::now());
         }
+        self.remove_manifest(conv);
         self.cache.close(conv);
         self.convs.remove(&conv);
         Ok(())
@@ -285,6 +317,9 @@ impl Engine {
             bytes_swapped_in: c.bytes_swapped_in,
             chunks_dropped_from_device: c.chunks_dropped_from_device,
             chunks_dropped_from_host: c.chunks_dropped_from_host,
+            chunks_to_disk: c.chunks_to_disk,
+            chunks_dropped_from_disk: c.chunks_dropped_from_disk,
+            disk: self.cache.disk_stats(),
             swap_out_failures: c.swap_out_failures,
             swap_in_failures: c.swap_in_failures,
             suspensions: self.sched.suspensions(),
@@ -315,6 +350,7 @@ impl Engine {
     pub fn step_at(&mut self, now: Instant) -> Result<Vec<Event>> {
         let t0 = Instant::now();
         self.drain_commands(now);
+        self.cache.poll_disk();
         let plan = self.sched.schedule(&self.convs, &mut self.cache, now);
         let t1 = Instant::now();
         self.stats.schedule_time += t1 - t0;
@@ -343,6 +379,7 @@ impl Engine {
         for (id, reason) in failed {
             self.finish(id, reason, now);
         }
+        self.save_finished(now);
         if self.config.check_invariants {
             self.check_invariants()?;
         }
@@ -527,14 +564,16 @@ impl Engine {
                 .map(|t| t - turn.submitted())
                 .unwrap_or_default(),
             latency: now.saturating_duration_since(turn.submitted()),
-            reused_tokens: counts.reused_device + counts.reused_host,
+            reused_tokens: counts.reused_device + counts.reused_host + counts.reused_disk,
             reused_from_host_tokens: counts.reused_host,
+            reused_from_disk_tokens: counts.reused_disk,
             recomputed_tokens: counts.recomputed,
             prefilled_tokens: counts.prefilled,
         };
         if admitted {
             self.stats.reused_device_tokens += counts.reused_device as u64;
             self.stats.reused_host_tokens += counts.reused_host as u64;
+            self.stats.reused_disk_tokens += counts.reused_disk as u64;
             self.stats.recomputed_tokens += counts.recomputed as u64;
             self.stats.prefilled_tokens += counts.prefilled as u64;
             if let Some(conv) = self.convs.get_mut(&conv_id) {
@@ -543,6 +582,10 @@ impl Engine {
         }
         if self.config.mode == CacheMode::Stateless {
             self.cache.release_all(conv_id);
+        }
+        let saving = self.cache.disk_store().is_some();
+        if saving && admitted && !matches!(reason, FinishReason::Failed(_)) {
+            self.to_save.push(conv_id);
         }
         self.stats.turns_finished += 1;
         self.backlog.push(Event::Finished {

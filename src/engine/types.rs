@@ -112,6 +112,8 @@ pub struct TurnStats {
     pub reused_tokens: usize,
     /// Of those, tokens found in the host tier (swapped in).
     pub reused_from_host_tokens: usize,
+    /// Of those, tokens read back from the disk tier.
+    pub reused_from_disk_tokens: usize,
     /// Tokens whose KV had been dropped and was recomputed (history at admission, and work
     /// redone after a suspension).
     pub recomputed_tokens: usize,
@@ -166,6 +168,8 @@ pub struct EngineStats {
     pub reused_device_tokens: u64,
     /// History tokens reused from the host tier.
     pub reused_host_tokens: u64,
+    /// History tokens reused from the disk tier.
+    pub reused_disk_tokens: u64,
     /// Tokens recomputed after a drop (also work redone after a suspension).
     pub recomputed_tokens: u64,
     /// Tokens generated.
@@ -178,6 +182,12 @@ pub struct EngineStats {
     pub chunks_dropped_from_device: u64,
     /// Chunks dropped from the host tier.
     pub chunks_dropped_from_host: u64,
+    /// Chunks that left the device or host for their disk copy alone (a free eviction).
+    pub chunks_to_disk: u64,
+    /// Chunks dropped from the disk tier (evicted under its budget, or their file refused).
+    pub chunks_dropped_from_disk: u64,
+    /// The disk tier's own counters (writes, reads, refused files by why), when there is one.
+    pub disk: Option<crate::kv::DiskStats>,
     /// Swap-outs whose copy failed (the chunk was dropped instead).
     pub swap_out_failures: u64,
     /// Swap-ins whose copy failed (the chunk was recomputed instead).
@@ -213,7 +223,15 @@ impl EngineStats {
         self.reused_host_tokens as f64 / self.history_tokens().max(1) as f64
     }
 
+    /// Fraction of history tokens found in the disk tier.
+    pub fn hit_rate_disk(&self) -> f64 {
+        self.reused_disk_tokens as f64 / self.history_tokens().max(1) as f64
+    }
+
     fn history_tokens(&self) -> u64 {
-        self.reused_device_tokens + self.reused_host_tokens + self.recomputed_tokens
+        self.reused_device_tokens
+            + self.reused_host_tokens
+            + self.reused_disk_tokens
+            + self.recomputed_tokens
     }
 }

@@ -18,10 +18,16 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
+mod check;
+mod disk;
+
+pub(crate) use disk::DiskTier;
+
 use super::{
-    BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool, Violation,
+    Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,
 };
 use crate::ids::ConversationId;
 use crate::kv::policy::Candidate;
@@ -36,12 +42,20 @@ pub(crate) struct SwapOut {
     pub len: usize,
 }
 
-/// A planned host → device copy.
+/// Where a swap-in's bytes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    Host(HostChunkId),
+    /// The chunk's file, read and checked whole by the executor.
+    Disk(Address),
+}
+
+/// A planned host (or disk) → device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SwapIn {
     pub conv: ConversationId,
     pub chunk: usize,
-    pub host: HostChunkId,
+    pub from: Source,
     pub block: BlockId,
     pub len: usize,
 }
@@ -80,12 +94,19 @@ pub(crate) struct CacheCounters {
     pub swap_out_failures: u64,
     /// Swap-ins whose copy failed: the chunk is recomputed instead.
     pub swap_in_failures: u64,
+    /// Chunks moved off the device or host to their disk copy alone (nothing to write).
+    pub chunks_to_disk: u64,
+    /// Chunks dropped from the disk tier (evicted, or their file refused).
+    pub chunks_dropped_from_disk: u64,
 }
 
 /// One conversation's KV: where each chunk lives and how far the KV has been computed.
 #[derive(Debug)]
 pub(crate) struct ChunkTable {
     chunks: Vec<ChunkLoc>,
+    /// Per chunk, the address of its file in the disk tier, when one holds this chunk's KV
+    /// (whatever tier also holds it).
+    saved: Vec<Option<Address>>,
     /// Tokens `[0, computed)` have had their KV computed (it may since have been dropped).
     computed: usize,
     /// When the conversation last ran; eviction's idle time counts from here.
@@ -123,6 +144,8 @@ pub(crate) struct Restore {
     pub on_device: usize,
     /// Computed tokens being swapped in from the host.
     pub from_host: usize,
+    /// Computed tokens being read from the disk tier.
+    pub from_disk: usize,
 }
 
 #[derive(Debug)]
@@ -134,6 +157,8 @@ pub(crate) struct CacheManager {
     token_bytes: usize,
     tables: BTreeMap<ConversationId, ChunkTable>,
     counters: CacheCounters,
+    /// The tier below host, when the engine has one.
+    disk: Option<DiskTier>,
 }
 
 impl CacheManager {
@@ -151,6 +176,7 @@ impl CacheManager {
             token_bytes,
             tables: BTreeMap::new(),
             counters: CacheCounters::default(),
+            disk: None,
         }
     }
 
@@ -190,6 +216,7 @@ impl CacheManager {
             id,
             ChunkTable {
                 chunks: Vec::new(),
+                saved: Vec::new(),
                 computed: 0,
                 last_active: now,
             },
@@ -220,9 +247,20 @@ impl CacheManager {
 
     /// Records that positions below `end` of `id` now have their KV computed.
     pub fn mark_computed(&mut self, id: ConversationId, end: usize) {
-        if let Some(t) = self.tables.get_mut(&id) {
-            t.computed = t.computed.max(end);
+        let chunk = self.chunk_size();
+        let Some(t) = self.tables.get_mut(&id) else {
+            return;
+        };
+        if end > t.computed && !t.computed.is_multiple_of(chunk) {
+            // A partial chunk grows: its saved file no longer holds all of it.
+            let i = t.computed / chunk;
+            if let Some(a) = t.saved.get_mut(i).and_then(Option::take) {
+                if let Some(d) = &mut self.disk {
+                    d.store.release(&a);
+                }
+            }
         }
+        t.computed = t.computed.max(end);
     }
 
     /// Records activity of `id` at `now` (eviction's idle time restarts).
@@ -236,7 +274,7 @@ impl CacheManager {
     /// `protect` does not cover.
     fn victim(
         &self,
-        in_tier: fn(&ChunkLoc) -> bool,
+        in_tier: fn(&ChunkLoc, bool) -> bool,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<(ConversationId, usize)> {
@@ -247,7 +285,9 @@ impl CacheManager {
                 continue;
             }
             let computed = table.computed_chunks(chunk);
-            let Some(i) = table.chunks[..computed].iter().position(in_tier) else {
+            let Some(i) =
+                (0..computed).find(|&i| in_tier(&table.chunks[i], table.saved[i].is_some()))
+            else {
                 continue;
             };
             let candidate = Candidate {
@@ -276,7 +316,7 @@ impl CacheManager {
         now: Instant,
         moves: &mut Moves,
     ) {
-        let on_device = |l: &ChunkLoc| matches!(l, ChunkLoc::Device(_));
+        let on_device = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Device(_));
         while self.blocks.num_free() + moves.swap_out.len() < target_free {
             let Some((id, i)) = self.victim(on_device, protect, now) else {
                 break;
@@ -315,8 +355,8 @@ impl CacheManager {
         moves: &mut Moves,
     ) -> bool {
         let chunk = self.chunk_size();
-        let Some((block, len)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
-            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk))),
+        let Some((block, len, saved)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
+            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk), t.saved[i].is_some())),
             _ => None,
         }) else {
             return false;
@@ -324,6 +364,15 @@ impl CacheManager {
         let bytes = self.bytes_of(len);
         let host = match (self.host.reserve(bytes), how) {
             (Some(h), _) => Some(h),
+            // Its file holds it: leaving the device costs nothing now, a read later.
+            (None, _) if saved => {
+                if let Some(table) = self.tables.get_mut(&id) {
+                    table.chunks[i] = ChunkLoc::Disk;
+                    self.blocks.release(block);
+                    self.counters.chunks_to_disk += 1;
+                }
+                return true;
+            }
             (None, Eviction::AheadOfTime) => return false,
             (None, Eviction::OnDemand) if bytes <= self.host.budget_bytes() => {
                 let spare = |c: ConversationId| c == id || protect(c);
@@ -363,7 +412,7 @@ impl CacheManager {
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
-        let on_host = |l: &ChunkLoc| matches!(l, ChunkLoc::Host(_));
+        let on_host = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Host(_));
         while self.host.free_bytes() < bytes {
             let Some((id, i)) = self.victim(on_host, protect, now) else {
                 return;
@@ -373,8 +422,13 @@ impl CacheManager {
             };
             if let ChunkLoc::Host(h) = table.chunks[i] {
                 self.host.release(h);
-                table.chunks[i] = ChunkLoc::Dropped;
-                self.counters.chunks_dropped_from_host += 1;
+                if table.saved[i].is_some() {
+                    table.chunks[i] = ChunkLoc::Disk;
+                    self.counters.chunks_to_disk += 1;
+                } else {
+                    table.chunks[i] = ChunkLoc::Dropped;
+                    self.counters.chunks_dropped_from_host += 1;
+                }
             }
         }
     }
@@ -384,7 +438,7 @@ impl CacheManager {
         self.tables.get(&id).map_or(0, |t| {
             t.chunks
                 .iter()
-                .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Dropped))
+                .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped))
                 .count()
         })
     }
@@ -403,7 +457,10 @@ impl CacheManager {
         for i in 0..table.chunks.len() {
             let len = table.chunk_len(i, chunk);
             match table.chunks[i] {
-                ChunkLoc::Device(_) | ChunkLoc::SwappingIn { .. } | ChunkLoc::Recomputing(_) => {
+                ChunkLoc::Device(_)
+                | ChunkLoc::SwappingIn { .. }
+                | ChunkLoc::Loading(_)
+                | ChunkLoc::Recomputing(_) => {
                     out.on_device += len;
                 }
                 ChunkLoc::SwappingOut { block, host } => {
@@ -418,11 +475,26 @@ impl CacheManager {
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
-                        host,
+                        from: Source::Host(host),
                         block,
                         len,
                     });
                     out.from_host += len;
+                }
+                ChunkLoc::Disk => {
+                    let Some(address) = table.saved[i] else {
+                        continue;
+                    };
+                    let block = self.blocks.allocate()?;
+                    table.chunks[i] = ChunkLoc::Loading(block);
+                    moves.swap_in.push(SwapIn {
+                        conv: id,
+                        chunk: i,
+                        from: Source::Disk(address),
+                        block,
+                        len,
+                    });
+                    out.from_disk += len;
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;
@@ -440,7 +512,7 @@ impl CacheManager {
 
     /// A swap-out's bytes were copied: they go into the booked host chunk and the block is
     /// freed. If the host no longer has the booking, the chunk is dropped (counted).
-    pub fn complete_swap_out(&mut self, s: &SwapOut, data: ChunkBytes) {
+    pub fn complete_swap_out(&mut self, s: &SwapOut, data: Arc<ChunkBytes>) {
         if !self.host.store(s.host, data) {
             self.abort_swap_out(s);
             return;
@@ -463,14 +535,20 @@ impl CacheManager {
         }
     }
 
-    /// Hands over a swap-in's bytes, freeing the host chunk; `None` if they are gone.
-    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<ChunkBytes> {
-        self.host.take(s.host)
+    /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or read from its
+    /// file and checked whole. `None` if they are gone or the file was refused (counted).
+    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Arc<ChunkBytes>> {
+        match s.from {
+            Source::Host(h) => self.host.take(h),
+            Source::Disk(a) => self.disk.as_mut()?.store.load(&a, s.len).ok(),
+        }
     }
 
     /// A swap-in's bytes are on the device.
     pub fn complete_swap_in(&mut self, s: &SwapIn) {
-        self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
+        if let Source::Host(_) = s.from {
+            self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
+        }
         if let Some(t) = self.tables.get_mut(&s.conv) {
             t.chunks[s.chunk] = ChunkLoc::Device(s.block);
         }
@@ -479,8 +557,12 @@ impl CacheManager {
     /// A swap-in whose copy failed: the chunk is dropped (recomputed when next needed).
     pub fn abort_swap_in(&mut self, s: &SwapIn) {
         self.blocks.release(s.block);
-        self.host.release(s.host);
         self.counters.swap_in_failures += 1;
+        match s.from {
+            Source::Host(h) => self.host.release(h),
+            // The file is refused (or unreadable): forget it; the chunk is recomputed.
+            Source::Disk(_) => self.drop_saved(s.conv, s.chunk),
+        }
         if let Some(t) = self.tables.get_mut(&s.conv) {
             t.chunks[s.chunk] = ChunkLoc::Dropped;
         }
@@ -495,6 +577,7 @@ impl CacheManager {
         match self.blocks.allocate() {
             Some(block) => {
                 table.chunks.push(ChunkLoc::Device(block));
+                table.saved.push(None);
                 true
             }
             None => false,
@@ -525,6 +608,10 @@ impl CacheManager {
                 self.blocks.release(b);
             }
         }
+        let stale: Vec<Address> = table.saved.drain(keep..).flatten().collect();
+        if let Some(d) = &mut self.disk {
+            stale.iter().for_each(|a| d.store.release(a));
+        }
     }
 
     /// Releases every block and host chunk of `id` (stateless mode after a turn, or close):
@@ -535,7 +622,7 @@ impl CacheManager {
         };
         for loc in table.chunks.iter_mut() {
             match *loc {
-                ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) => {
+                ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
                     self.blocks.release(b);
                 }
                 ChunkLoc::Host(h) => self.host.release(h),
@@ -543,75 +630,13 @@ impl CacheManager {
                     self.blocks.release(block);
                     self.host.release(host);
                 }
-                ChunkLoc::Dropped => {}
+                ChunkLoc::Disk | ChunkLoc::Dropped => {}
             }
             *loc = ChunkLoc::Dropped;
         }
-    }
-
-    /// Checks the invariants of the module header.
-    ///
-    /// # Errors
-    /// The first [`Violation`] found.
-    pub fn check(&self) -> Result<(), Violation> {
-        let mut owners = vec![0usize; self.blocks.num_blocks()];
-        let mut named_host = 0usize;
-        for (&conversation, table) in &self.tables {
-            if table.chunks.len() * self.chunk_size() < table.computed {
-                return Err(Violation::ShortChunkTable {
-                    conversation,
-                    chunks: table.chunks.len(),
-                    computed: table.computed,
-                });
-            }
-            for (chunk, loc) in table.chunks.iter().enumerate() {
-                let (block, on_host) = match *loc {
-                    ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) => (Some(b), false),
-                    ChunkLoc::Host(_) => (None, true),
-                    ChunkLoc::SwappingOut { block, .. } | ChunkLoc::SwappingIn { block, .. } => {
-                        (Some(block), true)
-                    }
-                    ChunkLoc::Dropped => (None, false),
-                };
-                if let Some(b) = block {
-                    if !self.blocks.is_allocated(b) {
-                        return Err(Violation::FreeBlockInUse {
-                            conversation,
-                            chunk,
-                            block: b.0,
-                        });
-                    }
-                    owners[b.0 as usize] += 1;
-                }
-                named_host += usize::from(on_host);
-            }
+        let saved: Vec<Address> = table.saved.iter_mut().filter_map(Option::take).collect();
+        if let Some(d) = &mut self.disk {
+            saved.iter().for_each(|a| d.store.release(a));
         }
-        if let Some(b) = owners.iter().position(|&n| n > 1) {
-            return Err(Violation::SharedBlock {
-                block: b as u32,
-                owners: owners[b],
-            });
-        }
-        let owned = owners.iter().filter(|&&n| n == 1).count();
-        if owned + self.blocks.num_free() != self.blocks.num_blocks() {
-            return Err(Violation::LeakedBlocks {
-                owned,
-                free: self.blocks.num_free(),
-                total: self.blocks.num_blocks(),
-            });
-        }
-        if named_host != self.host.len() {
-            return Err(Violation::HostMismatch {
-                held: self.host.len(),
-                named: named_host,
-            });
-        }
-        if self.host.used_bytes() > self.host.budget_bytes() {
-            return Err(Violation::HostOverBudget {
-                used: self.host.used_bytes(),
-                budget: self.host.budget_bytes(),
-            });
-        }
-        Ok(())
     }
 }

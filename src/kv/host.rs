@@ -74,6 +74,8 @@ impl From<Vec<u8>> for ChunkBytes {
     }
 }
 
+use std::sync::Arc;
+
 /// Index of a chunk held by the host pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HostChunkId(pub u32);
@@ -81,7 +83,7 @@ pub struct HostChunkId(pub u32);
 #[derive(Debug)]
 struct Entry {
     bytes: usize,
-    data: Option<ChunkBytes>,
+    data: Option<Arc<ChunkBytes>>,
 }
 
 /// KV chunks in host memory.
@@ -138,7 +140,7 @@ impl HostPool {
     }
 
     /// Fills a reserved chunk with its data. Returns `false` for an unknown id.
-    pub fn store(&mut self, id: HostChunkId, data: ChunkBytes) -> bool {
+    pub fn store(&mut self, id: HostChunkId, data: Arc<ChunkBytes>) -> bool {
         match self.entries.get_mut(id.0 as usize) {
             Some(Some(e)) => {
                 e.data = Some(data);
@@ -148,8 +150,13 @@ impl HostPool {
         }
     }
 
+    /// A held chunk's data, shared (a save to the disk tier reads it).
+    pub fn get(&self, id: HostChunkId) -> Option<Arc<ChunkBytes>> {
+        self.entries.get(id.0 as usize)?.as_ref()?.data.clone()
+    }
+
     /// Removes a chunk and returns its data (for a swap-in), freeing its bytes.
-    pub fn take(&mut self, id: HostChunkId) -> Option<ChunkBytes> {
+    pub fn take(&mut self, id: HostChunkId) -> Option<Arc<ChunkBytes>> {
         let entry = self.entries.get_mut(id.0 as usize)?.take()?;
         self.used_bytes -= entry.bytes;
         self.free_ids.push(id.0);
@@ -176,7 +183,7 @@ mod tests {
         let mut h = HostPool::new(100);
         let a = h.reserve(60).unwrap();
         assert!(h.reserve(60).is_none());
-        assert!(h.store(a, vec![1; 15].into()));
+        assert!(h.store(a, Arc::new(vec![1; 15].into())));
         let b = h.reserve(40).unwrap();
         assert_eq!(h.used_bytes(), 100);
         assert_eq!(h.take(a).unwrap().bytes().unwrap(), &[1; 15]);

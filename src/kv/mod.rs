@@ -8,11 +8,14 @@
 
 mod allocator;
 mod cache;
+mod disk;
 mod host;
 mod policy;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
-pub(crate) use cache::{CacheManager, Eviction, Moves};
+pub(crate) use cache::{CacheManager, DiskTier, Eviction, Moves};
+pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, FORMAT_VERSION};
+pub(crate) use disk::{DiskStore, Saved};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
@@ -43,6 +46,10 @@ pub(crate) enum ChunkLoc {
         /// Destination block.
         block: BlockId,
     },
+    /// Only in the disk tier (the chunk table names its file).
+    Disk,
+    /// Being read from disk into `block` this step.
+    Loading(BlockId),
     /// Dropped from every tier; rebuilt from the raw tokens when needed.
     Dropped,
     /// Dropped and being recomputed into `block` by the running turn.
@@ -55,8 +62,12 @@ impl ChunkLoc {
         match self {
             ChunkLoc::Device(b)
             | ChunkLoc::Recomputing(b)
-            | ChunkLoc::SwappingIn { block: b, .. } => Some(b),
-            ChunkLoc::SwappingOut { .. } | ChunkLoc::Host(_) | ChunkLoc::Dropped => None,
+            | ChunkLoc::SwappingIn { block: b, .. }
+            | ChunkLoc::Loading(b) => Some(b),
+            ChunkLoc::SwappingOut { .. }
+            | ChunkLoc::Host(_)
+            | ChunkLoc::Disk
+            | ChunkLoc::Dropped => None,
         }
     }
 }
@@ -111,9 +122,27 @@ pub enum Violation {
         /// Chunks the tables place on the host.
         named: usize,
     },
+    /// The disk store's references differ from the chunks the tables say are saved.
+    #[error("disk store holds {held} references but the chunk tables name {named} saved chunks")]
+    DiskMismatch {
+        /// References the store counts.
+        held: usize,
+        /// Saved chunks in the tables.
+        named: usize,
+    },
+    /// A chunk is placed only on disk but names no file.
+    #[error("{conversation}: chunk {chunk} is on disk without a file")]
+    DiskWithoutFile {
+        /// The conversation.
+        conversation: ConversationId,
+        /// Its chunk index.
+        chunk: usize,
+    },
     /// A tier holds more than its budget.
-    #[error("host tier uses {used} bytes of a {budget}-byte budget")]
-    HostOverBudget {
+    #[error("{tier} tier uses {used} bytes of a {budget}-byte budget")]
+    OverBudget {
+        /// "host" or "disk".
+        tier: &'static str,
         /// Bytes in use.
         used: usize,
         /// The budget.

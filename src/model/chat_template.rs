@@ -3,12 +3,12 @@
 //! methods (`.strip()`, `.startswith()`, ... that real templates call).
 
 use minijinja::{context, Environment, ErrorKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Result;
 
 /// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// `system`, `user` or `assistant`.
     pub role: String,

@@ -111,6 +111,8 @@ pub struct Llama {
     /// The type of activations between the matmuls (and of the embeddings, norms and rotary
     /// tables they meet).
     act: DType,
+    /// How the linear weights are held.
+    format: WeightFormat,
 }
 
 /// One step's worth of work for [`Llama::forward`], as plain data.
@@ -225,6 +227,31 @@ impl Llama {
             .map(Linear::bytes)
             .sum();
         layers + self.lm_head.bytes()
+    }
+
+    /// A digest of what this model computes KV with: its hyper-parameters, weight format,
+    /// activation type and a sample of its weights (every 64th embedding row and the norm
+    /// weights), so KV stored by another model or format is never taken for this one's.
+    ///
+    /// # Errors
+    /// [`Error::Candle`] if the weights cannot be read.
+    pub fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut h = blake3::Hasher::new();
+        h.update(format!("{:?}|{:?}|{:?}", self.config, self.format, self.act).as_bytes());
+        h.update(&self.weight_bytes().to_le_bytes());
+        let rows: Vec<u32> = (0..self.config.vocab_size as u32).step_by(64).collect();
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let mut sample = vec![
+            self.embed.index_select(&rows, 0)?.flatten_all()?,
+            self.norm.clone(),
+        ];
+        sample.extend(self.layers.iter().map(|l| l.attn_norm.clone()));
+        for t in sample {
+            for x in t.to_dtype(DType::F32)?.to_vec1::<f32>()? {
+                h.update(&x.to_le_bytes());
+            }
+        }
+        Ok(*h.finalize().as_bytes())
     }
 
     /// The device the weights live on.

@@ -31,8 +31,16 @@ pub(crate) struct RowPlan {
 pub(crate) struct Admission {
     pub request: RequestId,
     pub(super) work: VecDeque<Run>,
-    /// History tokens found on the device and on the host, at the turn's first admission.
-    pub(super) first_reuse: Option<(usize, usize)>,
+    /// History tokens found in each tier, at the turn's first admission.
+    pub(super) first_reuse: Option<Reuse>,
+}
+
+/// History tokens a turn found in each tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Reuse {
+    pub device: usize,
+    pub host: usize,
+    pub disk: usize,
 }
 
 /// A request that can never fit the device pool.

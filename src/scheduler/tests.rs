@@ -51,7 +51,8 @@ impl World {
     /// Applies `plan` as the engine does when every copy and row succeeds.
     fn commit(&mut self, plan: &StepPlan) {
         for o in &plan.moves.swap_out {
-            self.cache.complete_swap_out(o, vec![0; o.len].into());
+            self.cache
+                .complete_swap_out(o, std::sync::Arc::new(vec![0; o.len].into()));
         }
         for i in &plan.moves.swap_in {
             assert!(self.cache.take_swap_in(i).is_some());

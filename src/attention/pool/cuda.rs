@@ -43,7 +43,7 @@ pub(super) struct Mover {
     /// stream has been told to wait for it.
     ready: Mutex<Vec<Option<CudaEvent>>>,
     /// Swap-in sources the copy stream may still be reading.
-    in_flight: Mutex<Vec<ChunkBytes>>,
+    in_flight: Mutex<Vec<Arc<ChunkBytes>>>,
     spare: Spare,
 }
 
@@ -99,7 +99,7 @@ impl Mover {
         v: &[Tensor],
         row_bytes: usize,
         outs: &[(usize, usize)],
-        ins: Vec<(usize, ChunkBytes)>,
+        ins: Vec<(usize, Arc<ChunkBytes>)>,
         pipelined: bool,
     ) -> Result<Vec<ChunkBytes>> {
         // The last step's sources are done with once the stream has passed them.

@@ -119,8 +119,7 @@ impl Llama {
                 |q| Ok(q.dequantize(device)?),
             )?);
         }
-        Self::assemble(config, embed, layers, norm, lm_head, device)?
-            .with_activations(activation_dtype(format, device))
+        Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
 
     /// Builds the model from Hugging Face-named tensors (`model.layers.N.self_attn.q_proj.weight`
@@ -156,8 +155,7 @@ impl Llama {
                 Ok,
             )?);
         }
-        Self::assemble(config, embed, layers, norm, lm_head, device)?
-            .with_activations(activation_dtype(format, device))
+        Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
 
     /// A model of `config`'s shape with random weights, for throughput studies of shapes whose
@@ -262,7 +260,15 @@ impl Llama {
             device: device.clone(),
             config,
             act: DType::F32,
+            format: WeightFormat::default(),
         })
+    }
+
+    /// The same model, recorded as held in `format`, computing its activations in the type
+    /// that format calls for on `device`.
+    fn with_format(mut self, format: WeightFormat, device: &Device) -> Result<Self> {
+        self.format = format;
+        self.with_activations(activation_dtype(format, device))
     }
 
     /// The same model computing its activations in `act`: the tensors activations meet

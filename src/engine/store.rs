@@ -1,0 +1,222 @@
+//! The engine's side of the disk tier: opening the store for the loaded model, saving the KV
+//! of finished turns behind, and the conversation manifests that let a new engine over the same
+//! folder resume named conversations (warm restart).
+//!
+//! A manifest holds what the tiers cannot rebuild: the conversation's token ids, its chat
+//! transcript, how many tokens have KV, and the address of each chunk's file. It is rewritten
+//! (atomically, behind, after the chunk writes it names) whenever a turn of the conversation
+//! ends. On restart each listed file is checked against the tokens' own addresses and its
+//! header; what is missing or refused is recomputed by the next turn, never used.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConversationOptions, Engine, EngineConfig};
+use crate::attention::KvShape;
+use crate::conversation::Conversation;
+use crate::ids::ConversationId;
+use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
+use crate::model::{Message, Model};
+use crate::{Error, Result};
+
+/// Version of the manifest layout; manifests of another version are not resumed.
+const MANIFEST_VERSION: u32 = 1;
+
+/// A named conversation as stored.
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    version: u32,
+    name: String,
+    /// Tokens whose KV has been computed (the chunks cover them).
+    computed: usize,
+    tokens: Vec<u32>,
+    messages: Vec<Message>,
+    seen_text: String,
+    /// Per chunk, the hex address of its file, if it has one.
+    chunks: Vec<Option<String>>,
+}
+
+/// Opens the disk tier `config` names for `model`'s KV of `shape` at `value_bytes` per value.
+///
+/// # Errors
+/// [`Error::Io`] if the folder cannot be created or read; [`Error::Candle`] if the model's
+/// fingerprint cannot be computed.
+pub(super) fn open_disk(
+    model: &Model,
+    config: &EngineConfig,
+    shape: KvShape,
+    value_bytes: usize,
+    cost: CostModel,
+) -> Result<Option<DiskTier>> {
+    let Some(disk) = &config.disk else {
+        return Ok(None);
+    };
+    let mut h = blake3::Hasher::new();
+    h.update(&model.llama().fingerprint()?);
+    h.update(format!("{:?}|{}", config.kv_precision, config.chunk_size).as_bytes());
+    let format = ChunkFormat {
+        fingerprint: *h.finalize().as_bytes(),
+        layers: shape.num_layers as u32,
+        kv_heads: shape.num_kv_heads as u32,
+        head_dim: shape.head_dim as u32,
+        value_bytes: value_bytes as u32,
+    };
+    let store =
+        DiskStore::open(&disk.dir, format, disk.budget_bytes).map_err(|source| Error::Io {
+            path: disk.dir.clone(),
+            source,
+        })?;
+    Ok(Some(DiskTier {
+        store,
+        cost,
+        read_bytes_per_s: disk.read_bytes_per_s,
+    }))
+}
+
+impl Engine {
+    /// Resumes every named conversation stored in the disk tier (at start-up), then deletes
+    /// the files none of them needs.
+    pub(super) fn resume_stored(&mut self, now: Instant) {
+        let Some(store) = self.cache.disk_store() else {
+            return;
+        };
+        let vocab = self.model.config().vocab_size;
+        let manifests: Vec<Manifest> = store
+            .manifests()
+            .iter()
+            .filter_map(|bytes| serde_json::from_slice::<Manifest>(bytes).ok())
+            .filter(|m| {
+                m.version == MANIFEST_VERSION
+                    && m.computed <= m.tokens.len()
+                    && m.tokens.iter().all(|&t| (t as usize) < vocab)
+            })
+            .collect();
+        for m in manifests {
+            if self.find(&m.name).is_some() {
+                continue;
+            }
+            let id = self.next_id();
+            // A file counts only if it is the one these tokens name: a manifest and files
+            // that disagree (edited, or from an interrupted save) cost a recompute, never
+            // wrong KV.
+            let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
+            let saved: Vec<Option<Address>> = m
+                .chunks
+                .iter()
+                .zip(&want)
+                .map(|(got, want)| {
+                    got.as_deref()
+                        .and_then(Address::from_hex)
+                        .filter(|a| a == want)
+                })
+                .collect();
+            self.cache.adopt(id, m.computed, &saved, now);
+            let conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text);
+            self.convs.insert(id, conv);
+        }
+        self.cache.collect_disk_garbage(now);
+    }
+
+    /// Opens a conversation stored under `options.name`, writing its first manifest.
+    pub(super) fn open_named(
+        &mut self,
+        name: String,
+        options: ConversationOptions,
+    ) -> Result<ConversationId> {
+        if self.find(&name).is_some() {
+            return Err(Error::ConversationExists(name));
+        }
+        let id = self.open_unnamed(options);
+        if let Some(c) = self.convs.remove(&id) {
+            self.convs.insert(id, c.named(Some(name)));
+        }
+        self.write_manifest(id);
+        Ok(id)
+    }
+
+    /// The conversation stored under `name`, if it is open (created by this engine or
+    /// resumed from the disk tier at start-up).
+    pub fn find(&self, name: &str) -> Option<ConversationId> {
+        self.convs
+            .iter()
+            .find(|(_, c)| c.name() == Some(name))
+            .map(|(&id, _)| id)
+    }
+
+    /// Every named conversation, with its id: those a restart resumed and those opened since.
+    pub fn named_conversations(&self) -> Vec<(String, ConversationId)> {
+        self.convs
+            .iter()
+            .filter_map(|(&id, c)| Some((c.name()?.to_string(), id)))
+            .collect()
+    }
+
+    /// Waits until every chunk file and manifest queued so far is on disk. Dropping the engine
+    /// does the same; a crash loses at most what was still queued (the files are written
+    /// atomically, so nothing is left half-written).
+    pub fn flush(&mut self) {
+        self.cache.flush_disk();
+    }
+
+    /// Saves (behind) the chunks of conversations whose turn ended this step, and their
+    /// manifests.
+    pub(super) fn save_finished(&mut self, now: Instant) {
+        for id in std::mem::take(&mut self.to_save) {
+            let Some(conv) = self.convs.get(&id) else {
+                continue;
+            };
+            let saves = self.cache.saves(id, conv.tokens(), now);
+            let ranges: Vec<(usize, usize)> = saves
+                .iter()
+                .map(|s| (self.cache.first_slot(s.block), s.len))
+                .collect();
+            // A failed copy leaves the chunks unsaved; the next turn's end tries again.
+            if let Ok(bytes) = self.pool.copy_chunks(&ranges, Vec::new(), false) {
+                for (s, b) in saves.iter().zip(bytes) {
+                    self.cache.complete_save(s, Arc::new(b), now);
+                }
+            }
+            self.write_manifest(id);
+        }
+    }
+
+    /// Writes (behind) the manifest of `id` if it is named.
+    pub(super) fn write_manifest(&self, id: ConversationId) {
+        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.disk_store()) else {
+            return;
+        };
+        let Some(name) = conv.name() else {
+            return;
+        };
+        let computed = self.cache.table(id).map_or(0, |t| t.computed());
+        let m = Manifest {
+            version: MANIFEST_VERSION,
+            name: name.to_string(),
+            computed,
+            tokens: conv.tokens().to_vec(),
+            messages: conv.messages().to_vec(),
+            seen_text: conv.seen_text().to_string(),
+            chunks: self
+                .cache
+                .saved(id)
+                .iter()
+                .map(|a| a.map(|a| a.hex()))
+                .collect(),
+        };
+        if let Ok(bytes) = serde_json::to_vec(&m) {
+            store.write_manifest(name, bytes);
+        }
+    }
+
+    /// Deletes the manifest of `id` if it is named (the conversation is closed for good).
+    pub(super) fn remove_manifest(&self, id: ConversationId) {
+        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.disk_store()) else {
+            return;
+        };
+        if let Some(name) = conv.name() {
+            store.remove_manifest(name);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! [`CacheManager::check`]: the invariants of the cache manager's module header, checked after
+//! every step when the engine asks for it.
+
+use super::CacheManager;
+use crate::kv::{ChunkLoc, Violation};
+
+impl CacheManager {
+    /// Checks the invariants of the module header.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found.
+    pub fn check(&self) -> Result<(), Violation> {
+        let mut owners = vec![0usize; self.blocks.num_blocks()];
+        let mut named_host = 0usize;
+        let mut named_disk = 0usize;
+        for (&conversation, table) in &self.tables {
+            if table.chunks.len() * self.chunk_size() < table.computed {
+                return Err(Violation::ShortChunkTable {
+                    conversation,
+                    chunks: table.chunks.len(),
+                    computed: table.computed,
+                });
+            }
+            if table.saved.len() != table.chunks.len() {
+                return Err(Violation::ShortChunkTable {
+                    conversation,
+                    chunks: table.saved.len(),
+                    computed: table.chunks.len(),
+                });
+            }
+            named_disk += table.saved.iter().flatten().count();
+            for (chunk, loc) in table.chunks.iter().enumerate() {
+                if *loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
+                    return Err(Violation::DiskWithoutFile {
+                        conversation,
+                        chunk,
+                    });
+                }
+                let (block, on_host) = match *loc {
+                    ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
+                        (Some(b), false)
+                    }
+                    ChunkLoc::Host(_) => (None, true),
+                    ChunkLoc::SwappingOut { block, .. } | ChunkLoc::SwappingIn { block, .. } => {
+                        (Some(block), true)
+                    }
+                    ChunkLoc::Disk | ChunkLoc::Dropped => (None, false),
+                };
+                if let Some(b) = block {
+                    if !self.blocks.is_allocated(b) {
+                        return Err(Violation::FreeBlockInUse {
+                            conversation,
+                            chunk,
+                            block: b.0,
+                        });
+                    }
+                    owners[b.0 as usize] += 1;
+                }
+                named_host += usize::from(on_host);
+            }
+        }
+        if let Some(b) = owners.iter().position(|&n| n > 1) {
+            return Err(Violation::SharedBlock {
+                block: b as u32,
+                owners: owners[b],
+            });
+        }
+        let owned = owners.iter().filter(|&&n| n == 1).count();
+        if owned + self.blocks.num_free() != self.blocks.num_blocks() {
+            return Err(Violation::LeakedBlocks {
+                owned,
+                free: self.blocks.num_free(),
+                total: self.blocks.num_blocks(),
+            });
+        }
+        if named_host != self.host.len() {
+            return Err(Violation::HostMismatch {
+                held: self.host.len(),
+                named: named_host,
+            });
+        }
+        if self.host.used_bytes() > self.host.budget_bytes() {
+            return Err(Violation::OverBudget {
+                tier: "host",
+                used: self.host.used_bytes(),
+                budget: self.host.budget_bytes(),
+            });
+        }
+        if let Some(disk) = self.disk.as_ref().map(|d| &d.store) {
+            if disk.references() != named_disk {
+                return Err(Violation::DiskMismatch {
+                    held: disk.references(),
+                    named: named_disk,
+                });
+            }
+            if disk.used_bytes() > disk.budget_bytes() {
+                return Err(Violation::OverBudget {
+                    tier: "disk",
+                    used: disk.used_bytes(),
+                    budget: disk.budget_bytes(),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! The cache manager's side of the disk tier: which chunks get a file, what a failed file
+//! does to the tables, eviction of files under the budget, and the tables a restarted engine
+//! rebuilds from its conversations' manifests.
+//!
+//! A chunk's file is an extra copy: the chunk keeps its place in the device pool or the host
+//! tier, and leaving either later costs nothing (AttentionStore §3.3: host eviction of a saved
+//! chunk is free). Saving is skipped for chunks that are cheaper to recompute than to read
+//! back, so dropping one wins only when it is cheaper than reading it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{CacheManager, ChunkTable};
+use crate::ids::ConversationId;
+use crate::kv::{Address, BlockId, ChunkBytes, ChunkLoc, CostModel, DiskStats, DiskStore, Saved};
+
+/// The disk tier as the cache manager uses it.
+#[derive(Debug)]
+pub(crate) struct DiskTier {
+    pub store: DiskStore,
+    /// The recompute cost curve, to compare with reading a chunk back.
+    pub cost: CostModel,
+    /// Bytes per second the store reads back.
+    pub read_bytes_per_s: f64,
+}
+
+/// A device chunk to copy off and save (its block stays where it is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Save {
+    pub conv: ConversationId,
+    pub chunk: usize,
+    pub block: BlockId,
+    pub len: usize,
+    pub address: Address,
+}
+
+impl CacheManager {
+    /// Adds the disk tier below host.
+    pub fn attach_disk(&mut self, tier: DiskTier) {
+        self.disk = Some(tier);
+    }
+
+    /// The disk tier's counters, if there is one.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        self.disk.as_ref().map(|d| d.store.stats())
+    }
+
+    /// The disk store, for the engine's conversation manifests.
+    pub fn disk_store(&self) -> Option<&DiskStore> {
+        self.disk.as_ref().map(|d| &d.store)
+    }
+
+    /// The addresses of `id`'s saved chunks, in order (`None` where a chunk has no file).
+    pub fn saved(&self, id: ConversationId) -> Vec<Option<Address>> {
+        self.tables
+            .get(&id)
+            .map_or_else(Vec::new, |t| t.saved.clone())
+    }
+
+    /// Rebuilds the table of a conversation resumed from a manifest: `computed` tokens whose
+    /// chunks' files are `saved`. Chunks whose file is gone or refused are dropped (recomputed
+    /// on the next turn).
+    pub fn adopt(
+        &mut self,
+        id: ConversationId,
+        computed: usize,
+        saved: &[Option<Address>],
+        now: Instant,
+    ) {
+        let n = computed.div_ceil(self.chunk_size());
+        let mut table = ChunkTable {
+            chunks: vec![ChunkLoc::Dropped; n],
+            saved: vec![None; n],
+            computed,
+            last_active: now,
+        };
+        if let Some(d) = &mut self.disk {
+            for (i, a) in saved.iter().take(n).enumerate() {
+                if let Some(a) = a.filter(|a| d.store.retain(a)) {
+                    table.chunks[i] = ChunkLoc::Disk;
+                    table.saved[i] = Some(a);
+                }
+            }
+        }
+        self.tables.insert(id, table);
+    }
+
+    /// After a restart has adopted its conversations: deletes the files none of them needs,
+    /// and evicts down to the budget (which may have shrunk since the files were written).
+    pub fn collect_disk_garbage(&mut self, now: Instant) {
+        if let Some(d) = &mut self.disk {
+            d.store.collect_garbage();
+        }
+        self.make_disk_room(0, &|_| false, now);
+    }
+
+    /// Plans saving every computed chunk of `id` that has no file yet and is worth one
+    /// (`tokens`: the conversation's history, which names the chunks). Host chunks are saved
+    /// at once from their bytes; device chunks are returned, for the executor to copy off and
+    /// hand to [`CacheManager::complete_save`].
+    pub fn saves(&mut self, id: ConversationId, tokens: &[u32], now: Instant) -> Vec<Save> {
+        let chunk = self.chunk_size();
+        let Some(t) = self.tables.get(&id) else {
+            return Vec::new();
+        };
+        let computed = t.computed.min(tokens.len());
+        let addresses = Address::of_chunks(&tokens[..computed], chunk);
+        let mut out = Vec::new();
+        let mut from_host = Vec::new();
+        for (i, &address) in addresses.iter().enumerate() {
+            if t.saved.get(i).is_none_or(Option::is_some) || !self.worth_saving(i, t, chunk) {
+                continue;
+            }
+            let len = t.chunk_len(i, chunk);
+            match t.chunks[i] {
+                ChunkLoc::Device(block) => out.push(Save {
+                    conv: id,
+                    chunk: i,
+                    block,
+                    len,
+                    address,
+                }),
+                ChunkLoc::Host(h) => from_host.push((i, h, len, address)),
+                _ => {}
+            }
+        }
+        for (i, h, len, address) in from_host {
+            if let Some(bytes) = self.host.get(h) {
+                let save = Save {
+                    conv: id,
+                    chunk: i,
+                    block: BlockId(0),
+                    len,
+                    address,
+                };
+                self.complete_save(&save, bytes, now);
+            }
+        }
+        out
+    }
+
+    /// Whether chunk `i` of `t` costs more to recompute than to read back.
+    fn worth_saving(&self, i: usize, t: &ChunkTable, chunk: usize) -> bool {
+        let Some(d) = &self.disk else {
+            return false;
+        };
+        let len = t.chunk_len(i, chunk);
+        let read_s = d.store.file_bytes(len) as f64 / d.read_bytes_per_s.max(1.0);
+        d.cost.recompute_s(i * chunk, len) > read_s
+    }
+
+    /// Queues the write of a planned save's bytes, making room under the disk budget by
+    /// evicting other conversations' files if needed. A save the tier refuses leaves the
+    /// chunk as it was (counted in the disk stats).
+    pub fn complete_save(&mut self, s: &Save, bytes: Arc<ChunkBytes>, now: Instant) {
+        let Some(d) = &self.disk else {
+            return;
+        };
+        let need = d.store.file_bytes(s.len);
+        if d.store.used_bytes() + need > d.store.budget_bytes() {
+            self.make_disk_room(need, &|c| c == s.conv, now);
+        }
+        let still_unsaved = self
+            .tables
+            .get(&s.conv)
+            .and_then(|t| t.saved.get(s.chunk))
+            .is_some_and(Option::is_none);
+        let Some(d) = &mut self.disk else {
+            return;
+        };
+        if !still_unsaved {
+            return;
+        }
+        let saved = d.store.save(s.conv.0, s.chunk, s.address, s.len, bytes);
+        if matches!(saved, Saved::Queued | Saved::Shared) {
+            if let Some(slot) = self
+                .tables
+                .get_mut(&s.conv)
+                .and_then(|t| t.saved.get_mut(s.chunk))
+            {
+                *slot = Some(s.address);
+            }
+        }
+    }
+
+    /// Deletes files of unprotected conversations, lowest value first, until `bytes` more fit
+    /// under the disk budget (or nothing more can go). A chunk that was only on disk is
+    /// dropped.
+    fn make_disk_room(
+        &mut self,
+        bytes: usize,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) {
+        let saved = |_: &ChunkLoc, saved: bool| saved;
+        loop {
+            let Some(d) = &self.disk else {
+                return;
+            };
+            if d.store.used_bytes() + bytes <= d.store.budget_bytes() {
+                return;
+            }
+            let Some((id, i)) = self.victim(saved, protect, now) else {
+                return;
+            };
+            self.drop_saved(id, i);
+        }
+    }
+
+    /// Forgets chunk `i` of `id`'s file (releasing it); a chunk that was only on disk is
+    /// dropped.
+    pub(super) fn drop_saved(&mut self, id: ConversationId, i: usize) {
+        let Some(t) = self.tables.get_mut(&id) else {
+            return;
+        };
+        let Some(a) = t.saved.get_mut(i).and_then(Option::take) else {
+            return;
+        };
+        if t.chunks[i] == ChunkLoc::Disk {
+            t.chunks[i] = ChunkLoc::Dropped;
+            self.counters.chunks_dropped_from_disk += 1;
+        }
+        if let Some(d) = &mut self.disk {
+            d.store.release(&a);
+        }
+    }
+
+    /// Takes the disk writer's reports: chunks whose write failed lose their file (a chunk
+    /// only on disk is dropped and recomputed when needed).
+    pub fn poll_disk(&mut self) {
+        let failed = self.disk.as_mut().map(|d| d.store.poll());
+        self.forget_files(failed.unwrap_or_default());
+    }
+
+    /// Waits until every queued write has reached the disk.
+    pub fn flush_disk(&mut self) {
+        let failed = self.disk.as_mut().map(|d| d.store.flush());
+        self.forget_files(failed.unwrap_or_default());
+    }
+
+    fn forget_files(&mut self, failed: Vec<Address>) {
+        for a in failed {
+            let users: Vec<(ConversationId, usize)> = self
+                .tables
+                .iter()
+                .flat_map(|(&id, t)| {
+                    t.saved
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| **s == Some(a))
+                        .map(move |(i, _)| (id, i))
+                })
+                .collect();
+            for (id, i) in users {
+                self.drop_saved(id, i);
+            }
+        }
+    }
+}

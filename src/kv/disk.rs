@@ -1,0 +1,498 @@
+//! The disk tier (AttentionStore §3.2-3.3): chunk files under a byte budget, named by content,
+//! written behind on a background thread, and checked whole before any byte is used.
+//!
+//! Layout under the store's folder: `<fingerprint>/chunks/<address>.kvc` (one file per chunk,
+//! format in [`format`]) and `<fingerprint>/conversations/<name>.json` (what a restarted engine
+//! needs to resume a conversation; written by the engine through [`DiskStore::write_manifest`]).
+//! One folder per model fingerprint, so engines of different models can share a store folder.
+//!
+//! Bookkeeping: an entry per address, reference-counted (chunk tables of conversations, which
+//! may share content), booked against the budget when its save is queued (so queued writes
+//! never exceed it) and freed when the last reference goes (the file is deleted behind). A save
+//! is `Pending` until the worker reports it; its bytes stay readable from memory meanwhile, so
+//! a host chunk whose save is queued can be evicted at once. A failed write makes the entry
+//! `Failed`: [`DiskStore::poll`] returns its address so the tables stop counting on it.
+//!
+//! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the entries' sizes.
+
+pub mod format;
+mod worker;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
+use format::{ChunkId, HEADER_BYTES};
+use worker::{Job, Worker};
+
+use super::ChunkBytes;
+
+/// Most bytes of saves queued and not yet written; beyond it saves wait for a later chance
+/// rather than pile up in memory outside every budget.
+const MAX_PENDING_BYTES: usize = 256 << 20;
+
+/// Counts of refused chunk files, by why.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Files that were expected but absent.
+    pub missing: u64,
+    /// Files shorter or longer than their header says.
+    pub truncated: u64,
+    /// Files with a damaged or unknown header.
+    pub bad_header: u64,
+    /// Files of another model or KV layout.
+    pub foreign: u64,
+    /// Files holding other tokens' KV than their name says.
+    pub wrong_content: u64,
+    /// Files whose payload checksum failed.
+    pub corrupt: u64,
+    /// Files the file system failed to read.
+    pub io: u64,
+}
+
+impl FaultCounts {
+    fn count(&mut self, fault: Fault) {
+        *match fault {
+            Fault::Missing => &mut self.missing,
+            Fault::Truncated => &mut self.truncated,
+            Fault::BadHeader => &mut self.bad_header,
+            Fault::Foreign => &mut self.foreign,
+            Fault::WrongContent => &mut self.wrong_content,
+            Fault::Corrupt => &mut self.corrupt,
+            Fault::Io => &mut self.io,
+        } += 1;
+    }
+
+    /// Every refused file.
+    pub fn total(&self) -> u64 {
+        self.missing
+            + self.truncated
+            + self.bad_header
+            + self.foreign
+            + self.wrong_content
+            + self.corrupt
+            + self.io
+    }
+}
+
+/// What the disk tier did since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Chunk files written (whole, renamed into place).
+    pub chunks_written: u64,
+    /// Bytes of those files' payloads.
+    pub bytes_written: u64,
+    /// Chunks read back and verified.
+    pub chunks_read: u64,
+    /// Bytes of those payloads.
+    pub bytes_read: u64,
+    /// Saves that found a file of the same content already stored or queued (shared).
+    pub saves_shared: u64,
+    /// Saves refused: no room under the budget, even after eviction.
+    pub saves_refused: u64,
+    /// Saves the file system failed (full disk, I/O error); the chunk stays where it was.
+    pub save_failures: u64,
+    /// Chunk files deleted because no conversation needs them any more (evicted, or stale).
+    pub files_removed: u64,
+    /// Files refused when read or scanned, by why; their chunks are recomputed.
+    pub faults: FaultCounts,
+    /// Bytes of chunk files stored or queued now.
+    pub bytes_used: usize,
+    /// The byte budget.
+    pub budget_bytes: usize,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Queued for the worker as write number `.0`; the bytes are still in memory.
+    Pending(u64, Arc<ChunkBytes>),
+    /// Written and renamed into place.
+    Stored,
+    /// The write failed or the file was refused: never loaded again.
+    Failed,
+}
+
+#[derive(Debug)]
+struct Entry {
+    bytes: usize,
+    refs: u32,
+    state: State,
+}
+
+/// Chunk files under a byte budget.
+#[derive(Debug)]
+pub(crate) struct DiskStore {
+    root: PathBuf,
+    format: ChunkFormat,
+    budget_bytes: usize,
+    used_bytes: usize,
+    pending_bytes: usize,
+    /// Number of the next queued write, so a late report of a write whose entry was since
+    /// released and saved again is told apart.
+    next_write: u64,
+    entries: HashMap<Address, Entry>,
+    stats: DiskStats,
+    worker: Worker,
+}
+
+/// What [`DiskStore::save`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Saved {
+    /// A write is queued.
+    Queued,
+    /// The content is already stored or queued; one more reference to it.
+    Shared,
+    /// Not enough room under the budget.
+    NoRoom,
+    /// Too many writes are queued; try again later.
+    Busy,
+}
+
+impl DiskStore {
+    /// Opens (creating) the store for chunks of `format` under `dir`: deletes the temporary
+    /// files a crash left, and indexes every valid chunk file (refused ones are deleted and
+    /// counted). Indexed files hold no reference until [`DiskStore::retain`]ed;
+    /// [`DiskStore::collect_garbage`] deletes the rest.
+    ///
+    /// # Errors
+    /// The folder cannot be created or listed, or the writer thread cannot start.
+    pub fn open(dir: &Path, format: ChunkFormat, budget_bytes: usize) -> std::io::Result<Self> {
+        let root = dir.join(&format::hex(&format.fingerprint)[..16]);
+        fs::create_dir_all(root.join("chunks"))?;
+        fs::create_dir_all(root.join("conversations"))?;
+        let mut store = Self {
+            root,
+            format,
+            budget_bytes,
+            used_bytes: 0,
+            pending_bytes: 0,
+            next_write: 0,
+            entries: HashMap::new(),
+            stats: DiskStats {
+                budget_bytes,
+                ..DiskStats::default()
+            },
+            worker: Worker::start()?,
+        };
+        store.scan()?;
+        Ok(store)
+    }
+
+    fn scan(&mut self) -> std::io::Result<()> {
+        for item in fs::read_dir(self.root.join("conversations"))? {
+            let path = item?.path();
+            if path.extension().is_some_and(|x| x == "tmp") {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        for item in fs::read_dir(self.root.join("chunks"))? {
+            let path = item?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let address = name.strip_suffix(".kvc").and_then(Address::from_hex);
+            let checked = match address {
+                Some(a) => self.check_file(&path, &a),
+                // Debris of an interrupted write, or a file that is not ours.
+                None => Err(Fault::BadHeader),
+            };
+            match (checked, address) {
+                (Ok(bytes), Some(a)) => {
+                    self.used_bytes += bytes;
+                    let state = State::Stored;
+                    self.entries.insert(
+                        a,
+                        Entry {
+                            bytes,
+                            refs: 0,
+                            state,
+                        },
+                    );
+                }
+                (fault, _) => {
+                    if !name.ends_with(".tmp") {
+                        if let Err(f) = fault {
+                            self.stats.faults.count(f);
+                        }
+                    }
+                    let _ = fs::remove_file(&path);
+                    self.stats.files_removed += 1;
+                }
+            }
+        }
+        self.stats.bytes_used = self.used_bytes;
+        Ok(())
+    }
+
+    /// Checks a file's header and length without reading its payload; returns its size.
+    fn check_file(&self, path: &Path, address: &Address) -> Result<usize, Fault> {
+        let mut f = fs::File::open(path).map_err(|_| Fault::Io)?;
+        let len = f.metadata().map_err(|_| Fault::Io)?.len();
+        let mut head = vec![0u8; HEADER_BYTES];
+        f.read_exact(&mut head).map_err(|_| Fault::Truncated)?;
+        let h = format::decode_header(&self.format, &head)?;
+        if h.id.address != *address {
+            return Err(Fault::WrongContent);
+        }
+        let want = self.format.payload_bytes(h.id.tokens as usize) as u64;
+        if h.payload_len != want || len != HEADER_BYTES as u64 + want {
+            return Err(Fault::Truncated);
+        }
+        Ok(len as usize)
+    }
+
+    fn chunk_path(&self, address: &Address) -> PathBuf {
+        self.root
+            .join("chunks")
+            .join(format!("{}.kvc", address.hex()))
+    }
+
+    fn manifest_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("conversations")
+            .join(format!("{}.json", format::hex(name.as_bytes())))
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> DiskStats {
+        self.stats
+    }
+
+    /// The byte budget.
+    pub fn budget_bytes(&self) -> usize {
+        self.budget_bytes
+    }
+
+    /// Bytes booked by stored and queued files.
+    pub fn used_bytes(&self) -> usize {
+        self.used_bytes
+    }
+
+    /// Bytes a file of `tokens` KV-tokens takes.
+    pub fn file_bytes(&self, tokens: usize) -> usize {
+        HEADER_BYTES + self.format.payload_bytes(tokens)
+    }
+
+    /// References held on every entry (the chunk tables' saved chunks, for the invariant
+    /// check).
+    pub fn references(&self) -> usize {
+        self.entries.values().map(|e| e.refs as usize).sum()
+    }
+
+    /// Takes one more reference to a stored or queued file; `false` if there is none.
+    pub fn retain(&mut self, address: &Address) -> bool {
+        match self.entries.get_mut(address) {
+            Some(e) if !matches!(e.state, State::Failed) => {
+                e.refs += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Saves a chunk (`bytes`: `tokens` KV-tokens, possibly still being copied off a device)
+    /// under `address`, behind: the write is queued for the worker.
+    pub fn save(
+        &mut self,
+        conversation: u64,
+        index: usize,
+        address: Address,
+        tokens: usize,
+        bytes: Arc<ChunkBytes>,
+    ) -> Saved {
+        match self.entries.get_mut(&address) {
+            Some(e) if !matches!(e.state, State::Failed) => {
+                e.refs += 1;
+                self.stats.saves_shared += 1;
+                return Saved::Shared;
+            }
+            // A refused file of this content is still referenced: save again once released.
+            Some(_) => return Saved::Busy,
+            None => {}
+        }
+        let size = self.file_bytes(tokens);
+        if self.pending_bytes + size > MAX_PENDING_BYTES {
+            return Saved::Busy;
+        }
+        if self.used_bytes + size > self.budget_bytes {
+            self.stats.saves_refused += 1;
+            return Saved::NoRoom;
+        }
+        // The header's checksum covers the payload, which a device copy may still be filling:
+        // the worker builds the header once it has the bytes.
+        let id = ChunkId {
+            conversation,
+            index: index as u32,
+            tokens: tokens as u32,
+            address,
+        };
+        let job = Job::Chunk {
+            path: self.chunk_path(&address),
+            bytes: Arc::clone(&bytes),
+            format: self.format,
+            id,
+            write: self.next_write,
+        };
+        if !self.worker.send(job) {
+            self.stats.save_failures += 1;
+            return Saved::NoRoom;
+        }
+        self.used_bytes += size;
+        self.pending_bytes += size;
+        let state = State::Pending(self.next_write, bytes);
+        self.next_write += 1;
+        self.entries.insert(
+            address,
+            Entry {
+                bytes: size,
+                refs: 1,
+                state,
+            },
+        );
+        self.stats.bytes_used = self.used_bytes;
+        Saved::Queued
+    }
+
+    /// Drops one reference; the last one deletes the file (behind) and frees its bytes.
+    pub fn release(&mut self, address: &Address) {
+        let Some(e) = self.entries.get_mut(address) else {
+            return;
+        };
+        e.refs = e.refs.saturating_sub(1);
+        if e.refs == 0 {
+            self.forget(address);
+        }
+    }
+
+    fn forget(&mut self, address: &Address) {
+        if let Some(e) = self.entries.remove(address) {
+            self.used_bytes -= e.bytes;
+            if matches!(e.state, State::Pending(..)) {
+                self.pending_bytes -= e.bytes;
+            }
+            self.worker.send(Job::Remove(self.chunk_path(address)));
+            self.stats.files_removed += 1;
+            self.stats.bytes_used = self.used_bytes;
+        }
+    }
+
+    /// Deletes every indexed file no one references (after a restart has retained what its
+    /// conversations need).
+    pub fn collect_garbage(&mut self) {
+        let unused: Vec<Address> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.refs == 0)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in unused {
+            self.forget(&a);
+        }
+    }
+
+    /// Reads the chunk at `address` of `tokens` KV-tokens and checks it whole (from memory if
+    /// its write is still queued). A refused file is deleted and its entry marked failed
+    /// (references stay until released); the fault is counted.
+    ///
+    /// # Errors
+    /// The [`Fault`] that refused it.
+    pub fn load(&mut self, address: &Address, tokens: usize) -> Result<Arc<ChunkBytes>, Fault> {
+        let read = match self.entries.get(address).map(|e| &e.state) {
+            Some(State::Pending(_, bytes)) => return Ok(Arc::clone(bytes)),
+            Some(State::Stored) => self.read(address, tokens),
+            Some(State::Failed) | None => Err(Fault::Missing),
+        };
+        match read {
+            Ok(payload) => {
+                self.stats.chunks_read += 1;
+                self.stats.bytes_read += payload.len() as u64;
+                Ok(Arc::new(payload.into()))
+            }
+            Err(fault) => {
+                self.stats.faults.count(fault);
+                if let Some(e) = self.entries.get_mut(address) {
+                    if matches!(e.state, State::Stored) {
+                        e.state = State::Failed;
+                        self.worker.send(Job::Remove(self.chunk_path(address)));
+                    }
+                }
+                Err(fault)
+            }
+        }
+    }
+
+    fn read(&self, address: &Address, tokens: usize) -> Result<Vec<u8>, Fault> {
+        let mut file = match fs::read(self.chunk_path(address)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Fault::Missing),
+            Err(_) => return Err(Fault::Io),
+        };
+        format::decode_chunk(&self.format, &file, address, tokens)?;
+        file.drain(..HEADER_BYTES);
+        Ok(file)
+    }
+
+    /// Takes the reports of finished writes: returns the addresses whose write failed (their
+    /// chunks must no longer count on the disk copy).
+    pub fn poll(&mut self) -> Vec<Address> {
+        let mut failed = Vec::new();
+        for done in self.worker.finished() {
+            let Some(e) = self.entries.get_mut(&done.address) else {
+                // Released while queued: already forgotten.
+                continue;
+            };
+            let State::Pending(write, _) = e.state else {
+                continue;
+            };
+            if write != done.write {
+                continue;
+            }
+            self.pending_bytes -= e.bytes;
+            match done.result {
+                Ok(()) => {
+                    e.state = State::Stored;
+                    self.stats.chunks_written += 1;
+                    self.stats.bytes_written += (e.bytes - HEADER_BYTES) as u64;
+                }
+                Err(_) => {
+                    e.state = State::Failed;
+                    self.stats.save_failures += 1;
+                    failed.push(done.address);
+                }
+            }
+        }
+        failed
+    }
+
+    /// Waits until every queued write has reached the disk, then takes the reports.
+    pub fn flush(&mut self) -> Vec<Address> {
+        self.worker.flush();
+        self.poll()
+    }
+
+    /// Writes (behind, atomically) the manifest of the conversation `name`.
+    pub fn write_manifest(&self, name: &str, contents: Vec<u8>) {
+        let path = self.manifest_path(name);
+        self.worker.send(Job::File { path, contents });
+    }
+
+    /// Deletes (behind) the manifest of the conversation `name`.
+    pub fn remove_manifest(&self, name: &str) {
+        self.worker.send(Job::Remove(self.manifest_path(name)));
+    }
+
+    /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
+    /// never half-loaded).
+    pub fn manifests(&self) -> Vec<Vec<u8>> {
+        let Ok(dir) = fs::read_dir(self.root.join("conversations")) else {
+            return Vec::new();
+        };
+        let mut paths: Vec<PathBuf> = dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths.into_iter().filter_map(|p| fs::read(p).ok()).collect()
+    }
+}

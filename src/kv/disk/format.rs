@@ -1,0 +1,375 @@
+//! The chunk file format of the disk tier, and the content addresses chunks are named by.
+//!
+//! A chunk file is a fixed-size header followed by the chunk's KV bytes (the layout
+//! [`crate::attention::KvPool`] copies out: `[layer][k, v][token][kv heads x head dim]`):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 8 | magic `PNSVKV\r\n` |
+//! | 4 | format version (little-endian, as every integer) |
+//! | 32 | model fingerprint: model, weight format, KV type and chunk size |
+//! | 4 x 3 | layers, KV heads, head dim |
+//! | 4 | bytes per KV value |
+//! | 8 | conversation that wrote it (informative: content addresses are shared) |
+//! | 4 | chunk index |
+//! | 4 | tokens in the chunk |
+//! | 32 | content address: a hash chained over the token ids up to the chunk's last |
+//! | 8 | payload length |
+//! | 32 | BLAKE3 of the payload |
+//! | 32 | BLAKE3 of every header byte before it |
+//!
+//! A file is accepted only if every field matches what the reader expects: a file of another
+//! model, format or shape, of other tokens (a renamed or swapped file) or with any flipped or
+//! missing byte is refused with the [`Fault`] that names why, so its KV is recomputed and never
+//! used.
+
+use std::fmt;
+
+/// Bytes of a chunk file's header.
+pub(crate) const HEADER_BYTES: usize = 8 + 4 + 32 + 12 + 4 + 8 + 4 + 4 + 32 + 8 + 32 + 32;
+
+const MAGIC: [u8; 8] = *b"PNSVKV\r\n";
+
+/// Version of the layout above; a file of another version is refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A 32-byte BLAKE3 digest naming a chunk by its content: the token ids from the start of the
+/// conversation up to and including the chunk's last token. KV at a position depends on every
+/// token before it, so equal addresses (under one model fingerprint) mean equal KV.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Address(pub [u8; 32]);
+
+impl Address {
+    /// The address of the chunk holding `tokens`, following the chunk addressed `prev` (the
+    /// all-zero address before the first chunk).
+    pub fn chain(prev: &Address, tokens: &[u32]) -> Address {
+        let mut h = blake3::Hasher::new();
+        h.update(&prev.0);
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        Address(*h.finalize().as_bytes())
+    }
+
+    /// Addresses of every chunk of `chunk` tokens (the last one possibly partial) of `tokens`.
+    pub fn of_chunks(tokens: &[u32], chunk: usize) -> Vec<Address> {
+        let mut prev = Address::default();
+        tokens
+            .chunks(chunk.max(1))
+            .map(|c| {
+                prev = Address::chain(&prev, c);
+                prev
+            })
+            .collect()
+    }
+
+    /// Lowercase hex, the file name stem.
+    pub fn hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// Parses [`Address::hex`].
+    pub fn from_hex(s: &str) -> Option<Address> {
+        let bytes = s.as_bytes();
+        if bytes.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in bytes.chunks(2).enumerate() {
+            let s = std::str::from_utf8(pair).ok()?;
+            out[i] = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(Address(out))
+    }
+}
+
+impl fmt::Debug for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Address({})", &self.hex()[..16])
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What every chunk file of one store must match: the model and the KV layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkFormat {
+    /// Digest of the model's identity (configuration, weights sample), weight format, KV type
+    /// and chunk size: KV computed under another fingerprint is never loaded.
+    pub fingerprint: [u8; 32],
+    /// Decoder layers.
+    pub layers: u32,
+    /// KV heads per layer.
+    pub kv_heads: u32,
+    /// Dimensions per head.
+    pub head_dim: u32,
+    /// Bytes per stored KV value.
+    pub value_bytes: u32,
+}
+
+impl ChunkFormat {
+    /// Payload bytes of a chunk of `tokens` KV-tokens.
+    pub fn payload_bytes(&self, tokens: usize) -> usize {
+        2 * tokens
+            * self.layers as usize
+            * self.kv_heads as usize
+            * self.head_dim as usize
+            * self.value_bytes as usize
+    }
+}
+
+/// Which chunk a file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkId {
+    pub conversation: u64,
+    pub index: u32,
+    pub tokens: u32,
+    pub address: Address,
+}
+
+/// Why a chunk file was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The file is absent.
+    Missing,
+    /// Shorter or longer than its header says.
+    Truncated,
+    /// Not a chunk file, another format version, or a header whose checksum fails.
+    BadHeader,
+    /// Written under another model fingerprint or KV layout.
+    Foreign,
+    /// Holds another chunk than the one asked for (other tokens: a renamed or swapped file).
+    WrongContent,
+    /// The payload's checksum fails.
+    Corrupt,
+    /// The file system failed to read it.
+    Io,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Missing => "missing",
+            Fault::Truncated => "truncated",
+            Fault::BadHeader => "bad header",
+            Fault::Foreign => "another model or layout",
+            Fault::WrongContent => "another chunk's content",
+            Fault::Corrupt => "payload checksum mismatch",
+            Fault::Io => "read error",
+        })
+    }
+}
+
+/// A little-endian writer over a byte buffer.
+struct Put<'a>(&'a mut Vec<u8>);
+
+impl Put<'_> {
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+}
+
+/// A little-endian reader over a header; every read is bounds-checked.
+struct Get<'a>(&'a [u8]);
+
+impl Get<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+/// The header of a chunk of `payload` bytes.
+pub(crate) fn encode_header(format: &ChunkFormat, id: &ChunkId, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES);
+    Put(&mut out)
+        .bytes(&MAGIC)
+        .u32(FORMAT_VERSION)
+        .bytes(&format.fingerprint)
+        .u32(format.layers)
+        .u32(format.kv_heads)
+        .u32(format.head_dim)
+        .u32(format.value_bytes)
+        .u64(id.conversation)
+        .u32(id.index)
+        .u32(id.tokens)
+        .bytes(&id.address.0)
+        .u64(payload.len() as u64)
+        .bytes(blake3::hash(payload).as_bytes());
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+/// A parsed header: which chunk, its payload length and checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub id: ChunkId,
+    pub payload_len: u64,
+    pub checksum: [u8; 32],
+}
+
+/// Parses and checks a header against the store's `format`.
+///
+/// # Errors
+/// [`Fault::Truncated`] for fewer than [`HEADER_BYTES`], [`Fault::BadHeader`],
+/// [`Fault::Foreign`].
+pub(crate) fn decode_header(format: &ChunkFormat, bytes: &[u8]) -> Result<Header, Fault> {
+    let bytes = bytes.get(..HEADER_BYTES).ok_or(Fault::Truncated)?;
+    let (body, sum) = bytes.split_at(HEADER_BYTES - 32);
+    if blake3::hash(body).as_bytes() != sum {
+        return Err(Fault::BadHeader);
+    }
+    let mut g = Get(body);
+    let parse = |g: &mut Get| -> Option<(ChunkFormat, Header)> {
+        if g.take::<8>()? != MAGIC || g.u32()? != FORMAT_VERSION {
+            return None;
+        }
+        let found = ChunkFormat {
+            fingerprint: g.take()?,
+            layers: g.u32()?,
+            kv_heads: g.u32()?,
+            head_dim: g.u32()?,
+            value_bytes: g.u32()?,
+        };
+        let id = ChunkId {
+            conversation: g.u64()?,
+            index: g.u32()?,
+            tokens: g.u32()?,
+            address: Address(g.take()?),
+        };
+        let header = Header {
+            id,
+            payload_len: g.u64()?,
+            checksum: g.take()?,
+        };
+        Some((found, header))
+    };
+    let (found, header) = parse(&mut g).ok_or(Fault::BadHeader)?;
+    if found != *format {
+        return Err(Fault::Foreign);
+    }
+    Ok(header)
+}
+
+/// Checks a whole file (header and payload) holding the chunk at `address` of `tokens` tokens
+/// and returns its payload.
+///
+/// # Errors
+/// The [`Fault`] that refuses it.
+pub(crate) fn decode_chunk<'a>(
+    format: &ChunkFormat,
+    file: &'a [u8],
+    address: &Address,
+    tokens: usize,
+) -> Result<&'a [u8], Fault> {
+    let header = decode_header(format, file)?;
+    if header.id.address != *address || header.id.tokens as usize != tokens {
+        return Err(Fault::WrongContent);
+    }
+    let payload = &file[HEADER_BYTES..];
+    if payload.len() as u64 != header.payload_len
+        || header.payload_len != format.payload_bytes(tokens) as u64
+    {
+        return Err(Fault::Truncated);
+    }
+    if blake3::hash(payload).as_bytes() != &header.checksum {
+        return Err(Fault::Corrupt);
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format() -> ChunkFormat {
+        ChunkFormat {
+            fingerprint: [7; 32],
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 2,
+            value_bytes: 2,
+        }
+    }
+
+    fn file(tokens: &[u32]) -> (Vec<u8>, Address) {
+        let address = Address::chain(&Address::default(), tokens);
+        let id = ChunkId {
+            conversation: 3,
+            index: 0,
+            tokens: tokens.len() as u32,
+            address,
+        };
+        let payload: Vec<u8> = (0..format().payload_bytes(tokens.len()) as u8).collect();
+        let mut f = encode_header(&format(), &id, &payload);
+        f.extend_from_slice(&payload);
+        (f, address)
+    }
+
+    #[test]
+    fn a_whole_file_reads_back() {
+        let (f, a) = file(&[1, 2, 3]);
+        assert_eq!(f.len(), HEADER_BYTES + 48);
+        let payload = decode_chunk(&format(), &f, &a, 3).unwrap();
+        assert_eq!(payload, &(0..48).collect::<Vec<u8>>()[..]);
+    }
+
+    #[test]
+    fn every_damage_is_refused_with_its_fault() {
+        let (f, a) = file(&[1, 2, 3]);
+        let fmt = format();
+        for i in 0..f.len() {
+            let mut bad = f.clone();
+            bad[i] ^= 0x10;
+            let want = if i < HEADER_BYTES {
+                Fault::BadHeader
+            } else {
+                Fault::Corrupt
+            };
+            assert_eq!(decode_chunk(&fmt, &bad, &a, 3), Err(want), "byte {i}");
+        }
+        for cut in [0, 10, HEADER_BYTES, f.len() - 1] {
+            let got = decode_chunk(&fmt, &f[..cut], &a, 3);
+            assert_eq!(got, Err(Fault::Truncated), "cut at {cut}");
+        }
+        let (other, b) = file(&[1, 2, 4]);
+        assert_eq!(decode_chunk(&fmt, &other, &a, 3), Err(Fault::WrongContent));
+        assert!(decode_chunk(&fmt, &other, &b, 3).is_ok());
+        let foreign = ChunkFormat {
+            fingerprint: [8; 32],
+            ..fmt
+        };
+        assert_eq!(decode_chunk(&foreign, &f, &a, 3), Err(Fault::Foreign));
+    }
+
+    #[test]
+    fn addresses_chain_over_the_whole_prefix() {
+        let a = Address::of_chunks(&[1, 2, 3, 4, 5], 2);
+        let b = Address::of_chunks(&[9, 2, 3, 4, 5], 2);
+        assert_eq!(a.len(), 3);
+        // The second chunks hold the same tokens but follow different prefixes.
+        assert!(a.iter().zip(&b).all(|(x, y)| x != y));
+        assert_eq!(Address::from_hex(&a[2].hex()), Some(a[2]));
+        assert_eq!(Address::from_hex("zz"), None);
+    }
+}

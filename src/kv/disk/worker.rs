@@ -1,0 +1,170 @@
+//! The disk tier's background thread: writes files behind the engine (AttentionStore §3.3), so
+//! that a step never waits for the file system to save KV.
+//!
+//! Jobs run in the order they were queued, so a file's deletion or a manifest naming new
+//! chunks never overtakes the writes before it. Every write is atomic: the bytes go to a
+//! temporary file in the same folder, are flushed to the device (`fsync`), and the file is
+//! renamed over its final name, then the folder is synced; a crash at any moment leaves the
+//! final name either absent, or the old whole file, or the new whole file.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::format::{encode_header, Address, ChunkFormat, ChunkId};
+use crate::kv::ChunkBytes;
+
+/// What the worker does.
+pub(super) enum Job {
+    /// Writes a chunk file: its header, then the chunk's bytes (waiting for a device copy
+    /// still filling them).
+    Chunk {
+        path: PathBuf,
+        bytes: Arc<ChunkBytes>,
+        format: ChunkFormat,
+        id: ChunkId,
+        /// The store's number for this write.
+        write: u64,
+    },
+    /// Writes a small file whole (a conversation manifest).
+    File { path: PathBuf, contents: Vec<u8> },
+    /// Deletes a file if it exists.
+    Remove(PathBuf),
+    /// Answers once every job before it is done.
+    Flush(Sender<()>),
+}
+
+/// A finished chunk write.
+pub(super) struct Done {
+    pub address: Address,
+    pub write: u64,
+    pub result: Result<(), String>,
+}
+
+/// The thread and its queues.
+#[derive(Debug)]
+pub(super) struct Worker {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Starts the thread.
+    ///
+    /// # Errors
+    /// The OS's refusal to start a thread.
+    pub fn start() -> std::io::Result<Self> {
+        let (jobs, queue) = channel::<Job>();
+        let (report, done) = channel();
+        let thread = std::thread::Builder::new()
+            .name("pensieve-disk".into())
+            .spawn(move || run(&queue, &report))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a job; `false` if the thread is gone (it never exits while the worker lives,
+    /// unless it panicked).
+    pub fn send(&self, job: Job) -> bool {
+        self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
+    }
+
+    /// Chunk writes finished since the last call.
+    pub fn finished(&self) -> Vec<Done> {
+        self.done.try_iter().collect()
+    }
+
+    /// Waits until every job queued so far has run.
+    pub fn flush(&self) {
+        let (tx, rx) = channel();
+        if self.send(Job::Flush(tx)) {
+            let _ = rx.recv();
+        }
+    }
+}
+
+impl Drop for Worker {
+    /// Finishes the queued writes, so a clean shutdown saves everything it promised.
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(queue: &Receiver<Job>, report: &Sender<Done>) {
+    for job in queue {
+        match job {
+            Job::Chunk {
+                path,
+                bytes,
+                format,
+                id,
+                write,
+            } => {
+                let result = bytes
+                    .bytes()
+                    .and_then(|payload| {
+                        let header = encode_header(&format, &id, payload);
+                        write_atomic(&path, &[&header, payload])
+                    })
+                    .inspect_err(|_| {
+                        let _ = fs::remove_file(temporary(&path));
+                    });
+                // The engine may be gone (dropped while jobs were queued): nobody to tell.
+                let address = id.address;
+                let _ = report.send(Done {
+                    address,
+                    write,
+                    result,
+                });
+            }
+            Job::File { path, contents } => {
+                let _ = write_atomic(&path, &[&contents]);
+            }
+            Job::Remove(path) => {
+                let _ = fs::remove_file(&path);
+            }
+            Job::Flush(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// The temporary name a file is written under before its rename.
+pub(super) fn temporary(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// Writes `parts` to `path` atomically (see the module header).
+///
+/// # Errors
+/// What the file system said, as text.
+pub(super) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
+    let tmp = temporary(path);
+    let describe = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = File::create(&tmp).map_err(describe)?;
+    for part in parts {
+        f.write_all(part).map_err(describe)?;
+    }
+    f.sync_all().map_err(describe)?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(describe)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(describe)?;
+    }
+    Ok(())
+}
