@@ -18,7 +18,7 @@
 pub mod format;
 mod worker;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -134,6 +134,8 @@ pub(crate) struct DiskStore {
     /// released and saved again is told apart.
     next_write: u64,
     entries: HashMap<Address, Entry>,
+    /// Files the start-up scan refused (already counted under their fault).
+    refused: HashSet<Address>,
     stats: DiskStats,
     worker: Worker,
 }
@@ -171,6 +173,7 @@ impl DiskStore {
             pending_bytes: 0,
             next_write: 0,
             entries: HashMap::new(),
+            refused: HashSet::new(),
             stats: DiskStats {
                 budget_bytes,
                 ..DiskStats::default()
@@ -210,7 +213,8 @@ impl DiskStore {
                         },
                     );
                 }
-                (fault, _) => {
+                (fault, address) => {
+                    self.refused.extend(address);
                     if !name.ends_with(".tmp") {
                         if let Err(f) = fault {
                             self.stats.faults.count(f);
@@ -289,6 +293,15 @@ impl DiskStore {
             }
             _ => false,
         }
+    }
+
+    /// [`DiskStore::retain`]s a file a manifest names, counting it missing if it is not here.
+    pub fn claim(&mut self, address: &Address) -> bool {
+        let found = self.retain(address);
+        if !found && !self.refused.contains(address) {
+            self.stats.faults.count(Fault::Missing);
+        }
+        found
     }
 
     /// Saves a chunk (`bytes`: `tokens` KV-tokens, possibly still being copied off a device)

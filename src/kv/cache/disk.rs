@@ -76,7 +76,7 @@ impl CacheManager {
         };
         if let Some(d) = &mut self.disk {
             for (i, a) in saved.iter().take(n).enumerate() {
-                if let Some(a) = a.filter(|a| d.store.retain(a)) {
+                if let Some(a) = a.filter(|a| d.store.claim(a)) {
                     table.chunks[i] = ChunkLoc::Disk;
                     table.saved[i] = Some(a);
                 }

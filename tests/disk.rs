@@ -1,0 +1,315 @@
+//! The disk tier on the real SmolLM2 weights: warm restart, damaged files, a full budget and a
+//! failing disk. In every case each conversation's greedy outputs equal those of a `Stateless`
+//! engine running the same turns (the default weight path is batch-invariant, so the rule is
+//! strict), and the stats count what the tier detected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
+    Engine, EngineConfig, SamplingParams, Turn, TurnStats,
+};
+use pensieve::model::{Model, WeightFormat};
+
+const QUESTIONS: [&str; 6] = [
+    "What is the capital of France?",
+    "Name a fruit that is yellow.",
+    "How many legs does a spider have?",
+    "What color is the sky on a clear day?",
+    "What is two plus two?",
+    "What do bees make?",
+];
+
+fn model() -> Arc<Model> {
+    Arc::new(common::real_model(WeightFormat::default()))
+}
+
+/// An engine; with `disk`, a disk tier of `disk_bytes` there.
+fn engine(model: &Arc<Model>, mode: CacheMode, disk: Option<(&Path, usize)>) -> Engine {
+    let config = EngineConfig {
+        mode,
+        budgets: Budgets {
+            device_tokens: 2048,
+            device_bytes: None,
+            host_bytes: 1 << 30,
+        },
+        // A fixed curve: every chunk costs more to recompute than to read back.
+        cost_profile: CostProfile::Fixed(CostModel {
+            per_token_s: 1e-3,
+            per_token_per_position_s: 1e-6,
+        }),
+        disk: disk.map(|(dir, budget_bytes)| DiskConfig {
+            budget_bytes,
+            ..DiskConfig::new(dir)
+        }),
+        check_invariants: true,
+        ..EngineConfig::default()
+    };
+    Engine::with_model(model.clone(), config).unwrap()
+}
+
+fn params() -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(6)
+    }
+}
+
+/// Runs turn `turn` of every conversation together; returns each one's generated tokens and
+/// stats.
+fn turn(e: &mut Engine, convs: &[ConversationId], turn: usize) -> Vec<(Vec<u32>, TurnStats)> {
+    let ids: Vec<_> = convs
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let q = QUESTIONS[(i + turn) % QUESTIONS.len()];
+            e.submit(c, Turn::user(q), params()).unwrap()
+        })
+        .collect();
+    let mut out = vec![(Vec::new(), TurnStats::default()); convs.len()];
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            let (request, done) = match ev {
+                pensieve::engine::Event::Token { request, token, .. } => (request, Err(token)),
+                pensieve::engine::Event::Finished {
+                    request,
+                    stats,
+                    reason,
+                    ..
+                } => {
+                    assert!(
+                        !matches!(reason, pensieve::engine::FinishReason::Failed(_)),
+                        "{reason:?}"
+                    );
+                    (request, Ok(stats))
+                }
+            };
+            let k = ids.iter().position(|&r| r == request).unwrap();
+            match done {
+                Err(token) => out[k].0.push(token),
+                Ok(stats) => out[k].1 = stats,
+            }
+        }
+    }
+    out
+}
+
+fn open(e: &mut Engine, names: &[String]) -> Vec<ConversationId> {
+    names
+        .iter()
+        .map(|n| {
+            e.open(ConversationOptions {
+                name: Some(n.clone()),
+                ..ConversationOptions::default()
+            })
+            .unwrap()
+        })
+        .collect()
+}
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("conversation {i}")).collect()
+}
+
+/// Outputs of turns `0..turns` of `n` conversations on a stateless engine.
+fn stateless(model: &Arc<Model>, n: usize, turns: usize) -> Vec<Vec<Vec<u32>>> {
+    let mut e = engine(model, CacheMode::Stateless, None);
+    let convs: Vec<_> = (0..n)
+        .map(|_| e.open(ConversationOptions::default()).unwrap())
+        .collect();
+    (0..turns)
+        .map(|t| turn(&mut e, &convs, t).into_iter().map(|o| o.0).collect())
+        .collect()
+}
+
+/// The chunk files a conversation's manifest names, in chunk order.
+fn files_of(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let root = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("conversations").is_dir())
+        .unwrap();
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    let manifest = root.join("conversations").join(format!("{hex}.json"));
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    m["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.as_str())
+        .map(|c| root.join("chunks").join(format!("{c}.kvc")))
+        .collect()
+}
+
+#[test]
+fn a_restarted_engine_resumes_named_conversations_as_if_it_never_stopped() {
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let names = names(3);
+    let reference = stateless(&model, names.len(), 3);
+    {
+        let mut a = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+        let convs = open(&mut a, &names);
+        for t in 0..2 {
+            let got: Vec<_> = turn(&mut a, &convs, t).into_iter().map(|o| o.0).collect();
+            assert_eq!(got, reference[t], "turn {t} before the restart");
+        }
+        let d = a.stats().disk.unwrap();
+        assert!(d.bytes_used > 0 && d.bytes_used <= d.budget_bytes, "{d:?}");
+    }
+    // A never-restarted engine's third turn, for the work it does.
+    let mut warm = engine(&model, CacheMode::Tiered, None);
+    let warm_convs: Vec<_> = (0..names.len())
+        .map(|_| warm.open(ConversationOptions::default()).unwrap())
+        .collect();
+    let warm_out: Vec<_> = (0..3).map(|t| turn(&mut warm, &warm_convs, t)).collect();
+
+    let mut b = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+    let mut stored = b.named_conversations();
+    stored.sort();
+    assert_eq!(
+        stored.iter().map(|s| s.0.clone()).collect::<Vec<_>>(),
+        names
+    );
+    let convs: Vec<_> = names.iter().map(|n| b.find(n).unwrap()).collect();
+    assert!(matches!(
+        b.open(ConversationOptions {
+            name: Some(names[0].clone()),
+            ..ConversationOptions::default()
+        }),
+        Err(pensieve::Error::ConversationExists(_))
+    ));
+    let third = turn(&mut b, &convs, 2);
+    for (i, (out, stats)) in third.iter().enumerate() {
+        assert_eq!(out, &reference[2][i], "conversation {i} after the restart");
+        let never = &warm_out[2][i].1;
+        assert_eq!(stats.prefilled_tokens, never.prefilled_tokens, "{stats:?}");
+        assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+        assert_eq!(stats.reused_tokens, never.reused_tokens, "{stats:?}");
+        assert_eq!(
+            stats.reused_from_disk_tokens, stats.reused_tokens,
+            "{stats:?}"
+        );
+    }
+    let d = b.stats().disk.unwrap();
+    assert_eq!(d.faults.total(), 0, "{d:?}");
+    assert!(d.chunks_read > 0, "{d:?}");
+}
+
+#[test]
+fn damaged_files_are_detected_and_recomputed_never_used() {
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let names = names(6);
+    let reference = stateless(&model, names.len(), 3);
+    {
+        let mut a = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+        let convs = open(&mut a, &names);
+        for t in 0..2 {
+            turn(&mut a, &convs, t);
+        }
+    }
+    // A valid file of another KV layout (f32 values: another fingerprint), to plant.
+    let other = tempfile::tempdir().unwrap();
+    {
+        let config = EngineConfig {
+            kv_precision: pensieve::engine::KvPrecision::F32,
+            cost_profile: CostProfile::Fixed(CostModel {
+                per_token_s: 1e-3,
+                per_token_per_position_s: 1e-6,
+            }),
+            disk: Some(DiskConfig::new(other.path())),
+            ..EngineConfig::default()
+        };
+        let mut f = Engine::with_model(model.clone(), config).unwrap();
+        let c = open(&mut f, &names[..1])[0];
+        turn(&mut f, &[c], 0);
+    }
+    let foreign = files_of(other.path(), &names[0]);
+    let files: Vec<Vec<PathBuf>> = names.iter().map(|n| files_of(dir.path(), n)).collect();
+    assert!(files.iter().all(|f| f.len() >= 2), "{files:?}");
+    // 0: a flipped payload byte; 1: cut short; 2: deleted; 3: two files swapped; 4: a foreign
+    // file under one of ours' names; 5: untouched.
+    let mut bytes = std::fs::read(&files[0][1]).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x40;
+    std::fs::write(&files[0][1], bytes).unwrap();
+    let bytes = std::fs::read(&files[1][0]).unwrap();
+    std::fs::write(&files[1][0], &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::remove_file(&files[2][1]).unwrap();
+    let (x, y) = (
+        std::fs::read(&files[3][0]).unwrap(),
+        std::fs::read(&files[3][1]).unwrap(),
+    );
+    std::fs::write(&files[3][0], y).unwrap();
+    std::fs::write(&files[3][1], x).unwrap();
+    std::fs::copy(&foreign[0], &files[4][0]).unwrap();
+
+    let mut b = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+    let convs: Vec<_> = names.iter().map(|n| b.find(n).unwrap()).collect();
+    let third = turn(&mut b, &convs, 2);
+    for (i, (out, stats)) in third.iter().enumerate() {
+        assert_eq!(out, &reference[2][i], "conversation {i}: {stats:?}");
+        if i < 5 {
+            assert!(stats.recomputed_tokens > 0, "conversation {i}: {stats:?}");
+        } else {
+            assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+        }
+    }
+    let f = b.stats().disk.unwrap().faults;
+    assert_eq!(
+        (
+            f.corrupt,
+            f.truncated,
+            f.missing,
+            f.wrong_content,
+            f.foreign
+        ),
+        (1, 1, 1, 2, 1),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() {
+    let model = model();
+    let names = names(6);
+    let reference = stateless(&model, names.len(), 3);
+    // Room for a few chunk files only (SmolLM2's 32-token chunk is ~0.7 MB in f16).
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(&model, CacheMode::Tiered, Some((dir.path(), 3 << 20)));
+    let convs = open(&mut e, &names);
+    for (t, want) in reference.iter().enumerate() {
+        let got: Vec<_> = turn(&mut e, &convs, t).into_iter().map(|o| o.0).collect();
+        assert_eq!(&got, want, "turn {t}");
+    }
+    let d = e.stats().disk.unwrap();
+    assert!(d.saves_refused > 0 || d.files_removed > 0, "{d:?}");
+    assert!(d.bytes_used <= d.budget_bytes, "{d:?}");
+
+    // The chunk folder turns into a file: every write fails from now on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+    let convs = open(&mut e, &names);
+    let root = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_dir_all(root.join("chunks")).unwrap();
+    std::fs::write(root.join("chunks"), b"not a folder").unwrap();
+    for (t, want) in reference.iter().enumerate() {
+        let got: Vec<_> = turn(&mut e, &convs, t).into_iter().map(|o| o.0).collect();
+        assert_eq!(&got, want, "turn {t} on a failing disk");
+    }
+    e.flush();
+    let d = e.stats().disk.unwrap();
+    assert!(d.save_failures > 0, "{d:?}");
+    assert_eq!(d.chunks_written, 0, "{d:?}");
+}
