@@ -199,11 +199,9 @@ impl EngineConfig {
         if self.step_token_budget == 0 {
             return bad("step_token_budget must be positive");
         }
-        if self
-            .disk
-            .as_ref()
-            .is_some_and(|d| !(d.read_bytes_per_s > 0.0))
-        {
+        if self.disk.as_ref().is_some_and(|d| {
+            d.read_bytes_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        }) {
             return bad("disk.read_bytes_per_s must be positive");
         }
         if !(0.0..1.0).contains(&self.reserve) || !(0.0..=1.0).contains(&self.swap_out_threshold) {
