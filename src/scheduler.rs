@@ -90,6 +90,8 @@ pub(crate) struct Limits {
     pub reserve_blocks: usize,
     /// Ahead-of-time swap-out keeps this many blocks free.
     pub swap_out_blocks: usize,
+    /// Waiting turns whose KV is read ahead from disk (and spared by ahead-of-time eviction).
+    pub prefetch_window: usize,
 }
 
 #[derive(Debug)]
@@ -205,10 +207,22 @@ impl<T> Scheduler<T> {
         let mut budget = self.limits.token_budget;
         self.plan_running(convs, cache, now, &mut budget, &mut plan);
         self.admit_waiting(convs, cache, now, &mut budget, &mut plan);
+        // The look-ahead window over the wait queue (AttentionStore §3.4): the next turns'
+        // KV comes up from disk while they wait, and is spared by ahead-of-time eviction.
+        let window: HashSet<ConversationId> = self
+            .waiting
+            .iter()
+            .take(self.limits.prefetch_window)
+            .filter_map(|id| self.requests.get(id).map(|r| r.conv))
+            .collect();
+        for &c in &window {
+            cache.prefetch(c);
+        }
         // Ahead of time: idle conversations' KV moves to free host room.
         let pending_free = cache.num_free_blocks() + plan.moves.swap_out.len();
         if pending_free < self.limits.swap_out_blocks {
-            let busy = self.conversations(false);
+            let mut busy = self.conversations(false);
+            busy.extend(window);
             cache.evict_device(
                 &|c| busy.contains(&c),
                 self.limits.swap_out_blocks,

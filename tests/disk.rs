@@ -31,13 +31,24 @@ fn model() -> Arc<Model> {
 
 /// An engine; with `disk`, a disk tier of `disk_bytes` there.
 fn engine(model: &Arc<Model>, mode: CacheMode, disk: Option<(&Path, usize)>) -> Engine {
+    let budgets = Budgets {
+        device_tokens: 2048,
+        device_bytes: None,
+        host_bytes: 1 << 30,
+    };
+    engine_with(model, mode, disk, budgets)
+}
+
+fn engine_with(
+    model: &Arc<Model>,
+    mode: CacheMode,
+    disk: Option<(&Path, usize)>,
+    budgets: Budgets,
+) -> Engine {
     let config = EngineConfig {
         mode,
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 1 << 30,
-        },
+        budgets,
+        step_token_budget: 128,
         // A fixed curve: every chunk costs more to recompute than to read back.
         cost_profile: CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
@@ -312,4 +323,43 @@ fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() 
     let d = e.stats().disk.unwrap();
     assert!(d.save_failures > 0, "{d:?}");
     assert_eq!(d.chunks_written, 0, "{d:?}");
+}
+
+#[test]
+fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn() {
+    let model = model();
+    let n = 12;
+    let reference = stateless(&model, n, 3);
+    let dir = tempfile::tempdir().unwrap();
+    // Device and host hold a few conversations' KV; the disk holds everyone's.
+    let budgets = Budgets {
+        device_tokens: 512,
+        device_bytes: None,
+        host_bytes: 3 << 20,
+    };
+    let mut e = engine_with(
+        &model,
+        CacheMode::Tiered,
+        Some((dir.path(), 1 << 30)),
+        budgets,
+    );
+    let convs: Vec<_> = (0..n)
+        .map(|_| e.open(ConversationOptions::default()).unwrap())
+        .collect();
+    let mut from_disk = 0;
+    for (t, want) in reference.iter().enumerate() {
+        let out = turn(&mut e, &convs, t);
+        from_disk += out
+            .iter()
+            .map(|o| o.1.reused_from_disk_tokens)
+            .sum::<usize>();
+        let got: Vec<_> = out.into_iter().map(|o| o.0).collect();
+        assert_eq!(&got, want, "turn {t}");
+    }
+    let s = e.stats();
+    let d = s.disk.unwrap();
+    assert!(s.chunks_to_disk > 0, "{s:?}");
+    assert!(d.chunks_prefetched > 0, "{d:?}");
+    assert!(from_disk > 0 || s.reused_host_tokens > 0, "{s:?}");
+    assert_eq!(d.faults.total(), 0, "{d:?}");
 }

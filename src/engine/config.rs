@@ -155,6 +155,9 @@ pub struct EngineConfig {
     pub pipelined_restore: bool,
     /// The disk tier, if any (only in [`CacheMode::Tiered`]).
     pub disk: Option<DiskConfig>,
+    /// How many waiting turns (from the head of the queue) have their KV read ahead from the
+    /// disk tier into free host memory, and are spared by ahead-of-time eviction.
+    pub prefetch_window: usize,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
@@ -178,6 +181,7 @@ impl Default for EngineConfig {
             kv_precision: KvPrecision::default(),
             pipelined_restore: true,
             disk: None,
+            prefetch_window: 8,
             check_invariants: cfg!(debug_assertions),
         }
     }

@@ -38,7 +38,11 @@ pub(super) fn transfer(
     let mut ins = Vec::new();
     for s in &moves.swap_in {
         match cache.take_swap_in(s) {
-            Some(data) if !Faults::fail(&mut faults.swap_in) => ins.push((s, data)),
+            // Bytes still being read ahead wait here; a file refused by that read fails only
+            // its own swap-in.
+            Some(data) if data.bytes().is_ok() && !Faults::fail(&mut faults.swap_in) => {
+                ins.push((s, data));
+            }
             _ => {
                 cache.abort_swap_in(s);
                 lost.insert(s.conv);

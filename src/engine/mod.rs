@@ -134,6 +134,7 @@ impl Engine {
             token_budget: config.step_token_budget,
             reserve_blocks: frac(config.reserve),
             swap_out_blocks: frac(config.swap_out_threshold),
+            prefetch_window: config.prefetch_window,
         });
         let limits = TurnLimits {
             window: model.config().max_position_embeddings,

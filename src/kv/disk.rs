@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
@@ -85,10 +85,13 @@ pub struct DiskStats {
     pub chunks_written: u64,
     /// Bytes of those files' payloads.
     pub bytes_written: u64,
-    /// Chunks read back and verified.
+    /// Chunks read back and verified on demand, when their turn was admitted (a prefetch
+    /// miss).
     pub chunks_read: u64,
     /// Bytes of those payloads.
     pub bytes_read: u64,
+    /// Chunks read ahead of their turn into the host tier (the look-ahead window).
+    pub chunks_prefetched: u64,
     /// Saves that found a file of the same content already stored or queued (shared).
     pub saves_shared: u64,
     /// Saves refused: no room under the budget, even after eviction.
@@ -134,6 +137,8 @@ pub(crate) struct DiskStore {
     /// released and saved again is told apart.
     next_write: u64,
     entries: HashMap<Address, Entry>,
+    /// The thread that reads ahead, apart from the writer so reads never queue behind writes.
+    reader: Worker,
     /// Files the start-up scan refused (already counted under their fault).
     refused: HashSet<Address>,
     stats: DiskStats,
@@ -173,6 +178,7 @@ impl DiskStore {
             pending_bytes: 0,
             next_write: 0,
             entries: HashMap::new(),
+            reader: Worker::start()?,
             refused: HashSet::new(),
             stats: DiskStats {
                 budget_bytes,
@@ -423,46 +429,85 @@ impl DiskStore {
                 Ok(Arc::new(payload.into()))
             }
             Err(fault) => {
-                self.stats.faults.count(fault);
-                if let Some(e) = self.entries.get_mut(address) {
-                    if matches!(e.state, State::Stored) {
-                        e.state = State::Failed;
-                        self.worker.send(Job::Remove(self.chunk_path(address)));
-                    }
-                }
+                self.refuse(address, fault);
                 Err(fault)
             }
         }
     }
 
+    /// A stored file was refused when read: counted, deleted, never read again.
+    fn refuse(&mut self, address: &Address, fault: Fault) {
+        self.stats.faults.count(fault);
+        if let Some(e) = self.entries.get_mut(address) {
+            if matches!(e.state, State::Stored) {
+                e.state = State::Failed;
+                self.worker.send(Job::Remove(self.chunk_path(address)));
+            }
+        }
+    }
+
     fn read(&self, address: &Address, tokens: usize) -> Result<Vec<u8>, Fault> {
-        let mut file = match fs::read(self.chunk_path(address)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Fault::Missing),
-            Err(_) => return Err(Fault::Io),
-        };
-        format::decode_chunk(&self.format, &file, address, tokens)?;
-        file.drain(..HEADER_BYTES);
-        Ok(file)
+        worker::read_chunk(&self.chunk_path(address), &self.format, address, tokens)
+    }
+
+    /// Starts reading the chunk at `address` of `tokens` KV-tokens ahead of its use, on the
+    /// reader thread; the returned bytes wait for the read (and fail if the file is refused,
+    /// which [`DiskStore::poll`] then reports). `None` if the store has no usable file.
+    pub fn prefetch(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
+        let path = self.chunk_path(address);
+        match &self.entries.get(address)?.state {
+            State::Pending(_, bytes) => Some(Arc::clone(bytes)),
+            State::Stored => {
+                let cell = Arc::new(OnceLock::new());
+                let job = Job::Read {
+                    path,
+                    format: self.format,
+                    address: *address,
+                    tokens,
+                    cell: Arc::clone(&cell),
+                };
+                if !self.reader.send(job) {
+                    return None;
+                }
+                self.stats.chunks_prefetched += 1;
+                let len = self.format.payload_bytes(tokens);
+                Some(Arc::new(ChunkBytes::reading(len, cell)))
+            }
+            State::Failed => None,
+        }
     }
 
     /// Takes the reports of finished writes: returns the addresses whose write failed (their
     /// chunks must no longer count on the disk copy).
     pub fn poll(&mut self) -> Vec<Address> {
         let mut failed = Vec::new();
+        for done in self.reader.finished() {
+            if let worker::Done::Refused { address, fault } = done {
+                self.refuse(&address, fault);
+                failed.push(address);
+            }
+        }
         for done in self.worker.finished() {
-            let Some(e) = self.entries.get_mut(&done.address) else {
+            let worker::Done::Written {
+                address,
+                write,
+                result,
+            } = done
+            else {
+                continue;
+            };
+            let Some(e) = self.entries.get_mut(&address) else {
                 // Released while queued: already forgotten.
                 continue;
             };
-            let State::Pending(write, _) = e.state else {
+            let State::Pending(pending, _) = &e.state else {
                 continue;
             };
-            if write != done.write {
+            if write != *pending {
                 continue;
             }
             self.pending_bytes -= e.bytes;
-            match done.result {
+            match result {
                 Ok(()) => {
                     e.state = State::Stored;
                     self.stats.chunks_written += 1;
@@ -471,7 +516,7 @@ impl DiskStore {
                 Err(_) => {
                     e.state = State::Failed;
                     self.stats.save_failures += 1;
-                    failed.push(done.address);
+                    failed.push(address);
                 }
             }
         }

@@ -5,6 +5,8 @@
 //! data; `take` hands the data back for a swap-in and frees the bytes; `release` drops a chunk.
 //! Invariant: `used_bytes <= budget_bytes`, and `used_bytes` is the sum of the reserved sizes.
 
+use std::sync::{Arc, OnceLock};
+
 /// Memory for a chunk's bytes that a device copies into asynchronously (pinned host memory
 /// on a GPU), owned by the device layer; this layer only holds and hands it back.
 #[cfg(feature = "cuda")]
@@ -29,6 +31,12 @@ pub struct ChunkBytes(Repr);
 enum Repr {
     /// Ordinary memory, filled synchronously.
     Heap(Vec<u8>),
+    /// Being read from the disk tier by its reader thread: `len` bytes once checked, or why
+    /// the file was refused.
+    Reading {
+        len: usize,
+        cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
+    },
     /// Device-registered memory a copy may still be filling.
     #[cfg(feature = "cuda")]
     Device(Box<dyn HostBuffer>),
@@ -41,13 +49,19 @@ impl ChunkBytes {
         ChunkBytes(Repr::Device(buffer))
     }
 
-    /// The bytes, waiting for a copy still in flight.
+    /// Bytes a reader thread will put in `cell` (`len` of them, if the read succeeds).
+    pub(crate) fn reading(len: usize, cell: Arc<OnceLock<Result<Vec<u8>, String>>>) -> Self {
+        ChunkBytes(Repr::Reading { len, cell })
+    }
+
+    /// The bytes, waiting for a copy or read still in flight.
     ///
     /// # Errors
-    /// The device's description of a failed copy.
+    /// The device's description of a failed copy, or why the disk tier refused the file.
     pub fn bytes(&self) -> Result<&[u8], String> {
         match &self.0 {
             Repr::Heap(v) => Ok(v),
+            Repr::Reading { cell, .. } => cell.wait().as_deref().map_err(Clone::clone),
             #[cfg(feature = "cuda")]
             Repr::Device(b) => b.bytes(),
         }
@@ -57,6 +71,7 @@ impl ChunkBytes {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Heap(v) => v.len(),
+            Repr::Reading { len, .. } => *len,
             #[cfg(feature = "cuda")]
             Repr::Device(b) => b.len(),
         }
@@ -73,8 +88,6 @@ impl From<Vec<u8>> for ChunkBytes {
         ChunkBytes(Repr::Heap(v))
     }
 }
-
-use std::sync::Arc;
 
 /// Index of a chunk held by the host pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

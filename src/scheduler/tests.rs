@@ -22,6 +22,7 @@ fn world(blocks: usize, host_chunks: usize, reserve: usize, swap_out: usize) -> 
             token_budget: 100,
             reserve_blocks: reserve,
             swap_out_blocks: swap_out,
+            prefetch_window: 8,
         }),
         convs: Conversations::new(),
         // One byte per KV-token: the host budget counts tokens.

@@ -94,6 +94,32 @@ impl CacheManager {
         self.make_disk_room(0, &|_| false, now);
     }
 
+    /// Starts reading `id`'s chunks that are only on disk into free host room, leading chunk
+    /// first, on the reader thread (the scheduler's look-ahead over its wait queue): the turn
+    /// then finds them in host memory. Never evicts to make room.
+    pub fn prefetch(&mut self, id: ConversationId) {
+        let chunk = self.chunk_size();
+        let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
+            return;
+        };
+        for i in 0..t.chunks.len() {
+            let (ChunkLoc::Disk, Some(a)) = (t.chunks[i], t.saved[i]) else {
+                continue;
+            };
+            let len = t.chunk_len(i, chunk);
+            let Some(h) = self.host.reserve(len * self.token_bytes) else {
+                return;
+            };
+            match d.store.prefetch(&a, len) {
+                Some(bytes) => {
+                    self.host.store(h, bytes);
+                    t.chunks[i] = ChunkLoc::Host(h);
+                }
+                None => self.host.release(h),
+            }
+        }
+    }
+
     /// Plans saving every computed chunk of `id` that has no file yet and is worth one
     /// (`tokens`: the conversation's history, which names the chunks). Host chunks are saved
     /// at once from their bytes; device chunks are returned, for the executor to copy off and

@@ -1,5 +1,6 @@
-//! The disk tier's background thread: writes files behind the engine (AttentionStore §3.3), so
-//! that a step never waits for the file system to save KV.
+//! The disk tier's background threads: one writes files behind the engine (AttentionStore
+//! §3.3), so that a step never waits for the file system to save KV; one reads chunks ahead of
+//! the turns that will need them (§3.4), checking each whole before handing it over.
 //!
 //! Jobs run in the order they were queued, so a file's deletion or a manifest naming new
 //! chunks never overtakes the writes before it. Every write is atomic: the bytes go to a
@@ -11,10 +12,12 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use super::format::{encode_header, Address, ChunkFormat, ChunkId};
+use super::format::{
+    decode_chunk, encode_header, Address, ChunkFormat, ChunkId, Fault, HEADER_BYTES,
+};
 use crate::kv::ChunkBytes;
 
 /// What the worker does.
@@ -33,15 +36,28 @@ pub(super) enum Job {
     File { path: PathBuf, contents: Vec<u8> },
     /// Deletes a file if it exists.
     Remove(PathBuf),
+    /// Reads and checks a chunk file, putting its payload (or why it was refused) in `cell`.
+    Read {
+        path: PathBuf,
+        format: ChunkFormat,
+        address: Address,
+        tokens: usize,
+        cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
+    },
     /// Answers once every job before it is done.
     Flush(Sender<()>),
 }
 
-/// A finished chunk write.
-pub(super) struct Done {
-    pub address: Address,
-    pub write: u64,
-    pub result: Result<(), String>,
+/// A finished job the store must hear about.
+pub(super) enum Done {
+    /// A chunk write, numbered `write` by the store.
+    Written {
+        address: Address,
+        write: u64,
+        result: Result<(), String>,
+    },
+    /// A read ahead whose file was refused.
+    Refused { address: Address, fault: Fault },
 }
 
 /// The thread and its queues.
@@ -121,7 +137,7 @@ fn run(queue: &Receiver<Job>, report: &Sender<Done>) {
                     });
                 // The engine may be gone (dropped while jobs were queued): nobody to tell.
                 let address = id.address;
-                let _ = report.send(Done {
+                let _ = report.send(Done::Written {
                     address,
                     write,
                     result,
@@ -133,11 +149,45 @@ fn run(queue: &Receiver<Job>, report: &Sender<Done>) {
             Job::Remove(path) => {
                 let _ = fs::remove_file(&path);
             }
+            Job::Read {
+                path,
+                format,
+                address,
+                tokens,
+                cell,
+            } => {
+                let read = read_chunk(&path, &format, &address, tokens);
+                if let Err(fault) = read {
+                    let _ = report.send(Done::Refused { address, fault });
+                }
+                let _ = cell.set(read.map_err(|f| format!("{}: {f}", path.display())));
+            }
             Job::Flush(tx) => {
                 let _ = tx.send(());
             }
         }
     }
+}
+
+/// Reads the file of the chunk at `address` (`tokens` KV-tokens) and checks it whole; returns
+/// its payload.
+///
+/// # Errors
+/// The [`Fault`] that refuses it.
+pub(super) fn read_chunk(
+    path: &Path,
+    format: &ChunkFormat,
+    address: &Address,
+    tokens: usize,
+) -> Result<Vec<u8>, Fault> {
+    let mut file = match fs::read(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Fault::Missing),
+        Err(_) => return Err(Fault::Io),
+    };
+    decode_chunk(format, &file, address, tokens)?;
+    file.drain(..HEADER_BYTES);
+    Ok(file)
 }
 
 /// The temporary name a file is written under before its rename.
