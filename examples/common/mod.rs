@@ -21,6 +21,8 @@ pub enum Mode {
     DeviceOnly,
     /// Device pool plus host tier (Pensieve).
     Tiered,
+    /// Device pool, host tier and a disk tier (AttentionStore; `--disk-gib`, `--store`).
+    TieredDisk,
 }
 
 impl Mode {
@@ -34,6 +36,7 @@ impl Mode {
             Mode::Stateless => "stateless",
             Mode::DeviceOnly => "device-only",
             Mode::Tiered => "tiered",
+            Mode::TieredDisk => "tiered-disk",
         }
     }
 
@@ -42,7 +45,7 @@ impl Mode {
         match self {
             Mode::Stateless => CacheMode::Stateless,
             Mode::DeviceOnly => CacheMode::DeviceOnly,
-            Mode::Tiered => CacheMode::Tiered,
+            Mode::Tiered | Mode::TieredDisk => CacheMode::Tiered,
         }
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use clap::{Parser, ValueEnum};
 use common::{positive, positive_f64, EngineArgs, Mode};
 use indicatif::{ProgressBar, ProgressStyle};
-use pensieve::engine::{CostProfile, Engine, EngineConfig};
+use pensieve::engine::{CostProfile, DiskConfig, Engine, EngineConfig};
 use pensieve::model::{Llama, LlamaConfig, Model};
 use pensieve::workload::{
     default_sharegpt_path, read_sharegpt, read_trace, write_trace, ConversationSpec,
@@ -115,6 +115,12 @@ struct Args {
     /// Most tokens one step runs through the model.
     #[arg(long, default_value_t = 512, value_parser = positive)]
     step_tokens: usize,
+    /// Disk tier budget in GiB for `--mode tiered-disk` (its folder is emptied first).
+    #[arg(long, default_value_t = 8.0)]
+    disk_gib: f64,
+    /// Folder of the disk tier for `--mode tiered-disk` (default: `<out>/disk-tier`).
+    #[arg(long)]
+    store: Option<PathBuf>,
     /// Print one JSON object per run on stdout.
     #[arg(long)]
     json: bool,
@@ -332,12 +338,25 @@ fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>>
 }
 
 fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineConfig {
+    let disk = (mode == Mode::TieredDisk).then(|| {
+        let dir = args
+            .store
+            .clone()
+            .unwrap_or_else(|| args.out.join("disk-tier"));
+        // Every run starts from an empty tier; a missing folder is fine.
+        let _ = std::fs::remove_dir_all(&dir);
+        DiskConfig {
+            budget_bytes: (args.disk_gib * (1u64 << 30) as f64) as usize,
+            ..DiskConfig::new(dir)
+        }
+    });
     EngineConfig {
         budgets: args.engine.budgets(),
         step_token_budget: args.step_tokens,
         mode: mode.cache_mode(),
         cost_profile: cost.unwrap_or_default(),
         kv_precision: args.engine.kv_precision(),
+        disk,
         ..EngineConfig::default()
     }
 }

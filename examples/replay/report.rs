@@ -34,6 +34,13 @@ pub(crate) struct Summary {
     pub(crate) generated_tokens: u64,
     pub(crate) hit_rate_device: f64,
     pub(crate) hit_rate_host: f64,
+    pub(crate) hit_rate_disk: f64,
+    /// TTFT of turns after a conversation's first (those that resume cached KV).
+    pub(crate) resumed_ttft_ms_p50: f64,
+    pub(crate) disk_bytes_written: u64,
+    pub(crate) disk_bytes_read: u64,
+    /// Chunks read from disk ahead of their turn / all chunks read from disk.
+    pub(crate) prefetch_hit_rate: f64,
     pub(crate) bytes_swapped_in: u64,
     pub(crate) bytes_swapped_out: u64,
     pub(crate) chunks_dropped: u64,
@@ -78,6 +85,13 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
         .collect();
     let wall_s = run.wall.as_secs_f64().max(1e-9);
     let output: usize = run.records.iter().map(|r| r.stats.output_tokens).sum();
+    let resumed: Vec<f64> = run
+        .records
+        .iter()
+        .filter(|r| r.turn_index > 0)
+        .map(|r| ms(r.stats.ttft))
+        .collect();
+    let disk = stats.disk.unwrap_or_default();
     let (rate, concurrency) = match load {
         Load::Open { rate, .. } => (Some(rate), None),
         Load::Closed { concurrency } => (None, Some(concurrency)),
@@ -99,11 +113,19 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
         norm_latency_ms_p90: percentile(&norm, 90.0),
         ttft_ms_by_turn,
         prefilled_tokens: stats.prefilled_tokens,
-        reused_tokens: stats.reused_device_tokens + stats.reused_host_tokens,
+        reused_tokens: stats.reused_device_tokens
+            + stats.reused_host_tokens
+            + stats.reused_disk_tokens,
         recomputed_tokens: stats.recomputed_tokens,
         generated_tokens: stats.generated_tokens,
         hit_rate_device: stats.hit_rate_device(),
         hit_rate_host: stats.hit_rate_host(),
+        hit_rate_disk: stats.hit_rate_disk(),
+        resumed_ttft_ms_p50: percentile(&resumed, 50.0),
+        disk_bytes_written: disk.bytes_written,
+        disk_bytes_read: disk.bytes_read,
+        prefetch_hit_rate: disk.chunks_prefetched as f64
+            / (disk.chunks_prefetched + disk.chunks_read).max(1) as f64,
         bytes_swapped_in: stats.bytes_swapped_in,
         bytes_swapped_out: stats.bytes_swapped_out,
         chunks_dropped: stats.chunks_dropped_from_device + stats.chunks_dropped_from_host,
@@ -118,7 +140,7 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
 
 pub(crate) fn print_table(summaries: &[Summary]) {
     eprintln!(
-        "{:<12} {:>16} {:>6} {:>8} {:>8} {:>10} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>7} {:>7}",
+        "{:<12} {:>16} {:>6} {:>8} {:>8} {:>10} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>7} {:>7} {:>7}",
         "mode",
         "load",
         "turns",
@@ -132,11 +154,12 @@ pub(crate) fn print_table(summaries: &[Summary]) {
         "prefill",
         "reused",
         "hit dev",
-        "hit host"
+        "hit host",
+        "hit disk"
     );
     for s in summaries {
         eprintln!(
-            "{:<12} {:>16} {:>6} {:>8.1} {:>8.3} {:>10.1} {:>7.0}ms {:>7.0}ms {:>7.1}ms/t {:>7.1}ms/t {:>9} {:>9} {:>7.2} {:>7.2}",
+            "{:<12} {:>16} {:>6} {:>8.1} {:>8.3} {:>10.1} {:>7.0}ms {:>7.0}ms {:>7.1}ms/t {:>7.1}ms/t {:>9} {:>9} {:>7.2} {:>7.2} {:>7.2}",
             s.mode,
             s.load,
             s.turns,
@@ -150,7 +173,8 @@ pub(crate) fn print_table(summaries: &[Summary]) {
             s.prefilled_tokens,
             s.reused_tokens,
             s.hit_rate_device,
-            s.hit_rate_host
+            s.hit_rate_host,
+            s.hit_rate_disk
         );
     }
     if let Some(by_turn) = summaries.first().map(|s| s.ttft_ms_by_turn.len()) {
