@@ -82,7 +82,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         mode,
         kv_precision: args.engine.kv_precision(),
         disk: args.store.as_ref().map(|dir| DiskConfig {
-            budget_bytes: (args.disk_gib * (1u64 << 30) as f64) as usize,
+            budget_bytes: common::gib_bytes(args.disk_gib),
             ..DiskConfig::new(dir)
         }),
         ..EngineConfig::default()

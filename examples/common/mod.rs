@@ -163,6 +163,11 @@ pub fn device(s: &str) -> Result<Device, String> {
     Device::new_cuda(ordinal).map_err(|e| format!("no CUDA device {ordinal}: {e}"))
 }
 
+/// Bytes in `gib` GiB (a flag's fractional size).
+pub fn gib_bytes(gib: f64) -> usize {
+    (gib * (1u64 << 30) as f64) as usize
+}
+
 /// A flag value of at least 1.
 pub fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {

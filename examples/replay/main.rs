@@ -346,7 +346,7 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         // Every run starts from an empty tier; a missing folder is fine.
         let _ = std::fs::remove_dir_all(&dir);
         DiskConfig {
-            budget_bytes: (args.disk_gib * (1u64 << 30) as f64) as usize,
+            budget_bytes: common::gib_bytes(args.disk_gib),
             ..DiskConfig::new(dir)
         }
     });
