@@ -81,6 +81,8 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         budgets: args.engine.budgets(),
         mode,
         kv_precision: args.engine.kv_precision(),
+        overflow: args.engine.overflow_policy(),
+        max_context_tokens: args.engine.max_context,
         disk: args.store.as_ref().map(|dir| DiskConfig {
             budget_bytes: common::gib_bytes(args.disk_gib),
             ..DiskConfig::new(dir)

@@ -5,11 +5,42 @@
 //! ([`Conversation::extend_tokens`]); the engine records each finished exchange in the
 //! transcript ([`Conversation::record_exchange`]). Where each token's KV lives is the cache
 //! manager's chunk table (`crate::kv`), not here.
+//!
+//! Between turns the conversation keeps [`Mark`]s: the points where a user message begins, in
+//! tokens, transcript text and messages at once. Dropping the span between two marks (the
+//! oldest turns, when the context window overflows) leaves a history that reads as the
+//! template renders the remaining messages.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
 
 use crate::ids::ConversationId;
 use crate::model::Message;
+
+/// A point in a conversation where a turn's message begins (or the history could otherwise be
+/// cut): as many tokens, transcript bytes and messages come before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Mark {
+    pub tokens: usize,
+    pub text: usize,
+    pub messages: usize,
+}
+
+/// The span of history between two marks, to drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub start: Mark,
+    pub end: Mark,
+}
+
+impl Cut {
+    /// The token positions it drops.
+    pub fn tokens(&self) -> Range<usize> {
+        self.start.tokens..self.end.tokens
+    }
+}
 
 /// One conversation's history.
 #[derive(Debug, Default)]
@@ -22,6 +53,8 @@ pub(crate) struct Conversation {
     messages: Vec<Message>,
     /// The text the model has seen, for the template's continuation of the next turn.
     seen_text: String,
+    /// Where the recorded turns begin, in order.
+    marks: Vec<Mark>,
 }
 
 impl Conversation {
@@ -39,12 +72,23 @@ impl Conversation {
         tokens: Vec<u32>,
         messages: Vec<Message>,
         seen_text: String,
+        marks: Vec<Mark>,
     ) -> Self {
+        // Marks that do not fit the stored history are not cut points.
+        let marks = marks
+            .into_iter()
+            .filter(|m| {
+                m.tokens <= tokens.len()
+                    && m.messages <= messages.len()
+                    && seen_text.is_char_boundary(m.text)
+            })
+            .collect();
         Self {
             name: Some(name),
             tokens,
             messages,
             seen_text,
+            marks,
         }
     }
 
@@ -69,6 +113,45 @@ impl Conversation {
         &self.seen_text
     }
 
+    pub fn marks(&self) -> &[Mark] {
+        &self.marks
+    }
+
+    /// Records where a turn begins (before its exchange is recorded); marks stay in order.
+    pub fn add_mark(&mut self, mark: Mark) {
+        if self.marks.last().is_none_or(|m| m.tokens < mark.tokens) {
+            self.marks.push(mark);
+        }
+    }
+
+    /// The transcript (messages, seen text) as it would read after `cut`.
+    pub fn transcript_after(&self, cut: &Cut) -> (Vec<Message>, String) {
+        let mut messages = self.messages.clone();
+        messages.drain(cut.start.messages..cut.end.messages);
+        let mut seen = self.seen_text.clone();
+        seen.replace_range(cut.start.text..cut.end.text, "");
+        (messages, seen)
+    }
+
+    /// Drops the history between the marks of `cut` (tokens, transcript, and the marks
+    /// inside it); the marks after it move back.
+    pub fn apply_cut(&mut self, cut: &Cut) {
+        let (messages, seen) = self.transcript_after(cut);
+        self.messages = messages;
+        self.seen_text = seen;
+        self.tokens.drain(cut.tokens());
+        let (s, e) = (cut.start, cut.end);
+        self.marks
+            .retain(|m| m.tokens <= s.tokens || m.tokens >= e.tokens);
+        for m in self.marks.iter_mut().filter(|m| m.tokens >= e.tokens) {
+            m.tokens -= e.tokens - s.tokens;
+            m.text -= e.text - s.text;
+            m.messages -= e.messages - s.messages;
+        }
+        // The end mark lands on the start mark: keep one.
+        self.marks.dedup_by_key(|m| m.tokens);
+    }
+
     pub fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
         self.tokens.extend(tokens);
     }
@@ -91,3 +174,45 @@ impl Conversation {
 
 /// The table of open conversations, ordered by id so that iteration is deterministic.
 pub(crate) type Conversations = BTreeMap<ConversationId, Conversation>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_drops_tokens_text_and_messages_between_marks_and_moves_later_marks() {
+        let mut c = Conversation::new(vec![Message::new("system", "S")]);
+        let turns = [("u1", "r1"), ("u2", "r2"), ("u3", "r3")];
+        for (i, (u, r)) in turns.iter().enumerate() {
+            c.add_mark(Mark {
+                tokens: c.tokens().len(),
+                text: c.seen_text().len(),
+                messages: c.messages().len(),
+            });
+            c.extend_tokens([i as u32 * 10, i as u32 * 10 + 1]);
+            c.record_exchange(&format!("<{u}>"), Some(Message::new("user", *u)), r, {
+                Message::new("assistant", *r)
+            });
+        }
+        assert_eq!(c.seen_text(), "<u1>r1<u2>r2<u3>r3");
+        let m = c.marks().to_vec();
+        assert_eq!(m.len(), 3);
+        let cut = Cut {
+            start: m[0],
+            end: m[2],
+        };
+        c.apply_cut(&cut);
+        assert_eq!(c.tokens(), &[20, 21]);
+        assert_eq!(c.seen_text(), "<u3>r3");
+        let roles: Vec<&str> = c.messages().iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(roles, ["S", "u3", "r3"]);
+        assert_eq!(
+            c.marks(),
+            &[Mark {
+                tokens: 0,
+                text: 0,
+                messages: 1
+            }]
+        );
+    }
+}

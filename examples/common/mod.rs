@@ -9,7 +9,7 @@ use std::error::Error;
 use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
-use pensieve::engine::{Budgets, CacheMode, KvPrecision};
+use pensieve::engine::{Budgets, CacheMode, KvPrecision, OverflowPolicy};
 use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.
@@ -74,6 +74,17 @@ pub enum Kv {
     Bf16,
 }
 
+/// What a turn that would pass the context window does.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Overflow {
+    /// Refuse the turn.
+    Error,
+    /// Keep the end of the new prompt that fits.
+    TruncatePrompt,
+    /// Drop the oldest turns after the system prompt, keeping the cached KV of the rest.
+    DropOldest,
+}
+
 /// Flags for the model and the engine's cache.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
@@ -101,6 +112,12 @@ pub struct EngineArgs {
     /// KV cache precision.
     #[arg(long, value_enum, default_value = "f16")]
     pub kv: Kv,
+    /// What a turn that would pass the context window does.
+    #[arg(long, value_enum, default_value = "drop-oldest")]
+    pub overflow: Overflow,
+    /// Context window in tokens, when shorter than the model's.
+    #[arg(long, value_parser = positive)]
+    pub max_context: Option<usize>,
 }
 
 impl EngineArgs {
@@ -123,6 +140,15 @@ impl EngineArgs {
             Kv::F16 => KvPrecision::F16,
             Kv::F32 => KvPrecision::F32,
             Kv::Bf16 => KvPrecision::Bf16,
+        }
+    }
+
+    /// The overflow policy of `--overflow`.
+    pub fn overflow_policy(&self) -> OverflowPolicy {
+        match self.overflow {
+            Overflow::Error => OverflowPolicy::Error,
+            Overflow::TruncatePrompt => OverflowPolicy::TruncatePrompt,
+            Overflow::DropOldest => OverflowPolicy::DropOldest,
         }
     }
 

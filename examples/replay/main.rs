@@ -356,6 +356,8 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         mode: mode.cache_mode(),
         cost_profile: cost.unwrap_or_default(),
         kv_precision: args.engine.kv_precision(),
+        overflow: args.engine.overflow_policy(),
+        max_context_tokens: args.engine.max_context,
         disk,
         ..EngineConfig::default()
     }

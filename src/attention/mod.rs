@@ -32,7 +32,7 @@ mod reference;
 use candle_core::{DType, Device, Tensor};
 
 pub use gather::attention_gather;
-pub use pool::{KvPool, KvShape};
+pub use pool::{KeyRotation, KvPool, KvShape};
 pub use reference::attention_reference;
 
 use crate::{Error, Result};

@@ -8,6 +8,9 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod shift;
+
+pub use shift::KeyRotation;
 
 use std::sync::Arc;
 

@@ -46,6 +46,12 @@ pub enum OverflowPolicy {
     Error,
     /// Keep the end of the new turn's prompt that fits (the history is kept whole).
     TruncatePrompt,
+    /// Drop the oldest turns after the system prompt (whole turns, as few as leave room for
+    /// the reply, up to a quarter of the window), keeping the cached KV of the rest: its keys
+    /// are re-rotated to their new positions (AttentionStore §3.5), so only what had been
+    /// evicted is recomputed. The kept KV was computed with the dropped turns in view, so the
+    /// outputs approximate (closely) a fresh prefill of the shortened history.
+    DropOldest,
 }
 
 /// How KV values are stored, in the device pool and in every tier below it.
@@ -146,6 +152,9 @@ pub struct EngineConfig {
     pub cost_profile: CostProfile,
     /// Prompts beyond the context window.
     pub overflow: OverflowPolicy,
+    /// A context window shorter than the model's (`max_model_len` in vLLM terms): turns and
+    /// replies are bounded by it, and overflow is handled at it.
+    pub max_context_tokens: Option<usize>,
     /// How KV values are stored.
     pub kv_precision: KvPrecision,
     /// Restore swapped-in KV layer by layer: on a GPU a pass starts computing layer 0 while
@@ -178,6 +187,7 @@ impl Default for EngineConfig {
             eviction: EvictionKind::Value,
             cost_profile: CostProfile::Measure,
             overflow: OverflowPolicy::Error,
+            max_context_tokens: None,
             kv_precision: KvPrecision::default(),
             pipelined_restore: true,
             disk: None,
@@ -196,6 +206,9 @@ impl EngineConfig {
         let bad = |what: &str| Err(Error::InvalidConfig(what.to_string()));
         if self.chunk_size == 0 {
             return bad("chunk_size must be positive");
+        }
+        if self.max_context_tokens.is_some_and(|n| n < 2) {
+            return bad("max_context_tokens must be at least 2");
         }
         if self.budgets.device_bytes.is_none() && self.budgets.device_tokens < self.chunk_size {
             return bad("device_tokens must hold at least one chunk");

@@ -17,6 +17,7 @@
 mod config;
 mod executor;
 mod handle;
+mod overflow;
 mod sampler;
 mod store;
 mod turn;
@@ -34,7 +35,7 @@ pub use config::{
 };
 pub use handle::EngineHandle;
 pub use turn::TurnSize;
-pub use types::{EngineStats, Event, FinishReason, SamplingParams, Turn, TurnStats};
+pub use types::{EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats};
 
 use crate::attention::KvPool;
 use crate::conversation::{Conversation, Conversations};
@@ -137,7 +138,11 @@ impl Engine {
             prefetch_window: config.prefetch_window,
         });
         let limits = TurnLimits {
-            window: model.config().max_position_embeddings,
+            window: config
+                .max_context_tokens
+                .map_or(model.config().max_position_embeddings, |n| {
+                    n.min(model.config().max_position_embeddings)
+                }),
             pool_slots: slots,
             chunk_size: config.chunk_size,
             overflow: config.overflow,
@@ -249,7 +254,7 @@ impl Engine {
             .convs
             .get(&conv)
             .ok_or(Error::UnknownConversation(conv))?;
-        Ok(turn::prepare(&self.model, c, turn, &self.limits)?.size)
+        Ok(turn::prepare(&self.model, c, turn, &self.limits, usize::MAX)?.size)
     }
 
     /// Queues a turn of `conv`.
@@ -285,7 +290,10 @@ impl Engine {
             return Err(Error::ConversationBusy(conv_id));
         }
         sampler::validate(&params)?;
-        let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits)?;
+        let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
+        if let Some(cut) = prepared.cut.take() {
+            self.apply_cut(conv_id, &cut);
+        }
         let prompt = std::mem::take(&mut prepared.prompt);
         let active = ActiveTurn::new(prepared, params, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
@@ -456,7 +464,12 @@ impl Engine {
             .ok_or_else(|| Error::InvalidBatch("no logits for a sampled row".into()))?
             .get(index)?;
         let req = self.sched.get_mut(id).ok_or(Error::UnknownRequest(id))?;
-        req.payload.sampler().sample(&row)
+        let token = req.payload.sampler().sample(&row)?;
+        if let Some(top) = req.payload.params().logprobs {
+            let lp = sampler::logprobs(&row, token, top)?;
+            req.payload.set_logprobs(lp);
+        }
+        Ok(token)
     }
 
     /// Runs one turn to completion, calling `on_text` with each text delta. Events of other
@@ -538,6 +551,7 @@ impl Engine {
                     conversation: conv,
                     token,
                     text: accepted.text,
+                    logprobs: accepted.logprobs,
                 });
                 if let Some(reason) = accepted.finish {
                     self.finish(id, reason, now);

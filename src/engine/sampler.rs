@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
-use super::SamplingParams;
+use super::{SamplingParams, TokenLogprobs};
 use crate::{Error, Result};
 
 /// Checks parameters at the API edge.
@@ -62,4 +62,26 @@ impl Sampler {
     pub fn sample(&mut self, logits: &Tensor) -> Result<u32> {
         Ok(self.processor.sample(logits)?)
     }
+}
+
+/// The log-probability of `token` in one row of `logits` and the `top` most likely tokens.
+///
+/// # Errors
+/// [`Error::Candle`] if the logits cannot be read.
+pub(crate) fn logprobs(logits: &Tensor, token: u32, top: usize) -> Result<TokenLogprobs> {
+    let row = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    let lp = |i: usize| row.get(i).map_or(f32::NEG_INFINITY, |x| x - log_sum);
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    let top = top.min(row.len());
+    if top > 0 {
+        order.select_nth_unstable_by(top - 1, |&a, &b| row[b].total_cmp(&row[a]));
+    }
+    order.truncate(top);
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+    Ok(TokenLogprobs {
+        logprob: lp(token as usize),
+        top: order.into_iter().map(|i| (i as u32, lp(i))).collect(),
+    })
 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConversationOptions, Engine, EngineConfig};
 use crate::attention::KvShape;
-use crate::conversation::Conversation;
+use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
 use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
 use crate::model::{Message, Model};
@@ -34,6 +34,9 @@ struct Manifest {
     tokens: Vec<u32>,
     messages: Vec<Message>,
     seen_text: String,
+    /// Where turns begin (cut points for context overflow).
+    #[serde(default)]
+    marks: Vec<Mark>,
     /// Per chunk, the hex address of its file, if it has one.
     chunks: Vec<Option<String>>,
 }
@@ -113,7 +116,7 @@ impl Engine {
                 })
                 .collect();
             self.cache.adopt(id, m.computed, &saved, now);
-            let conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text);
+            let conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
             self.convs.insert(id, conv);
         }
         self.cache.collect_disk_garbage(now);
@@ -198,6 +201,7 @@ impl Engine {
             tokens: conv.tokens().to_vec(),
             messages: conv.messages().to_vec(),
             seen_text: conv.seen_text().to_string(),
+            marks: conv.marks().to_vec(),
             chunks: self
                 .cache
                 .saved(id)

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use super::sampler::Sampler;
-use super::{FinishReason, OverflowPolicy, SamplingParams, Turn};
-use crate::conversation::Conversation;
+use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
+use crate::conversation::{Conversation, Cut, Mark};
 use crate::model::{IncrementalDecoder, Message, Model};
 use crate::{Error, Result};
 
@@ -47,10 +47,15 @@ pub(crate) struct PreparedTurn {
     pub prompt: Vec<u32>,
     pub prompt_text: String,
     pub user_message: Option<Message>,
+    /// Where the turn begins (recorded with its exchange, a later cut point), if known.
+    pub mark: Option<Mark>,
+    /// The oldest history to drop before the turn runs ([`OverflowPolicy::DropOldest`]).
+    pub cut: Option<Cut>,
     pub size: TurnSize,
 }
 
-/// Templates and tokenizes `turn` as the continuation of `conv`, and checks that it fits.
+/// Templates and tokenizes `turn` as the continuation of `conv`, and checks that it fits,
+/// leaving room for a reply of up to `max_reply` tokens when the policy drops history.
 ///
 /// # Errors
 /// [`Error::EmptyTurn`], [`Error::TokenOutOfVocab`], [`Error::ContextOverflow`],
@@ -60,36 +65,32 @@ pub(crate) fn prepare(
     conv: &Conversation,
     turn: Turn,
     limits: &TurnLimits,
+    max_reply: usize,
 ) -> Result<PreparedTurn> {
-    let (mut prompt, prompt_text, user_message) = match turn {
-        Turn::User(text) => {
-            if text.trim().is_empty() {
-                return Err(Error::EmptyTurn);
-            }
-            let message = Message::new("user", text.clone());
-            let new_text = match model.template() {
-                Some(t) => {
-                    let mut messages = conv.messages().to_vec();
-                    messages.push(message.clone());
-                    t.continuation(&messages, conv.seen_text())?
-                }
-                None => text,
-            };
-            (model.encode(&new_text)?, new_text, Some(message))
-        }
+    match &turn {
+        Turn::User(text) if text.trim().is_empty() => return Err(Error::EmptyTurn),
+        Turn::Tokens(ids) if ids.is_empty() => return Err(Error::EmptyTurn),
         Turn::Tokens(ids) => {
-            if ids.is_empty() {
-                return Err(Error::EmptyTurn);
-            }
             let vocab = model.config().vocab_size;
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::TokenOutOfVocab { id: bad, vocab });
             }
-            let text = model.decode(&ids)?;
-            (ids, text, None)
         }
-    };
+        Turn::User(_) => {}
+    }
     let history = conv.tokens().len();
+    let mut enc = encode(model, conv.messages(), conv.seen_text(), history, &turn)?;
+    let limit = limits.max_conversation_tokens();
+    let mut cut = None;
+    let reply = max_reply.min(limit / 4).max(1);
+    if limits.overflow == OverflowPolicy::DropOldest && history + enc.prompt.len() + reply > limit {
+        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, reply)? {
+            cut = Some(c);
+            enc = e;
+        }
+    }
+    let history = history - cut.map_or(0, |c| c.tokens().len());
+    let mut prompt = enc.prompt;
     if history + prompt.len() >= limits.window {
         let room = limits.window.saturating_sub(history + 1);
         match limits.overflow {
@@ -115,14 +116,167 @@ pub(crate) fn prepare(
     let size = TurnSize {
         history_tokens: history,
         prompt_tokens: prompt.len(),
-        max_reply_tokens: limits.max_conversation_tokens() - history - prompt.len(),
+        max_reply_tokens: limit - history - prompt.len(),
     };
     Ok(PreparedTurn {
         prompt,
-        prompt_text,
-        user_message,
+        prompt_text: enc.text,
+        user_message: enc.message,
+        mark: enc.mark,
+        cut,
         size,
     })
+}
+
+/// A turn's tokens and text as the continuation of a history.
+struct Encoded {
+    prompt: Vec<u32>,
+    text: String,
+    message: Option<Message>,
+    mark: Option<Mark>,
+}
+
+/// Encodes `turn` after a history of `history` tokens whose transcript is `messages` and
+/// `seen`. A user message is tokenized in two parts, split where its own rendering begins, so
+/// that the split is a [`Mark`] (a later cut point); templates mark message starts with
+/// special tokens, so the parts tokenize as the whole would.
+fn encode(
+    model: &Model,
+    messages: &[Message],
+    seen: &str,
+    history: usize,
+    turn: &Turn,
+) -> Result<Encoded> {
+    let text = match turn {
+        Turn::Tokens(ids) => {
+            return Ok(Encoded {
+                prompt: ids.clone(),
+                text: model.decode(ids)?,
+                message: None,
+                mark: Some(Mark {
+                    tokens: history,
+                    text: seen.len(),
+                    messages: messages.len(),
+                }),
+            })
+        }
+        Turn::User(text) => text,
+    };
+    let message = Message::new("user", text.clone());
+    let Some(t) = model.template() else {
+        return Ok(Encoded {
+            prompt: model.encode(text)?,
+            text: text.clone(),
+            message: Some(message),
+            mark: Some(Mark {
+                tokens: history,
+                text: seen.len(),
+                messages: messages.len(),
+            }),
+        });
+    };
+    let mut all = messages.to_vec();
+    all.push(message.clone());
+    let new_text = t.continuation(&all, seen)?;
+    // The rendering of the earlier messages, past what the model has seen, is the tail of
+    // the previous turn; the new message begins after it.
+    let split = t.render(messages, false).ok().and_then(|before| {
+        let tail = before.strip_prefix(seen)?;
+        new_text.starts_with(tail).then_some(tail.len())
+    });
+    let Some(split) = split else {
+        return Ok(Encoded {
+            prompt: model.encode(&new_text)?,
+            text: new_text,
+            message: Some(message),
+            mark: None,
+        });
+    };
+    let mut prompt = if split > 0 {
+        model.encode(&new_text[..split])?
+    } else {
+        Vec::new()
+    };
+    let mark = Mark {
+        tokens: history + prompt.len(),
+        text: seen.len() + split,
+        messages: messages.len(),
+    };
+    prompt.extend(model.encode(&new_text[split..])?);
+    Ok(Encoded {
+        prompt,
+        text: new_text,
+        message: Some(message),
+        mark: Some(mark),
+    })
+}
+
+/// The drop of the oldest whole turns (between two marks, or a mark and the end of the
+/// history) after which `turn` fits in `limit` with `reply` tokens to spare, else after which
+/// it fits at all, with the turn encoded after it. `None` if no drop makes it fit. A drop is
+/// usable only if the template renders the remaining messages as the kept history
+/// reads (so the next turn continues it): with a default system prompt that the template
+/// adds itself, the first exchange carries it and stays.
+fn choose_cut(
+    model: &Model,
+    conv: &Conversation,
+    turn: &Turn,
+    limit: usize,
+    reply: usize,
+) -> Result<Option<(Cut, Encoded)>> {
+    let history = conv.tokens().len();
+    let end_now = Mark {
+        tokens: history,
+        text: conv.seen_text().len(),
+        messages: conv.messages().len(),
+    };
+    let marks = conv.marks();
+    let prompt = encode(model, conv.messages(), conv.seen_text(), history, turn)?
+        .prompt
+        .len();
+    // The oldest start whose smallest fitting drop keeps a later turn wins at once; a drop
+    // of everything to the end, or one that leaves no room for the reply, only if none does.
+    let mut last_resort: Option<(Cut, Encoded)> = None;
+    let dropped =
+        |c: &Option<(Cut, Encoded)>| c.as_ref().map_or(usize::MAX, |(c, _)| c.tokens().len());
+    for (i, &start) in marks.iter().enumerate() {
+        for &end in marks[i + 1..].iter().chain([&end_now]) {
+            let drop = end.tokens.saturating_sub(start.tokens);
+            // Too small to make room (the turn's own tokens barely change with the cut).
+            if drop == 0 || history - drop + prompt >= limit + 8 {
+                continue;
+            }
+            let cut = Cut { start, end };
+            let (messages, seen) = conv.transcript_after(&cut);
+            if !continues(model, &messages, &seen, turn)? {
+                continue;
+            }
+            let enc = encode(model, &messages, &seen, history - drop, turn)?;
+            let total = history - drop + enc.prompt.len();
+            let fits = total + reply <= limit;
+            if fits && end != end_now {
+                return Ok(Some((cut, enc)));
+            }
+            if total < limit && (fits || last_resort.is_none()) && drop < dropped(&last_resort) {
+                last_resort = Some((cut, enc));
+            }
+            if fits {
+                break;
+            }
+        }
+    }
+    Ok(last_resort)
+}
+
+/// Whether a history whose transcript is `messages` and `seen` is one the template continues
+/// with `turn`: what it renders begins with what the model has seen.
+fn continues(model: &Model, messages: &[Message], seen: &str, turn: &Turn) -> Result<bool> {
+    let (Some(t), Turn::User(text)) = (model.template(), turn) else {
+        return Ok(true);
+    };
+    let mut all = messages.to_vec();
+    all.push(Message::new("user", text.clone()));
+    Ok(t.render(&all, true)?.starts_with(seen))
 }
 
 /// The engine's state of a queued or running turn.
@@ -135,14 +289,18 @@ pub(crate) struct ActiveTurn {
     generated: Vec<u32>,
     prompt_text: String,
     user_message: Option<Message>,
+    mark: Option<Mark>,
     prompt_tokens: usize,
     submitted: Instant,
     first_token: Option<Instant>,
+    /// The sampled token's log-probabilities, until it is accepted.
+    logprobs: Option<TokenLogprobs>,
 }
 
 /// One accepted token: its text, and why the turn ends with it, if it does.
 pub(crate) struct Accepted {
     pub text: String,
+    pub logprobs: Option<TokenLogprobs>,
     pub finish: Option<FinishReason>,
 }
 
@@ -158,14 +316,25 @@ impl ActiveTurn {
             generated: Vec::new(),
             prompt_text: prepared.prompt_text,
             user_message: prepared.user_message,
+            mark: prepared.mark,
             prompt_tokens: prepared.size.prompt_tokens,
             submitted: now,
             first_token: None,
+            logprobs: None,
         }
     }
 
     pub fn sampler(&mut self) -> &mut Sampler {
         &mut self.sampler
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Keeps the log-probabilities of the token just sampled for its event.
+    pub fn set_logprobs(&mut self, logprobs: TokenLogprobs) {
+        self.logprobs = Some(logprobs);
     }
 
     /// Takes a generated token; `full` says the conversation reached its longest.
@@ -205,7 +374,11 @@ impl ActiveTurn {
         } else {
             None
         };
-        Ok(Accepted { text, finish })
+        Ok(Accepted {
+            text,
+            logprobs: self.logprobs.take(),
+            finish,
+        })
     }
 
     pub fn prompt_tokens(&self) -> usize {
@@ -228,6 +401,9 @@ impl ActiveTurn {
     pub fn record(self, model: &Model, conv: &mut Conversation) {
         // The transcript holds what the model saw: special tokens (an end-of-turn) included.
         let seen = model.decode(&self.generated).unwrap_or_default();
+        if let Some(mark) = self.mark {
+            conv.add_mark(mark);
+        }
         conv.record_exchange(
             &self.prompt_text,
             self.user_message,

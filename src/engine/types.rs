@@ -44,6 +44,10 @@ pub struct SamplingParams {
     pub stop_strings: Vec<String>,
     /// Generate exactly `max_tokens`, ignoring end-of-turn tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Report each generated token's log-probability and this many most likely alternatives
+    /// ([`Event::Token::logprobs`]; OpenAI's `logprobs`/`top_logprobs`). Log-probabilities
+    /// are the model's (before temperature and truncation).
+    pub logprobs: Option<usize>,
 }
 
 impl SamplingParams {
@@ -58,6 +62,7 @@ impl SamplingParams {
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
         }
     }
 
@@ -128,6 +133,15 @@ pub struct TurnStats {
     pub latency: Duration,
 }
 
+/// A generated token's log-probability under the model, and the most likely tokens there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// Something `step()` reports.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -141,6 +155,9 @@ pub enum Event {
         token: u32,
         /// Text delta.
         text: String,
+        /// The token's log-probability and the most likely alternatives, when asked for
+        /// ([`SamplingParams::logprobs`]).
+        logprobs: Option<TokenLogprobs>,
     },
     /// A turn ended.
     Finished {
@@ -194,6 +211,13 @@ pub struct EngineStats {
     pub swap_in_failures: u64,
     /// Running turns suspended (swapped out and requeued) for lack of device slots.
     pub suspensions: u64,
+    /// Times the oldest turns of a conversation were dropped for a turn to fit the window
+    /// ([`super::OverflowPolicy::DropOldest`]).
+    pub context_cuts: u64,
+    /// History tokens those cuts dropped.
+    pub tokens_cut: u64,
+    /// Tokens whose cached KV a cut moved to new positions (re-rotated, not recomputed).
+    pub tokens_shifted: u64,
     /// Device slots in use now.
     pub device_slots_used: usize,
     /// Device slots in total.

@@ -23,8 +23,10 @@ use std::time::Instant;
 
 mod check;
 mod disk;
+mod shift;
 
 pub(crate) use disk::DiskTier;
+pub(crate) use shift::Held;
 
 use super::{
     Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,
@@ -617,26 +619,10 @@ impl CacheManager {
     /// Releases every block and host chunk of `id` (stateless mode after a turn, or close):
     /// every chunk becomes `Dropped`, to be recomputed from the raw tokens.
     pub fn release_all(&mut self, id: ConversationId) {
-        let Some(table) = self.tables.get_mut(&id) else {
+        let Some(t) = self.tables.get(&id) else {
             return;
         };
-        for loc in table.chunks.iter_mut() {
-            match *loc {
-                ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
-                    self.blocks.release(b);
-                }
-                ChunkLoc::Host(h) => self.host.release(h),
-                ChunkLoc::SwappingOut { block, host } | ChunkLoc::SwappingIn { host, block } => {
-                    self.blocks.release(block);
-                    self.host.release(host);
-                }
-                ChunkLoc::Disk | ChunkLoc::Dropped => {}
-            }
-            *loc = ChunkLoc::Dropped;
-        }
-        let saved: Vec<Address> = table.saved.iter_mut().filter_map(Option::take).collect();
-        if let Some(d) = &mut self.disk {
-            saved.iter().for_each(|a| d.store.release(a));
-        }
+        let (computed, n) = (t.computed, t.chunks.len());
+        self.replace_tail(id, 0, computed, vec![None; n]);
     }
 }

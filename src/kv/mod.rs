@@ -13,7 +13,7 @@ mod host;
 mod policy;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
-pub(crate) use cache::{CacheManager, DiskTier, Eviction, Moves};
+pub(crate) use cache::{CacheManager, DiskTier, Eviction, Held, Moves};
 pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, FORMAT_VERSION};
 pub(crate) use disk::{DiskStore, Saved};
 pub use host::ChunkBytes;

@@ -1,0 +1,86 @@
+//! Context overflow that keeps the cache (AttentionStore §3.5): when a turn would pass the
+//! window, `turn::prepare` picks the oldest whole turns after the system prompt to drop
+//! ([`super::OverflowPolicy::DropOldest`]); here the conversation's KV past the cut is read
+//! from whatever tier holds it, moved back to its new positions with its keys re-rotated
+//! (`KvPool::shift_chunks`), and placed back, so the next turn recomputes only what had been
+//! evicted, not the whole shortened history.
+
+use std::sync::Arc;
+
+use super::Engine;
+use crate::attention::KeyRotation;
+use crate::conversation::Cut;
+use crate::ids::ConversationId;
+use crate::kv::{ChunkBytes, Held};
+use crate::model::RopeVariant;
+
+impl Engine {
+    /// Drops the history of `cut` from conversation `id` (idle: no turn of it is queued),
+    /// keeping the KV of what follows.
+    pub(super) fn apply_cut(&mut self, id: ConversationId, cut: &Cut) {
+        let chunk = self.config.chunk_size;
+        let range = cut.tokens();
+        let first = range.start / chunk;
+        let computed = self.cache.table(id).map_or(0, |t| t.computed());
+        let kept = if computed >= range.end {
+            computed - range.len()
+        } else {
+            computed.min(range.start)
+        };
+        let old: Vec<Option<Arc<ChunkBytes>>> = self
+            .cache
+            .held(id, first)
+            .into_iter()
+            .map(|h| match h {
+                Held::Device { start, len } => self
+                    .pool
+                    .read_slots(start, len)
+                    .ok()
+                    .map(|b| Arc::new(ChunkBytes::from(b))),
+                Held::Bytes(b) => Some(b),
+                Held::Disk { address, len } => self.cache.read_saved(&address, len),
+                Held::Gone => None,
+            })
+            .collect();
+        let views: Vec<Option<&[u8]>> = old
+            .iter()
+            .map(|b| b.as_ref().and_then(|b| b.bytes().ok()))
+            .collect();
+        let c = self.model.config();
+        let interleaved = c.rope.variant == RopeVariant::Interleaved;
+        let rotation = KeyRotation::new(&c.rope_inv_freq(), interleaved, -(range.len() as i64));
+        let new_chunks = kept.div_ceil(chunk).saturating_sub(first);
+        let new = self
+            .pool
+            .shift_chunks(first, chunk, &views, range.clone(), kept, &rotation)
+            .unwrap_or_else(|_| vec![None; new_chunks]);
+        drop(views);
+        let shifted: usize = new
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_some())
+            .map(|(j, _)| (kept - (first + j) * chunk).min(chunk))
+            .sum();
+        let new = new
+            .into_iter()
+            .map(|c| c.map(|b| Arc::new(ChunkBytes::from(b))))
+            .collect();
+        for (i, block, bytes) in self.cache.replace_tail(id, first, kept, new) {
+            let start = self.cache.first_slot(block);
+            let written = bytes
+                .bytes()
+                .ok()
+                .is_some_and(|b| self.pool.write_slots(start, b).is_ok());
+            if !written {
+                self.cache.lose_chunk(id, i);
+            }
+        }
+        if let Some(conv) = self.convs.get_mut(&id) {
+            conv.apply_cut(cut);
+        }
+        self.stats.context_cuts += 1;
+        self.stats.tokens_cut += range.len() as u64;
+        self.stats.tokens_shifted += shifted as u64;
+        self.write_manifest(id);
+    }
+}

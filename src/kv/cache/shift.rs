@@ -1,0 +1,123 @@
+//! The cache manager's side of a history cut (context overflow): the KV of a conversation's
+//! chunks past the cut is handed out to be re-laid at the new positions (by the pool, which
+//! knows the bytes), and the re-laid chunks are placed back. Their files are released: a file
+//! is addressed by the tokens up to its chunk, which the cut changes.
+
+use std::sync::Arc;
+
+use super::CacheManager;
+use crate::ids::ConversationId;
+use crate::kv::{Address, BlockId, ChunkBytes, ChunkLoc};
+
+/// Where a chunk's KV can be read.
+#[derive(Clone, Debug)]
+pub(crate) enum Held {
+    /// In the device slots from `start`, `len` tokens.
+    Device { start: usize, len: usize },
+    /// In memory (the host tier).
+    Bytes(Arc<ChunkBytes>),
+    /// Only in the disk tier.
+    Disk { address: Address, len: usize },
+    /// Nowhere: recomputed when needed.
+    Gone,
+}
+
+impl CacheManager {
+    /// Where the KV of the computed chunks of `id` from chunk `from` on can be read. Between
+    /// turns, when nothing of `id` moves.
+    pub fn held(&self, id: ConversationId, from: usize) -> Vec<Held> {
+        let chunk = self.chunk_size();
+        let Some(t) = self.tables.get(&id) else {
+            return Vec::new();
+        };
+        (from..t.computed_chunks(chunk))
+            .map(|i| {
+                let len = t.chunk_len(i, chunk);
+                match (t.chunks[i], t.saved[i]) {
+                    (ChunkLoc::Device(b), _) => Held::Device {
+                        start: self.first_slot(b),
+                        len,
+                    },
+                    (ChunkLoc::Host(h), _) => self.host.get(h).map_or(Held::Gone, Held::Bytes),
+                    (ChunkLoc::Disk, Some(address)) => Held::Disk { address, len },
+                    _ => Held::Gone,
+                }
+            })
+            .collect()
+    }
+
+    /// Reads a saved chunk of `len` tokens whole and checked; `None` if it is refused
+    /// (counted).
+    pub fn read_saved(&mut self, address: &Address, len: usize) -> Option<Arc<ChunkBytes>> {
+        self.disk.as_mut()?.store.load(address, len).ok()
+    }
+
+    /// Replaces the chunks of `id` from `from` on with `new`, `computed` tokens of the table
+    /// then having KV (the new chunks cover them). The old chunks are released (blocks, host
+    /// bytes, files). Each new chunk with bytes goes to a free device block (returned with its
+    /// index, for the caller to write), else to free host room, else is dropped; a `None` is dropped.
+    pub fn replace_tail(
+        &mut self,
+        id: ConversationId,
+        from: usize,
+        computed: usize,
+        new: Vec<Option<Arc<ChunkBytes>>>,
+    ) -> Vec<(usize, BlockId, Arc<ChunkBytes>)> {
+        let Some(table) = self.tables.get_mut(&id) else {
+            return Vec::new();
+        };
+        let from = from.min(table.chunks.len());
+        for loc in table.chunks.drain(from..) {
+            match loc {
+                ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
+                    self.blocks.release(b);
+                }
+                ChunkLoc::Host(h) => self.host.release(h),
+                ChunkLoc::SwappingOut { block, host } | ChunkLoc::SwappingIn { host, block } => {
+                    self.blocks.release(block);
+                    self.host.release(host);
+                }
+                ChunkLoc::Disk | ChunkLoc::Dropped => {}
+            }
+        }
+        let stale: Vec<Address> = table.saved.drain(from..).flatten().collect();
+        table.computed = computed;
+        let mut writes = Vec::new();
+        for bytes in new {
+            let loc = match bytes {
+                Some(bytes) => match self.blocks.allocate() {
+                    Some(block) => {
+                        writes.push((table.chunks.len(), block, bytes));
+                        ChunkLoc::Device(block)
+                    }
+                    None => match self.host.reserve(bytes.len()) {
+                        Some(h) if self.host.store(h, bytes) => ChunkLoc::Host(h),
+                        Some(h) => {
+                            self.host.release(h);
+                            ChunkLoc::Dropped
+                        }
+                        None => ChunkLoc::Dropped,
+                    },
+                },
+                None => ChunkLoc::Dropped,
+            };
+            table.chunks.push(loc);
+            table.saved.push(None);
+        }
+        if let Some(d) = &mut self.disk {
+            stale.iter().for_each(|a| d.store.release(a));
+        }
+        writes
+    }
+
+    /// A chunk placed by [`Self::replace_tail`] whose bytes could not be written: dropped.
+    pub fn lose_chunk(&mut self, id: ConversationId, i: usize) {
+        let Some(t) = self.tables.get_mut(&id) else {
+            return;
+        };
+        if let Some(ChunkLoc::Device(b)) = t.chunks.get(i).copied() {
+            self.blocks.release(b);
+            t.chunks[i] = ChunkLoc::Dropped;
+        }
+    }
+}

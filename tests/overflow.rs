@@ -1,0 +1,233 @@
+//! Context overflow that keeps the cache, on the real SmolLM2 weights: when a turn would pass
+//! the window, the oldest turns after the system prompt are dropped and the cached KV of the
+//! rest is moved to its new positions with its keys re-rotated. Its next-token distribution
+//! stays within a stated tolerance of a `Stateless` engine that prefills the same shortened
+//! history from scratch, and a long ShareGPT conversation runs through the window to its end.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
+    Engine, EngineConfig, Event, FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn,
+    TurnStats,
+};
+use pensieve::model::{Model, WeightFormat};
+use pensieve::workload::{default_sharegpt_path, read_sharegpt};
+
+/// Largest difference in log-probability, over the reference's 5 most likely next tokens,
+/// between shifted KV and a fresh prefill of the shortened history. Measured: 0.22 on the
+/// turn below (the kept KV was computed with the dropped turns in view, which a fresh
+/// prefill does not see). Keys left at their old positions (no re-rotation) change the most
+/// likely token and push the reference's top tokens out of the top 10.
+const TOLERANCE: f32 = 0.75;
+
+fn engine(model: &Arc<Model>, mode: CacheMode, window: usize, disk: Option<&Path>) -> Engine {
+    let config = EngineConfig {
+        disk: disk.map(DiskConfig::new),
+        mode,
+        budgets: Budgets {
+            device_tokens: 2048,
+            device_bytes: None,
+            host_bytes: 1 << 30,
+        },
+        overflow: OverflowPolicy::DropOldest,
+        max_context_tokens: Some(window),
+        step_token_budget: 256,
+        cost_profile: CostProfile::Fixed(CostModel {
+            per_token_s: 1e-3,
+            per_token_per_position_s: 1e-6,
+        }),
+        check_invariants: true,
+        ..EngineConfig::default()
+    };
+    Engine::with_model(model.clone(), config).unwrap()
+}
+
+/// Runs one turn; returns its tokens, each token's log-probabilities, and its stats.
+fn run(
+    e: &mut Engine,
+    conv: ConversationId,
+    text: &str,
+    max_tokens: usize,
+) -> (Vec<u32>, Vec<TokenLogprobs>, TurnStats) {
+    let params = SamplingParams {
+        logprobs: Some(10),
+        ..SamplingParams::greedy().with_max_tokens(max_tokens)
+    };
+    let id = e.submit(conv, Turn::user(text), params).unwrap();
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+    loop {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token {
+                    request,
+                    token,
+                    logprobs: lp,
+                    ..
+                } if request == id => {
+                    tokens.push(token);
+                    logprobs.push(lp.unwrap());
+                }
+                Event::Finished {
+                    request,
+                    reason,
+                    stats,
+                    ..
+                } if request == id => {
+                    assert!(
+                        matches!(reason, FinishReason::Stop | FinishReason::Length),
+                        "{reason:?}"
+                    );
+                    return (tokens, logprobs, stats);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The largest log-probability difference over `want`'s 5 most likely tokens (each must be
+/// in `got`'s top 10).
+fn max_diff(got: &TokenLogprobs, want: &TokenLogprobs) -> f32 {
+    want.top
+        .iter()
+        .take(5)
+        .map(|(t, w)| {
+            let g = got.top.iter().find(|(u, _)| u == t).map_or(-100.0, |x| x.1);
+            (g - w).abs()
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn shifted_kv_stays_within_tolerance_of_a_fresh_prefill_of_the_shortened_history() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let window = 320;
+    let mut tiered = engine(&model, CacheMode::Tiered, window, None);
+    let mut fresh = engine(&model, CacheMode::Stateless, window, None);
+    let system = ConversationOptions {
+        system: Some("You are a concise assistant. Answer in one short sentence.".into()),
+        ..ConversationOptions::default()
+    };
+    let a = tiered.open(system.clone()).unwrap();
+    let b = fresh.open(system).unwrap();
+    let questions = [
+        "What is the capital of France, and what river runs through it?",
+        "Name three fruits that are yellow when ripe.",
+        "How many legs does a spider have, and how many does an insect have?",
+        "Why is the sky blue on a clear day?",
+        "What do bees make, and how do they make it?",
+        "Which planet is the largest in our solar system?",
+        "What is the boiling point of water at sea level in Celsius?",
+        "Who wrote the play Romeo and Juliet?",
+    ];
+    let mut checked = 0;
+    for q in questions.iter().cycle().take(16) {
+        let cuts = tiered.stats().context_cuts;
+        let (ta, la, sa) = run(&mut tiered, a, q, 40);
+        let (tb, lb, sb) = run(&mut fresh, b, q, 40);
+        if tiered.stats().context_cuts == cuts {
+            // No cut yet: the engines agree exactly.
+            assert_eq!(ta, tb);
+            assert_eq!(tiered.tokens(a).unwrap(), fresh.tokens(b).unwrap());
+            continue;
+        }
+        // Both cut the same turns: the same history before the reply, different KV.
+        assert_eq!(fresh.stats().context_cuts, tiered.stats().context_cuts);
+        let prompt_end = sa.prompt_tokens + sa.reused_tokens + sa.recomputed_tokens;
+        assert_eq!(sb.prompt_tokens, sa.prompt_tokens);
+        assert_eq!(
+            tiered.tokens(a).unwrap()[..prompt_end],
+            fresh.tokens(b).unwrap()[..prompt_end]
+        );
+        assert!(tiered.tokens(a).unwrap().len() <= window);
+        assert!(sa.reused_tokens > 0, "the kept KV was reused: {sa:?}");
+        assert_eq!(sb.reused_tokens, 0);
+        let diff = max_diff(&la[0], &lb[0]);
+        eprintln!(
+            "cut {}: max |dlogprob| {diff:.3}, top-1 {} vs {}, reused {} of {}",
+            tiered.stats().context_cuts,
+            la[0].top[0].0,
+            lb[0].top[0].0,
+            sa.reused_tokens,
+            prompt_end
+        );
+        assert!(diff < TOLERANCE, "{diff} over {TOLERANCE}");
+        assert_eq!(la[0].top[0].0, lb[0].top[0].0, "the same most likely token");
+        checked += 1;
+        // The replies may now differ, and with them the histories: stop comparing.
+        let _ = (ta, tb);
+        break;
+    }
+    assert_eq!(checked, 1, "the window was never reached");
+    assert!(tiered.stats().tokens_shifted > 0);
+}
+
+#[test]
+fn a_long_sharegpt_conversation_runs_through_the_window_to_its_end() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let window = 512;
+    let cap = |text: &str| {
+        let ids = model.encode(text).unwrap();
+        model.decode(&ids[..ids.len().min(160)]).unwrap()
+    };
+    // The first conversation of the dump whose turns, capped, fill the window three times.
+    let found = read_sharegpt(&default_sharegpt_path(), 8).unwrap();
+    let conv = found
+        .conversations
+        .iter()
+        .find(|c| {
+            let tokens: usize = c
+                .turns
+                .iter()
+                .map(|(u, _)| model.encode(&cap(u)).unwrap().len() + 48)
+                .sum();
+            tokens > 3 * window && c.turns.iter().all(|(u, _)| !u.trim().is_empty())
+        })
+        .expect("a long conversation");
+    // Stored in a disk tier: cuts release the files of the chunks they move, and the state
+    // (with its cut points) survives a restart.
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(&model, CacheMode::Tiered, window, Some(dir.path()));
+    let id = e
+        .open(ConversationOptions {
+            name: Some("long".into()),
+            ..ConversationOptions::default()
+        })
+        .unwrap();
+    let mut reused_after_cut = 0;
+    for (i, (user, _)) in conv.turns.iter().enumerate() {
+        let cuts = e.stats().context_cuts;
+        let (_, _, stats) = run(&mut e, id, &cap(user), 32);
+        assert!(e.tokens(id).unwrap().len() <= window, "turn {i}");
+        if e.stats().context_cuts > cuts {
+            reused_after_cut += stats.reused_tokens;
+        }
+    }
+    let s = e.stats();
+    eprintln!(
+        "{} turns, {} cuts dropped {} tokens, shifted {}, reused after cuts {reused_after_cut}",
+        conv.turns.len(),
+        s.context_cuts,
+        s.tokens_cut,
+        s.tokens_shifted
+    );
+    assert!(s.context_cuts >= 2, "{s:?}");
+    assert!(reused_after_cut > 0);
+    assert_eq!(s.turns_finished as usize, conv.turns.len());
+    let tokens = e.tokens(id).unwrap().to_vec();
+    drop(e);
+    // A new engine resumes it from disk and cuts it again when the window fills.
+    let mut e = engine(&model, CacheMode::Tiered, window, Some(dir.path()));
+    let id = e.find("long").unwrap();
+    assert_eq!(e.tokens(id).unwrap(), tokens);
+    let (_, _, stats) = run(&mut e, id, &cap(&conv.turns[0].0), 32);
+    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+    assert_eq!(e.stats().context_cuts, 1);
+    assert!(e.tokens(id).unwrap().len() <= window);
+}
