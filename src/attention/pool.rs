@@ -13,9 +13,11 @@ mod shift;
 pub use shift::KeyRotation;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
+use parking_lot::Mutex;
 
 use crate::kv::ChunkBytes;
 use crate::{Error, Result};
@@ -45,6 +47,9 @@ pub struct KvPool {
     v: Vec<Tensor>,
     n_slots: usize,
     row: usize,
+    /// On the CPU: restores whose bytes arrive layer by layer from the disk tier, written into
+    /// each layer when a pass first asks for it ([`Self::layer`]).
+    restoring: Mutex<Restoring>,
     /// On a GPU: the copy stream that moves chunks while the compute stream runs.
     #[cfg(feature = "cuda")]
     mover: Option<cuda::Mover>,
@@ -75,6 +80,7 @@ impl KvPool {
             v,
             n_slots,
             row: shape.num_kv_heads * shape.head_dim,
+            restoring: Mutex::new(Restoring::default()),
             #[cfg(feature = "cuda")]
             mover,
         })
@@ -96,6 +102,7 @@ impl KvPool {
         if let Some(m) = &self.mover {
             m.await_layer(layer)?;
         }
+        self.restore_upto(layer + 1);
         match (self.k.get(layer), self.v.get(layer)) {
             (Some(k), Some(v)) => Ok((k, v)),
             _ => Err(Error::InvalidBatch(format!(
@@ -142,7 +149,10 @@ impl KvPool {
 impl KvPool {
     /// One step's chunk copies: `outs` (`(first slot, tokens)`) leave the pool as host bytes
     /// laid out as [`Self::read_slots`] returns them, then `ins` (`(first slot, bytes)`) are
-    /// written into their slots. On the CPU this is done on return. On a GPU the copies run
+    /// written into their slots. On the CPU this is done on return, except, with `pipelined`,
+    /// for bytes arriving layer by layer from the disk tier: each of their layers is written
+    /// when a pass first asks for that layer ([`Self::layer`]; [`Self::finish_restore`] ends
+    /// them). On a GPU the copies run
     /// on their own stream in layer order, each layer's behind one event that
     /// [`Self::layer`] makes the compute wait for (with `pipelined`; otherwise on return),
     /// so layer 0 of the next pass starts while later layers are still in flight; the
@@ -175,15 +185,65 @@ impl KvPool {
             }
             return m.copy(&self.k, &self.v, self.row_bytes(), outs, ins, pipelined);
         }
-        let _ = pipelined;
         let out = outs
             .iter()
             .map(|&(start, len)| self.read_slots(start, len).map(ChunkBytes::from))
             .collect::<Result<Vec<_>>>()?;
         for (start, data) in ins {
-            self.write_slots(start, data.bytes().map_err(Error::Transfer)?)?;
+            if pipelined && data.is_layered() {
+                self.restoring.lock().chunks.push(Layered {
+                    start,
+                    data,
+                    next: 0,
+                    failed: false,
+                });
+            } else {
+                self.write_slots(start, data.bytes().map_err(Error::Transfer)?)?;
+            }
         }
         Ok(out)
+    }
+
+    /// Whether [`Self::copy_chunks`] takes bytes arriving layer by layer without waiting for
+    /// them whole (on the CPU; a GPU's copy stream takes whole chunks).
+    pub fn restores_by_layer(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.mover.is_some() {
+            return false;
+        }
+        true
+    }
+
+    /// Writes the layers below `upto` of every restore arriving layer by layer, waiting for
+    /// each layer's read; a layer that cannot be read or written marks its chunk failed.
+    fn restore_upto(&self, upto: usize) {
+        let mut r = self.restoring.lock();
+        let Restoring { chunks, waited } = &mut *r;
+        let layers = self.k.len();
+        for c in chunks.iter_mut() {
+            while c.next < upto.min(layers) {
+                let started = Instant::now();
+                let bytes = c.data.layer(c.next, layers);
+                *waited += started.elapsed();
+                c.failed |= match bytes {
+                    Ok(b) if !c.failed => self.write_layer(c.next, c.start, b).is_err(),
+                    _ => true,
+                };
+                c.next += 1;
+            }
+        }
+    }
+
+    /// Completes every restore still arriving layer by layer (a pass that stopped early
+    /// leaves some layers unwritten). Returns the first slots of the chunks whose file was
+    /// refused partway, which the caller must treat as lost, and the time spent waiting for
+    /// layers since the last call.
+    pub fn finish_restore(&self) -> (Vec<usize>, Duration) {
+        self.restore_upto(self.k.len());
+        let mut r = self.restoring.lock();
+        let failed = r.chunks.drain(..).filter(|c| c.failed).map(|c| c.start);
+        let failed = failed.collect();
+        (failed, std::mem::take(&mut r.waited))
     }
 
     /// Bytes of one slot's row in one layer's K (or V).
@@ -234,7 +294,6 @@ impl KvPool {
     /// [`Error::InvalidBatch`] if `data` is not whole KV-tokens or the range lies outside the
     /// pool; [`Error::Candle`] on device errors.
     pub fn write_slots(&self, start: usize, data: &[u8]) -> Result<()> {
-        let part_bytes = self.row_bytes();
         let per = self.token_bytes();
         if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::InvalidBatch(format!(
@@ -242,29 +301,39 @@ impl KvPool {
                 data.len()
             )));
         }
-        let len = data.len() / per;
+        let layer_bytes = data.len() / self.k.len().max(1);
+        for (layer, part) in data.chunks_exact(layer_bytes.max(1)).enumerate() {
+            self.write_layer(layer, start, part)?;
+        }
+        Ok(())
+    }
+
+    /// Writes one layer's K and V bytes of tokens from slot `start` (the layer's part of the
+    /// [`Self::read_slots`] layout).
+    fn write_layer(&self, layer: usize, start: usize, data: &[u8]) -> Result<()> {
+        let part_bytes = self.row_bytes();
+        let len = data.len() / (2 * part_bytes).max(1);
+        if len * 2 * part_bytes != data.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{} bytes are not whole KV-tokens of a layer",
+                data.len()
+            )));
+        }
         self.check_range(start, len)?;
-        let mut chunks = data.chunks_exact(len * part_bytes);
-        for (k, v) in self.k.iter().zip(&self.v) {
-            for pool in [k, v] {
-                let part = chunks.next().unwrap_or_default();
-                let shape = (len, self.row);
-                let device = pool.device();
-                let src = match pool.dtype() {
-                    DType::F32 => {
-                        Tensor::from_vec(decode(part, f32::from_le_bytes), shape, device)?
-                    }
-                    DType::F16 => {
-                        Tensor::from_vec(decode(part, f16::from_le_bytes), shape, device)?
-                    }
-                    DType::BF16 => {
-                        Tensor::from_vec(decode(part, bf16::from_le_bytes), shape, device)?
-                    }
-                    other => return Err(unsupported(other)),
-                };
-                pool.reshape((self.n_slots, self.row))?
-                    .slice_set(&src, 0, start)?;
-            }
+        let (Some(k), Some(v)) = (self.k.get(layer), self.v.get(layer)) else {
+            return Err(Error::InvalidBatch(format!("no layer {layer}")));
+        };
+        for (pool, part) in [k, v].into_iter().zip(data.chunks_exact(len * part_bytes)) {
+            let shape = (len, self.row);
+            let device = pool.device();
+            let src = match pool.dtype() {
+                DType::F32 => Tensor::from_vec(decode(part, f32::from_le_bytes), shape, device)?,
+                DType::F16 => Tensor::from_vec(decode(part, f16::from_le_bytes), shape, device)?,
+                DType::BF16 => Tensor::from_vec(decode(part, bf16::from_le_bytes), shape, device)?,
+                other => return Err(unsupported(other)),
+            };
+            pool.reshape((self.n_slots, self.row))?
+                .slice_set(&src, 0, start)?;
         }
         Ok(())
     }
@@ -284,6 +353,23 @@ impl KvPool {
         }
         Ok(())
     }
+}
+
+/// Restores arriving layer by layer (CPU), and the time passes waited for their reads.
+#[derive(Debug, Default)]
+struct Restoring {
+    chunks: Vec<Layered>,
+    waited: Duration,
+}
+
+/// One chunk's restore arriving layer by layer.
+#[derive(Debug)]
+struct Layered {
+    start: usize,
+    data: Arc<ChunkBytes>,
+    /// The next layer to write.
+    next: usize,
+    failed: bool,
 }
 
 /// Values from little-endian bytes (`N` bytes each).
@@ -335,5 +421,41 @@ mod tests {
             assert!(pool.write_slots(0, &bytes[1..]).is_err());
             assert!(pool.write_slots(8, &bytes).is_err());
         }
+    }
+
+    #[test]
+    fn layered_restores_are_written_as_each_layer_is_asked_for_and_fail_alone() {
+        use std::sync::OnceLock;
+        let pool = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
+        let source = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::arange(0f32, 36.0, &Device::Cpu).unwrap();
+        let k = k.reshape((3, 3, 4)).unwrap();
+        let index = source.write_index(&[0, 1, 2], &Device::Cpu).unwrap();
+        for layer in 0..2 {
+            source
+                .write(layer, &index, &(&k + layer as f64).unwrap(), &k)
+                .unwrap();
+        }
+        let bytes = source.read_slots(0, 3).unwrap();
+        let half = bytes.len() / 2;
+        // Two chunks arriving layer by layer: the first whole, the second refused at layer 1.
+        let cells = |second: Result<Vec<u8>, String>| {
+            let c: crate::kv::LayerCells = vec![OnceLock::new(), OnceLock::new()];
+            let _ = c[0].set(Ok(bytes[..half].to_vec()));
+            let _ = c[1].set(second);
+            Arc::new(ChunkBytes::layered(bytes.len(), Arc::new(c)))
+        };
+        let good = cells(Ok(bytes[half..].to_vec()));
+        let bad = cells(Err("refused".into()));
+        pool.copy_chunks(&[], vec![(0, good), (4, bad)], true)
+            .unwrap();
+        // Layer 0 is written when asked for, before layer 1 is.
+        pool.layer(0).unwrap();
+        assert_eq!(pool.read_slots(4, 3).unwrap()[..half], bytes[..half]);
+        let (failed, _) = pool.finish_restore();
+        assert_eq!(failed, vec![4]);
+        assert_eq!(pool.read_slots(0, 3).unwrap(), bytes);
+        // Nothing is left pending.
+        assert_eq!(pool.finish_restore().0, Vec::<usize>::new());
     }
 }

@@ -37,10 +37,14 @@ pub(super) fn transfer(
     }
     let mut ins = Vec::new();
     for s in &moves.swap_in {
-        match cache.take_swap_in(s) {
-            // Bytes still being read ahead wait here; a file refused by that read fails only
-            // its own swap-in.
-            Some(data) if data.bytes().is_ok() && !Faults::fail(&mut faults.swap_in) => {
+        match cache.take_swap_in(s, pipelined && pool.restores_by_layer()) {
+            // Bytes still being read ahead wait here, unless they come layer by layer (the
+            // pass waits per layer; see `restored`); a file refused by a read fails only its
+            // own swap-in.
+            Some(data)
+                if (data.is_layered() || data.bytes().is_ok())
+                    && !Faults::fail(&mut faults.swap_in) =>
+            {
                 ins.push((s, data));
             }
             _ => {
@@ -77,6 +81,30 @@ pub(super) fn transfer(
         }
     }
     lost
+}
+
+/// After a pass: finishes the restores that came layer by layer, and aborts those whose file
+/// was refused partway (their chunks are dropped, to be recomputed). Returns those
+/// conversations (their rows' results must be discarded) and the time the pass waited for
+/// layers still being read.
+pub(super) fn restored(
+    pool: &KvPool,
+    cache: &mut CacheManager,
+    moves: &Moves,
+) -> (HashSet<ConversationId>, std::time::Duration) {
+    let (failed, waited) = pool.finish_restore();
+    let mut lost = HashSet::new();
+    for start in failed {
+        if let Some(s) = moves
+            .swap_in
+            .iter()
+            .find(|s| cache.first_slot(s.block) == start)
+        {
+            cache.abort_swap_in(s);
+            lost.insert(s.conv);
+        }
+    }
+    (lost, waited)
 }
 
 /// Copies to fail on purpose, to test the recovery paths. Empty outside tests.

@@ -412,7 +412,8 @@ impl Engine {
             &mut self.faults,
             self.config.pipelined_restore,
         );
-        let requeue: Vec<RequestId> = lost.iter().filter_map(|&c| self.sched.turn_of(c)).collect();
+        let mut requeue: Vec<RequestId> =
+            lost.iter().filter_map(|&c| self.sched.turn_of(c)).collect();
         let mut ran: Vec<bool> = plan.rows.iter().map(|r| !lost.contains(&r.conv)).collect();
         let rows: Vec<&RowPlan> = plan
             .rows
@@ -426,6 +427,8 @@ impl Engine {
         // Outputs exist once the pass is done: turn timings are taken then, while scheduling
         // decisions used the caller's `now`.
         let t3 = Instant::now();
+        let (late, waited) = executor::restored(&self.pool, &mut self.cache, &plan.moves);
+        self.stats.restore_wait_time += waited;
         self.stats.transfer_time += t2 - t1;
         self.stats.forward_time += t3 - t2;
         let mut sampled = Vec::new();
@@ -433,6 +436,10 @@ impl Engine {
             Ok(logits) => {
                 let sampling = rows.iter().filter(|r| r.sample);
                 for (i, row) in sampling.enumerate() {
+                    // A restore refused partway: the row read unchecked KV; it is redone.
+                    if late.contains(&row.conv) {
+                        continue;
+                    }
                     match self.sample(row.request, logits.as_ref(), i) {
                         Ok(token) => sampled.push((row.request, token)),
                         Err(e) => failed.push((row.request, FinishReason::failed(e))),
@@ -445,6 +452,13 @@ impl Engine {
                 ran.iter_mut().for_each(|r| *r = false);
             }
         }
+        for (r, row) in ran.iter_mut().zip(&plan.rows) {
+            if late.contains(&row.conv) {
+                *r = false;
+            }
+        }
+        let late_only = late.iter().filter(|c| !lost.contains(c));
+        requeue.extend(late_only.filter_map(|&c| self.sched.turn_of(c)));
         let outcome = Outcome {
             ran,
             sampled,

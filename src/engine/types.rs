@@ -232,6 +232,9 @@ pub struct EngineStats {
     pub transfer_time: Duration,
     /// Time in the model's forward passes (prefill and decode rows together).
     pub forward_time: Duration,
+    /// Of that, time the passes waited for layers of KV still being read from the disk tier
+    /// (the part of the reads a pipelined restore did not hide; CPU).
+    pub restore_wait_time: Duration,
     /// Time sampling tokens, detokenizing and finishing turns.
     pub commit_time: Duration,
 }

@@ -537,11 +537,13 @@ impl CacheManager {
         }
     }
 
-    /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or read from its
-    /// file and checked whole. `None` if they are gone or the file was refused (counted).
-    pub fn take_swap_in(&mut self, s: &SwapIn) -> Option<Arc<ChunkBytes>> {
+    /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or from its file:
+    /// read and checked whole, or with `layered` read behind layer by layer, each layer
+    /// checked before it is used. `None` if they are gone or the file was refused (counted).
+    pub fn take_swap_in(&mut self, s: &SwapIn, layered: bool) -> Option<Arc<ChunkBytes>> {
         match s.from {
             Source::Host(h) => self.host.take(h),
+            Source::Disk(a) if layered => self.disk.as_mut()?.store.load_layered(&a, s.len),
             Source::Disk(a) => self.disk.as_mut()?.store.load(&a, s.len).ok(),
         }
     }

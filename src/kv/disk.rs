@@ -28,7 +28,7 @@ pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
 use worker::{Job, Worker};
 
-use super::ChunkBytes;
+use super::{ChunkBytes, LayerCells};
 
 /// Most bytes of saves queued and not yet written; beyond it saves wait for a later chance
 /// rather than pile up in memory outside every budget.
@@ -246,7 +246,7 @@ impl DiskStore {
             return Err(Fault::WrongContent);
         }
         let want = self.format.payload_bytes(h.id.tokens as usize) as u64;
-        if h.payload_len != want || len != HEADER_BYTES as u64 + want {
+        if h.payload_len != want || len != self.format.head_bytes() as u64 + want {
             return Err(Fault::Truncated);
         }
         Ok(len as usize)
@@ -281,7 +281,7 @@ impl DiskStore {
 
     /// Bytes a file of `tokens` KV-tokens takes.
     pub fn file_bytes(&self, tokens: usize) -> usize {
-        HEADER_BYTES + self.format.payload_bytes(tokens)
+        self.format.head_bytes() + self.format.payload_bytes(tokens)
     }
 
     /// References held on every entry (the chunk tables' saved chunks, for the invariant
@@ -435,6 +435,38 @@ impl DiskStore {
         }
     }
 
+    /// Starts reading the chunk at `address` of `tokens` KV-tokens layer by layer on the reader
+    /// thread, for a restore that uses each layer as it arrives (from memory, whole, if its
+    /// write is still queued). `None`, counted as missing, if the store has no usable file; a
+    /// file refused by the read fails the layers not yet read (reported by
+    /// [`DiskStore::poll`]).
+    pub fn load_layered(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
+        match self.entries.get(address).map(|e| &e.state) {
+            Some(State::Pending(_, bytes)) => return Some(Arc::clone(bytes)),
+            Some(State::Stored) => {}
+            Some(State::Failed) | None => {
+                self.refuse(address, Fault::Missing);
+                return None;
+            }
+        }
+        let layers: Arc<LayerCells> =
+            Arc::new((0..self.format.layers).map(|_| OnceLock::new()).collect());
+        let job = Job::ReadLayers {
+            path: self.chunk_path(address),
+            format: self.format,
+            address: *address,
+            tokens,
+            layers: Arc::clone(&layers),
+        };
+        if !self.reader.send(job) {
+            return None;
+        }
+        let len = self.format.payload_bytes(tokens);
+        self.stats.chunks_read += 1;
+        self.stats.bytes_read += len as u64;
+        Some(Arc::new(ChunkBytes::layered(len, layers)))
+    }
+
     /// A stored file was refused when read: counted, deleted, never read again.
     fn refuse(&mut self, address: &Address, fault: Fault) {
         self.stats.faults.count(fault);
@@ -511,7 +543,7 @@ impl DiskStore {
                 Ok(()) => {
                     e.state = State::Stored;
                     self.stats.chunks_written += 1;
-                    self.stats.bytes_written += (e.bytes - HEADER_BYTES) as u64;
+                    self.stats.bytes_written += (e.bytes - self.format.head_bytes()) as u64;
                 }
                 Err(_) => {
                     e.state = State::Failed;

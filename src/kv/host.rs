@@ -37,10 +37,21 @@ enum Repr {
         len: usize,
         cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
     },
+    /// Being read from the disk tier layer by layer: each layer's bytes once checked (or why
+    /// the file was refused), and the whole, joined when first asked for.
+    Layers {
+        len: usize,
+        layers: Arc<LayerCells>,
+        whole: OnceLock<Result<Vec<u8>, String>>,
+    },
     /// Device-registered memory a copy may still be filling.
     #[cfg(feature = "cuda")]
     Device(Box<dyn HostBuffer>),
 }
+
+/// One cell per layer that a reader thread fills with the layer's checked bytes, or why the
+/// file was refused.
+pub(crate) type LayerCells = Vec<OnceLock<Result<Vec<u8>, String>>>;
 
 impl ChunkBytes {
     /// Bytes in device-registered memory.
@@ -54,6 +65,38 @@ impl ChunkBytes {
         ChunkBytes(Repr::Reading { len, cell })
     }
 
+    /// Bytes a reader thread will put in `layers`, layer by layer (`len` in all).
+    pub(crate) fn layered(len: usize, layers: Arc<LayerCells>) -> Self {
+        ChunkBytes(Repr::Layers {
+            len,
+            layers,
+            whole: OnceLock::new(),
+        })
+    }
+
+    /// Whether the bytes arrive layer by layer ([`Self::layer`] waits for one layer only).
+    pub fn is_layered(&self) -> bool {
+        matches!(self.0, Repr::Layers { .. })
+    }
+
+    /// Layer `i` of `n_layers`, waiting for that layer only when the bytes arrive layer by
+    /// layer.
+    ///
+    /// # Errors
+    /// As [`Self::bytes`]; a layer the chunk does not have.
+    pub fn layer(&self, i: usize, n_layers: usize) -> Result<&[u8], String> {
+        if let Repr::Layers { layers, .. } = &self.0 {
+            return match layers.get(i) {
+                Some(cell) => cell.wait().as_deref().map_err(Clone::clone),
+                None => Err(format!("no layer {i} in a chunk of {}", layers.len())),
+            };
+        }
+        let per = self.len() / n_layers.max(1);
+        self.bytes()?
+            .get(i * per..(i + 1) * per)
+            .ok_or_else(|| format!("no layer {i} in a chunk of {n_layers}"))
+    }
+
     /// The bytes, waiting for a copy or read still in flight.
     ///
     /// # Errors
@@ -62,6 +105,16 @@ impl ChunkBytes {
         match &self.0 {
             Repr::Heap(v) => Ok(v),
             Repr::Reading { cell, .. } => cell.wait().as_deref().map_err(Clone::clone),
+            Repr::Layers { len, layers, whole } => whole
+                .get_or_init(|| {
+                    let mut out = Vec::with_capacity(*len);
+                    for cell in layers.iter() {
+                        out.extend_from_slice(cell.wait().as_deref().map_err(Clone::clone)?);
+                    }
+                    Ok(out)
+                })
+                .as_deref()
+                .map_err(Clone::clone),
             #[cfg(feature = "cuda")]
             Repr::Device(b) => b.bytes(),
         }
@@ -71,7 +124,7 @@ impl ChunkBytes {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Heap(v) => v.len(),
-            Repr::Reading { len, .. } => *len,
+            Repr::Reading { len, .. } | Repr::Layers { len, .. } => *len,
             #[cfg(feature = "cuda")]
             Repr::Device(b) => b.len(),
         }

@@ -19,7 +19,7 @@ pub(crate) use disk::{DiskStore, Saved};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
-pub(crate) use host::{HostChunkId, HostPool};
+pub(crate) use host::{HostChunkId, HostPool, LayerCells};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 

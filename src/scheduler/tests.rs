@@ -56,7 +56,7 @@ impl World {
                 .complete_swap_out(o, std::sync::Arc::new(vec![0; o.len].into()));
         }
         for i in &plan.moves.swap_in {
-            assert!(self.cache.take_swap_in(i).is_some());
+            assert!(self.cache.take_swap_in(i, false).is_some());
             self.cache.complete_swap_in(i);
         }
         let outcome = Outcome {

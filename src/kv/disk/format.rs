@@ -1,7 +1,8 @@
 //! The chunk file format of the disk tier, and the content addresses chunks are named by.
 //!
-//! A chunk file is a fixed-size header followed by the chunk's KV bytes (the layout
-//! [`crate::attention::KvPool`] copies out: `[layer][k, v][token][kv heads x head dim]`):
+//! A chunk file is a fixed-size header, a table of one checksum per layer, and the chunk's KV
+//! bytes (the layout [`crate::attention::KvPool`] copies out:
+//! `[layer][k, v][token][kv heads x head dim]`):
 //!
 //! | bytes | field |
 //! |---|---|
@@ -15,8 +16,12 @@
 //! | 4 | tokens in the chunk |
 //! | 32 | content address: a hash chained over the token ids up to the chunk's last |
 //! | 8 | payload length |
-//! | 32 | BLAKE3 of the payload |
+//! | 32 | BLAKE3 of the layer table below |
 //! | 32 | BLAKE3 of every header byte before it |
+//! | 32 x layers | the layer table: BLAKE3 of each layer's K and V bytes |
+//!
+//! One checksum per layer lets a restore use layer 0 while later layers are still being read
+//! (the pipelined restore): each layer is checked before anything reads it.
 //!
 //! A file is accepted only if every field matches what the reader expects: a file of another
 //! model, format or shape, of other tokens (a renamed or swapped file) or with any flipped or
@@ -31,7 +36,7 @@ pub(crate) const HEADER_BYTES: usize = 8 + 4 + 32 + 12 + 4 + 8 + 4 + 4 + 32 + 8 
 const MAGIC: [u8; 8] = *b"PNSVKV\r\n";
 
 /// Version of the layout above; a file of another version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// A 32-byte BLAKE3 digest naming a chunk by its content: the token ids from the start of the
 /// conversation up to and including the chunk's last token. KV at a position depends on every
@@ -111,6 +116,16 @@ pub struct ChunkFormat {
 }
 
 impl ChunkFormat {
+    /// Bytes before the payload: the header and the layer table.
+    pub fn head_bytes(&self) -> usize {
+        HEADER_BYTES + 32 * self.layers as usize
+    }
+
+    /// Payload bytes of one layer of a chunk of `tokens` KV-tokens.
+    pub fn layer_bytes(&self, tokens: usize) -> usize {
+        self.payload_bytes(tokens) / (self.layers as usize).max(1)
+    }
+
     /// Payload bytes of a chunk of `tokens` KV-tokens.
     pub fn payload_bytes(&self, tokens: usize) -> usize {
         2 * tokens
@@ -198,9 +213,14 @@ impl Get<'_> {
     }
 }
 
-/// The header of a chunk of `payload` bytes.
+/// The header and layer table of a chunk of `payload` bytes.
 pub(crate) fn encode_header(format: &ChunkFormat, id: &ChunkId, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_BYTES);
+    let layer = (payload.len() / (format.layers as usize).max(1)).max(1);
+    let table: Vec<u8> = payload
+        .chunks(layer)
+        .flat_map(|l| *blake3::hash(l).as_bytes())
+        .collect();
+    let mut out = Vec::with_capacity(HEADER_BYTES + table.len());
     Put(&mut out)
         .bytes(&MAGIC)
         .u32(FORMAT_VERSION)
@@ -214,13 +234,14 @@ pub(crate) fn encode_header(format: &ChunkFormat, id: &ChunkId, payload: &[u8]) 
         .u32(id.tokens)
         .bytes(&id.address.0)
         .u64(payload.len() as u64)
-        .bytes(blake3::hash(payload).as_bytes());
+        .bytes(blake3::hash(&table).as_bytes());
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
+    out.extend_from_slice(&table);
     out
 }
 
-/// A parsed header: which chunk, its payload length and checksum.
+/// A parsed header: which chunk, its payload length and the checksum of its layer table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     pub id: ChunkId,
@@ -271,8 +292,47 @@ pub(crate) fn decode_header(format: &ChunkFormat, bytes: &[u8]) -> Result<Header
     Ok(header)
 }
 
-/// Checks a whole file (header and payload) holding the chunk at `address` of `tokens` tokens
-/// and returns its payload.
+/// Checks a header read from a file against the chunk at `address` of `tokens` tokens, and
+/// the layer table that follows it (`head`: the file's first [`ChunkFormat::head_bytes`]);
+/// returns the table.
+///
+/// # Errors
+/// The [`Fault`] that refuses it.
+pub(crate) fn decode_head<'a>(
+    format: &ChunkFormat,
+    head: &'a [u8],
+    address: &Address,
+    tokens: usize,
+) -> Result<&'a [u8], Fault> {
+    let header = decode_header(format, head)?;
+    if header.id.address != *address || header.id.tokens as usize != tokens {
+        return Err(Fault::WrongContent);
+    }
+    if header.payload_len != format.payload_bytes(tokens) as u64 {
+        return Err(Fault::Truncated);
+    }
+    let table = head
+        .get(HEADER_BYTES..format.head_bytes())
+        .ok_or(Fault::Truncated)?;
+    if blake3::hash(table).as_bytes() != &header.checksum {
+        return Err(Fault::Corrupt);
+    }
+    Ok(table)
+}
+
+/// Checks layer `i`'s bytes against the layer `table`.
+///
+/// # Errors
+/// [`Fault::Corrupt`] if they differ from what was written.
+pub(crate) fn check_layer(table: &[u8], i: usize, bytes: &[u8]) -> Result<(), Fault> {
+    match table.get(32 * i..32 * (i + 1)) {
+        Some(sum) if blake3::hash(bytes).as_bytes() == sum => Ok(()),
+        _ => Err(Fault::Corrupt),
+    }
+}
+
+/// Checks a whole file (header, layer table and payload) holding the chunk at `address` of
+/// `tokens` tokens and returns its payload.
 ///
 /// # Errors
 /// The [`Fault`] that refuses it.
@@ -282,18 +342,14 @@ pub(crate) fn decode_chunk<'a>(
     address: &Address,
     tokens: usize,
 ) -> Result<&'a [u8], Fault> {
-    let header = decode_header(format, file)?;
-    if header.id.address != *address || header.id.tokens as usize != tokens {
-        return Err(Fault::WrongContent);
-    }
-    let payload = &file[HEADER_BYTES..];
-    if payload.len() as u64 != header.payload_len
-        || header.payload_len != format.payload_bytes(tokens) as u64
-    {
+    let table = decode_head(format, file, address, tokens)?;
+    let payload = &file[format.head_bytes()..];
+    if payload.len() != format.payload_bytes(tokens) {
         return Err(Fault::Truncated);
     }
-    if blake3::hash(payload).as_bytes() != &header.checksum {
-        return Err(Fault::Corrupt);
+    let layer = format.layer_bytes(tokens).max(1);
+    for (i, bytes) in payload.chunks(layer).enumerate() {
+        check_layer(table, i, bytes)?;
     }
     Ok(payload)
 }
@@ -329,7 +385,7 @@ mod tests {
     #[test]
     fn a_whole_file_reads_back() {
         let (f, a) = file(&[1, 2, 3]);
-        assert_eq!(f.len(), HEADER_BYTES + 48);
+        assert_eq!(f.len(), HEADER_BYTES + 2 * 32 + 48);
         let payload = decode_chunk(&format(), &f, &a, 3).unwrap();
         assert_eq!(payload, &(0..48).collect::<Vec<u8>>()[..]);
     }
@@ -341,6 +397,8 @@ mod tests {
         for i in 0..f.len() {
             let mut bad = f.clone();
             bad[i] ^= 0x10;
+            // The header's own checksum covers the header; the layer table's checksum (in the
+            // header) the table; each table entry its layer.
             let want = if i < HEADER_BYTES {
                 Fault::BadHeader
             } else {
@@ -348,7 +406,7 @@ mod tests {
             };
             assert_eq!(decode_chunk(&fmt, &bad, &a, 3), Err(want), "byte {i}");
         }
-        for cut in [0, 10, HEADER_BYTES, f.len() - 1] {
+        for cut in [0, 10, HEADER_BYTES, HEADER_BYTES + 40, f.len() - 1] {
             let got = decode_chunk(&fmt, &f[..cut], &a, 3);
             assert_eq!(got, Err(Fault::Truncated), "cut at {cut}");
         }

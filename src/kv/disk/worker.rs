@@ -9,16 +9,16 @@
 //! final name either absent, or the old whole file, or the new whole file.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use super::format::{
-    decode_chunk, encode_header, Address, ChunkFormat, ChunkId, Fault, HEADER_BYTES,
+    check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
 };
-use crate::kv::ChunkBytes;
+use crate::kv::{ChunkBytes, LayerCells};
 
 /// What the worker does.
 pub(super) enum Job {
@@ -43,6 +43,15 @@ pub(super) enum Job {
         address: Address,
         tokens: usize,
         cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
+    },
+    /// Reads a chunk file layer by layer, putting each layer's bytes in its cell once
+    /// checked, so that a restore uses the first layers while later ones are still read.
+    ReadLayers {
+        path: PathBuf,
+        format: ChunkFormat,
+        address: Address,
+        tokens: usize,
+        layers: Arc<LayerCells>,
     },
     /// Answers once every job before it is done.
     Flush(Sender<()>),
@@ -162,11 +171,57 @@ fn run(queue: &Receiver<Job>, report: &Sender<Done>) {
                 }
                 let _ = cell.set(read.map_err(|f| format!("{}: {f}", path.display())));
             }
+            Job::ReadLayers {
+                path,
+                format,
+                address,
+                tokens,
+                layers,
+            } => {
+                if let Err(fault) = read_layers(&path, &format, &address, tokens, &layers) {
+                    // Layers already handed over were checked; the rest never will be.
+                    let why = format!("{}: {fault}", path.display());
+                    layers.iter().for_each(|cell| {
+                        let _ = cell.set(Err(why.clone()));
+                    });
+                    let _ = report.send(Done::Refused { address, fault });
+                }
+            }
             Job::Flush(tx) => {
                 let _ = tx.send(());
             }
         }
     }
+}
+
+/// Reads the file of the chunk at `address` (`tokens` KV-tokens) layer by layer into
+/// `layers`, checking the header and layer table first and each layer before handing it over.
+///
+/// # Errors
+/// The [`Fault`] that refuses the file (layers before it were handed over).
+fn read_layers(
+    path: &Path,
+    format: &ChunkFormat,
+    address: &Address,
+    tokens: usize,
+    layers: &LayerCells,
+) -> Result<(), Fault> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => Fault::Missing,
+        std::io::ErrorKind::UnexpectedEof => Fault::Truncated,
+        _ => Fault::Io,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let mut head = vec![0u8; format.head_bytes()];
+    file.read_exact(&mut head).map_err(io)?;
+    let table = decode_head(format, &head, address, tokens)?;
+    for (i, cell) in layers.iter().enumerate() {
+        let mut bytes = vec![0u8; format.layer_bytes(tokens)];
+        file.read_exact(&mut bytes).map_err(io)?;
+        check_layer(table, i, &bytes)?;
+        let _ = cell.set(Ok(bytes));
+    }
+    Ok(())
 }
 
 /// Reads the file of the chunk at `address` (`tokens` KV-tokens) and checks it whole; returns
@@ -186,7 +241,7 @@ pub(super) fn read_chunk(
         Err(_) => return Err(Fault::Io),
     };
     decode_chunk(format, &file, address, tokens)?;
-    file.drain(..HEADER_BYTES);
+    file.drain(..format.head_bytes());
     Ok(file)
 }
 
