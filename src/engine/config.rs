@@ -167,6 +167,9 @@ pub struct EngineConfig {
     /// How many waiting turns (from the head of the queue) have their KV read ahead from the
     /// disk tier into free host memory, and are spared by ahead-of-time eviction.
     pub prefetch_window: usize,
+    /// How long before a conversation's expected resume ([`super::Engine::expect_resume`])
+    /// its KV is read ahead from the disk tier.
+    pub prefetch_lead: std::time::Duration,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
@@ -192,6 +195,7 @@ impl Default for EngineConfig {
             pipelined_restore: true,
             disk: None,
             prefetch_window: 8,
+            prefetch_lead: std::time::Duration::from_secs(2),
             check_invariants: cfg!(debug_assertions),
         }
     }

@@ -17,6 +17,7 @@
 mod config;
 mod executor;
 mod handle;
+mod hints;
 mod overflow;
 mod sampler;
 mod store;
@@ -360,6 +361,7 @@ impl Engine {
         let t0 = Instant::now();
         self.drain_commands(now);
         self.cache.poll_disk();
+        self.prefetch_expected(now);
         let plan = self.sched.schedule(&self.convs, &mut self.cache, now);
         let t1 = Instant::now();
         self.stats.schedule_time += t1 - t0;

@@ -17,12 +17,13 @@
 //! Cost: one eviction scans the conversations, `O(conversations + chunks)`.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
 mod check;
 mod disk;
+mod hints;
+mod restore;
 mod shift;
 
 pub(crate) use disk::DiskTier;
@@ -113,6 +114,10 @@ pub(crate) struct ChunkTable {
     computed: usize,
     /// When the conversation last ran; eviction's idle time counts from here.
     last_active: Instant,
+    /// Never evicted below the host tier (a session hint).
+    pinned: bool,
+    /// When its next turn is expected (a session hint).
+    resume_at: Option<Instant>,
 }
 
 impl ChunkTable {
@@ -135,19 +140,6 @@ impl ChunkTable {
     fn chunk_len(&self, i: usize, chunk: usize) -> usize {
         self.computed.saturating_sub(i * chunk).min(chunk)
     }
-}
-
-/// What restoring a conversation for a turn found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Restore {
-    /// Dropped positions to recompute, in order, as maximal runs.
-    pub recompute: Vec<Range<usize>>,
-    /// Computed tokens already on the device (or reclaimed from a swap-out in flight).
-    pub on_device: usize,
-    /// Computed tokens being swapped in from the host.
-    pub from_host: usize,
-    /// Computed tokens being read from the disk tier.
-    pub from_disk: usize,
 }
 
 #[derive(Debug)]
@@ -221,6 +213,8 @@ impl CacheManager {
                 saved: Vec::new(),
                 computed: 0,
                 last_active: now,
+                pinned: false,
+                resume_at: None,
             },
         );
     }
@@ -295,9 +289,7 @@ impl CacheManager {
             let candidate = Candidate {
                 start: i * chunk,
                 len: table.chunk_len(i, chunk),
-                idle_s: now
-                    .saturating_duration_since(table.last_active)
-                    .as_secs_f64(),
+                idle_s: table.until_next_use(now).as_secs_f64(),
             };
             let value = self.policy.value(&candidate);
             if best.is_none_or(|(v, _, _)| value < v) {
@@ -319,12 +311,18 @@ impl CacheManager {
         moves: &mut Moves,
     ) {
         let on_device = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Device(_));
+        // Pinned conversations whose KV found no host room stay; the next victim goes instead.
+        let mut stuck = std::collections::HashSet::new();
         while self.blocks.num_free() + moves.swap_out.len() < target_free {
-            let Some((id, i)) = self.victim(on_device, protect, now) else {
+            let spare = |c: ConversationId| protect(c) || stuck.contains(&c);
+            let Some((id, i)) = self.victim(on_device, &spare, now) else {
                 break;
             };
             if !self.evict_chunk(id, i, protect, how, now, moves) {
-                break;
+                if !self.tables.get(&id).is_some_and(|t| t.pinned) {
+                    break;
+                }
+                stuck.insert(id);
             }
         }
     }
@@ -357,17 +355,21 @@ impl CacheManager {
         moves: &mut Moves,
     ) -> bool {
         let chunk = self.chunk_size();
-        let Some((block, len, saved)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
-            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk), t.saved[i].is_some())),
-            _ => None,
-        }) else {
+        let Some((block, len, saved, pinned)) =
+            self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
+                Some(&ChunkLoc::Device(b)) => {
+                    Some((b, t.chunk_len(i, chunk), t.saved[i].is_some(), t.pinned))
+                }
+                _ => None,
+            })
+        else {
             return false;
         };
         let bytes = self.bytes_of(len);
         let host = match (self.host.reserve(bytes), how) {
             (Some(h), _) => Some(h),
             // Its file holds it: leaving the device costs nothing now, a read later.
-            (None, _) if saved => {
+            (None, _) if saved && !pinned => {
                 if let Some(table) = self.tables.get_mut(&id) {
                     table.chunks[i] = ChunkLoc::Disk;
                     self.blocks.release(block);
@@ -397,6 +399,8 @@ impl CacheManager {
                     len,
                 });
             }
+            // A pinned conversation's KV stays on the device when the host has no room.
+            None if pinned => return false,
             None => {
                 table.chunks[i] = ChunkLoc::Dropped;
                 self.blocks.release(block);
@@ -415,8 +419,10 @@ impl CacheManager {
         now: Instant,
     ) {
         let on_host = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Host(_));
+        let pinned = self.pinned();
+        let spare = |c: ConversationId| protect(c) || pinned.contains(&c);
         while self.host.free_bytes() < bytes {
-            let Some((id, i)) = self.victim(on_host, protect, now) else {
+            let Some((id, i)) = self.victim(on_host, &spare, now) else {
                 return;
             };
             let Some(table) = self.tables.get_mut(&id) else {
@@ -433,83 +439,6 @@ impl CacheManager {
                 }
             }
         }
-    }
-
-    /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
-    pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
-        self.tables.get(&id).map_or(0, |t| {
-            t.chunks
-                .iter()
-                .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped))
-                .count()
-        })
-    }
-
-    /// Plans the restore of `id` for a turn: host chunks swapped in, dropped chunks given a
-    /// block to be recomputed into, and chunks still being swapped out this step reclaimed
-    /// (their copy is cancelled: the block still holds the KV). `None`, with nothing planned,
-    /// when the device lacks free blocks.
-    pub fn restore(&mut self, id: ConversationId, moves: &mut Moves) -> Option<Restore> {
-        if self.blocks_to_restore(id) > self.blocks.num_free() {
-            return None;
-        }
-        let chunk = self.chunk_size();
-        let table = self.tables.get_mut(&id)?;
-        let mut out = Restore::default();
-        for i in 0..table.chunks.len() {
-            let len = table.chunk_len(i, chunk);
-            match table.chunks[i] {
-                ChunkLoc::Device(_)
-                | ChunkLoc::SwappingIn { .. }
-                | ChunkLoc::Loading(_)
-                | ChunkLoc::Recomputing(_) => {
-                    out.on_device += len;
-                }
-                ChunkLoc::SwappingOut { block, host } => {
-                    moves.swap_out.retain(|s| (s.conv, s.chunk) != (id, i));
-                    self.host.release(host);
-                    table.chunks[i] = ChunkLoc::Device(block);
-                    out.on_device += len;
-                }
-                ChunkLoc::Host(host) => {
-                    let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::SwappingIn { host, block };
-                    moves.swap_in.push(SwapIn {
-                        conv: id,
-                        chunk: i,
-                        from: Source::Host(host),
-                        block,
-                        len,
-                    });
-                    out.from_host += len;
-                }
-                ChunkLoc::Disk => {
-                    let Some(address) = table.saved[i] else {
-                        continue;
-                    };
-                    let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::Loading(block);
-                    moves.swap_in.push(SwapIn {
-                        conv: id,
-                        chunk: i,
-                        from: Source::Disk(address),
-                        block,
-                        len,
-                    });
-                    out.from_disk += len;
-                }
-                ChunkLoc::Dropped => {
-                    let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::Recomputing(block);
-                    let run = i * chunk..i * chunk + len;
-                    match out.recompute.last_mut() {
-                        Some(r) if r.end == run.start => r.end = run.end,
-                        _ => out.recompute.push(run),
-                    }
-                }
-            }
-        }
-        Some(out)
     }
 
     /// A swap-out's bytes were copied: they go into the booked host chunk and the block is

@@ -73,6 +73,8 @@ impl CacheManager {
             saved: vec![None; n],
             computed,
             last_active: now,
+            pinned: false,
+            resume_at: None,
         };
         if let Some(d) = &mut self.disk {
             for (i, a) in saved.iter().take(n).enumerate() {

@@ -1,0 +1,70 @@
+//! Session hints: what the host application knows about a conversation's future that the
+//! cache cannot guess. They feed the eviction value and the disk tier's read-ahead.
+
+use std::time::{Duration, Instant};
+
+use super::Engine;
+use crate::ids::ConversationId;
+use crate::{Error, Result};
+
+impl Engine {
+    /// Pins `conv` (or unpins it): its KV is never evicted below host memory. It may still
+    /// leave the device for the host tier, but is never dropped or left on disk only; when
+    /// neither has room, other conversations' KV goes instead (and a pinned device chunk stays
+    /// put). Pin sparingly: pinned KV beyond the host budget blocks admissions.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn pin(&mut self, conv: ConversationId, pinned: bool) -> Result<()> {
+        self.known(conv)?;
+        self.cache.pin(conv, pinned);
+        Ok(())
+    }
+
+    /// Declares that `conv`'s next turn is expected `after` from now (a tool call that
+    /// returns in 30 s, a user typing). Eviction values its KV by that time rather than by how
+    /// long it has been idle (so a conversation about to return keeps its KV over one that
+    /// will not), and its chunks on disk are read ahead into host memory once the time is
+    /// within [`super::EngineConfig::prefetch_lead`]. A later hint replaces it; once its turn
+    /// has run, the conversation is valued by its idle time again.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn expect_resume(&mut self, conv: ConversationId, after: Duration) -> Result<()> {
+        self.known(conv)?;
+        self.cache.expect_resume(conv, Instant::now() + after);
+        Ok(())
+    }
+
+    /// Frees `conv`'s KV in every tier now (the conversation is finished for a while, or for
+    /// good, but its history is kept): its next turn, if any, recomputes the history. A named
+    /// conversation keeps its manifest (tokens and transcript) but no chunk files.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`]; [`Error::ConversationBusy`] while a turn of it is queued
+    /// or running.
+    pub fn release(&mut self, conv: ConversationId) -> Result<()> {
+        self.known(conv)?;
+        if self.sched.turn_of(conv).is_some() {
+            return Err(Error::ConversationBusy(conv));
+        }
+        self.cache.release_all(conv);
+        self.write_manifest(conv);
+        Ok(())
+    }
+
+    fn known(&self, conv: ConversationId) -> Result<()> {
+        if self.convs.contains_key(&conv) {
+            Ok(())
+        } else {
+            Err(Error::UnknownConversation(conv))
+        }
+    }
+
+    /// Reads ahead the disk-only KV of conversations expected back within the lead time.
+    pub(super) fn prefetch_expected(&mut self, now: Instant) {
+        for conv in self.cache.resuming_within(now, self.config.prefetch_lead) {
+            self.cache.prefetch(conv);
+        }
+    }
+}

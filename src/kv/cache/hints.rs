@@ -1,0 +1,63 @@
+//! Session hints (what the host application knows that the cache cannot guess): a pinned
+//! conversation is never evicted below the host tier, and a conversation whose next turn is
+//! expected at a known time is valued by that time instead of its idle time, and read ahead
+//! from disk when the time comes near.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::{CacheManager, ChunkTable};
+use crate::ids::ConversationId;
+
+impl ChunkTable {
+    /// How far its next use is, as eviction sees it: the time until an expected resume, else
+    /// the time since it last ran (the longer a conversation has been idle, the later it is
+    /// likely to come back). An overdue resume counts as idle since the expected time.
+    pub(super) fn until_next_use(&self, now: Instant) -> Duration {
+        match self.resume_at {
+            Some(at) if at > now => at - now,
+            Some(at) => now.saturating_duration_since(at.max(self.last_active)),
+            None => now.saturating_duration_since(self.last_active),
+        }
+    }
+}
+
+impl CacheManager {
+    /// Pins or unpins `id`; `false` if it has no table.
+    pub fn pin(&mut self, id: ConversationId, pinned: bool) -> bool {
+        self.tables
+            .get_mut(&id)
+            .map(|t| t.pinned = pinned)
+            .is_some()
+    }
+
+    /// Records that `id`'s next turn is expected at `at`; `false` if it has no table.
+    pub fn expect_resume(&mut self, id: ConversationId, at: Instant) -> bool {
+        self.tables
+            .get_mut(&id)
+            .map(|t| t.resume_at = Some(at))
+            .is_some()
+    }
+
+    /// The pinned conversations.
+    pub(super) fn pinned(&self) -> HashSet<ConversationId> {
+        self.tables
+            .iter()
+            .filter(|(_, t)| t.pinned)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Conversations whose expected resume is at most `lead` away (and not yet passed by more
+    /// than `lead`), for the read-ahead.
+    pub fn resuming_within(&self, now: Instant, lead: Duration) -> Vec<ConversationId> {
+        self.tables
+            .iter()
+            .filter(|(_, t)| {
+                t.resume_at
+                    .is_some_and(|at| at <= now + lead && now.saturating_duration_since(at) <= lead)
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+}

@@ -1,0 +1,100 @@
+//! Bringing a conversation's KV back to the device for a turn: host chunks swapped in, disk
+//! chunks read, dropped chunks given blocks to be recomputed into.
+
+use std::ops::Range;
+
+use super::{CacheManager, Moves, Source, SwapIn};
+use crate::ids::ConversationId;
+use crate::kv::ChunkLoc;
+
+/// What restoring a conversation for a turn found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Restore {
+    /// Dropped positions to recompute, in order, as maximal runs.
+    pub recompute: Vec<Range<usize>>,
+    /// Computed tokens already on the device (or reclaimed from a swap-out in flight).
+    pub on_device: usize,
+    /// Computed tokens being swapped in from the host.
+    pub from_host: usize,
+    /// Computed tokens being read from the disk tier.
+    pub from_disk: usize,
+}
+
+impl CacheManager {
+    /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
+    pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
+        self.tables.get(&id).map_or(0, |t| {
+            t.chunks
+                .iter()
+                .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped))
+                .count()
+        })
+    }
+
+    /// Plans the restore of `id` for a turn: host chunks swapped in, dropped chunks given a
+    /// block to be recomputed into, and chunks still being swapped out this step reclaimed
+    /// (their copy is cancelled: the block still holds the KV). `None`, with nothing planned,
+    /// when the device lacks free blocks.
+    pub fn restore(&mut self, id: ConversationId, moves: &mut Moves) -> Option<Restore> {
+        if self.blocks_to_restore(id) > self.blocks.num_free() {
+            return None;
+        }
+        let chunk = self.chunk_size();
+        let table = self.tables.get_mut(&id)?;
+        let mut out = Restore::default();
+        for i in 0..table.chunks.len() {
+            let len = table.chunk_len(i, chunk);
+            match table.chunks[i] {
+                ChunkLoc::Device(_)
+                | ChunkLoc::SwappingIn { .. }
+                | ChunkLoc::Loading(_)
+                | ChunkLoc::Recomputing(_) => {
+                    out.on_device += len;
+                }
+                ChunkLoc::SwappingOut { block, host } => {
+                    moves.swap_out.retain(|s| (s.conv, s.chunk) != (id, i));
+                    self.host.release(host);
+                    table.chunks[i] = ChunkLoc::Device(block);
+                    out.on_device += len;
+                }
+                ChunkLoc::Host(host) => {
+                    let block = self.blocks.allocate()?;
+                    table.chunks[i] = ChunkLoc::SwappingIn { host, block };
+                    moves.swap_in.push(SwapIn {
+                        conv: id,
+                        chunk: i,
+                        from: Source::Host(host),
+                        block,
+                        len,
+                    });
+                    out.from_host += len;
+                }
+                ChunkLoc::Disk => {
+                    let Some(address) = table.saved[i] else {
+                        continue;
+                    };
+                    let block = self.blocks.allocate()?;
+                    table.chunks[i] = ChunkLoc::Loading(block);
+                    moves.swap_in.push(SwapIn {
+                        conv: id,
+                        chunk: i,
+                        from: Source::Disk(address),
+                        block,
+                        len,
+                    });
+                    out.from_disk += len;
+                }
+                ChunkLoc::Dropped => {
+                    let block = self.blocks.allocate()?;
+                    table.chunks[i] = ChunkLoc::Recomputing(block);
+                    let run = i * chunk..i * chunk + len;
+                    match out.recompute.last_mut() {
+                        Some(r) if r.end == run.start => r.end = run.end,
+                        _ => out.recompute.push(run),
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+}
