@@ -295,7 +295,10 @@ impl Engine {
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }
-        let prompt = std::mem::take(&mut prepared.prompt);
+        let mut prompt = std::mem::take(&mut prepared.prompt);
+        if self.config.mode == CacheMode::Tiered {
+            self.adopt_shared(conv_id, &mut prompt);
+        }
         let active = ActiveTurn::new(prepared, params, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
         Ok(())

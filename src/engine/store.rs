@@ -163,6 +163,40 @@ impl Engine {
         self.cache.flush_disk();
     }
 
+    /// Reuses KV that any conversation stored in the disk tier for the same tokens (files are
+    /// named by content): the full chunks at the front of `prompt` after `conv`'s history,
+    /// leaving its last token to run through the model. The adopted tokens move from `prompt`
+    /// into the history, their KV read back when the turn runs. Applies when the history's KV
+    /// is whole and ends at a chunk boundary (a new conversation, say, with a system prompt
+    /// another one already sent).
+    pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
+        let chunk = self.config.chunk_size;
+        let (Some(conv), Some(table)) = (self.convs.get_mut(&conv_id), self.cache.table(conv_id))
+        else {
+            return;
+        };
+        let history = conv.tokens().len();
+        if self.cache.disk_store().is_none()
+            || table.computed() != history
+            || !history.is_multiple_of(chunk)
+            || prompt.is_empty()
+        {
+            return;
+        }
+        let full = (history + prompt.len() - 1) / chunk;
+        if full <= history / chunk {
+            return;
+        }
+        let mut tokens = conv.tokens().to_vec();
+        tokens.extend_from_slice(&prompt[..full * chunk - history]);
+        let addresses = Address::of_chunks(&tokens, chunk);
+        let adopted = self
+            .cache
+            .adopt_stored(conv_id, &addresses[history / chunk..full]);
+        conv.extend_tokens(prompt.drain(..adopted * chunk));
+        self.stats.shared_tokens += (adopted * chunk) as u64;
+    }
+
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their
     /// manifests.
     pub(super) fn save_finished(&mut self, now: Instant) {

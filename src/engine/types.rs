@@ -187,6 +187,10 @@ pub struct EngineStats {
     pub reused_host_tokens: u64,
     /// History tokens reused from the disk tier.
     pub reused_disk_tokens: u64,
+    /// Prompt tokens whose KV was found stored by content, computed for the same tokens by
+    /// another conversation (or an earlier copy of this one), and shared instead of prefilled
+    /// (their reads count in `reused_disk_tokens`).
+    pub shared_tokens: u64,
     /// Tokens recomputed after a drop (also work redone after a suspension).
     pub recomputed_tokens: u64,
     /// Tokens generated.

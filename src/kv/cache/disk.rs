@@ -96,6 +96,34 @@ impl CacheManager {
         self.make_disk_room(0, &|_| false, now);
     }
 
+    /// Extends `id`'s table with chunks stored under `addresses` (its next full chunks'
+    /// content addresses, in order) as far as the store has them: KV that other
+    /// conversations computed for the same tokens, found by content and shared (one file, one
+    /// more reference). Only for a table whose computed tokens end at a chunk boundary with no
+    /// chunk past them. Returns the chunks adopted; they are `Disk`, read when the turn runs.
+    pub fn adopt_stored(&mut self, id: ConversationId, addresses: &[Address]) -> usize {
+        let chunk = self.chunk_size();
+        let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
+            return 0;
+        };
+        if !t.computed.is_multiple_of(chunk) || t.chunks.len() != t.computed / chunk {
+            return 0;
+        }
+        let n = addresses
+            .iter()
+            .take_while(|a| {
+                let found = d.store.retain(a);
+                if found {
+                    t.chunks.push(ChunkLoc::Disk);
+                    t.saved.push(Some(**a));
+                }
+                found
+            })
+            .count();
+        t.computed += n * chunk;
+        n
+    }
+
     /// Starts reading `id`'s chunks that are only on disk into free host room, leading chunk
     /// first, on the reader thread (the scheduler's look-ahead over its wait queue): the turn
     /// then finds them in host memory. Never evicts to make room.
