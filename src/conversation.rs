@@ -43,7 +43,7 @@ impl Cut {
 }
 
 /// One conversation's history.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Conversation {
     /// The name it is stored under, for a conversation that persists across restarts.
     name: Option<String>,
@@ -115,6 +115,22 @@ impl Conversation {
 
     pub fn marks(&self) -> &[Mark] {
         &self.marks
+    }
+
+    /// An unnamed copy of the history before turn `k + 1` begins (its first `k` turns); the
+    /// whole history when turn `k + 1` has no mark (it has not happened, or the template
+    /// gave no cut point there).
+    pub fn prefix(&self, k: usize) -> Conversation {
+        let Some(&m) = self.marks.get(k) else {
+            return self.clone().named(None);
+        };
+        Conversation {
+            name: None,
+            tokens: self.tokens[..m.tokens].to_vec(),
+            messages: self.messages[..m.messages].to_vec(),
+            seen_text: self.seen_text[..m.text].to_string(),
+            marks: self.marks[..k].to_vec(),
+        }
     }
 
     /// Records where a turn begins (before its exchange is recorded); marks stay in order.

@@ -143,6 +143,50 @@ fn conversations_with_one_system_prompt_store_it_once_and_share_it() {
     );
 }
 
+#[test]
+fn a_fork_after_turn_two_reads_turns_one_and_two_and_equals_stateless_of_its_history() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    // Stateless reference of the forked history: turns 1 and 2, then the fork's own turn.
+    let mut fresh = engine(&model, CacheMode::Stateless, None);
+    let r = open(&mut fresh);
+    turns(&mut fresh, &[(0, r)]);
+    turns(&mut fresh, &[(1, r)]);
+    let want = turns(&mut fresh, &[(3, r)]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(&model, CacheMode::Tiered, Some(dir.path()));
+    let a = open(&mut e);
+    for q in 0..3 {
+        turns(&mut e, &[(q, a)]);
+    }
+    let f = e.fork(a, Some(2)).unwrap();
+    let history = e.tokens(f).unwrap().len();
+    // The fork holds turns 1 and 2 as the model saw them: a prefix of the reference's history.
+    assert!(fresh.tokens(r).unwrap().starts_with(e.tokens(f).unwrap()));
+    let got = turns(&mut e, &[(3, f)]);
+    assert_eq!(got[0].0, want[0].0, "{:?}", got[0].1);
+    let chunk = e.config().chunk_size;
+    // Every full chunk of the forked history came from the source's files.
+    assert!(
+        got[0].1.reused_from_disk_tokens >= history / chunk * chunk,
+        "{:?}",
+        got[0].1
+    );
+    assert!(
+        got[0].1.prefilled_tokens < chunk + got[0].1.prompt_tokens,
+        "{:?}",
+        got[0].1
+    );
+    // The source goes on unchanged.
+    let before = e.tokens(a).unwrap().len();
+    turns(&mut e, &[(2, a)]);
+    assert!(e.tokens(a).unwrap().len() > before);
+    assert!(matches!(
+        e.fork(ConversationId(999), None),
+        Err(pensieve::Error::UnknownConversation(_))
+    ));
+}
+
 /// Chunk files under `dir`.
 fn walk(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)

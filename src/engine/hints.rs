@@ -44,10 +44,7 @@ impl Engine {
     /// [`Error::UnknownConversation`]; [`Error::ConversationBusy`] while a turn of it is queued
     /// or running.
     pub fn release(&mut self, conv: ConversationId) -> Result<()> {
-        self.known(conv)?;
-        if self.sched.turn_of(conv).is_some() {
-            return Err(Error::ConversationBusy(conv));
-        }
+        self.idle(conv)?;
         self.cache.release_all(conv);
         self.write_manifest(conv);
         Ok(())
@@ -59,6 +56,21 @@ impl Engine {
         } else {
             Err(Error::UnknownConversation(conv))
         }
+    }
+
+    /// `conv`, if it is open and no turn of it is queued or running.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`], [`Error::ConversationBusy`].
+    pub(super) fn idle(&self, conv: ConversationId) -> Result<&crate::conversation::Conversation> {
+        let c = self
+            .convs
+            .get(&conv)
+            .ok_or(Error::UnknownConversation(conv))?;
+        if self.sched.turn_of(conv).is_some() {
+            return Err(Error::ConversationBusy(conv));
+        }
+        Ok(c)
     }
 
     /// Reads ahead the disk-only KV of conversations expected back within the lead time.

@@ -16,6 +16,7 @@
 
 mod config;
 mod executor;
+mod fork;
 mod handle;
 mod hints;
 mod overflow;
@@ -283,13 +284,7 @@ impl Engine {
         params: SamplingParams,
         now: Instant,
     ) -> Result<()> {
-        let conv = self
-            .convs
-            .get(&conv_id)
-            .ok_or(Error::UnknownConversation(conv_id))?;
-        if self.sched.turn_of(conv_id).is_some() {
-            return Err(Error::ConversationBusy(conv_id));
-        }
+        let conv = self.idle(conv_id)?;
         sampler::validate(&params)?;
         let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
         if let Some(cut) = prepared.cut.take() {

@@ -164,36 +164,38 @@ impl Engine {
     }
 
     /// Reuses KV that any conversation stored in the disk tier for the same tokens (files are
-    /// named by content): the full chunks at the front of `prompt` after `conv`'s history,
-    /// leaving its last token to run through the model. The adopted tokens move from `prompt`
-    /// into the history, their KV read back when the turn runs. Applies when the history's KV
-    /// is whole and ends at a chunk boundary (a new conversation, say, with a system prompt
-    /// another one already sent).
+    /// named by content): the full chunks past the computed part of `conv`'s history and its
+    /// new `prompt`, leaving the prompt's last token to run through the model. Adopted prompt
+    /// tokens move from `prompt` into the history; the KV is read back when the turn runs.
+    /// Applies when the computed KV ends at a chunk boundary with nothing cached past it: a
+    /// new conversation whose system prompt another one already sent, a fork, a history whose
+    /// own files were lost but that another conversation stored.
     pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
         let chunk = self.config.chunk_size;
         let (Some(conv), Some(table)) = (self.convs.get_mut(&conv_id), self.cache.table(conv_id))
         else {
             return;
         };
-        let history = conv.tokens().len();
+        let (history, computed) = (conv.tokens().len(), table.computed());
         if self.cache.disk_store().is_none()
-            || table.computed() != history
-            || !history.is_multiple_of(chunk)
+            || !computed.is_multiple_of(chunk)
+            || table.chunks().len() != computed / chunk
             || prompt.is_empty()
         {
             return;
         }
         let full = (history + prompt.len() - 1) / chunk;
-        if full <= history / chunk {
+        if full <= computed / chunk {
             return;
         }
         let mut tokens = conv.tokens().to_vec();
-        tokens.extend_from_slice(&prompt[..full * chunk - history]);
-        let addresses = Address::of_chunks(&tokens, chunk);
+        tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
+        let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
         let adopted = self
             .cache
-            .adopt_stored(conv_id, &addresses[history / chunk..full]);
-        conv.extend_tokens(prompt.drain(..adopted * chunk));
+            .adopt_stored(conv_id, &addresses[computed / chunk..full]);
+        let reach = computed + adopted * chunk;
+        conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
         self.stats.shared_tokens += (adopted * chunk) as u64;
     }
 
