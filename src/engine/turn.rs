@@ -84,7 +84,8 @@ pub(crate) fn prepare(
     let mut cut = None;
     let reply = max_reply.min(limit / 4).max(1);
     if limits.overflow == OverflowPolicy::DropOldest && history + enc.prompt.len() + reply > limit {
-        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, reply)? {
+        let need = (enc.prompt.len(), reply);
+        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, need)? {
             cut = Some(c);
             enc = e;
         }
@@ -212,7 +213,8 @@ fn encode(
 }
 
 /// The drop of the oldest whole turns (between two marks, or a mark and the end of the
-/// history) after which `turn` fits in `limit` with `reply` tokens to spare, else after which
+/// history) after which `turn` (`prompt` tokens before the drop) fits in `limit` with
+/// `reply` tokens to spare, else after which
 /// it fits at all, with the turn encoded after it. `None` if no drop makes it fit. A drop is
 /// usable only if the template renders the remaining messages as the kept history
 /// reads (so the next turn continues it): with a default system prompt that the template
@@ -222,7 +224,7 @@ fn choose_cut(
     conv: &Conversation,
     turn: &Turn,
     limit: usize,
-    reply: usize,
+    (prompt, reply): (usize, usize),
 ) -> Result<Option<(Cut, Encoded)>> {
     let history = conv.tokens().len();
     let end_now = Mark {
@@ -231,9 +233,6 @@ fn choose_cut(
         messages: conv.messages().len(),
     };
     let marks = conv.marks();
-    let prompt = encode(model, conv.messages(), conv.seen_text(), history, turn)?
-        .prompt
-        .len();
     // The oldest start whose smallest fitting drop keeps a later turn wins at once; a drop
     // of everything to the end, or one that leaves no room for the reply, only if none does.
     let mut last_resort: Option<(Cut, Encoded)> = None;
