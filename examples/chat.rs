@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use pensieve::engine::{
-    CacheMode, ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig,
-    SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, SamplingParams,
+    Turn, TurnStats,
 };
 
 mod common;
@@ -77,18 +77,9 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mode = args.engine.mode.cache_mode();
     let model = Arc::new(args.engine.load_model()?);
-    let config = EngineConfig {
-        budgets: args.engine.budgets(),
-        mode,
-        kv_precision: args.engine.kv_precision(),
-        overflow: args.engine.overflow_policy(),
-        max_context_tokens: args.engine.max_context,
-        disk: args.store.as_ref().map(|dir| DiskConfig {
-            budget_bytes: common::gib_bytes(args.disk_gib),
-            ..DiskConfig::new(dir)
-        }),
-        ..EngineConfig::default()
-    };
+    let config = args
+        .engine
+        .engine_config(args.store.as_deref(), args.disk_gib);
     let mut engine = Engine::with_model(model.clone(), config.clone())?;
     let name = args.store.as_ref().map(|_| args.conversation.clone());
     let conv = match name.as_deref().and_then(|n| engine.find(n)) {
@@ -105,6 +96,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         None => engine.open(ConversationOptions {
             system: args.system.clone(),
             name,
+            ..ConversationOptions::default()
         })?,
     };
     // The baseline: each turn's whole prompt (history and new message) prefilled by a

@@ -1,7 +1,8 @@
 //! KV shared by content on the real SmolLM2 weights: conversations that open with the same long
-//! system prompt find its chunks, stored by the first one, in the content-addressed disk tier,
-//! and read them instead of prefilling them; each chunk is stored once, and every
-//! conversation's outputs equal those of a `Stateless` engine.
+//! system prompt find its chunks, computed by the first one, in memory (one more reference to
+//! its blocks) or in the content-addressed disk tier, instead of prefilling them; each chunk is
+//! stored once, shared chunks move between tiers under pressure, and every conversation's
+//! outputs equal those of a `Stateless` engine.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -32,12 +33,22 @@ const QUESTIONS: [&str; 4] = [
 ];
 
 fn engine(model: &Arc<Model>, mode: CacheMode, dir: Option<&std::path::Path>) -> Engine {
+    sized(model, mode, dir, 2048, 1 << 30)
+}
+
+fn sized(
+    model: &Arc<Model>,
+    mode: CacheMode,
+    dir: Option<&std::path::Path>,
+    device_tokens: usize,
+    host_bytes: usize,
+) -> Engine {
     let config = EngineConfig {
         mode,
         budgets: Budgets {
-            device_tokens: 2048,
+            device_tokens,
             device_bytes: None,
-            host_bytes: 1 << 30,
+            host_bytes,
         },
         cost_profile: CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
@@ -89,18 +100,28 @@ fn open(e: &mut Engine) -> ConversationId {
     .unwrap()
 }
 
-#[test]
-fn conversations_with_one_system_prompt_store_it_once_and_share_it() {
-    let model = Arc::new(common::real_model(WeightFormat::default()));
-    let mut fresh = engine(&model, CacheMode::Stateless, None);
+/// Addresses of the chunks holding `c`'s KV: its history but the last reply token (which has
+/// no KV yet).
+fn chunks_of(e: &Engine, c: ConversationId) -> Vec<Address> {
+    let tokens = e.tokens(c).unwrap();
+    Address::of_chunks(&tokens[..tokens.len() - 1], e.config().chunk_size)
+}
+
+/// Stateless outputs of one conversation's question 0, then three others' together.
+fn stateless_four(model: &Arc<Model>) -> Vec<(Vec<u32>, TurnStats)> {
+    let mut fresh = engine(model, CacheMode::Stateless, None);
     let refs: Vec<(usize, ConversationId)> = (0..4).map(|i| (i, open(&mut fresh))).collect();
     let mut want = turns(&mut fresh, &refs[..1]);
     want.extend(turns(&mut fresh, &refs[1..]));
+    want
+}
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut e = engine(&model, CacheMode::Tiered, Some(dir.path()));
+#[test]
+fn conversations_with_one_system_prompt_hold_it_once_in_memory() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let want = stateless_four(&model);
+    let mut e = engine(&model, CacheMode::Tiered, None);
     let convs: Vec<(usize, ConversationId)> = (0..4).map(|i| (i, open(&mut e))).collect();
-    // The first conversation stores its chunks; the other three then start.
     let mut got = turns(&mut e, &convs[..1]);
     got.extend(turns(&mut e, &convs[1..]));
     for (i, ((out, stats), (want, _))) in got.iter().zip(&want).enumerate() {
@@ -109,31 +130,87 @@ fn conversations_with_one_system_prompt_store_it_once_and_share_it() {
     let chunk = e.config().chunk_size;
     let system_chunks = model.encode(SYSTEM).unwrap().len() / chunk;
     assert!(system_chunks >= 2);
-    assert_eq!(got[0].1.reused_tokens, 0);
-    for (out, stats) in &got[1..] {
-        assert!(!out.is_empty());
-        // The system prompt's full chunks were read, not prefilled.
-        assert!(
-            stats.reused_from_disk_tokens >= system_chunks * chunk,
-            "{stats:?}"
-        );
+    for (_, stats) in &got[1..] {
+        // The system prompt's full chunks were found on the device, not prefilled.
+        assert!(stats.reused_tokens >= system_chunks * chunk, "{stats:?}");
+        assert!(stats.prefilled_tokens + system_chunks * chunk <= stats.prompt_tokens);
+    }
+    // The device holds each distinct chunk once.
+    let mut all = 0;
+    let mut distinct = HashSet::new();
+    for &(_, c) in &convs {
+        let chunks = chunks_of(&e, c);
+        all += chunks.len();
+        distinct.extend(chunks);
     }
     let s = e.stats();
     assert!(
         s.shared_tokens as usize >= 3 * system_chunks * chunk,
         "{s:?}"
     );
+    assert_eq!(s.device_slots_used, distinct.len() * chunk, "{s:?}");
+    assert!(distinct.len() + 3 * system_chunks <= all);
+    assert!(s.shared_bytes_saved > 0, "{s:?}");
+    // A closed holder leaves the others theirs.
+    e.close(convs[0].1).unwrap();
+    assert!(e.stats().device_slots_used < s.device_slots_used);
+    let again = turns(&mut e, &convs[1..2]);
+    assert!(
+        again[0].1.reused_tokens >= again[0].1.prompt_tokens.min(1),
+        "{:?}",
+        again[0].1
+    );
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn conversations_with_one_system_prompt_store_it_once_on_disk() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let want = stateless_four(&model);
+    let dir = tempfile::tempdir().unwrap();
+    // The first conversation (named, so that its files outlive its engine) runs on one
+    // engine, which saves its chunks; the other three run on a second engine over the same
+    // folder, which has nothing in memory.
+    let mut first = engine(&model, CacheMode::Tiered, Some(dir.path()));
+    let c0 = first
+        .open(ConversationOptions {
+            system: Some(SYSTEM.into()),
+            name: Some("first".into()),
+            ..ConversationOptions::default()
+        })
+        .unwrap();
+    let mut got = turns(&mut first, &[(0, c0)]);
+    first.flush();
+    let first_chunks = chunks_of(&first, c0);
+    drop(first);
+    let mut e = engine(&model, CacheMode::Tiered, Some(dir.path()));
+    let convs: Vec<(usize, ConversationId)> = (1..4).map(|i| (i, open(&mut e))).collect();
+    got.extend(turns(&mut e, &convs));
+    for (i, ((out, stats), (want, _))) in got.iter().zip(&want).enumerate() {
+        assert_eq!(out, want, "conversation {i}: {stats:?}");
+    }
+    let chunk = e.config().chunk_size;
+    let system_chunks = model.encode(SYSTEM).unwrap().len() / chunk;
+    for (_, stats) in &got[1..] {
+        // The system prompt's full chunks were read, not prefilled.
+        assert!(
+            stats.reused_from_disk_tokens + stats.reused_tokens >= system_chunks * chunk,
+            "{stats:?}"
+        );
+    }
+    assert!(got[1..]
+        .iter()
+        .any(|(_, s)| s.reused_from_disk_tokens >= system_chunks * chunk));
+    assert!(e.stats().shared_tokens as usize >= 3 * system_chunks * chunk);
     e.flush();
     // Every chunk's content is stored once: the files are the distinct addresses of every
     // conversation's saved chunks, fewer than the chunks the conversations hold.
-    let mut all = 0;
-    let mut distinct = HashSet::new();
+    let mut all = first_chunks.len();
+    let mut distinct: HashSet<Address> = first_chunks.into_iter().collect();
     for &(_, c) in &convs {
-        // The last reply token has no KV yet: the rest is saved, the last chunk partial.
-        let tokens = e.tokens(c).unwrap();
-        let saved = Address::of_chunks(&tokens[..tokens.len() - 1], chunk);
-        all += saved.len();
-        distinct.extend(saved);
+        let chunks = chunks_of(&e, c);
+        all += chunks.len();
+        distinct.extend(chunks);
     }
     let files = walk(dir.path());
     assert_eq!(files, distinct.len());
@@ -141,6 +218,43 @@ fn conversations_with_one_system_prompt_store_it_once_and_share_it() {
         files + 3 * system_chunks <= all,
         "{files} files for {all} chunks"
     );
+}
+
+#[test]
+fn shared_chunks_move_between_tiers_under_pressure_and_outputs_stay_equal() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    // Six conversations, three turns each, two at a time: the device holds about two
+    // conversations, the host a few chunks, so shared chunks are swapped, dropped and
+    // brought back while other holders wait.
+    let schedule: Vec<[usize; 2]> = (0..3).flat_map(|_| [[0, 1], [2, 3], [4, 5]]).collect();
+    let run = |e: &mut Engine| {
+        let convs: Vec<ConversationId> = (0..6).map(|_| open(e)).collect();
+        let mut outs = vec![Vec::new(); 6];
+        for (step, pair) in schedule.iter().enumerate() {
+            let q = step / 3;
+            let got = turns(e, &[(q, convs[pair[0]]), (q + 1, convs[pair[1]])]);
+            for (k, (out, _)) in pair.iter().zip(got) {
+                outs[*k].push(out);
+            }
+        }
+        outs
+    };
+    let want = run(&mut engine(&model, CacheMode::Stateless, None));
+    let kv = model
+        .config()
+        .kv_shape()
+        .token_bytes(EngineConfig::default().kv_precision.dtype().size_in_bytes());
+    let mut e = sized(&model, CacheMode::Tiered, None, 512, 8 * 32 * kv);
+    let got = run(&mut e);
+    assert_eq!(got, want);
+    let s = e.stats();
+    assert!(s.shared_tokens > 0, "{s:?}");
+    assert!(s.bytes_swapped_out > 0 && s.bytes_swapped_in > 0, "{s:?}");
+    assert!(
+        s.chunks_dropped_from_host + s.chunks_dropped_from_device > 0,
+        "{s:?}"
+    );
+    e.check_invariants().unwrap();
 }
 
 #[test]
@@ -153,8 +267,7 @@ fn a_fork_after_turn_two_reads_turns_one_and_two_and_equals_stateless_of_its_his
     turns(&mut fresh, &[(1, r)]);
     let want = turns(&mut fresh, &[(3, r)]);
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut e = engine(&model, CacheMode::Tiered, Some(dir.path()));
+    let mut e = engine(&model, CacheMode::Tiered, None);
     let a = open(&mut e);
     for q in 0..3 {
         turns(&mut e, &[(q, a)]);
@@ -166,9 +279,9 @@ fn a_fork_after_turn_two_reads_turns_one_and_two_and_equals_stateless_of_its_his
     let got = turns(&mut e, &[(3, f)]);
     assert_eq!(got[0].0, want[0].0, "{:?}", got[0].1);
     let chunk = e.config().chunk_size;
-    // Every full chunk of the forked history came from the source's files.
+    // Every full chunk of the forked history is the source's, shared on the device.
     assert!(
-        got[0].1.reused_from_disk_tokens >= history / chunk * chunk,
+        got[0].1.reused_tokens >= history / chunk * chunk,
         "{:?}",
         got[0].1
     );

@@ -9,7 +9,7 @@ use std::error::Error;
 use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
-use pensieve::engine::{Budgets, CacheMode, KvPrecision, OverflowPolicy};
+use pensieve::engine::{Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy};
 use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.
@@ -31,6 +31,7 @@ impl Mode {
     pub const ALL: [Mode; 3] = [Mode::Stateless, Mode::DeviceOnly, Mode::Tiered];
 
     /// The flag's spelling.
+    #[allow(dead_code)] // not used by the server
     pub fn name(self) -> &'static str {
         match self {
             Mode::Stateless => "stateless",
@@ -164,6 +165,24 @@ impl EngineArgs {
         let source: ModelSource = self.model.parse()?;
         Model::load(&source, &options)
             .map_err(|e| format!("cannot load model {}: {e}", self.model).into())
+    }
+
+    /// The engine's configuration from these flags, with a disk tier in `store` of
+    /// `disk_gib` GiB when given.
+    #[allow(dead_code)] // used by chat and server
+    pub fn engine_config(&self, store: Option<&std::path::Path>, disk_gib: f64) -> EngineConfig {
+        EngineConfig {
+            budgets: self.budgets(),
+            mode: self.mode.cache_mode(),
+            kv_precision: self.kv_precision(),
+            overflow: self.overflow_policy(),
+            max_context_tokens: self.max_context,
+            disk: store.map(|dir| DiskConfig {
+                budget_bytes: gib_bytes(disk_gib),
+                ..DiskConfig::new(dir)
+            }),
+            ..EngineConfig::default()
+        }
     }
 
     /// The budgets of `--device-tokens` and `--host-mib`.

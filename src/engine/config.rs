@@ -164,6 +164,11 @@ pub struct EngineConfig {
     pub pipelined_restore: bool,
     /// The disk tier, if any (only in [`CacheMode::Tiered`]).
     pub disk: Option<DiskConfig>,
+    /// Share KV across conversations by content: a turn whose tokens start with full chunks
+    /// another conversation holds (in memory, or in the disk tier) takes a reference to them
+    /// instead of prefilling them, and a chunk shared that way is stored once. Off, each
+    /// conversation computes and keeps its own (Pensieve's model).
+    pub prefix_sharing: bool,
     /// How many waiting turns (from the head of the queue) have their KV read ahead from the
     /// disk tier into free host memory, and are spared by ahead-of-time eviction.
     pub prefetch_window: usize,
@@ -194,6 +199,7 @@ impl Default for EngineConfig {
             kv_precision: KvPrecision::default(),
             pipelined_restore: true,
             disk: None,
+            prefix_sharing: true,
             prefetch_window: 8,
             prefetch_lead: std::time::Duration::from_secs(2),
             check_invariants: cfg!(debug_assertions),

@@ -47,10 +47,7 @@ pub(super) fn transfer(
             {
                 ins.push((s, data));
             }
-            _ => {
-                cache.abort_swap_in(s);
-                lost.insert(s.conv);
-            }
+            _ => lost.extend(cache.abort_swap_in(s)),
         }
     }
     let out_ranges: Vec<(usize, usize)> = outs
@@ -75,8 +72,7 @@ pub(super) fn transfer(
                 cache.abort_swap_out(s);
             }
             for s in in_moves {
-                cache.abort_swap_in(s);
-                lost.insert(s.conv);
+                lost.extend(cache.abort_swap_in(s));
             }
         }
     }
@@ -100,8 +96,7 @@ pub(super) fn restored(
             .iter()
             .find(|s| cache.first_slot(s.block) == start)
         {
-            cache.abort_swap_in(s);
-            lost.insert(s.conv);
+            lost.extend(cache.abort_swap_in(s));
         }
     }
     (lost, waited)

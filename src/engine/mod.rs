@@ -60,6 +60,11 @@ pub struct ConversationOptions {
     /// ([`EngineConfig::disk`]): its state persists after every turn, and a later engine over
     /// the same folder resumes it ([`Engine::find`]). Ignored without a disk tier.
     pub name: Option<String>,
+    /// Earlier messages (user and assistant turns, after the system prompt) the conversation
+    /// starts with, as a client that resends its history has them: the first turn computes
+    /// them with its own message, or shares their KV where another conversation holds the
+    /// same tokens ([`EngineConfig::prefix_sharing`]).
+    pub history: Vec<Message>,
 }
 
 /// The stateful inference engine. See the module documentation for the step loop.
@@ -207,10 +212,11 @@ impl Engine {
 
     fn open_unnamed(&mut self, options: ConversationOptions) -> ConversationId {
         let id = self.next_id();
-        let messages = options
+        let mut messages: Vec<Message> = options
             .system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
+        messages.extend(options.history);
         self.convs.insert(id, Conversation::new(messages));
         self.cache.open(id, Instant::now());
         id
@@ -285,16 +291,14 @@ impl Engine {
         now: Instant,
     ) -> Result<()> {
         let conv = self.idle(conv_id)?;
-        sampler::validate(&params)?;
+        sampler::validate(&params, self.model.config().vocab_size)?;
         let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }
         let mut prompt = std::mem::take(&mut prepared.prompt);
-        if self.config.mode == CacheMode::Tiered {
-            self.adopt_shared(conv_id, &mut prompt);
-        }
-        let active = ActiveTurn::new(prepared, params, now);
+        self.adopt_shared(conv_id, &mut prompt);
+        let active = ActiveTurn::new(prepared, params, self.model.eos_token_ids(), now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
         Ok(())
     }
@@ -334,6 +338,7 @@ impl Engine {
             device_slots_used: (self.cache.num_blocks() - self.cache.num_free_blocks())
                 * self.config.chunk_size,
             host_bytes_used: self.cache.host_used_bytes(),
+            shared_bytes_saved: self.cache.shared_bytes_saved(),
             ..self.stats.clone()
         }
     }
@@ -612,9 +617,8 @@ impl Engine {
         if self.config.mode == CacheMode::Stateless {
             self.cache.release_all(conv_id);
         }
-        let saving = self.cache.disk_store().is_some();
-        if saving && admitted && !matches!(reason, FinishReason::Failed(_)) {
-            self.to_save.push(conv_id);
+        if admitted && !matches!(reason, FinishReason::Failed(_)) {
+            self.index_finished(conv_id);
         }
         self.stats.turns_finished += 1;
         self.backlog.push(Event::Finished {

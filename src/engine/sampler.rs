@@ -11,10 +11,19 @@ use crate::{Error, Result};
 ///
 /// # Errors
 /// [`Error::InvalidParams`] naming the bad value.
-pub(crate) fn validate(p: &SamplingParams) -> Result<()> {
+pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
     let bad = |m: &str| Err(Error::InvalidParams(m.to_string()));
     if p.max_tokens == 0 {
         return bad("max_tokens must be at least 1");
+    }
+    if p.min_tokens > p.max_tokens {
+        return bad("min_tokens must not exceed max_tokens");
+    }
+    if p.logit_bias
+        .iter()
+        .any(|&(t, b)| t as usize >= vocab || !b.is_finite())
+    {
+        return bad("logit_bias needs token ids in the vocabulary and finite biases");
     }
     if !p.temperature.is_finite() {
         return bad("temperature must be finite");
@@ -31,6 +40,11 @@ pub(crate) fn validate(p: &SamplingParams) -> Result<()> {
 /// Picks tokens from logits for one turn.
 pub(crate) struct Sampler {
     processor: LogitsProcessor,
+    bias: Vec<(u32, f32)>,
+    /// Tokens that would end the turn, masked while fewer than `min_tokens` were sampled.
+    stops: Vec<u32>,
+    min_tokens: usize,
+    sampled: usize,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -41,8 +55,8 @@ impl std::fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    /// A sampler for validated `params`.
-    pub fn new(params: &SamplingParams) -> Self {
+    /// A sampler for validated `params`, on a model whose end-of-turn tokens are `eos`.
+    pub fn new(params: &SamplingParams, eos: &[u32]) -> Self {
         let sampling = match (params.temperature, params.top_k, params.top_p) {
             (t, _, _) if t <= 0.0 => Sampling::ArgMax,
             (temperature, None, None) => Sampling::All { temperature },
@@ -50,8 +64,16 @@ impl Sampler {
             (temperature, None, Some(p)) => Sampling::TopP { p, temperature },
             (temperature, Some(k), Some(p)) => Sampling::TopKThenTopP { k, p, temperature },
         };
+        let stops = match params.ignore_eos {
+            true => Vec::new(),
+            false => eos.iter().chain(&params.stop_token_ids).copied().collect(),
+        };
         Self {
             processor: LogitsProcessor::from_sampling(params.seed, sampling),
+            bias: params.logit_bias.clone(),
+            stops,
+            min_tokens: params.min_tokens,
+            sampled: 0,
         }
     }
 
@@ -60,7 +82,28 @@ impl Sampler {
     /// # Errors
     /// [`Error::Candle`] if the logits cannot be read.
     pub fn sample(&mut self, logits: &Tensor) -> Result<u32> {
-        Ok(self.processor.sample(logits)?)
+        let masked = self.sampled < self.min_tokens && !self.stops.is_empty();
+        self.sampled += 1;
+        if !masked && self.bias.is_empty() {
+            return Ok(self.processor.sample(logits)?);
+        }
+        let mut v: Vec<f32> = logits.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+        for &(t, b) in &self.bias {
+            if let Some(x) = v.get_mut(t as usize) {
+                *x += b;
+            }
+        }
+        if masked {
+            for &t in &self.stops {
+                if let Some(x) = v.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let n = v.len();
+        Ok(self
+            .processor
+            .sample(&Tensor::from_vec(v, n, logits.device())?)?)
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConversationOptions, Engine, EngineConfig};
+use super::{CacheMode, ConversationOptions, Engine, EngineConfig};
 use crate::attention::KvShape;
 use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
@@ -163,27 +163,28 @@ impl Engine {
         self.cache.flush_disk();
     }
 
-    /// Reuses KV that any conversation stored in the disk tier for the same tokens (files are
-    /// named by content): the full chunks past the computed part of `conv`'s history and its
-    /// new `prompt`, leaving the prompt's last token to run through the model. Adopted prompt
-    /// tokens move from `prompt` into the history; the KV is read back when the turn runs.
-    /// Applies when the computed KV ends at a chunk boundary with nothing cached past it: a
-    /// new conversation whose system prompt another one already sent, a fork, a history whose
-    /// own files were lost but that another conversation stored.
+    /// Takes, for `conv_id`'s next full chunks (history not yet computed, then the front of
+    /// `prompt`), the KV other conversations computed for the same tokens: from memory (one
+    /// more reference to their block or host chunk), then from the disk tier (one more file
+    /// reference, read when the turn runs). The tokens adopted leave `prompt` for the history.
+    /// Only when the table's KV ends at a chunk boundary.
     pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
         let chunk = self.config.chunk_size;
+        if !self.config.prefix_sharing || self.config.mode == CacheMode::Stateless {
+            return;
+        }
         let (Some(conv), Some(table)) = (self.convs.get_mut(&conv_id), self.cache.table(conv_id))
         else {
             return;
         };
         let (history, computed) = (conv.tokens().len(), table.computed());
-        if self.cache.disk_store().is_none()
-            || !computed.is_multiple_of(chunk)
+        if !computed.is_multiple_of(chunk)
             || table.chunks().len() != computed / chunk
             || prompt.is_empty()
         {
             return;
         }
+        // The last prompt token always runs: its logits start the reply.
         let full = (history + prompt.len() - 1) / chunk;
         if full <= computed / chunk {
             return;
@@ -191,12 +192,25 @@ impl Engine {
         let mut tokens = conv.tokens().to_vec();
         tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
         let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
-        let adopted = self
-            .cache
-            .adopt_stored(conv_id, &addresses[computed / chunk..full]);
+        let next = &addresses[computed / chunk..full];
+        let in_memory = self.cache.adopt_resident(conv_id, next);
+        let adopted = in_memory + self.cache.adopt_stored(conv_id, &next[in_memory..]);
         let reach = computed + adopted * chunk;
         conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
         self.stats.shared_tokens += (adopted * chunk) as u64;
+    }
+
+    /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
+    /// saved (behind) to the disk tier at the end of the step (when there is one).
+    pub(super) fn index_finished(&mut self, id: ConversationId) {
+        if self.config.prefix_sharing && self.config.mode != CacheMode::Stateless {
+            if let Some(conv) = self.convs.get(&id) {
+                self.cache.index_chunks(id, conv.tokens());
+            }
+        }
+        if self.cache.disk_store().is_some() {
+            self.to_save.push(id);
+        }
     }
 
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their

@@ -306,9 +306,9 @@ pub(crate) struct Accepted {
 impl ActiveTurn {
     /// A turn of `prepared` with `params` (checked by `sampler::validate`), submitted at
     /// `now`.
-    pub fn new(prepared: PreparedTurn, params: SamplingParams, now: Instant) -> Self {
+    pub fn new(prepared: PreparedTurn, params: SamplingParams, eos: &[u32], now: Instant) -> Self {
         Self {
-            sampler: Sampler::new(&params),
+            sampler: Sampler::new(&params, eos),
             params,
             decoder: IncrementalDecoder::new(),
             reply: String::new(),
@@ -351,6 +351,7 @@ impl ActiveTurn {
         self.generated.push(token);
         let p = &self.params;
         let eos = !p.ignore_eos
+            && self.generated.len() > p.min_tokens
             && (model.eos_token_ids().contains(&token) || p.stop_token_ids.contains(&token));
         let text = if eos {
             String::new()

@@ -48,6 +48,12 @@ pub struct SamplingParams {
     /// ([`Event::Token::logprobs`]; OpenAI's `logprobs`/`top_logprobs`). Log-probabilities
     /// are the model's (before temperature and truncation).
     pub logprobs: Option<usize>,
+    /// Generate at least this many tokens before an end-of-turn or stop token may end the
+    /// turn (their logits are masked until then; vLLM's `min_tokens`).
+    pub min_tokens: usize,
+    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`: -100 bans
+    /// a token, +100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl SamplingParams {
@@ -63,6 +69,8 @@ impl SamplingParams {
             stop_strings: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            min_tokens: 0,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -187,9 +195,9 @@ pub struct EngineStats {
     pub reused_host_tokens: u64,
     /// History tokens reused from the disk tier.
     pub reused_disk_tokens: u64,
-    /// Prompt tokens whose KV was found stored by content, computed for the same tokens by
-    /// another conversation (or an earlier copy of this one), and shared instead of prefilled
-    /// (their reads count in `reused_disk_tokens`).
+    /// Prompt tokens whose KV was found by content, computed for the same tokens by another
+    /// conversation (or an earlier copy of this one), and shared instead of prefilled (in
+    /// memory: one more reference; on disk: read back, counted in `reused_disk_tokens`).
     pub shared_tokens: u64,
     /// Tokens recomputed after a drop (also work redone after a suspension).
     pub recomputed_tokens: u64,
@@ -228,6 +236,9 @@ pub struct EngineStats {
     pub device_slots_total: usize,
     /// Host bytes in use now.
     pub host_bytes_used: usize,
+    /// Memory that prefix sharing saves now: KV bytes (device and host) held once for several
+    /// conversations, counted once per conversation past the first.
+    pub shared_bytes_saved: usize,
     /// The recompute cost curve the value policy uses.
     pub cost_model: Option<CostModel>,
     /// Time in `step()` spent admitting, scheduling and evicting (planning, no KV copies).

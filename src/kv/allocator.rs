@@ -1,9 +1,13 @@
 //! Slot allocation over the fixed device pool, in blocks of `chunk_size` consecutive slots
 //! (Pensieve §4.3: the chunk is the unit of allocation, eviction and swap).
 //!
-//! Invariants: every block is either free (in the free list exactly once) or allocated; the
-//! number of free blocks plus allocated blocks equals the pool's block count. `allocate` and
-//! `release` are O(1).
+//! A block holding a full chunk that several conversations computed for the same tokens is
+//! shared (prefix sharing): it counts one reference per chunk that names it and returns to the
+//! free list when the last is released.
+//!
+//! Invariants: every block is either free (in the free list exactly once, no references) or
+//! allocated (at least one reference); the number of free blocks plus allocated blocks equals
+//! the pool's block count. `allocate`, `share` and `release` are O(1).
 
 use std::fmt;
 
@@ -22,7 +26,8 @@ impl fmt::Display for BlockId {
 pub struct BlockAllocator {
     chunk_size: usize,
     free: Vec<BlockId>,
-    allocated: Vec<bool>,
+    /// References per block; 0 when free.
+    refs: Vec<u32>,
 }
 
 impl BlockAllocator {
@@ -33,7 +38,7 @@ impl BlockAllocator {
         Self {
             chunk_size,
             free,
-            allocated: vec![false; num_blocks],
+            refs: vec![0; num_blocks],
         }
     }
 
@@ -44,7 +49,7 @@ impl BlockAllocator {
 
     /// Total blocks.
     pub fn num_blocks(&self) -> usize {
-        self.allocated.len()
+        self.refs.len()
     }
 
     /// Blocks currently free.
@@ -52,24 +57,43 @@ impl BlockAllocator {
         self.free.len()
     }
 
-    /// Takes a free block, or `None` when the pool is exhausted.
+    /// Takes a free block (one reference), or `None` when the pool is exhausted.
     pub fn allocate(&mut self) -> Option<BlockId> {
         let b = self.free.pop()?;
-        self.allocated[b.0 as usize] = true;
+        self.refs[b.0 as usize] = 1;
         Some(b)
     }
 
-    /// Returns `block` to the free list. Releasing a free or unknown block is a bookkeeping
-    /// bug; it is ignored (and reported as `false`) rather than corrupting the free list.
-    pub fn release(&mut self, block: BlockId) -> bool {
-        match self.allocated.get_mut(block.0 as usize) {
-            Some(a) if *a => {
-                *a = false;
-                self.free.push(block);
+    /// One more reference to an allocated block; `false` (nothing done) for a free one.
+    pub fn share(&mut self, block: BlockId) -> bool {
+        match self.refs.get_mut(block.0 as usize) {
+            Some(r) if *r > 0 => {
+                *r += 1;
                 true
             }
             _ => false,
         }
+    }
+
+    /// Drops one reference to `block`, returning it to the free list with the last. Releasing
+    /// a free or unknown block is a bookkeeping bug; it is ignored (and reported as `false`)
+    /// rather than corrupting the free list.
+    pub fn release(&mut self, block: BlockId) -> bool {
+        match self.refs.get_mut(block.0 as usize) {
+            Some(r) if *r > 0 => {
+                *r -= 1;
+                if *r == 0 {
+                    self.free.push(block);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// References to `block` (0 when free).
+    pub fn refs(&self, block: BlockId) -> usize {
+        self.refs.get(block.0 as usize).map_or(0, |&r| r as usize)
     }
 
     /// The slot of offset `i` inside `block`.
@@ -79,10 +103,7 @@ impl BlockAllocator {
 
     /// Whether `block` is allocated.
     pub fn is_allocated(&self, block: BlockId) -> bool {
-        self.allocated
-            .get(block.0 as usize)
-            .copied()
-            .unwrap_or(false)
+        self.refs(block) > 0
     }
 }
 
@@ -112,6 +133,19 @@ mod tests {
                 prop_assert_eq!(a.num_free() + held.len(), 16);
             }
         }
+    }
+
+    #[test]
+    fn a_shared_block_is_freed_with_its_last_reference() {
+        let mut a = BlockAllocator::new(2, 32);
+        let b = a.allocate().unwrap();
+        assert!(a.share(b) && a.share(b));
+        assert_eq!((a.refs(b), a.num_free()), (3, 1));
+        assert!(a.release(b) && a.release(b));
+        assert_eq!(a.num_free(), 1);
+        assert!(a.release(b));
+        assert_eq!((a.refs(b), a.num_free()), (0, 2));
+        assert!(!a.release(b) && !a.share(b));
     }
 
     #[test]

@@ -10,13 +10,16 @@
 //! tier, the lowest value under the policy. Ahead-of-time eviction only moves KV to a lower
 //! tier with free room; dropping happens only on demand.
 //!
-//! Invariants (checked by [`CacheManager::check`]): every allocated block and host chunk
-//! belongs to exactly one chunk of one table; the host pool never exceeds its budget; a table
-//! covers at least its computed tokens.
+//! Full chunks are shared between conversations whose histories start alike (see `share`):
+//! a shared block or host chunk moves, for all of its holders at once.
+//!
+//! Invariants (checked by [`CacheManager::check`]): every allocated block and host chunk has
+//! as many references as chunks name it (one, unless shared); the host pool never exceeds its
+//! budget; a table covers at least its computed tokens.
 //!
 //! Cost: one eviction scans the conversations, `O(conversations + chunks)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,6 +27,7 @@ mod check;
 mod disk;
 mod hints;
 mod restore;
+mod share;
 mod shift;
 
 pub(crate) use disk::DiskTier;
@@ -68,6 +72,16 @@ pub(crate) struct SwapIn {
 pub(crate) struct Moves {
     pub swap_out: Vec<SwapOut>,
     pub swap_in: Vec<SwapIn>,
+}
+
+impl SwapOut {
+    /// Where the chunk is while the copy is planned.
+    fn loc(&self) -> ChunkLoc {
+        ChunkLoc::SwappingOut {
+            block: self.block,
+            host: self.host,
+        }
+    }
 }
 
 impl Moves {
@@ -118,6 +132,8 @@ pub(crate) struct ChunkTable {
     pinned: bool,
     /// When its next turn is expected (a session hint).
     resume_at: Option<Instant>,
+    /// Content addresses of its leading full chunks, as far as they are in the prefix index.
+    addrs: Vec<Address>,
 }
 
 impl ChunkTable {
@@ -153,6 +169,8 @@ pub(crate) struct CacheManager {
     counters: CacheCounters,
     /// The tier below host, when the engine has one.
     disk: Option<DiskTier>,
+    /// Conversations holding a full chunk, by the chunk's content address (see `share`).
+    index: HashMap<Address, Vec<ConversationId>>,
 }
 
 impl CacheManager {
@@ -171,6 +189,7 @@ impl CacheManager {
             tables: BTreeMap::new(),
             counters: CacheCounters::default(),
             disk: None,
+            index: HashMap::new(),
         }
     }
 
@@ -215,6 +234,7 @@ impl CacheManager {
                 last_active: now,
                 pinned: false,
                 resume_at: None,
+                addrs: Vec::new(),
             },
         );
     }
@@ -222,6 +242,7 @@ impl CacheManager {
     /// Releases everything `id` holds and forgets it.
     pub fn close(&mut self, id: ConversationId) {
         self.release_all(id);
+        self.forget_addresses(id, 0);
         self.tables.remove(&id);
     }
 
@@ -280,18 +301,26 @@ impl CacheManager {
             if protect(id) {
                 continue;
             }
-            let computed = table.computed_chunks(chunk);
-            let Some(i) =
-                (0..computed).find(|&i| in_tier(&table.chunks[i], table.saved[i].is_some()))
+            // A chunk shared with a protected conversation stays; the next one is offered.
+            let Some((i, sharers)) = (0..table.computed_chunks(chunk))
+                .filter(|&i| in_tier(&table.chunks[i], table.saved[i].is_some()))
+                .map(|i| (i, self.sharers(id, i)))
+                .find(|(_, s)| !s.iter().any(|&c| c != id && protect(c)))
             else {
                 continue;
             };
-            let candidate = Candidate {
-                start: i * chunk,
-                len: table.chunk_len(i, chunk),
-                idle_s: table.until_next_use(now).as_secs_f64(),
-            };
-            let value = self.policy.value(&candidate);
+            // Losing a shared chunk costs each of its holders.
+            let value: f64 = sharers
+                .iter()
+                .filter_map(|c| self.tables.get(c))
+                .map(|t| {
+                    self.policy.value(&Candidate {
+                        start: i * chunk,
+                        len: t.chunk_len(i, chunk),
+                        idle_s: t.until_next_use(now).as_secs_f64(),
+                    })
+                })
+                .sum();
             if best.is_none_or(|(v, _, _)| value < v) {
                 best = Some((value, id, i));
             }
@@ -355,42 +384,44 @@ impl CacheManager {
         moves: &mut Moves,
     ) -> bool {
         let chunk = self.chunk_size();
-        let Some((block, len, saved, pinned)) =
-            self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
-                Some(&ChunkLoc::Device(b)) => {
-                    Some((b, t.chunk_len(i, chunk), t.saved[i].is_some(), t.pinned))
-                }
-                _ => None,
-            })
-        else {
+        let Some((block, len)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
+            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk))),
+            _ => None,
+        }) else {
             return false;
         };
+        let sharers = self.sharers(id, i);
+        if sharers.iter().any(|&c| c != id && protect(c)) {
+            return false;
+        }
+        let tables = || sharers.iter().filter_map(|c| self.tables.get(c));
+        let pinned = tables().any(|t| t.pinned);
+        let saved = tables().all(|t| t.saved[i].is_some());
         let bytes = self.bytes_of(len);
         let host = match (self.host.reserve(bytes), how) {
             (Some(h), _) => Some(h),
             // Its file holds it: leaving the device costs nothing now, a read later.
             (None, _) if saved && !pinned => {
-                if let Some(table) = self.tables.get_mut(&id) {
-                    table.chunks[i] = ChunkLoc::Disk;
-                    self.blocks.release(block);
-                    self.counters.chunks_to_disk += 1;
-                }
+                self.set_chunk(&sharers, i, ChunkLoc::Disk);
+                sharers.iter().for_each(|_| _ = self.blocks.release(block));
+                self.counters.chunks_to_disk += 1;
                 return true;
             }
             (None, Eviction::AheadOfTime) => return false,
             (None, Eviction::OnDemand) if bytes <= self.host.budget_bytes() => {
-                let spare = |c: ConversationId| c == id || protect(c);
+                let spare = |c: ConversationId| sharers.contains(&c) || protect(c);
                 self.make_host_room(bytes, &spare, now);
                 self.host.reserve(bytes)
             }
             (None, Eviction::OnDemand) => None,
         };
-        let Some(table) = self.tables.get_mut(&id) else {
-            return false;
-        };
         match host {
             Some(host) => {
-                table.chunks[i] = ChunkLoc::SwappingOut { block, host };
+                sharers
+                    .iter()
+                    .skip(1)
+                    .for_each(|_| _ = self.host.share(host));
+                self.set_chunk(&sharers, i, ChunkLoc::SwappingOut { block, host });
                 moves.swap_out.push(SwapOut {
                     conv: id,
                     chunk: i,
@@ -402,8 +433,8 @@ impl CacheManager {
             // A pinned conversation's KV stays on the device when the host has no room.
             None if pinned => return false,
             None => {
-                table.chunks[i] = ChunkLoc::Dropped;
-                self.blocks.release(block);
+                self.set_chunk(&sharers, i, ChunkLoc::Dropped);
+                sharers.iter().for_each(|_| _ = self.blocks.release(block));
                 self.counters.chunks_dropped_from_device += 1;
             }
         }
@@ -425,10 +456,14 @@ impl CacheManager {
             let Some((id, i)) = self.victim(on_host, &spare, now) else {
                 return;
             };
-            let Some(table) = self.tables.get_mut(&id) else {
+            let Some(&ChunkLoc::Host(h)) = self.tables.get(&id).and_then(|t| t.chunks.get(i))
+            else {
                 return;
             };
-            if let ChunkLoc::Host(h) = table.chunks[i] {
+            for c in self.sharers(id, i) {
+                let Some(table) = self.tables.get_mut(&c) else {
+                    continue;
+                };
                 self.host.release(h);
                 if table.saved[i].is_some() {
                     table.chunks[i] = ChunkLoc::Disk;
@@ -448,22 +483,24 @@ impl CacheManager {
             self.abort_swap_out(s);
             return;
         }
-        self.blocks.release(s.block);
+        let holders = self.holders(s.chunk, s.loc());
+        holders
+            .iter()
+            .for_each(|_| _ = self.blocks.release(s.block));
+        self.set_chunk(&holders, s.chunk, ChunkLoc::Host(s.host));
         self.counters.bytes_swapped_out += self.bytes_of(s.len) as u64;
-        if let Some(t) = self.tables.get_mut(&s.conv) {
-            t.chunks[s.chunk] = ChunkLoc::Host(s.host);
-        }
     }
 
     /// A swap-out whose copy failed: the chunk is dropped (its raw tokens rebuild it).
     pub fn abort_swap_out(&mut self, s: &SwapOut) {
-        self.blocks.release(s.block);
-        self.host.release(s.host);
+        let holders = self.holders(s.chunk, s.loc());
+        for _ in &holders {
+            self.blocks.release(s.block);
+            self.host.release(s.host);
+        }
+        self.set_chunk(&holders, s.chunk, ChunkLoc::Dropped);
         self.counters.swap_out_failures += 1;
         self.counters.chunks_dropped_from_device += 1;
-        if let Some(t) = self.tables.get_mut(&s.conv) {
-            t.chunks[s.chunk] = ChunkLoc::Dropped;
-        }
     }
 
     /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or from its file:
@@ -471,34 +508,57 @@ impl CacheManager {
     /// checked before it is used. `None` if they are gone or the file was refused (counted).
     pub fn take_swap_in(&mut self, s: &SwapIn, layered: bool) -> Option<Arc<ChunkBytes>> {
         match s.from {
-            Source::Host(h) => self.host.take(h),
+            Source::Host(h) => self.host.get(h),
             Source::Disk(a) if layered => self.disk.as_mut()?.store.load_layered(&a, s.len),
             Source::Disk(a) => self.disk.as_mut()?.store.load(&a, s.len).ok(),
         }
     }
 
-    /// A swap-in's bytes are on the device.
+    /// A swap-in's bytes are on the device (for every holder of a shared host chunk).
     pub fn complete_swap_in(&mut self, s: &SwapIn) {
-        if let Source::Host(_) = s.from {
-            self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
-        }
-        if let Some(t) = self.tables.get_mut(&s.conv) {
-            t.chunks[s.chunk] = ChunkLoc::Device(s.block);
-        }
+        let holders = match s.from {
+            Source::Host(host) => {
+                self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
+                let loc = ChunkLoc::SwappingIn {
+                    host,
+                    block: s.block,
+                };
+                let holders = self.holders(s.chunk, loc);
+                holders.iter().for_each(|_| self.host.release(host));
+                holders
+            }
+            Source::Disk(_) => vec![s.conv],
+        };
+        self.set_chunk(&holders, s.chunk, ChunkLoc::Device(s.block));
     }
 
     /// A swap-in whose copy failed: the chunk is dropped (recomputed when next needed).
-    pub fn abort_swap_in(&mut self, s: &SwapIn) {
-        self.blocks.release(s.block);
+    /// Returns the conversations that lost it (every holder of a shared host chunk).
+    pub fn abort_swap_in(&mut self, s: &SwapIn) -> Vec<ConversationId> {
         self.counters.swap_in_failures += 1;
-        match s.from {
-            Source::Host(h) => self.host.release(h),
-            // The file is refused (or unreadable): forget it; the chunk is recomputed.
-            Source::Disk(_) => self.drop_saved(s.conv, s.chunk),
-        }
-        if let Some(t) = self.tables.get_mut(&s.conv) {
-            t.chunks[s.chunk] = ChunkLoc::Dropped;
-        }
+        let holders = match s.from {
+            Source::Host(host) => {
+                let loc = ChunkLoc::SwappingIn {
+                    host,
+                    block: s.block,
+                };
+                let holders = self.holders(s.chunk, loc);
+                for _ in &holders {
+                    self.blocks.release(s.block);
+                    self.host.release(host);
+                }
+                holders
+            }
+            // The file is refused (or unreadable): forget it; the chunk is recomputed. A chunk
+            // read from disk is its conversation's own.
+            Source::Disk(_) => {
+                self.blocks.release(s.block);
+                self.drop_saved(s.conv, s.chunk);
+                vec![s.conv]
+            }
+        };
+        self.set_chunk(&holders, s.chunk, ChunkLoc::Dropped);
+        holders
     }
 
     /// Gives `id` one more block, for tokens about to be computed; `false` if the device is

@@ -2,7 +2,9 @@
 //!
 //! Bookkeeping is two-phase: `reserve` books the bytes (at plan time, so the budget is never
 //! exceeded by what is in flight) and `store` fills them in when the executor has copied the
-//! data; `take` hands the data back for a swap-in and frees the bytes; `release` drops a chunk.
+//! data; `get` hands the data out (a swap-in, a save); `release` drops a reference. A chunk that
+//! several conversations share (prefix sharing) is held once, with one reference per
+//! conversation, and freed with the last.
 //! Invariant: `used_bytes <= budget_bytes`, and `used_bytes` is the sum of the reserved sizes.
 
 use std::sync::{Arc, OnceLock};
@@ -150,6 +152,7 @@ pub struct HostChunkId(pub u32);
 struct Entry {
     bytes: usize,
     data: Option<Arc<ChunkBytes>>,
+    refs: u32,
 }
 
 /// KV chunks in host memory.
@@ -191,7 +194,11 @@ impl HostPool {
             return None;
         }
         self.used_bytes += bytes;
-        let entry = Some(Entry { bytes, data: None });
+        let entry = Some(Entry {
+            bytes,
+            data: None,
+            refs: 1,
+        });
         let id = match self.free_ids.pop() {
             Some(i) => {
                 self.entries[i as usize] = entry;
@@ -221,22 +228,45 @@ impl HostPool {
         self.entries.get(id.0 as usize)?.as_ref()?.data.clone()
     }
 
-    /// Removes a chunk and returns its data (for a swap-in), freeing its bytes.
-    pub fn take(&mut self, id: HostChunkId) -> Option<Arc<ChunkBytes>> {
-        let entry = self.entries.get_mut(id.0 as usize)?.take()?;
-        self.used_bytes -= entry.bytes;
-        self.free_ids.push(id.0);
-        entry.data
+    /// One more reference to a held chunk; `false` for an unknown id.
+    pub fn share(&mut self, id: HostChunkId) -> bool {
+        match self.entries.get_mut(id.0 as usize) {
+            Some(Some(e)) => {
+                e.refs += 1;
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// Drops a chunk (eviction to the next tier or to nothing).
+    /// References to a chunk (0 for an unknown id).
+    pub fn refs(&self, id: HostChunkId) -> usize {
+        self.entries
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |e| e.refs as usize)
+    }
+
+    /// Drops one reference to a chunk (eviction to the next tier or to nothing, a swap-in
+    /// done), freeing its bytes with the last.
     pub fn release(&mut self, id: HostChunkId) {
-        let _ = self.take(id);
+        let Some(slot) = self.entries.get_mut(id.0 as usize) else {
+            return;
+        };
+        let Some(e) = slot else {
+            return;
+        };
+        e.refs = e.refs.saturating_sub(1);
+        if e.refs == 0 {
+            self.used_bytes -= e.bytes;
+            *slot = None;
+            self.free_ids.push(id.0);
+        }
     }
 
-    /// Number of chunks held or in flight.
-    pub fn len(&self) -> usize {
-        self.entries.len() - self.free_ids.len()
+    /// References to every chunk held or in flight.
+    pub fn references(&self) -> usize {
+        self.entries.iter().flatten().map(|e| e.refs as usize).sum()
     }
 }
 
@@ -252,9 +282,23 @@ mod tests {
         assert!(h.store(a, Arc::new(vec![1; 15].into())));
         let b = h.reserve(40).unwrap();
         assert_eq!(h.used_bytes(), 100);
-        assert_eq!(h.take(a).unwrap().bytes().unwrap(), &[1; 15]);
+        assert_eq!(h.get(a).unwrap().bytes().unwrap(), &[1; 15]);
+        h.release(a);
         h.release(b);
-        assert_eq!((h.used_bytes(), h.len()), (0, 0));
-        assert!(h.take(a).is_none());
+        assert_eq!((h.used_bytes(), h.references()), (0, 0));
+        assert!(h.get(a).is_none());
+    }
+
+    #[test]
+    fn a_shared_chunk_is_freed_with_its_last_reference() {
+        let mut h = HostPool::new(100);
+        let a = h.reserve(60).unwrap();
+        assert!(h.share(a));
+        assert_eq!((h.refs(a), h.references(), h.used_bytes()), (2, 2, 60));
+        h.release(a);
+        assert_eq!((h.used_bytes(), h.refs(a)), (60, 1));
+        h.release(a);
+        assert_eq!((h.used_bytes(), h.references(), h.refs(a)), (0, 0, 0));
+        assert!(!h.share(a));
     }
 }

@@ -26,7 +26,7 @@ pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 use crate::ids::ConversationId;
 
 /// Where one chunk of a conversation's KV lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ChunkLoc {
     /// In the device pool, readable by attention.
     Device(BlockId),
@@ -70,6 +70,14 @@ impl ChunkLoc {
             | ChunkLoc::Dropped => None,
         }
     }
+
+    /// The device block this chunk holds a reference to, if any (readable or not).
+    pub(crate) fn named_block(self) -> Option<BlockId> {
+        match self {
+            ChunkLoc::SwappingOut { block, .. } => Some(block),
+            other => other.readable_block(),
+        }
+    }
 }
 
 /// A broken cache invariant: a bookkeeping bug, never a caller's mistake.
@@ -96,13 +104,16 @@ pub enum Violation {
         /// The block.
         block: u32,
     },
-    /// Two chunks name the same block.
-    #[error("block {block} is owned by {owners} chunks")]
+    /// A block named by a different number of chunks than it has references (one unless
+    /// shared by conversations with the same prefix).
+    #[error("block {block} is named by {owners} chunks but has {refs} references")]
     SharedBlock {
         /// The block.
         block: u32,
         /// How many chunks name it.
         owners: usize,
+        /// References the allocator counts.
+        refs: usize,
     },
     /// Allocated blocks that no chunk names.
     #[error("slot leak: {owned} owned + {free} free blocks != {total}")]
@@ -114,10 +125,10 @@ pub enum Violation {
         /// Blocks in the pool.
         total: usize,
     },
-    /// The host pool holds chunks that no table names, or the reverse.
-    #[error("host pool holds {held} chunks but the chunk tables name {named}")]
+    /// The host pool's references differ from the chunks the tables place on the host.
+    #[error("host pool holds {held} references but the chunk tables name {named}")]
     HostMismatch {
-        /// Chunks the host pool holds or has booked.
+        /// References to chunks the host pool holds or has booked.
         held: usize,
         /// Chunks the tables place on the host.
         named: usize,

@@ -2,7 +2,7 @@
 //! every step when the engine asks for it.
 
 use super::CacheManager;
-use crate::kv::{ChunkLoc, Violation};
+use crate::kv::{BlockId, ChunkLoc, Violation};
 
 impl CacheManager {
     /// Checks the invariants of the module header.
@@ -59,13 +59,16 @@ impl CacheManager {
                 named_host += usize::from(on_host);
             }
         }
-        if let Some(b) = owners.iter().position(|&n| n > 1) {
+        if let Some(b) =
+            (0..owners.len()).find(|&b| owners[b] != self.blocks.refs(BlockId(b as u32)))
+        {
             return Err(Violation::SharedBlock {
                 block: b as u32,
                 owners: owners[b],
+                refs: self.blocks.refs(BlockId(b as u32)),
             });
         }
-        let owned = owners.iter().filter(|&&n| n == 1).count();
+        let owned = owners.iter().filter(|&&n| n > 0).count();
         if owned + self.blocks.num_free() != self.blocks.num_blocks() {
             return Err(Violation::LeakedBlocks {
                 owned,
@@ -73,9 +76,9 @@ impl CacheManager {
                 total: self.blocks.num_blocks(),
             });
         }
-        if named_host != self.host.len() {
+        if named_host != self.host.references() {
             return Err(Violation::HostMismatch {
-                held: self.host.len(),
+                held: self.host.references(),
                 named: named_host,
             });
         }

@@ -75,6 +75,7 @@ impl CacheManager {
             last_active: now,
             pinned: false,
             resume_at: None,
+            addrs: Vec::new(),
         };
         if let Some(d) = &mut self.disk {
             for (i, a) in saved.iter().take(n).enumerate() {

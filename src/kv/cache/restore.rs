@@ -40,11 +40,14 @@ impl CacheManager {
             return None;
         }
         let chunk = self.chunk_size();
-        let table = self.tables.get_mut(&id)?;
         let mut out = Restore::default();
-        for i in 0..table.chunks.len() {
-            let len = table.chunk_len(i, chunk);
-            match table.chunks[i] {
+        let n = self.tables.get(&id)?.chunks.len();
+        for i in 0..n {
+            let t = self.tables.get(&id)?;
+            let (loc, len, saved) = (t.chunks[i], t.chunk_len(i, chunk), t.saved[i]);
+            // A shared chunk comes back for all of its holders (one copy, one block).
+            let holders = || self.holders(i, loc);
+            match loc {
                 ChunkLoc::Device(_)
                 | ChunkLoc::SwappingIn { .. }
                 | ChunkLoc::Loading(_)
@@ -52,14 +55,20 @@ impl CacheManager {
                     out.on_device += len;
                 }
                 ChunkLoc::SwappingOut { block, host } => {
-                    moves.swap_out.retain(|s| (s.conv, s.chunk) != (id, i));
-                    self.host.release(host);
-                    table.chunks[i] = ChunkLoc::Device(block);
+                    moves.swap_out.retain(|s| s.block != block);
+                    let holders = holders();
+                    holders.iter().for_each(|_| self.host.release(host));
+                    self.set_chunk(&holders, i, ChunkLoc::Device(block));
                     out.on_device += len;
                 }
                 ChunkLoc::Host(host) => {
+                    let holders = holders();
                     let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::SwappingIn { host, block };
+                    holders
+                        .iter()
+                        .skip(1)
+                        .for_each(|_| _ = self.blocks.share(block));
+                    self.set_chunk(&holders, i, ChunkLoc::SwappingIn { host, block });
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
@@ -70,11 +79,11 @@ impl CacheManager {
                     out.from_host += len;
                 }
                 ChunkLoc::Disk => {
-                    let Some(address) = table.saved[i] else {
+                    let Some(address) = saved else {
                         continue;
                     };
                     let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::Loading(block);
+                    self.set_chunk(&[id], i, ChunkLoc::Loading(block));
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
@@ -86,7 +95,7 @@ impl CacheManager {
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;
-                    table.chunks[i] = ChunkLoc::Recomputing(block);
+                    self.set_chunk(&[id], i, ChunkLoc::Recomputing(block));
                     let run = i * chunk..i * chunk + len;
                     match out.recompute.last_mut() {
                         Some(r) if r.end == run.start => r.end = run.end,

@@ -63,6 +63,7 @@ impl CacheManager {
         computed: usize,
         new: Vec<Option<Arc<ChunkBytes>>>,
     ) -> Vec<(usize, BlockId, Arc<ChunkBytes>)> {
+        self.forget_addresses(id, from);
         let Some(table) = self.tables.get_mut(&id) else {
             return Vec::new();
         };

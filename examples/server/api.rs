@@ -1,0 +1,354 @@
+//! The OpenAI wire format: request bodies (parsed by hand from bytes, so that a malformed one
+//! gets an OpenAI-style 400 instead of the framework's plain-text rejection), sampling
+//! parameters, response and stream chunk bodies, and errors.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pensieve::engine::SamplingParams;
+use pensieve::model::Message;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error answered with OpenAI's body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400: the request is malformed or cannot be served.
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The engine's refusal of a turn: the caller's mistake (400), a busy conversation (409),
+    /// else the server's (500).
+    pub fn from_engine(e: &pensieve::Error) -> Self {
+        use pensieve::Error as E;
+        let status = match e {
+            E::ContextOverflow { .. }
+            | E::EmptyTurn
+            | E::InvalidParams(_)
+            | E::TokenOutOfVocab { .. }
+            | E::BudgetTooSmall { .. }
+            | E::ChatTemplate(_)
+            | E::Tokenizer(_) => StatusCode::BAD_REQUEST,
+            E::ConversationBusy(_) => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, e.to_string())
+    }
+
+    pub fn body(&self) -> Value {
+        let kind = match self.status.as_u16() {
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": null,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// `stop`: one string or several.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields `/v1/chat/completions` and `/v1/completions` share. Unknown fields are
+/// ignored; known ones of the wrong type are a 400.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub min_tokens: Option<usize>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+}
+
+/// Message content: a string, or parts of which the text ones are joined.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub common: Common,
+    /// Extension: a conversation to continue by name (also the `X-Conversation-Id` header).
+    pub conversation_id: Option<String>,
+    /// Extension (with a conversation id): keep its KV in memory.
+    pub pin: Option<bool>,
+    /// Extension (with a conversation id): its next turn is expected in this many seconds.
+    pub expect_resume_s: Option<f64>,
+    /// Extension (with a conversation id): the conversation ends with this turn; free it.
+    #[serde(default)]
+    pub end_conversation: bool,
+}
+
+/// `prompt` of `/v1/completions`: text, or token ids (one prompt only).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// Session hints of a chat request.
+#[derive(Debug, Clone, Default)]
+pub struct Hints {
+    pub pin: Option<bool>,
+    pub expect_resume: Option<Duration>,
+    pub end: bool,
+}
+
+/// Parses a JSON body into `T`, or a 400 saying what is wrong.
+pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+}
+
+impl ChatMessage {
+    /// The message as the engine takes it.
+    pub fn to_message(&self) -> Result<Message, ApiError> {
+        let text = match &self.content {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad(format!(
+                                "unsupported content part type {kind:?}"
+                            )))
+                        }
+                    }
+                }
+                out
+            }
+        };
+        match self.role.as_str() {
+            "system" | "developer" => Ok(Message::new("system", text)),
+            "user" | "assistant" => Ok(Message::new(self.role.as_str(), text)),
+            other => Err(ApiError::bad(format!("unsupported message role {other:?}"))),
+        }
+    }
+}
+
+impl ChatRequest {
+    pub fn hints(&self) -> Result<Hints, ApiError> {
+        let expect_resume = match self.expect_resume_s {
+            Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
+            Some(_) => return Err(ApiError::bad("expect_resume_s must be a number >= 0")),
+            None => None,
+        };
+        Ok(Hints {
+            pin: self.pin,
+            expect_resume,
+            end: self.end_conversation,
+        })
+    }
+}
+
+impl Common {
+    /// The engine's sampling parameters; `default_max` when the request names none.
+    pub fn params(&self, default_max: usize) -> Result<SamplingParams, ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad("only n = 1 is supported"));
+        }
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .unwrap_or(default_max);
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(_) => return Err(ApiError::bad("top_k must be -1 or positive")),
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &v) in self.logit_bias.iter().flatten() {
+            let id = k
+                .parse::<u32>()
+                .map_err(|_| ApiError::bad(format!("logit_bias key {k:?} is not a token id")))?;
+            if !(-100.0..=100.0).contains(&v) {
+                return Err(ApiError::bad("logit_bias values must be in [-100, 100]"));
+            }
+            logit_bias.push((id, v as f32));
+        }
+        Ok(SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            // 1 keeps every token: no truncation. Anything outside (0, 1] is the engine's 400.
+            top_p: self.top_p.filter(|&p| p != 1.0),
+            seed: self.seed.unwrap_or_else(rand_seed),
+            max_tokens,
+            stop_strings: self.stop_strings(),
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens.unwrap_or(0),
+            logit_bias,
+            ..SamplingParams::greedy()
+        })
+    }
+
+    pub fn stop_strings(&self) -> Vec<String> {
+        match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        }
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}
+
+/// A seed for a request that names none (sampling then differs from request to request, as
+/// OpenAI's does).
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Token counts of a finished request, as OpenAI's `usage` reports them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// Every token of the prompt (history and new message), as a stateless server counts.
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose KV came from the cache (any tier, or shared by content).
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+/// Text held back while it may still turn out to be the start of a stop string, so that
+/// streamed and whole replies both end before the stop string, as OpenAI's do.
+#[derive(Debug, Default)]
+pub struct Emitter {
+    pending: String,
+    stops: Vec<String>,
+}
+
+impl Emitter {
+    pub fn new(stops: Vec<String>) -> Self {
+        Self {
+            pending: String::new(),
+            stops,
+        }
+    }
+
+    /// Takes a delta; returns the text that can go out now.
+    pub fn push(&mut self, delta: &str) -> String {
+        self.pending.push_str(delta);
+        let hold = self.stops.iter().map(String::len).max().unwrap_or(0);
+        // The turn ends as soon as the reply ends with a stop string: holding back the
+        // longest one's length keeps all of it for `finish` to remove.
+        let mut cut = self.pending.len().saturating_sub(hold);
+        while !self.pending.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let rest = self.pending.split_off(cut);
+        std::mem::replace(&mut self.pending, rest)
+    }
+
+    /// The end of the reply: what is held, less a stop string it ends with when `stopped`.
+    pub fn finish(&mut self, stopped: bool) -> String {
+        let mut out = std::mem::take(&mut self.pending);
+        if stopped {
+            if let Some(s) = self.stops.iter().find(|s| out.ends_with(s.as_str())) {
+                out.truncate(out.len() - s.len());
+            }
+        }
+        out
+    }
+}

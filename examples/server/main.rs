@@ -1,0 +1,417 @@
+//! An OpenAI-compatible HTTP server over one pensieve engine: any OpenAI client (or `curl`)
+//! talks to the stateful engine, and clients that resend the whole history every turn still
+//! get the history's KV reused.
+//!
+//! ```text
+//! cargo run --release --example server                      # http://127.0.0.1:8000, SmolLM2
+//! curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
+//!     -d '{"model": "pensieve", "messages": [{"role": "user", "content": "Hi!"}]}'
+//! ```
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as server-sent events
+//! with `"stream": true`, `stream_options.include_usage` adding a usage chunk), `GET
+//! /v1/models`, `GET /health`, `GET /metrics` (Prometheus). `usage.prompt_tokens_details
+//! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
+//! vLLM's `ignore_eos`, `min_tokens` and OpenAI's `logit_bias` are honoured. Extensions of the
+//! chat request: `conversation_id` (or the `X-Conversation-Id` header) names a conversation
+//! to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
+//!
+//! One thread owns the engine and drives `step()` (see `driver`); handlers talk to it over
+//! channels. A client that disconnects cancels its turn; past `--max-queue` requests in
+//! flight the server answers 429; a malformed request gets a 400 with OpenAI's error body,
+//! and everyone else is served on.
+
+use std::convert::Infallible;
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use pensieve::engine::Engine;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+mod api;
+#[path = "../common/mod.rs"]
+mod common;
+mod driver;
+mod metrics;
+
+use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
+use common::{positive, EngineArgs};
+use driver::{CancelOnDrop, Handle, Job, PromptInput, Update};
+
+#[derive(Parser, Debug)]
+#[command(about = "OpenAI-compatible HTTP server over a stateful pensieve engine")]
+struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port; the address is printed on start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model name clients pass (`GET /v1/models` lists it).
+    #[arg(long, default_value = "pensieve")]
+    served_model_name: String,
+    /// Requests queued or running at most; more get 429.
+    #[arg(long, default_value_t = 256, value_parser = positive)]
+    max_queue: usize,
+    /// Conversations kept for clients to continue; the least recently used close beyond.
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    max_conversations: usize,
+    /// Reply length when a request names none.
+    #[arg(long, default_value_t = 256, value_parser = positive)]
+    default_max_tokens: usize,
+    /// Folder of a disk tier (KV saved below host memory, shared by content).
+    #[arg(long)]
+    store: Option<std::path::PathBuf>,
+    /// Disk tier budget in GiB.
+    #[arg(long, default_value_t = 4.0)]
+    disk_gib: f64,
+}
+
+#[derive(Clone)]
+struct AppState {
+    engine: Handle,
+    model: Arc<str>,
+    default_max_tokens: usize,
+}
+
+fn main() -> ExitCode {
+    common::exit_code(run(Args::parse()))
+}
+
+fn run(args: Args) -> Result<(), Box<dyn Error>> {
+    let model = Arc::new(args.engine.load_model()?);
+    let config = args
+        .engine
+        .engine_config(args.store.as_deref(), args.disk_gib);
+    let engine = Engine::with_model(model, config)?;
+    let state = AppState {
+        engine: driver::spawn(engine, args.max_queue, args.max_conversations)?,
+        model: args.served_model_name.into(),
+        default_max_tokens: args.default_max_tokens,
+    };
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics_text))
+        .with_state(state);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        // Scripts and tests read the address from this line.
+        println!("listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok(())
+    })
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": &*s.model, "object": "model", "created": now_s(), "owned_by": "pensieve",
+    }]}))
+}
+
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    let snapshot = s.engine.snapshot.lock().clone();
+    match metrics::render(&snapshot) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Checks the requested model name.
+fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
+    match &c.model {
+        Some(m) if m != &*s.model => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "the model `{m}` does not exist; this server serves `{}`",
+                s.model
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let request: ChatRequest = match api::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let prepared = (|| {
+        check_model(&s, &request.common)?;
+        let params = request.common.params(s.default_max_tokens)?;
+        let messages = request
+            .messages
+            .iter()
+            .map(api::ChatMessage::to_message)
+            .collect::<Result<Vec<_>, _>>()?;
+        let header = headers
+            .get("x-conversation-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let name = request.conversation_id.clone().or(header);
+        let hints = request.hints()?;
+        Ok::<_, ApiError>((
+            Job::Chat {
+                messages,
+                name,
+                hints,
+            },
+            params,
+        ))
+    })();
+    match prepared {
+        Ok((job, params)) => serve(s, job, params, &request.common, Kind::Chat).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
+    let request: CompletionRequest = match api::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let prepared = (|| {
+        check_model(&s, &request.common)?;
+        let params = request.common.params(16)?;
+        let prompt = match &request.prompt {
+            Prompt::Text(t) => PromptInput::Text(t.clone()),
+            Prompt::Tokens(t) => PromptInput::Tokens(t.clone()),
+            Prompt::Texts(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
+            Prompt::Texts(_) => return Err(ApiError::bad("only one prompt per request")),
+        };
+        Ok::<_, ApiError>((Job::Completion { prompt }, params))
+    })();
+    match prepared {
+        Ok((job, params)) => serve(s, job, params, &request.common, Kind::Completion).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// The parts of a response that do not change from chunk to chunk.
+struct Framing {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: Arc<str>,
+}
+
+impl Framing {
+    fn new(kind: Kind, model: Arc<str>, request: u64) -> Self {
+        let prefix = match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completion => "cmpl",
+        };
+        Self {
+            kind,
+            id: format!("{prefix}-{request}"),
+            created: now_s(),
+            model,
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A whole response.
+    fn whole(&self, text: String, reason: &str, usage: &Usage) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({"index": 0, "logprobs": null, "finish_reason": reason,
+                "message": {"role": "assistant", "content": text}}),
+            Kind::Completion => {
+                json!({"index": 0, "logprobs": null, "finish_reason": reason, "text": text})
+            }
+        };
+        json!({"id": self.id, "object": self.object(false), "created": self.created,
+            "model": &*self.model, "choices": [choice], "usage": usage.json()})
+    }
+
+    /// A stream chunk carrying `text` (and `reason` at the end), or the role on the first.
+    fn chunk(&self, text: Option<&str>, reason: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None if reason.is_none() => json!({"role": "assistant", "content": ""}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+            }
+            Kind::Completion => json!({"index": 0, "text": text.unwrap_or(""),
+                "logprobs": null, "finish_reason": reason}),
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created,
+            "model": &*self.model, "choices": [choice], "usage": null})
+    }
+
+    fn usage_chunk(&self, usage: &Usage) -> Value {
+        json!({"id": self.id, "object": self.object(true), "created": self.created,
+            "model": &*self.model, "choices": [], "usage": usage.json()})
+    }
+}
+
+async fn serve(
+    s: AppState,
+    job: Job,
+    params: pensieve::engine::SamplingParams,
+    common: &Common,
+    kind: Kind,
+) -> Response {
+    let emitter = Emitter::new(params.stop_strings.clone());
+    let (guard, updates) = match s.engine.submit(job, params).await {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let framing = Framing::new(kind, s.model.clone(), guard.request().0);
+    if common.stream {
+        stream(framing, guard, updates, emitter, common.include_usage()).into_response()
+    } else {
+        whole(framing, guard, updates, emitter).await
+    }
+}
+
+/// Collects the reply; the guard cancels the turn if the client goes away first (axum drops
+/// this future).
+async fn whole(
+    framing: Framing,
+    mut guard: CancelOnDrop,
+    mut updates: UnboundedReceiver<Update>,
+    mut emitter: Emitter,
+) -> Response {
+    let mut text = String::new();
+    while let Some(u) = updates.recv().await {
+        match u {
+            Update::Token(t) => text.push_str(&emitter.push(&t)),
+            Update::Done { reason, usage } => {
+                guard.disarm();
+                text.push_str(&emitter.finish(reason == "stop"));
+                return Json(framing.whole(text, reason, &usage)).into_response();
+            }
+            Update::Failed(e) => {
+                guard.disarm();
+                return e.into_response();
+            }
+        }
+    }
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response()
+}
+
+/// The reply as server-sent events; dropping the stream (the client went away) cancels the
+/// turn through the guard it owns.
+fn stream(
+    framing: Framing,
+    guard: CancelOnDrop,
+    updates: UnboundedReceiver<Update>,
+    emitter: Emitter,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    struct St {
+        framing: Framing,
+        guard: CancelOnDrop,
+        updates: UnboundedReceiver<Update>,
+        emitter: Emitter,
+        include_usage: bool,
+        out: std::collections::VecDeque<String>,
+        done: bool,
+    }
+    let mut first = std::collections::VecDeque::new();
+    if let Kind::Chat = framing.kind {
+        first.push_back(framing.chunk(None, None).to_string());
+    }
+    let state = St {
+        framing,
+        guard,
+        updates,
+        emitter,
+        include_usage,
+        out: first,
+        done: false,
+    };
+    let events = futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(data) = st.out.pop_front() {
+                return Some((Ok(SseEvent::default().data(data)), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.updates.recv().await {
+                Some(Update::Token(t)) => {
+                    let text = st.emitter.push(&t);
+                    if !text.is_empty() {
+                        st.out
+                            .push_back(st.framing.chunk(Some(&text), None).to_string());
+                    }
+                }
+                Some(Update::Done { reason, usage }) => {
+                    st.guard.disarm();
+                    let text = st.emitter.finish(reason == "stop");
+                    if !text.is_empty() {
+                        st.out
+                            .push_back(st.framing.chunk(Some(&text), None).to_string());
+                    }
+                    st.out
+                        .push_back(st.framing.chunk(None, Some(reason)).to_string());
+                    if st.include_usage {
+                        st.out.push_back(st.framing.usage_chunk(&usage).to_string());
+                    }
+                    st.out.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                Some(Update::Failed(e)) => {
+                    st.guard.disarm();
+                    st.out.push_back(e.body().to_string());
+                    st.out.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                None => return None,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

@@ -1,0 +1,352 @@
+//! The OpenAI-compatible server example (`examples/server`), on the real SmolLM2 weights,
+//! driven by real clients: the official `openai` Python package (`tests/server_client.py`,
+//! installed by `scripts/fetch-assets`) and raw HTTP. A client resending its whole history
+//! gets the history's KV reused (`cached_tokens`) and the chat example's text; streamed and
+//! whole replies agree; bad requests get OpenAI-style 400s while the server serves on; a full
+//! queue answers 429; a client that disconnects cancels its turn; 32 concurrent clients finish.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+
+/// A server process, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The example binaries `cargo test` built next to this test's.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("examples").join(name)
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(example("server"))
+        .args(["--port", "0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the server example is built by `cargo test`");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Server { child, base }
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("PENSIEVE_PYTHON") {
+        return p.into();
+    }
+    let cache = std::env::var_os("PENSIEVE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/pensieve")
+        });
+    let p = cache.join("venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-assets",
+        p.display()
+    );
+    p
+}
+
+/// Runs the `openai`-client script and parses what it prints.
+fn client(base: &str, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(base)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// POSTs `body` (raw bytes); the status and the parsed JSON answer.
+fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
+    let r = ureq::post(&format!("{base}{path}"))
+        .set("content-type", "application/json")
+        .send_string(body);
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    let status = resp.status();
+    (
+        status,
+        serde_json::from_str(&resp.into_string().unwrap()).unwrap(),
+    )
+}
+
+fn metric(base: &str, name: &str) -> f64 {
+    let text = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
+    let server = start(&[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/data/chat-script.txt");
+    let got = client(&server.base, &["resend", script.to_str().unwrap(), "24"]);
+    let turns = got["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 4);
+    for (i, t) in turns.iter().enumerate().skip(1) {
+        let (cached, prompt) = (
+            t["cached_tokens"].as_u64().unwrap(),
+            t["prompt_tokens"].as_u64().unwrap(),
+        );
+        // Everything but the new message came from the cache.
+        assert!(cached > 0 && cached < prompt, "turn {}: {t}", i + 1);
+        let previous = &turns[i - 1];
+        let before = previous["prompt_tokens"].as_u64().unwrap()
+            + previous["completion_tokens"].as_u64().unwrap();
+        assert!(cached + 1 >= before, "turn {}: {t}, before {before}", i + 1);
+    }
+    let chat = Command::new(example("chat"))
+        .args([
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+            "--no-compare",
+        ])
+        .args(["--max-tokens", "24"])
+        .output()
+        .unwrap();
+    assert!(chat.status.success());
+    let replies: Vec<String> = String::from_utf8(chat.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let served: Vec<&str> = turns.iter().map(|t| t["reply"].as_str().unwrap()).collect();
+    assert_eq!(served, replies);
+    assert!(metric(&server.base, "pensieve_reused_device_tokens_total") > 0.0);
+}
+
+#[test]
+fn streamed_and_whole_replies_agree() {
+    let server = start(&[]);
+    let got = client(&server.base, &["stream"]);
+    for p in got["pairs"].as_array().unwrap() {
+        assert_eq!(p["whole"], p["streamed"], "{p}");
+        assert!(!p["whole"].as_str().unwrap().contains("\n\n"), "{p}");
+        assert_eq!(p["streamed_reasons"], json!([p["whole_reason"]]), "{p}");
+        assert_eq!(
+            p["whole_completion_tokens"], p["streamed_completion_tokens"],
+            "{p}"
+        );
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_serves_on() {
+    let server = start(&["--max-context", "256"]);
+    let b = &server.base;
+    let chat = "/v1/chat/completions";
+    let long = "word ".repeat(400);
+    let cases: Vec<(String, u16)> = vec![
+        ("{\"model\": \"pensieve\", \"messages\": [".into(), 400),
+        (r#"{"messages": "hello"}"#.into(), 400),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}"#.into(),
+            400,
+        ),
+        (
+            r#"{"messages": [{"role": "assistant", "content": "hi"}]}"#.into(),
+            400,
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 1, "top_p": 7}"#
+                .into(),
+            400,
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "n": 3}"#.into(),
+            400,
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}"#.into(),
+            400,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": long}]}).to_string(),
+            400,
+        ),
+        (
+            r#"{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}"#.into(),
+            404,
+        ),
+    ];
+    for (body, status) in &cases {
+        let (got, answer) = post(b, chat, body);
+        assert_eq!(got, *status, "{body}: {answer}");
+        let e = &answer["error"];
+        assert!(
+            e["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{answer}"
+        );
+        assert!(e["type"].is_string(), "{answer}");
+    }
+    let (status, _) = post(b, "/v1/completions", r#"{"prompt": [999999999]}"#);
+    assert_eq!(status, 400);
+    // Served on: a good request after all of them, with the vLLM length controls: a question
+    // answered in a few tokens runs to `min_tokens` when asked.
+    let ask = |extra: Value| {
+        let mut body = json!({"model": "pensieve", "temperature": 0, "max_tokens": 48,
+            "messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = post(b, chat, &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let short = ask(json!({}));
+    assert!(
+        short["usage"]["completion_tokens"].as_u64().unwrap() < 48,
+        "{short}"
+    );
+    assert_eq!(short["choices"][0]["finish_reason"], "stop");
+    let forced = ask(json!({"min_tokens": 48}));
+    assert_eq!(forced["usage"]["completion_tokens"], 48, "{forced}");
+    // A token banned by logit_bias is not chosen, even greedily.
+    let first = |bias: Value| {
+        let body = json!({"prompt": "1, 2, 3, 4,", "max_tokens": 1, "temperature": 0,
+            "logit_bias": bias});
+        let (status, answer) = post(b, "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let top = first(json!({}));
+    let model = common::real_model(pensieve::model::WeightFormat::default());
+    let ids = model.encode(&top).unwrap();
+    assert_eq!(ids.len(), 1, "{top:?}");
+    assert_ne!(first(json!({ ids[0].to_string(): -100 })), top);
+    let models = ureq::get(&format!("{b}/v1/models"))
+        .call()
+        .unwrap()
+        .into_json::<Value>()
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "pensieve");
+    assert_eq!(
+        ureq::get(&format!("{b}/health")).call().unwrap().status(),
+        200
+    );
+}
+
+/// Opens a streamed request by hand and returns the socket once the first event arrived.
+fn open_stream(base: &str, max_tokens: usize) -> std::net::TcpStream {
+    let addr = base.strip_prefix("http://").unwrap();
+    let body = json!({"model": "pensieve", "prompt": "Once upon a time", "stream": true,
+        "max_tokens": max_tokens, "ignore_eos": true})
+    .to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    let mut seen = String::new();
+    while !seen.contains("data: ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first event: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    s
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_disconnect_cancels() {
+    let server = start(&["--max-queue", "1"]);
+    let b = &server.base;
+    let busy = open_stream(b, 4000);
+    let (status, answer) = post(
+        b,
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 2}"#,
+    );
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer["error"]["message"].is_string());
+    // The client goes away: its turn is cancelled long before 4,000 tokens.
+    drop(busy);
+    wait_for("the cancelled turn to leave the queue", || {
+        metric(b, "pensieve_queue_depth") == 0.0
+    });
+    assert!(metric(b, "pensieve_generated_tokens_total") < 4000.0);
+    let (status, _) = post(
+        b,
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 2}"#,
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn thirty_two_concurrent_clients_finish_every_turn() {
+    let server = start(&[]);
+    let got = client(&server.base, &["concurrent", "32", "3"]);
+    let clients = got["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 32);
+    let mut cached = 0;
+    for c in clients {
+        assert_eq!(c["done"], 3, "{c}");
+        cached += c["cached_turns"].as_u64().unwrap();
+    }
+    // Resent histories are found: most later turns reuse their history.
+    assert!(cached >= 32, "{got}");
+    assert_eq!(metric(&server.base, "pensieve_queue_depth"), 0.0);
+}

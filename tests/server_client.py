@@ -1,0 +1,137 @@
+"""Drives pensieve's OpenAI-compatible server with the official `openai` client, as users'
+programs do; tests/server.rs runs it and checks what it prints (one JSON object).
+
+Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
+       server_client.py BASE_URL stream
+       server_client.py BASE_URL concurrent CLIENTS TURNS
+"""
+
+import json
+import sys
+import threading
+
+import openai
+
+MODEL = "pensieve"
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def resend(base, path, max_tokens):
+    """A conversation that resends its whole history every turn, as stateless clients do."""
+    c = client(base)
+    history = []
+    turns = []
+    with open(path) as f:
+        questions = [line.strip() for line in f if line.strip()]
+    for q in questions:
+        history.append({"role": "user", "content": q})
+        r = c.chat.completions.create(
+            model=MODEL, messages=history, temperature=0, max_tokens=int(max_tokens)
+        )
+        text = r.choices[0].message.content
+        history.append({"role": "assistant", "content": text})
+        details = r.usage.prompt_tokens_details
+        turns.append(
+            {
+                "reply": text,
+                "prompt_tokens": r.usage.prompt_tokens,
+                "cached_tokens": details.cached_tokens if details else None,
+                "completion_tokens": r.usage.completion_tokens,
+            }
+        )
+    return {"turns": turns}
+
+
+def stream(base):
+    """The same requests streamed and whole: the texts and the usage must agree."""
+    c = client(base)
+    out = []
+    for kind in ("chat", "completion"):
+        args = dict(model=MODEL, temperature=0, max_tokens=24, stop=["\n\n"], seed=7)
+        if kind == "chat":
+            msgs = [{"role": "user", "content": "List three colours of the rainbow."}]
+            whole = c.chat.completions.create(messages=msgs, **args)
+            chunks = c.chat.completions.create(
+                messages=msgs, stream=True, stream_options={"include_usage": True}, **args
+            )
+            whole_text = whole.choices[0].message.content
+        else:
+            prompt = "The three primary colours are"
+            whole = c.completions.create(prompt=prompt, **args)
+            chunks = c.completions.create(
+                prompt=prompt, stream=True, stream_options={"include_usage": True}, **args
+            )
+            whole_text = whole.choices[0].text
+        text, reasons, usage = "", [], None
+        for ch in chunks:
+            if ch.usage is not None:
+                usage = ch.usage
+            for choice in ch.choices:
+                if kind == "chat":
+                    text += choice.delta.content or ""
+                else:
+                    text += choice.text or ""
+                if choice.finish_reason:
+                    reasons.append(choice.finish_reason)
+        out.append(
+            {
+                "kind": kind,
+                "whole": whole_text,
+                "streamed": text,
+                "whole_reason": whole.choices[0].finish_reason,
+                "streamed_reasons": reasons,
+                "whole_completion_tokens": whole.usage.completion_tokens,
+                "streamed_completion_tokens": usage.completion_tokens if usage else None,
+            }
+        )
+    return {"pairs": out}
+
+
+def concurrent(base, clients, turns):
+    """`clients` conversations at once, each `turns` turns resending its history."""
+    clients, turns = int(clients), int(turns)
+    results = [None] * clients
+
+    def one(i):
+        c = client(base)
+        history = [{"role": "system", "content": "You are a terse assistant."}]
+        done, cached = 0, 0
+        try:
+            for t in range(turns):
+                history.append({"role": "user", "content": f"Client {i}, turn {t}: name a fruit."})
+                r = c.chat.completions.create(
+                    model=MODEL,
+                    messages=history,
+                    max_tokens=8,
+                    temperature=0.7,
+                    seed=i,
+                    extra_body={"ignore_eos": True},
+                )
+                history.append({"role": "assistant", "content": r.choices[0].message.content})
+                if r.usage.completion_tokens == 8:
+                    done += 1
+                if t > 0 and r.usage.prompt_tokens_details.cached_tokens > 0:
+                    cached += 1
+            results[i] = {"done": done, "cached_turns": cached}
+        except Exception as e:  # reported, and the test fails on it
+            results[i] = {"error": repr(e)}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"clients": results}
+
+
+def main():
+    base, cmd, *rest = sys.argv[1:]
+    result = {"resend": resend, "stream": stream, "concurrent": concurrent}[cmd](base, *rest)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
