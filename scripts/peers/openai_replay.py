@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Replays a pensieve trace against an OpenAI-compatible server (vLLM), closed or open loop.
+"""Replays a pensieve trace against an OpenAI-compatible server (vLLM, or pensieve's
+examples/server), closed or open loop.
 
 Closed loop (`--concurrency N`): N conversations are in flight; each sends its next turn as
 soon as its reply is complete, and a new conversation takes the place of one that ended, as
@@ -9,7 +10,8 @@ soon as its reply is complete, and a new conversation takes the place of one tha
 per output token of the reply, at least 5 s, times `--think-scale`. Each turn's prompt is the whole history rendered with the model's chat
 template (the stateless client's way: `/v1/completions`), each reply forced to the trace's
 length (`max_tokens`, `ignore_eos`), streamed with usage so that the server's prefix-cache hits
-(`prompt_tokens_details.cached_tokens`) are counted.
+(`prompt_tokens_details.cached_tokens`) are counted. With `--api chat` the client sends the
+message list to `/v1/chat/completions` instead (the server renders the template).
 
 Prints one JSON line with the same fields as `examples/replay --json` that apply.
 """
@@ -26,11 +28,15 @@ from summary import summarize
 
 
 def stream_completion(url, model, prompt, max_tokens):
+    """`prompt`: text for /v1/completions, or a message list for /v1/chat/completions."""
+    chat = isinstance(prompt, list)
     body = json.dumps({
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        "model": model, ("messages" if chat else "prompt"): prompt, "max_tokens": max_tokens,
+        "temperature": 0.0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
     }).encode()
-    req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    req = urllib.request.Request(f"{url}{path}", body, {"Content-Type": "application/json"})
     submitted = time.perf_counter()
     first, text, usage = None, "", {}
     with urllib.request.urlopen(req) as resp:
@@ -40,9 +46,10 @@ def stream_completion(url, model, prompt, max_tokens):
                 continue
             event = json.loads(line[5:])
             for choice in event.get("choices", []):
-                if choice.get("text") and first is None:
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if piece and first is None:
                     first = time.perf_counter()
-                text += choice.get("text", "")
+                text += piece or ""
             usage = event.get("usage") or usage
     done = time.perf_counter()
     return text, (first or done) - submitted, done - submitted, usage
@@ -58,6 +65,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--open", action="store_true", help="open loop: the trace's arrivals, think time")
     ap.add_argument("--think-scale", type=float, default=1.0)
+    ap.add_argument("--api", choices=["completions", "chat"], default="completions")
+    ap.add_argument("--engine", default="vLLM-CPU (OpenAI server)", help="name in the summary")
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
@@ -74,7 +83,8 @@ def main() -> None:
         messages = []
         for index, turn in enumerate(conv["turns"]):
             messages.append({"role": "user", "content": turn["user"]})
-            prompt = template.render(messages=messages, add_generation_prompt=True)
+            prompt = (list(messages) if a.api == "chat"
+                      else template.render(messages=messages, add_generation_prompt=True))
             text, ttft, latency, usage = stream_completion(a.url, a.model, prompt, turn["output_tokens"])
             details = usage.get("prompt_tokens_details") or {}
             output = usage.get("completion_tokens", turn["output_tokens"])
@@ -111,7 +121,7 @@ def main() -> None:
 
     prompt = sum(r["prompt"] for r in records)
     cached = sum(r["cached"] for r in records)
-    print(json.dumps(summarize(records, wall, engine="vLLM-CPU (OpenAI server)",
+    print(json.dumps(summarize(records, wall, engine=f"{a.engine}, {a.api}",
                                concurrency=None if a.open else a.concurrency,
                                conversations=len(trace), prefilled_tokens=prompt - cached,
                                cached_tokens=cached)))
