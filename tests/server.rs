@@ -350,3 +350,46 @@ fn thirty_two_concurrent_clients_finish_every_turn() {
     assert!(cached >= 32, "{got}");
     assert_eq!(metric(&server.base, "pensieve_queue_depth"), 0.0);
 }
+
+#[test]
+fn a_named_conversation_continues_from_its_new_message_alone_with_hints() {
+    let server = start(&[]);
+    let b = &server.base;
+    let turn = |content: &str, extra: Value| {
+        let mut body = json!({"model": "pensieve", "temperature": 0, "max_tokens": 16,
+            "conversation_id": "alice",
+            "messages": [{"role": "user", "content": content}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer["usage"].clone()
+    };
+    let first = turn("Hi! What is the capital of France?", json!({"pin": true}));
+    assert_eq!(
+        first["prompt_tokens_details"]["cached_tokens"], 0,
+        "{first}"
+    );
+    // Only the new message is sent: the server holds the rest.
+    let second = turn("And of Italy?", json!({"expect_resume_s": 30}));
+    let before = first["total_tokens"].as_u64().unwrap();
+    assert!(
+        second["prompt_tokens"].as_u64().unwrap() > before,
+        "{second}"
+    );
+    assert!(
+        second["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            + 1
+            >= before,
+        "{second}"
+    );
+    assert_eq!(metric(b, "pensieve_conversations"), 1.0);
+    turn("Thanks, bye.", json!({"end_conversation": true}));
+    assert_eq!(metric(b, "pensieve_conversations"), 0.0);
+    // The name is free again: a new conversation starts from nothing.
+    let again = turn("Hello again.", json!({}));
+    assert!(again["prompt_tokens"].as_u64().unwrap() < before, "{again}");
+}

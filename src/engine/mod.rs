@@ -375,6 +375,7 @@ impl Engine {
             let t3 = Instant::now();
             self.sched
                 .commit(&plan, &outcome, &mut self.convs, &mut self.cache);
+            self.index_prefilled(&plan.rows);
             for &(id, token) in &outcome.sampled {
                 self.accept_token(id, token, done);
             }

@@ -19,6 +19,7 @@ use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
 use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
 use crate::model::{Message, Model};
+use crate::scheduler::RowPlan;
 use crate::{Error, Result};
 
 /// Version of the manifest layout; manifests of another version are not resumed.
@@ -200,16 +201,31 @@ impl Engine {
         self.stats.shared_tokens += (adopted * chunk) as u64;
     }
 
+    fn sharing(&self) -> bool {
+        self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
+    }
+
     /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
     /// saved (behind) to the disk tier at the end of the step (when there is one).
     pub(super) fn index_finished(&mut self, id: ConversationId) {
-        if self.config.prefix_sharing && self.config.mode != CacheMode::Stateless {
-            if let Some(conv) = self.convs.get(&id) {
-                self.cache.index_chunks(id, conv.tokens());
-            }
+        if let (true, Some(conv)) = (self.sharing(), self.convs.get(&id)) {
+            self.cache.index_chunks(id, conv.tokens());
         }
         if self.cache.disk_store().is_some() {
             self.to_save.push(id);
+        }
+    }
+
+    /// Rows that prefilled this step put their conversations' new full chunks in the prefix
+    /// index at once: a turn submitted while they still run can share them.
+    pub(super) fn index_prefilled(&mut self, rows: &[RowPlan]) {
+        if !self.sharing() {
+            return;
+        }
+        for r in rows.iter().filter(|r| r.tokens.len() > r.decoded) {
+            if let Some(conv) = self.convs.get(&r.conv) {
+                self.cache.index_chunks(r.conv, conv.tokens());
+            }
         }
     }
 
