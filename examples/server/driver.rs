@@ -524,8 +524,14 @@ impl Driver {
                     FinishReason::Failed(e) => Update::Failed(ApiError::from_engine(e)),
                 };
                 let settled = matches!(update, Update::Done { .. });
-                let _ = r.updates.send(update);
                 self.settle(r.conv, settled.then_some(r.reply), &r.hints);
+                // What a client has been answered, `/metrics` already shows.
+                {
+                    let mut snap = self.snapshot.lock();
+                    snap.in_flight = self.in_flight.load(Ordering::SeqCst);
+                    snap.conversations = self.sessions.len();
+                }
+                let _ = r.updates.send(update);
             }
         }
     }
