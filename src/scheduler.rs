@@ -149,6 +149,17 @@ impl<T> Scheduler<T> {
         );
     }
 
+    /// The prompts of the first `n` waiting turns that were never admitted (a late lookup by
+    /// content may move the front of one into its conversation's history).
+    pub fn waiting_prompts(&mut self, n: usize) -> Vec<(ConversationId, &mut Vec<u32>)> {
+        let head: HashSet<RequestId> = self.waiting.iter().take(n).copied().collect();
+        self.requests
+            .iter_mut()
+            .filter(|(id, r)| head.contains(id) && !r.admitted)
+            .map(|(_, r)| (r.conv, &mut r.pending))
+            .collect()
+    }
+
     pub fn get(&self, id: RequestId) -> Option<&Request<T>> {
         self.requests.get(&id)
     }

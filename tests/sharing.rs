@@ -221,6 +221,32 @@ fn conversations_with_one_system_prompt_store_it_once_on_disk() {
 }
 
 #[test]
+fn turns_queued_together_share_what_the_first_computed() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let want = stateless_four(&model);
+    // A step runs at most 128 tokens: the first turn's prefill fills it, the others wait and
+    // are looked up again before they are admitted.
+    let config = EngineConfig {
+        step_token_budget: 128,
+        ..engine(&model, CacheMode::Tiered, None).config().clone()
+    };
+    let mut e = Engine::with_model(model.clone(), config).unwrap();
+    let convs: Vec<(usize, ConversationId)> = (0..4).map(|i| (i, open(&mut e))).collect();
+    let got = turns(&mut e, &convs);
+    for (i, ((out, stats), (want, _))) in got.iter().zip(&want).enumerate() {
+        assert_eq!(out, want, "conversation {i}: {stats:?}");
+    }
+    let chunk = e.config().chunk_size;
+    let system_chunks = model.encode(SYSTEM).unwrap().len() / chunk;
+    // The two not admitted with the first share its system prompt.
+    let sharing = got
+        .iter()
+        .filter(|(_, s)| s.reused_tokens >= system_chunks * chunk);
+    assert!(sharing.count() >= 2, "{got:?}");
+    assert!(e.stats().shared_tokens as usize >= 2 * system_chunks * chunk);
+}
+
+#[test]
 fn shared_chunks_move_between_tiers_under_pressure_and_outputs_stay_equal() {
     let model = Arc::new(common::real_model(WeightFormat::default()));
     // Six conversations, three turns each, two at a time: the device holds about two

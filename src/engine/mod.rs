@@ -21,6 +21,7 @@ mod handle;
 mod hints;
 mod overflow;
 mod sampler;
+mod share;
 mod store;
 mod turn;
 mod types;
@@ -365,6 +366,7 @@ impl Engine {
         self.drain_commands(now);
         self.cache.poll_disk();
         self.prefetch_expected(now);
+        self.adopt_waiting();
         let plan = self.sched.schedule(&self.convs, &mut self.cache, now);
         let t1 = Instant::now();
         self.stats.schedule_time += t1 - t0;

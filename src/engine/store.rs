@@ -13,13 +13,12 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CacheMode, ConversationOptions, Engine, EngineConfig};
+use super::{ConversationOptions, Engine, EngineConfig};
 use crate::attention::KvShape;
 use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
 use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
 use crate::model::{Message, Model};
-use crate::scheduler::RowPlan;
 use crate::{Error, Result};
 
 /// Version of the manifest layout; manifests of another version are not resumed.
@@ -162,71 +161,6 @@ impl Engine {
     /// atomically, so nothing is left half-written).
     pub fn flush(&mut self) {
         self.cache.flush_disk();
-    }
-
-    /// Takes, for `conv_id`'s next full chunks (history not yet computed, then the front of
-    /// `prompt`), the KV other conversations computed for the same tokens: from memory (one
-    /// more reference to their block or host chunk), then from the disk tier (one more file
-    /// reference, read when the turn runs). The tokens adopted leave `prompt` for the history.
-    /// Only when the table's KV ends at a chunk boundary.
-    pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
-        let chunk = self.config.chunk_size;
-        if !self.config.prefix_sharing || self.config.mode == CacheMode::Stateless {
-            return;
-        }
-        let (Some(conv), Some(table)) = (self.convs.get_mut(&conv_id), self.cache.table(conv_id))
-        else {
-            return;
-        };
-        let (history, computed) = (conv.tokens().len(), table.computed());
-        if !computed.is_multiple_of(chunk)
-            || table.chunks().len() != computed / chunk
-            || prompt.is_empty()
-        {
-            return;
-        }
-        // The last prompt token always runs: its logits start the reply.
-        let full = (history + prompt.len() - 1) / chunk;
-        if full <= computed / chunk {
-            return;
-        }
-        let mut tokens = conv.tokens().to_vec();
-        tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
-        let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
-        let next = &addresses[computed / chunk..full];
-        let in_memory = self.cache.adopt_resident(conv_id, next);
-        let adopted = in_memory + self.cache.adopt_stored(conv_id, &next[in_memory..]);
-        let reach = computed + adopted * chunk;
-        conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
-        self.stats.shared_tokens += (adopted * chunk) as u64;
-    }
-
-    fn sharing(&self) -> bool {
-        self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
-    }
-
-    /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
-    /// saved (behind) to the disk tier at the end of the step (when there is one).
-    pub(super) fn index_finished(&mut self, id: ConversationId) {
-        if let (true, Some(conv)) = (self.sharing(), self.convs.get(&id)) {
-            self.cache.index_chunks(id, conv.tokens());
-        }
-        if self.cache.disk_store().is_some() {
-            self.to_save.push(id);
-        }
-    }
-
-    /// Rows that prefilled this step put their conversations' new full chunks in the prefix
-    /// index at once: a turn submitted while they still run can share them.
-    pub(super) fn index_prefilled(&mut self, rows: &[RowPlan]) {
-        if !self.sharing() {
-            return;
-        }
-        for r in rows.iter().filter(|r| r.tokens.len() > r.decoded) {
-            if let Some(conv) = self.convs.get(&r.conv) {
-                self.cache.index_chunks(r.conv, conv.tokens());
-            }
-        }
     }
 
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their

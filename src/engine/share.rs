@@ -1,0 +1,97 @@
+//! The engine's side of prefix sharing (the cache's is `kv/cache/share.rs`): which tokens a
+//! turn looks up by content, and when the index learns a conversation's chunks.
+
+use super::{CacheMode, Engine};
+use crate::conversation::Conversation;
+use crate::ids::ConversationId;
+use crate::kv::{Address, CacheManager};
+use crate::scheduler::RowPlan;
+
+/// Takes, for `conv`'s next full chunks (history not yet computed, then the front of
+/// `prompt`), the KV other conversations computed for the same tokens: from memory (one more
+/// reference to their block or host chunk), then from the disk tier (one more file reference,
+/// read when the turn runs). The tokens adopted leave `prompt` for the history. Only when the
+/// table's KV ends at a chunk boundary. Returns the tokens adopted.
+fn adopt(
+    cache: &mut CacheManager,
+    conv_id: ConversationId,
+    conv: &mut Conversation,
+    prompt: &mut Vec<u32>,
+) -> usize {
+    let chunk = cache.chunk_size();
+    let Some(table) = cache.table(conv_id) else {
+        return 0;
+    };
+    let (history, computed) = (conv.tokens().len(), table.computed());
+    if !computed.is_multiple_of(chunk)
+        || table.chunks().len() != computed / chunk
+        || prompt.is_empty()
+    {
+        return 0;
+    }
+    // The last prompt token always runs: its logits start the reply.
+    let full = (history + prompt.len() - 1) / chunk;
+    if full <= computed / chunk {
+        return 0;
+    }
+    let mut tokens = conv.tokens().to_vec();
+    tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
+    let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
+    let next = &addresses[computed / chunk..full];
+    let in_memory = cache.adopt_resident(conv_id, next);
+    let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..]);
+    let reach = computed + adopted * chunk;
+    conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
+    adopted * chunk
+}
+
+impl Engine {
+    fn sharing(&self) -> bool {
+        self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
+    }
+
+    /// Looks a submitted turn up by content (see `adopt`).
+    pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
+        if let (true, Some(conv)) = (self.sharing(), self.convs.get_mut(&conv_id)) {
+            self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt) as u64;
+        }
+    }
+
+    /// Looks the turns at the head of the queue up again before they are admitted: a turn
+    /// submitted together with others of the same prefix finds what the first of them
+    /// computed in the meantime.
+    pub(super) fn adopt_waiting(&mut self) {
+        if !self.sharing() {
+            return;
+        }
+        for (conv_id, prompt) in self.sched.waiting_prompts(self.config.prefetch_window) {
+            if let Some(conv) = self.convs.get_mut(&conv_id) {
+                self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt) as u64;
+            }
+        }
+    }
+
+    /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
+    /// saved (behind) to the disk tier at the end of the step (when there is one).
+    pub(super) fn index_finished(&mut self, id: ConversationId) {
+        if let (true, Some(conv)) = (self.sharing(), self.convs.get(&id)) {
+            self.cache.index_chunks(id, conv.tokens());
+        }
+        if self.cache.disk_store().is_some() {
+            self.to_save.push(id);
+        }
+    }
+
+    /// Rows that prefilled this step put their conversations' new full chunks in the prefix
+    /// index at once: a turn submitted while they still run can share them.
+    pub(super) fn index_prefilled(&mut self, rows: &[RowPlan]) {
+        if !self.sharing() {
+            return;
+        }
+        for r in rows.iter().filter(|r| r.tokens.len() > r.decoded) {
+            if let Some(conv) = self.convs.get(&r.conv) {
+                self.cache.index_chunks(r.conv, conv.tokens());
+            }
+        }
+    }
+}
