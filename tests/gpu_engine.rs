@@ -80,6 +80,9 @@ fn run(
         kv_precision: precision,
         pipelined_restore: pipelined,
         check_invariants: true,
+        // Each conversation keeps its own KV, so the budgets force the drops and swaps this
+        // test checks on the device (sharing would relieve them).
+        prefix_sharing: false,
         ..EngineConfig::default()
     };
     let mut e = Engine::with_model(model, config).unwrap();

@@ -42,6 +42,10 @@ fn run(
         step_token_budget: 256,
         cost_profile: CostProfile::Measure,
         check_invariants: true,
+        // Each conversation keeps its own KV (Pensieve's model): the conversations share
+        // their openings, and sharing them would relieve the pressure this test is about
+        // (tests/sharing.rs covers shared chunks under pressure).
+        prefix_sharing: false,
         ..EngineConfig::default()
     };
     let mut e = Engine::with_model(model.clone(), config).unwrap();
