@@ -119,6 +119,9 @@ pub struct EngineArgs {
     /// Context window in tokens, when shorter than the model's.
     #[arg(long, value_parser = positive)]
     pub max_context: Option<usize>,
+    /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
+    #[arg(long)]
+    pub no_prefix_sharing: bool,
 }
 
 impl EngineArgs {
@@ -177,6 +180,7 @@ impl EngineArgs {
             kv_precision: self.kv_precision(),
             overflow: self.overflow_policy(),
             max_context_tokens: self.max_context,
+            prefix_sharing: !self.no_prefix_sharing,
             disk: store.map(|dir| DiskConfig {
                 budget_bytes: gib_bytes(disk_gib),
                 ..DiskConfig::new(dir)

@@ -358,6 +358,7 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         kv_precision: args.engine.kv_precision(),
         overflow: args.engine.overflow_policy(),
         max_context_tokens: args.engine.max_context,
+        prefix_sharing: !args.engine.no_prefix_sharing,
         disk,
         ..EngineConfig::default()
     }
