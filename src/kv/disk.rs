@@ -5,6 +5,8 @@
 //! format in [`format`]) and `<fingerprint>/conversations/<name>.json` (what a restarted engine
 //! needs to resume a conversation; written by the engine through [`DiskStore::write_manifest`]).
 //! One folder per model fingerprint, so engines of different models can share a store folder.
+//! The bytes' keeper is a [`medium::Medium`] (files here; the bookkeeping, the format and the
+//! threads do not depend on it).
 //!
 //! Bookkeeping: an entry per address, reference-counted (chunk tables of conversations, which
 //! may share content), booked against the budget when its save is queued (so queued writes
@@ -16,16 +18,17 @@
 //! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the entries' sizes.
 
 pub mod format;
+mod medium;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
+use medium::{Folder, Medium};
 use worker::{Job, Worker};
 
 use super::{ChunkBytes, LayerCells};
@@ -128,7 +131,7 @@ struct Entry {
 /// Chunk files under a byte budget.
 #[derive(Debug)]
 pub(crate) struct DiskStore {
-    root: PathBuf,
+    medium: Arc<dyn Medium>,
     format: ChunkFormat,
     budget_bytes: usize,
     used_bytes: usize,
@@ -167,47 +170,35 @@ impl DiskStore {
     /// # Errors
     /// The folder cannot be created or listed, or the writer thread cannot start.
     pub fn open(dir: &Path, format: ChunkFormat, budget_bytes: usize) -> std::io::Result<Self> {
-        let root = dir.join(&format::hex(&format.fingerprint)[..16]);
-        fs::create_dir_all(root.join("chunks"))?;
-        fs::create_dir_all(root.join("conversations"))?;
+        let medium: Arc<dyn Medium> = Arc::new(Folder::open(dir, &format.fingerprint)?);
         let mut store = Self {
-            root,
+            medium: medium.clone(),
             format,
             budget_bytes,
             used_bytes: 0,
             pending_bytes: 0,
             next_write: 0,
             entries: HashMap::new(),
-            reader: Worker::start()?,
+            reader: Worker::start(medium.clone())?,
             refused: HashSet::new(),
             stats: DiskStats {
                 budget_bytes,
                 ..DiskStats::default()
             },
-            worker: Worker::start()?,
+            worker: Worker::start(medium)?,
         };
         store.scan()?;
         Ok(store)
     }
 
     fn scan(&mut self) -> std::io::Result<()> {
-        for item in fs::read_dir(self.root.join("conversations"))? {
-            let path = item?.path();
-            if path.extension().is_some_and(|x| x == "tmp") {
-                let _ = fs::remove_file(&path);
-            }
-        }
-        for item in fs::read_dir(self.root.join("chunks"))? {
-            let path = item?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let address = name.strip_suffix(".kvc").and_then(Address::from_hex);
-            let checked = match address {
-                Some(a) => self.check_file(&path, &a),
-                // Debris of an interrupted write, or a file that is not ours.
-                None => Err(Fault::BadHeader),
-            };
-            match (checked, address) {
-                (Ok(bytes), Some(a)) => {
+        let listing = self.medium.list()?;
+        // Debris of interrupted writes is no fault; entries that are not chunks are.
+        self.stats.faults.bad_header += listing.foreign as u64;
+        self.stats.files_removed += (listing.interrupted + listing.foreign) as u64;
+        for a in listing.chunks {
+            match self.check_stored(&a) {
+                Ok(bytes) => {
                     self.used_bytes += bytes;
                     let state = State::Stored;
                     self.entries.insert(
@@ -219,14 +210,10 @@ impl DiskStore {
                         },
                     );
                 }
-                (fault, address) => {
-                    self.refused.extend(address);
-                    if !name.ends_with(".tmp") {
-                        if let Err(f) = fault {
-                            self.stats.faults.count(f);
-                        }
-                    }
-                    let _ = fs::remove_file(&path);
+                Err(fault) => {
+                    self.refused.insert(a);
+                    self.stats.faults.count(fault);
+                    self.medium.remove_chunk(&a);
                     self.stats.files_removed += 1;
                 }
             }
@@ -235,10 +222,10 @@ impl DiskStore {
         Ok(())
     }
 
-    /// Checks a file's header and length without reading its payload; returns its size.
-    fn check_file(&self, path: &Path, address: &Address) -> Result<usize, Fault> {
-        let mut f = fs::File::open(path).map_err(|_| Fault::Io)?;
-        let len = f.metadata().map_err(|_| Fault::Io)?.len();
+    /// Checks a stored chunk's header and length without reading its payload; returns its
+    /// size.
+    fn check_stored(&self, address: &Address) -> Result<usize, Fault> {
+        let (mut f, len) = self.medium.open_chunk(address).map_err(|_| Fault::Io)?;
         let mut head = vec![0u8; HEADER_BYTES];
         f.read_exact(&mut head).map_err(|_| Fault::Truncated)?;
         let h = format::decode_header(&self.format, &head)?;
@@ -250,18 +237,6 @@ impl DiskStore {
             return Err(Fault::Truncated);
         }
         Ok(len as usize)
-    }
-
-    fn chunk_path(&self, address: &Address) -> PathBuf {
-        self.root
-            .join("chunks")
-            .join(format!("{}.kvc", address.hex()))
-    }
-
-    fn manifest_path(&self, name: &str) -> PathBuf {
-        self.root
-            .join("conversations")
-            .join(format!("{}.json", format::hex(name.as_bytes())))
     }
 
     /// The store's counters.
@@ -347,7 +322,6 @@ impl DiskStore {
             address,
         };
         let job = Job::Chunk {
-            path: self.chunk_path(&address),
             bytes: Arc::clone(&bytes),
             format: self.format,
             id,
@@ -390,7 +364,7 @@ impl DiskStore {
             if matches!(e.state, State::Pending(..)) {
                 self.pending_bytes -= e.bytes;
             }
-            self.worker.send(Job::Remove(self.chunk_path(address)));
+            self.worker.send(Job::RemoveChunk(*address));
             self.stats.files_removed += 1;
             self.stats.bytes_used = self.used_bytes;
         }
@@ -452,7 +426,6 @@ impl DiskStore {
         let layers: Arc<LayerCells> =
             Arc::new((0..self.format.layers).map(|_| OnceLock::new()).collect());
         let job = Job::ReadLayers {
-            path: self.chunk_path(address),
             format: self.format,
             address: *address,
             tokens,
@@ -473,26 +446,24 @@ impl DiskStore {
         if let Some(e) = self.entries.get_mut(address) {
             if matches!(e.state, State::Stored) {
                 e.state = State::Failed;
-                self.worker.send(Job::Remove(self.chunk_path(address)));
+                self.worker.send(Job::RemoveChunk(*address));
             }
         }
     }
 
     fn read(&self, address: &Address, tokens: usize) -> Result<Vec<u8>, Fault> {
-        worker::read_chunk(&self.chunk_path(address), &self.format, address, tokens)
+        worker::read_chunk(&*self.medium, &self.format, address, tokens)
     }
 
     /// Starts reading the chunk at `address` of `tokens` KV-tokens ahead of its use, on the
     /// reader thread; the returned bytes wait for the read (and fail if the file is refused,
     /// which [`DiskStore::poll`] then reports). `None` if the store has no usable file.
     pub fn prefetch(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
-        let path = self.chunk_path(address);
         match &self.entries.get(address)?.state {
             State::Pending(_, bytes) => Some(Arc::clone(bytes)),
             State::Stored => {
                 let cell = Arc::new(OnceLock::new());
                 let job = Job::Read {
-                    path,
                     format: self.format,
                     address: *address,
                     tokens,
@@ -563,26 +534,20 @@ impl DiskStore {
 
     /// Writes (behind, atomically) the manifest of the conversation `name`.
     pub fn write_manifest(&self, name: &str, contents: Vec<u8>) {
-        let path = self.manifest_path(name);
-        self.worker.send(Job::File { path, contents });
+        self.worker.send(Job::Manifest {
+            name: name.to_string(),
+            contents,
+        });
     }
 
     /// Deletes (behind) the manifest of the conversation `name`.
     pub fn remove_manifest(&self, name: &str) {
-        self.worker.send(Job::Remove(self.manifest_path(name)));
+        self.worker.send(Job::RemoveManifest(name.to_string()));
     }
 
     /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
     /// never half-loaded).
     pub fn manifests(&self) -> Vec<Vec<u8>> {
-        let Ok(dir) = fs::read_dir(self.root.join("conversations")) else {
-            return Vec::new();
-        };
-        let mut paths: Vec<PathBuf> = dir
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        paths.sort();
-        paths.into_iter().filter_map(|p| fs::read(p).ok()).collect()
+        self.medium.manifests()
     }
 }

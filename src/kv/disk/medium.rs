@@ -1,0 +1,232 @@
+//! Where a store keeps its chunks and conversation manifests. The store's bookkeeping
+//! (entries, references, budget), the chunk format and the background threads are the same
+//! whatever keeps the bytes; a medium only stores, reads and lists them. [`Folder`] keeps them
+//! in files (the disk tier); a shared key-value service can keep them for a fleet of engines.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::format::{self, Address, Fault};
+
+/// What a medium held when the store opened.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// Chunks stored under a valid address (not yet checked).
+    pub chunks: Vec<Address>,
+    /// Leftovers removed while listing: interrupted writes, which are no fault...
+    pub interrupted: usize,
+    /// ...and entries that are not chunks of this store, which are.
+    pub foreign: usize,
+}
+
+/// Stores, reads and lists chunks (as the chunk format's bytes) and manifests. Called from the
+/// store and its worker threads.
+pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
+    /// Stores chunk `address` as the concatenation of `parts`, atomically: a reader sees the
+    /// old bytes or the new, never a mix, whatever happens meanwhile.
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String>;
+
+    /// A reader of chunk `address` from its first byte, and its length.
+    fn open_chunk(&self, address: &Address) -> Result<(Box<dyn Read + Send>, u64), Fault>;
+
+    /// The stored bytes of chunk `address`, whole.
+    fn get_chunk(&self, address: &Address) -> Result<Vec<u8>, Fault>;
+
+    /// Removes chunk `address` if it is stored.
+    fn remove_chunk(&self, address: &Address);
+
+    /// Stores the manifest of the conversation named `name`, atomically.
+    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String>;
+
+    /// Removes the manifest of `name` if it is stored.
+    fn remove_manifest(&self, name: &str);
+
+    /// Every stored manifest, in a stable order.
+    fn manifests(&self) -> Vec<Vec<u8>>;
+
+    /// The chunks stored now, removing leftovers of interrupted writes and entries that are
+    /// not chunks.
+    ///
+    /// # Errors
+    /// The medium cannot be listed.
+    fn list(&self) -> std::io::Result<Listing>;
+
+    /// How messages name chunk `address` (a path, a key).
+    fn describe(&self, address: &Address) -> String;
+}
+
+/// Chunk files `<root>/chunks/<address>.kvc` and manifests
+/// `<root>/conversations/<hex name>.json`, written atomically (see [`write_atomic`]).
+#[derive(Debug)]
+pub(crate) struct Folder {
+    root: PathBuf,
+}
+
+impl Folder {
+    /// The folder for chunks of the model `fingerprint` under `dir` (created).
+    ///
+    /// # Errors
+    /// The folders cannot be created.
+    pub fn open(dir: &Path, fingerprint: &[u8]) -> std::io::Result<Self> {
+        let root = dir.join(&format::hex(fingerprint)[..16]);
+        fs::create_dir_all(root.join("chunks"))?;
+        fs::create_dir_all(root.join("conversations"))?;
+        Ok(Self { root })
+    }
+
+    fn chunk_path(&self, address: &Address) -> PathBuf {
+        self.root
+            .join("chunks")
+            .join(format!("{}.kvc", address.hex()))
+    }
+
+    fn manifest_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("conversations")
+            .join(format!("{}.json", format::hex(name.as_bytes())))
+    }
+}
+
+fn not_found_is_missing(e: &std::io::Error) -> Fault {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Fault::Missing,
+        _ => Fault::Io,
+    }
+}
+
+impl Medium for Folder {
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String> {
+        let path = self.chunk_path(address);
+        write_atomic(&path, parts).inspect_err(|_| {
+            let _ = fs::remove_file(temporary(&path));
+        })
+    }
+
+    fn open_chunk(&self, address: &Address) -> Result<(Box<dyn Read + Send>, u64), Fault> {
+        let f = File::open(self.chunk_path(address)).map_err(|e| not_found_is_missing(&e))?;
+        let len = f.metadata().map_err(|_| Fault::Io)?.len();
+        Ok((Box::new(f), len))
+    }
+
+    fn get_chunk(&self, address: &Address) -> Result<Vec<u8>, Fault> {
+        fs::read(self.chunk_path(address)).map_err(|e| not_found_is_missing(&e))
+    }
+
+    fn remove_chunk(&self, address: &Address) {
+        let _ = fs::remove_file(self.chunk_path(address));
+    }
+
+    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String> {
+        write_atomic(&self.manifest_path(name), &[contents])
+    }
+
+    fn remove_manifest(&self, name: &str) {
+        let _ = fs::remove_file(self.manifest_path(name));
+    }
+
+    fn manifests(&self) -> Vec<Vec<u8>> {
+        let Ok(dir) = fs::read_dir(self.root.join("conversations")) else {
+            return Vec::new();
+        };
+        let mut paths: Vec<PathBuf> = dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths.into_iter().filter_map(|p| fs::read(p).ok()).collect()
+    }
+
+    fn list(&self) -> std::io::Result<Listing> {
+        let mut out = Listing::default();
+        for item in fs::read_dir(self.root.join("conversations"))? {
+            let path = item?.path();
+            if path.extension().is_some_and(|x| x == "tmp") {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        for item in fs::read_dir(self.root.join("chunks"))? {
+            let path = item?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            match name.strip_suffix(".kvc").and_then(Address::from_hex) {
+                Some(a) => out.chunks.push(a),
+                // Debris of an interrupted write, or a file that is not ours.
+                None => {
+                    let _ = fs::remove_file(&path);
+                    match name.ends_with(".tmp") {
+                        true => out.interrupted += 1,
+                        false => out.foreign += 1,
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn describe(&self, address: &Address) -> String {
+        self.chunk_path(address).display().to_string()
+    }
+}
+
+/// The temporary name a file is written under before its rename.
+pub(crate) fn temporary(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// Writes `parts` to `path` atomically: the bytes go to a temporary file in the same folder,
+/// are flushed to the device (`fsync`), and the file is renamed over its final name, then the
+/// folder is synced; a crash at any moment leaves the final name either absent, or the old
+/// whole file, or the new whole file.
+///
+/// # Errors
+/// What the file system said, as text.
+pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
+    let tmp = temporary(path);
+    let describe = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = File::create(&tmp).map_err(describe)?;
+    for part in parts {
+        f.write_all(part).map_err(describe)?;
+    }
+    f.sync_all().map_err(describe)?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(describe)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(describe)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_stores_reads_lists_and_removes() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Folder::open(dir.path(), &[7; 32]).unwrap();
+        let a = Address::chain(&Address::default(), &[1, 2, 3]);
+        assert_eq!(m.get_chunk(&a), Err(Fault::Missing));
+        m.put_chunk(&a, &[b"head", b"payload"]).unwrap();
+        assert_eq!(m.get_chunk(&a).unwrap(), b"headpayload");
+        let (mut r, len) = m.open_chunk(&a).unwrap();
+        let mut head = [0u8; 4];
+        r.read_exact(&mut head).unwrap();
+        assert_eq!((&head, len), (b"head", 11));
+        m.put_manifest("alice", b"{}").unwrap();
+        assert_eq!(m.manifests(), vec![b"{}".to_vec()]);
+        // An interrupted write and a stray file are cleared by the listing.
+        let chunks = m.chunk_path(&a).parent().unwrap().to_path_buf();
+        fs::write(chunks.join("x.kvc.tmp"), b"half").unwrap();
+        fs::write(chunks.join("notes.txt"), b"?").unwrap();
+        let l = m.list().unwrap();
+        assert_eq!((l.chunks, l.interrupted, l.foreign), (vec![a], 1, 1));
+        assert_eq!(fs::read_dir(&chunks).unwrap().count(), 1);
+        m.remove_chunk(&a);
+        m.remove_manifest("alice");
+        assert!(m.list().unwrap().chunks.is_empty() && m.manifests().is_empty());
+    }
+}
