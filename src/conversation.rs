@@ -55,6 +55,9 @@ pub(crate) struct Conversation {
     seen_text: String,
     /// Where the recorded turns begin, in order.
     marks: Vec<Mark>,
+    /// How many times its manifest has been stored, by any engine: a shared store's manifest
+    /// of a higher revision was written by another engine after this copy.
+    revision: u64,
 }
 
 impl Conversation {
@@ -89,7 +92,18 @@ impl Conversation {
             messages,
             seen_text,
             marks,
+            revision: 0,
         }
+    }
+
+    /// The revision of its stored manifest this copy holds.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Records that this copy is (or is about to be) stored as `revision`.
+    pub fn set_revision(&mut self, revision: u64) {
+        self.revision = revision;
     }
 
     /// The same, stored under `name`.
@@ -130,6 +144,7 @@ impl Conversation {
             messages: self.messages[..m.messages].to_vec(),
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
+            revision: 0,
         }
     }
 

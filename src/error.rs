@@ -23,6 +23,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The shared store (Redis) could not be reached, or refused the credentials, when the
+    /// engine was built. (Once running, an unreachable store only costs recomputes.)
+    #[error("shared KV store unavailable: {0}")]
+    Store(String),
+
+    /// No conversation is stored under this name (in this engine, or its shared store).
+    #[error("no conversation named {0:?} is stored")]
+    NotStored(String),
+
     /// The default model has not been fetched into the asset cache yet.
     #[error(
         "model file {path} not found; run `scripts/fetch-assets` (or set PENSIEVE_CACHE) first"

@@ -61,6 +61,9 @@ pub(crate) struct Request<T> {
     /// One past the highest position computed for this turn.
     progress: usize,
     admitted: bool,
+    /// Its KV could not be restored (a refused chunk): what it reuses is counted again at its
+    /// next admission, the rest as recomputed.
+    recount: bool,
     generated: usize,
     counts: TurnCounts,
     /// The engine's state of this turn.
@@ -142,6 +145,7 @@ impl<T> Scheduler<T> {
                 work: VecDeque::new(),
                 progress: 0,
                 admitted: false,
+                recount: false,
                 generated: 0,
                 counts: TurnCounts::default(),
                 payload,
@@ -397,7 +401,7 @@ impl<T> Scheduler<T> {
         Some(Admission {
             request: id,
             work,
-            first_reuse: (!req.admitted).then_some(Reuse {
+            first_reuse: (!req.admitted || req.recount).then_some(Reuse {
                 device: restore.on_device,
                 host: restore.from_host,
                 disk: restore.from_disk,
@@ -551,6 +555,7 @@ impl<T> Scheduler<T> {
                     req.counts.reused_disk = r.disk;
                 }
                 req.admitted = true;
+                req.recount = false;
             }
         }
         for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|(_, &ran)| ran) {
@@ -569,6 +574,9 @@ impl<T> Scheduler<T> {
             });
         }
         for &id in &outcome.requeue {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.recount = true;
+            }
             self.requeue(id, cache);
         }
     }

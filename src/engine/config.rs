@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::kv::CostModel;
+pub use crate::kv::RedisConfig;
 use crate::model::{LoadOptions, ModelSource};
 use crate::{Error, Result};
 
@@ -102,14 +103,26 @@ impl Default for Budgets {
     }
 }
 
-/// The disk tier below host (AttentionStore): chunk files and conversation manifests in a
-/// folder the host application chooses. Conversations opened with a name persist there and a
-/// later engine over the same folder resumes them.
+/// Where the tier below host keeps its chunks and conversation manifests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StoreLocation {
+    /// Files in a folder of this machine (created if absent; engines of different models may
+    /// share it). A later engine over the same folder resumes every named conversation.
+    Folder(PathBuf),
+    /// A Redis (or Valkey) server shared by a fleet of engines: any of them continues a
+    /// conversation another one served, from its KV ([`super::Engine::resume`]), and finds
+    /// by content the chunks the others computed.
+    Redis(RedisConfig),
+}
+
+/// The tier below host (AttentionStore): chunks and conversation manifests in a folder or a
+/// shared Redis, under a byte budget. Conversations opened with a name persist there.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DiskConfig {
-    /// The store's folder (created if absent). Engines of different models may share it.
-    pub dir: PathBuf,
-    /// Most bytes of chunk files; eviction keeps the store under it.
+    /// Where the chunks go.
+    pub location: StoreLocation,
+    /// Most bytes of chunks this engine keeps stored; eviction keeps it under. (In a shared
+    /// store, the bytes this engine wrote: Redis's own `maxmemory` is the server's guard.)
     pub budget_bytes: usize,
     /// Bytes per second the store reads back, weighed against recomputing a chunk: a chunk
     /// cheaper to recompute than to read is not saved.
@@ -120,9 +133,19 @@ impl DiskConfig {
     /// A store in `dir` of up to 16 GiB, read at 1 GB/s (an NVMe drive or the page cache).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
-            dir: dir.into(),
+            location: StoreLocation::Folder(dir.into()),
             budget_bytes: 16 << 30,
             read_bytes_per_s: 1e9,
+        }
+    }
+
+    /// A shared store in the Redis `config` names, of up to 16 GiB written by this engine,
+    /// read at 500 MB/s (a GET over a local network).
+    pub fn redis(config: RedisConfig) -> Self {
+        Self {
+            location: StoreLocation::Redis(config),
+            budget_bytes: 16 << 30,
+            read_bytes_per_s: 5e8,
         }
     }
 }

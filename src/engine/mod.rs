@@ -34,7 +34,7 @@ use std::time::Instant;
 
 pub use config::{
     Budgets, CacheMode, CostProfile, DiskConfig, EngineConfig, EvictionKind, KvPrecision,
-    OverflowPolicy,
+    OverflowPolicy, RedisConfig, StoreLocation,
 };
 pub use handle::EngineHandle;
 pub use turn::TurnSize;

@@ -11,12 +11,14 @@ use crate::scheduler::RowPlan;
 /// `prompt`), the KV other conversations computed for the same tokens: from memory (one more
 /// reference to their block or host chunk), then from the disk tier (one more file reference,
 /// read when the turn runs). The tokens adopted leave `prompt` for the history. Only when the
-/// table's KV ends at a chunk boundary. Returns the tokens adopted.
+/// table's KV ends at a chunk boundary. With `discover`, a shared store is asked too (a
+/// request to it, so only once per turn). Returns the tokens adopted.
 fn adopt(
     cache: &mut CacheManager,
     conv_id: ConversationId,
     conv: &mut Conversation,
     prompt: &mut Vec<u32>,
+    discover: bool,
 ) -> usize {
     let chunk = cache.chunk_size();
     let Some(table) = cache.table(conv_id) else {
@@ -39,7 +41,7 @@ fn adopt(
     let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
     let next = &addresses[computed / chunk..full];
     let in_memory = cache.adopt_resident(conv_id, next);
-    let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..]);
+    let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..], discover);
     let reach = computed + adopted * chunk;
     conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
     adopted * chunk
@@ -53,7 +55,7 @@ impl Engine {
     /// Looks a submitted turn up by content (see `adopt`).
     pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
         if let (true, Some(conv)) = (self.sharing(), self.convs.get_mut(&conv_id)) {
-            self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt) as u64;
+            self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt, true) as u64;
         }
     }
 
@@ -66,7 +68,8 @@ impl Engine {
         }
         for (conv_id, prompt) in self.sched.waiting_prompts(self.config.prefetch_window) {
             if let Some(conv) = self.convs.get_mut(&conv_id) {
-                self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt) as u64;
+                let adopted = adopt(&mut self.cache, conv_id, conv, prompt, false);
+                self.stats.shared_tokens += adopted as u64;
             }
         }
     }

@@ -7,12 +7,17 @@
 //! (atomically, behind, after the chunk writes it names) whenever a turn of the conversation
 //! ends. On restart each listed file is checked against the tokens' own addresses and its
 //! header; what is missing or refused is recomputed by the next turn, never used.
+//!
+//! A store shared by a fleet (Redis) is not resumed whole at start: [`Engine::resume`] fetches
+//! one conversation's manifest when a turn of it arrives, and replaces a copy held here when
+//! another engine stored a later revision of it (served a turn since).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::config::StoreLocation;
 use super::{ConversationOptions, Engine, EngineConfig};
 use crate::attention::KvShape;
 use crate::conversation::{Conversation, Mark};
@@ -39,13 +44,27 @@ struct Manifest {
     marks: Vec<Mark>,
     /// Per chunk, the hex address of its file, if it has one.
     chunks: Vec<Option<String>>,
+    /// Incremented by every write of this conversation's manifest, by whichever engine.
+    #[serde(default)]
+    revision: u64,
+}
+
+impl Manifest {
+    /// A manifest of this layout whose tokens fit `vocab`.
+    fn parse(bytes: &[u8], vocab: usize) -> Option<Self> {
+        serde_json::from_slice::<Self>(bytes).ok().filter(|m| {
+            m.version == MANIFEST_VERSION
+                && m.computed <= m.tokens.len()
+                && m.tokens.iter().all(|&t| (t as usize) < vocab)
+        })
+    }
 }
 
 /// Opens the disk tier `config` names for `model`'s KV of `shape` at `value_bytes` per value.
 ///
 /// # Errors
-/// [`Error::Io`] if the folder cannot be created or read; [`Error::Candle`] if the model's
-/// fingerprint cannot be computed.
+/// [`Error::Io`] if the folder cannot be created or read; [`Error::Store`] if Redis cannot be
+/// reached; [`Error::Candle`] if the model's fingerprint cannot be computed.
 pub(super) fn open_disk(
     model: &Model,
     config: &EngineConfig,
@@ -66,11 +85,17 @@ pub(super) fn open_disk(
         head_dim: shape.head_dim as u32,
         value_bytes: value_bytes as u32,
     };
-    let store =
-        DiskStore::open(&disk.dir, format, disk.budget_bytes).map_err(|source| Error::Io {
-            path: disk.dir.clone(),
-            source,
-        })?;
+    let store = match &disk.location {
+        StoreLocation::Folder(dir) => {
+            DiskStore::open(dir, format, disk.budget_bytes).map_err(|source| Error::Io {
+                path: dir.clone(),
+                source,
+            })?
+        }
+        StoreLocation::Redis(redis) => {
+            DiskStore::open_redis(redis, format, disk.budget_bytes).map_err(Error::Store)?
+        }
+    };
     Ok(Some(DiskTier {
         store,
         cost,
@@ -80,46 +105,93 @@ pub(super) fn open_disk(
 
 impl Engine {
     /// Resumes every named conversation stored in the disk tier (at start-up), then deletes
-    /// the files none of them needs.
+    /// the files none of them needs. Not for a shared store, where every conversation of the
+    /// fleet is stored: those are resumed one by one ([`Engine::resume`]).
     pub(super) fn resume_stored(&mut self, now: Instant) {
-        let Some(store) = self.cache.disk_store() else {
+        let Some(store) = self.cache.disk_store().filter(|s| !s.shared()) else {
             return;
         };
         let vocab = self.model.config().vocab_size;
         let manifests: Vec<Manifest> = store
             .manifests()
             .iter()
-            .filter_map(|bytes| serde_json::from_slice::<Manifest>(bytes).ok())
-            .filter(|m| {
-                m.version == MANIFEST_VERSION
-                    && m.computed <= m.tokens.len()
-                    && m.tokens.iter().all(|&t| (t as usize) < vocab)
-            })
+            .filter_map(|bytes| Manifest::parse(bytes, vocab))
             .collect();
         for m in manifests {
-            if self.find(&m.name).is_some() {
-                continue;
+            if self.find(&m.name).is_none() {
+                self.restore(m, now);
             }
-            let id = self.next_id();
-            // A file counts only if it is the one these tokens name: a manifest and files
-            // that disagree (edited, or from an interrupted save) cost a recompute, never
-            // wrong KV.
-            let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
-            let saved: Vec<Option<Address>> = m
-                .chunks
-                .iter()
-                .zip(&want)
-                .map(|(got, want)| {
-                    got.as_deref()
-                        .and_then(Address::from_hex)
-                        .filter(|a| a == want)
-                })
-                .collect();
-            self.cache.adopt(id, m.computed, &saved, now);
-            let conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
-            self.convs.insert(id, conv);
         }
         self.cache.collect_disk_garbage(now);
+    }
+
+    /// Opens the conversation `m` describes, with the KV of its chunks that the store still
+    /// holds.
+    fn restore(&mut self, m: Manifest, now: Instant) -> ConversationId {
+        let id = self.next_id();
+        // A file counts only if it is the one these tokens name: a manifest and files that
+        // disagree (edited, or from an interrupted save) cost a recompute, never wrong KV.
+        let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
+        let saved: Vec<Option<Address>> = m
+            .chunks
+            .iter()
+            .zip(&want)
+            .map(|(got, want)| {
+                got.as_deref()
+                    .and_then(Address::from_hex)
+                    .filter(|a| a == want)
+            })
+            .collect();
+        self.cache.adopt(id, m.computed, &saved, now);
+        let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
+        conv.set_revision(m.revision);
+        self.convs.insert(id, conv);
+        id
+    }
+
+    /// The conversation stored under `name`, ready for its next turn: the copy this engine
+    /// holds, unless the shared store has a later revision (another engine of the fleet served
+    /// a turn since), which then replaces it; or, if this engine holds none, the stored one,
+    /// with the KV the store still has (fetched when its turn runs, ahead of it while it
+    /// waits in the queue). The id changes when the conversation is (re)loaded.
+    ///
+    /// Without a shared store, conversations were resumed at start-up, and this finds them.
+    ///
+    /// # Errors
+    /// [`Error::NotStored`] if no conversation of that name is held or stored;
+    /// [`Error::Store`] if the store cannot be read and none is held;
+    /// [`Error::ConversationBusy`] if the copy held here has a turn running while another
+    /// engine stored a later one.
+    pub fn resume(&mut self, name: &str) -> Result<ConversationId> {
+        let held = self.find(name);
+        let Some(store) = self.cache.disk_store().filter(|s| s.shared()) else {
+            return held.ok_or_else(|| Error::NotStored(name.to_string()));
+        };
+        let stored = match store.manifest(name) {
+            Ok(bytes) => bytes.and_then(|b| Manifest::parse(&b, self.model.config().vocab_size)),
+            // Unreadable now: what is held is the best known.
+            Err(fault) => match held {
+                Some(id) => return Ok(id),
+                None => return Err(Error::Store(format!("manifest of {name:?}: {fault}"))),
+            },
+        };
+        match (held, stored) {
+            (Some(id), Some(m))
+                if m.revision > self.convs.get(&id).map_or(0, Conversation::revision) =>
+            {
+                if self.sched.turn_of(id).is_some() {
+                    return Err(Error::ConversationBusy(id));
+                }
+                // The stored copy takes its references first, so the chunks both name stay.
+                let fresh = self.restore(m, Instant::now());
+                self.cache.close(id);
+                self.convs.remove(&id);
+                Ok(fresh)
+            }
+            (Some(id), _) => Ok(id),
+            (None, Some(m)) => Ok(self.restore(m, Instant::now())),
+            (None, None) => Err(Error::NotStored(name.to_string())),
+        }
     }
 
     /// Opens a conversation stored under `options.name`, writing its first manifest.
@@ -185,11 +257,12 @@ impl Engine {
         }
     }
 
-    /// Writes (behind) the manifest of `id` if it is named.
-    pub(super) fn write_manifest(&self, id: ConversationId) {
-        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.disk_store()) else {
+    /// Writes (behind) the manifest of `id` if it is named, as its next revision.
+    pub(super) fn write_manifest(&mut self, id: ConversationId) {
+        let (Some(conv), Some(store)) = (self.convs.get_mut(&id), self.cache.disk_store()) else {
             return;
         };
+        conv.set_revision(conv.revision() + 1);
         let Some(name) = conv.name() else {
             return;
         };
@@ -208,6 +281,7 @@ impl Engine {
                 .iter()
                 .map(|a| a.map(|a| a.hex()))
                 .collect(),
+            revision: conv.revision(),
         };
         if let Ok(bytes) = serde_json::to_vec(&m) {
             store.write_manifest(name, bytes);

@@ -5,8 +5,13 @@
 //! format in [`format`]) and `<fingerprint>/conversations/<name>.json` (what a restarted engine
 //! needs to resume a conversation; written by the engine through [`DiskStore::write_manifest`]).
 //! One folder per model fingerprint, so engines of different models can share a store folder.
-//! The bytes' keeper is a [`medium::Medium`] (files here; the bookkeeping, the format and the
-//! threads do not depend on it).
+//! The bytes' keeper is a [`medium::Medium`]: files, or a Redis shared by a fleet of engines
+//! ([`redis`]); the bookkeeping, the format and the threads do not depend on it.
+//!
+//! In a shared store, entries are this engine's view: chunks it wrote (owned: booked against
+//! its budget, deleted when it no longer needs them) and chunks other engines wrote, found by
+//! address when a turn needs them ([`DiskStore::discover`]; never booked, never deleted by this
+//! engine, and refused like any bad file if they went missing or changed since).
 //!
 //! Bookkeeping: an entry per address, reference-counted (chunk tables of conversations, which
 //! may share content), booked against the budget when its save is queued (so queued writes
@@ -15,10 +20,12 @@
 //! a host chunk whose save is queued can be evicted at once. A failed write makes the entry
 //! `Failed`: [`DiskStore::poll`] returns its address so the tables stop counting on it.
 //!
-//! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the entries' sizes.
+//! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the owned entries'
+//! sizes.
 
 pub mod format;
 mod medium;
+mod redis;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -29,6 +36,7 @@ use std::sync::{Arc, OnceLock};
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
 use medium::{Folder, Medium};
+pub use redis::RedisConfig;
 use worker::{Job, Worker};
 
 use super::{ChunkBytes, LayerCells};
@@ -109,6 +117,10 @@ pub struct DiskStats {
     pub bytes_used: usize,
     /// The byte budget.
     pub budget_bytes: usize,
+    /// Chunks found by address in a shared store, written by other engines.
+    pub chunks_discovered: u64,
+    /// Connections opened to a shared store (more than one: it reconnected).
+    pub connects: u64,
 }
 
 #[derive(Debug)]
@@ -126,6 +138,9 @@ struct Entry {
     bytes: usize,
     refs: u32,
     state: State,
+    /// Written by this engine (or found at open in a store of its own): booked and deleted by
+    /// it.
+    owned: bool,
 }
 
 /// Chunk files under a byte budget.
@@ -170,7 +185,30 @@ impl DiskStore {
     /// # Errors
     /// The folder cannot be created or listed, or the writer thread cannot start.
     pub fn open(dir: &Path, format: ChunkFormat, budget_bytes: usize) -> std::io::Result<Self> {
-        let medium: Arc<dyn Medium> = Arc::new(Folder::open(dir, &format.fingerprint)?);
+        let medium = Arc::new(Folder::open(dir, &format.fingerprint)?);
+        Self::over(medium, format, budget_bytes)
+    }
+
+    /// Opens the store for chunks of `format` in the Redis `config` names, shared with other
+    /// engines: nothing is indexed or deleted at start.
+    ///
+    /// # Errors
+    /// The server cannot be reached or refuses the credentials (as text without secrets), or
+    /// the worker threads cannot start.
+    pub fn open_redis(
+        config: &RedisConfig,
+        format: ChunkFormat,
+        budget_bytes: usize,
+    ) -> Result<Self, String> {
+        let medium = Arc::new(redis::Redis::open(config, &format.fingerprint)?);
+        Self::over(medium, format, budget_bytes).map_err(|e| e.to_string())
+    }
+
+    fn over(
+        medium: Arc<dyn Medium>,
+        format: ChunkFormat,
+        budget_bytes: usize,
+    ) -> std::io::Result<Self> {
         let mut store = Self {
             medium: medium.clone(),
             format,
@@ -201,14 +239,14 @@ impl DiskStore {
                 Ok(bytes) => {
                     self.used_bytes += bytes;
                     let state = State::Stored;
-                    self.entries.insert(
-                        a,
-                        Entry {
-                            bytes,
-                            refs: 0,
-                            state,
-                        },
-                    );
+                    let (refs, owned) = (0, true);
+                    let entry = Entry {
+                        bytes,
+                        refs,
+                        state,
+                        owned,
+                    };
+                    self.entries.insert(a, entry);
                 }
                 Err(fault) => {
                     self.refused.insert(a);
@@ -241,7 +279,48 @@ impl DiskStore {
 
     /// The store's counters.
     pub fn stats(&self) -> DiskStats {
-        self.stats
+        DiskStats {
+            connects: self.medium.connects(),
+            ..self.stats
+        }
+    }
+
+    /// Whether other engines share the store.
+    pub fn shared(&self) -> bool {
+        self.medium.shared()
+    }
+
+    /// In a shared store, asks (in one request) which of `chunks` (address, KV-tokens) other
+    /// engines have stored since this one last looked, and indexes those: they can then be
+    /// retained like this engine's own. Returns how many were found.
+    pub fn discover(&mut self, chunks: &[(Address, usize)]) -> usize {
+        if !self.medium.shared() {
+            return 0;
+        }
+        let unknown: Vec<(Address, usize)> = chunks
+            .iter()
+            .filter(|(a, _)| !self.entries.contains_key(a) && !self.refused.contains(a))
+            .copied()
+            .collect();
+        if unknown.is_empty() {
+            return 0;
+        }
+        let addresses: Vec<Address> = unknown.iter().map(|(a, _)| *a).collect();
+        let mut found = 0;
+        for ((a, tokens), there) in unknown.iter().zip(self.medium.exists(&addresses)) {
+            if there {
+                let entry = Entry {
+                    bytes: self.file_bytes(*tokens),
+                    refs: 0,
+                    state: State::Stored,
+                    owned: false,
+                };
+                self.entries.insert(*a, entry);
+                found += 1;
+            }
+        }
+        self.stats.chunks_discovered += found as u64;
+        found
     }
 
     /// The byte budget.
@@ -335,14 +414,13 @@ impl DiskStore {
         self.pending_bytes += size;
         let state = State::Pending(self.next_write, bytes);
         self.next_write += 1;
-        self.entries.insert(
-            address,
-            Entry {
-                bytes: size,
-                refs: 1,
-                state,
-            },
-        );
+        let entry = Entry {
+            bytes: size,
+            refs: 1,
+            state,
+            owned: true,
+        };
+        self.entries.insert(address, entry);
         self.stats.bytes_used = self.used_bytes;
         Saved::Queued
     }
@@ -359,7 +437,8 @@ impl DiskStore {
     }
 
     fn forget(&mut self, address: &Address) {
-        if let Some(e) = self.entries.remove(address) {
+        // Another engine's chunk is its to delete (or its TTL's).
+        if let Some(e) = self.entries.remove(address).filter(|e| e.owned) {
             self.used_bytes -= e.bytes;
             if matches!(e.state, State::Pending(..)) {
                 self.pending_bytes -= e.bytes;
@@ -549,5 +628,13 @@ impl DiskStore {
     /// never half-loaded).
     pub fn manifests(&self) -> Vec<Vec<u8>> {
         self.medium.manifests()
+    }
+
+    /// The stored manifest of `name`, read now (a shared store's may be another engine's).
+    ///
+    /// # Errors
+    /// [`Fault::Io`] if the store cannot be read.
+    pub fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
+        self.medium.manifest(name)
     }
 }

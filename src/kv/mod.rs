@@ -14,7 +14,7 @@ mod policy;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, DiskTier, Eviction, Held, Moves};
-pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, FORMAT_VERSION};
+pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, FORMAT_VERSION};
 pub(crate) use disk::{DiskStore, Saved};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]

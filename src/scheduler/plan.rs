@@ -31,7 +31,8 @@ pub(crate) struct RowPlan {
 pub(crate) struct Admission {
     pub request: RequestId,
     pub(super) work: VecDeque<Run>,
-    /// History tokens found in each tier, at the turn's first admission.
+    /// History tokens found in each tier, at the turn's first admission (or the first after
+    /// its KV could not be restored).
     pub(super) first_reuse: Option<Reuse>,
 }
 

@@ -58,8 +58,8 @@ impl CacheManager {
     }
 
     /// Rebuilds the table of a conversation resumed from a manifest: `computed` tokens whose
-    /// chunks' files are `saved`. Chunks whose file is gone or refused are dropped (recomputed
-    /// on the next turn).
+    /// chunks' files are `saved` (in a shared store, by this engine or others). Chunks whose
+    /// file is gone or refused are dropped (recomputed on the next turn).
     pub fn adopt(
         &mut self,
         id: ConversationId,
@@ -67,7 +67,8 @@ impl CacheManager {
         saved: &[Option<Address>],
         now: Instant,
     ) {
-        let n = computed.div_ceil(self.chunk_size());
+        let chunk = self.chunk_size();
+        let n = computed.div_ceil(chunk);
         let mut table = ChunkTable {
             chunks: vec![ChunkLoc::Dropped; n],
             saved: vec![None; n],
@@ -78,6 +79,10 @@ impl CacheManager {
             addrs: Vec::new(),
         };
         if let Some(d) = &mut self.disk {
+            let named: Vec<(Address, usize)> = (saved.iter().take(n).enumerate())
+                .filter_map(|(i, a)| Some(((*a)?, chunk.min(computed - i * chunk))))
+                .collect();
+            d.store.discover(&named);
             for (i, a) in saved.iter().take(n).enumerate() {
                 if let Some(a) = a.filter(|a| d.store.claim(a)) {
                     table.chunks[i] = ChunkLoc::Disk;
@@ -101,14 +106,25 @@ impl CacheManager {
     /// content addresses, in order) as far as the store has them: KV that other
     /// conversations computed for the same tokens, found by content and shared (one file, one
     /// more reference). Only for a table whose computed tokens end at a chunk boundary with no
-    /// chunk past them. Returns the chunks adopted; they are `Disk`, read when the turn runs.
-    pub fn adopt_stored(&mut self, id: ConversationId, addresses: &[Address]) -> usize {
+    /// chunk past them. With `discover`, a shared store is asked for chunks other engines
+    /// stored (one request). Returns the chunks adopted; they are `Disk`, read when the turn
+    /// runs.
+    pub fn adopt_stored(
+        &mut self,
+        id: ConversationId,
+        addresses: &[Address],
+        discover: bool,
+    ) -> usize {
         let chunk = self.chunk_size();
         let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
             return 0;
         };
         if !t.computed.is_multiple_of(chunk) || t.chunks.len() != t.computed / chunk {
             return 0;
+        }
+        if discover {
+            let full: Vec<(Address, usize)> = addresses.iter().map(|a| (*a, chunk)).collect();
+            d.store.discover(&full);
         }
         let n = addresses
             .iter()

@@ -42,8 +42,28 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// Removes the manifest of `name` if it is stored.
     fn remove_manifest(&self, name: &str);
 
+    /// The stored manifest of `name`, if there is one.
+    ///
+    /// # Errors
+    /// [`Fault::Io`] if the medium cannot be read.
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault>;
+
     /// Every stored manifest, in a stable order.
     fn manifests(&self) -> Vec<Vec<u8>>;
+
+    /// Whether each chunk is stored now (`false` where the medium cannot tell).
+    fn exists(&self, addresses: &[Address]) -> Vec<bool>;
+
+    /// Whether other engines write and delete entries too (a fleet's store): then the listing
+    /// at start owns nothing, and chunks written by others are found by address.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Connections opened to the medium (more than one: it reconnected).
+    fn connects(&self) -> u64 {
+        0
+    }
 
     /// The chunks stored now, removing leftovers of interrupted writes and entries that are
     /// not chunks.
@@ -123,6 +143,21 @@ impl Medium for Folder {
 
     fn remove_manifest(&self, name: &str) {
         let _ = fs::remove_file(self.manifest_path(name));
+    }
+
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
+        match fs::read(self.manifest_path(name)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(_) => Err(Fault::Io),
+        }
+    }
+
+    fn exists(&self, addresses: &[Address]) -> Vec<bool> {
+        addresses
+            .iter()
+            .map(|a| self.chunk_path(a).is_file())
+            .collect()
     }
 
     fn manifests(&self) -> Vec<Vec<u8>> {
@@ -216,8 +251,12 @@ mod tests {
         let mut head = [0u8; 4];
         r.read_exact(&mut head).unwrap();
         assert_eq!((&head, len), (b"head", 11));
+        assert_eq!(m.manifest("alice"), Ok(None));
         m.put_manifest("alice", b"{}").unwrap();
         assert_eq!(m.manifests(), vec![b"{}".to_vec()]);
+        assert_eq!(m.manifest("alice"), Ok(Some(b"{}".to_vec())));
+        let b = Address::chain(&a, &[4]);
+        assert_eq!(m.exists(&[a, b]), vec![true, false]);
         // An interrupted write and a stray file are cleared by the listing.
         let chunks = m.chunk_path(&a).parent().unwrap().to_path_buf();
         fs::write(chunks.join("x.kvc.tmp"), b"half").unwrap();

@@ -1,0 +1,360 @@
+//! A shared medium on Redis (or Valkey): the chunks and manifests of a fleet of engines in one
+//! key-value store, so that a conversation's next turn finds its KV on whichever engine it
+//! lands (LMCache and SGLang's hierarchical cache keep KV in such stores too).
+//!
+//! Keys: `<prefix>:<fingerprint>:chunk:<address>` holds a chunk in the chunk format (header and
+//! per-layer checksums, checked whole by the reader like a file), and
+//! `<prefix>:<fingerprint>:conv:<hex name>` a conversation manifest. The prefix is the
+//! deployment's, so fleets sharing one Redis never read each other's KV; the fingerprint keeps
+//! models apart. A `SET` replaces a value whole, so readers see old bytes or new, never a mix.
+//!
+//! Every request has a deadline. A connection that failed is dropped; the next request opens
+//! another, no sooner than a back-off that doubles while the server stays unreachable, so a
+//! Redis that is down costs each request a quick refusal, not a wait.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::format::{self, Address, Fault};
+use super::medium::{Listing, Medium};
+
+/// Where a fleet's shared tier lives, and how to reach it.
+#[derive(Clone, PartialEq)]
+pub struct RedisConfig {
+    /// `redis://[user][:password@]host[:port][/db]`, or `rediss://` for TLS (`valkey://` and
+    /// `valkeys://` too). Never written to logs or errors with its password.
+    pub url: String,
+    /// Names this deployment's keys: fleets with different prefixes share a server without
+    /// seeing each other's KV (with Redis ACLs, a user can be limited to `<prefix>:*`).
+    pub key_prefix: String,
+    /// How long an unused chunk or manifest stays (refreshed whenever it is read); `None` keeps
+    /// keys until this engine deletes them or Redis evicts them under `maxmemory`.
+    pub ttl: Option<Duration>,
+    /// The deadline of each request (connecting, storing, fetching a chunk): past it the
+    /// request fails and the KV is recomputed.
+    pub timeout: Duration,
+    /// A PEM file of the certificate authority that signed the server's certificate, for
+    /// `rediss://` with a private CA (the system's roots otherwise).
+    pub ca_file: Option<PathBuf>,
+}
+
+impl RedisConfig {
+    /// The server at `url`, keys under `pensieve:`, kept a day after their last use, 500 ms per
+    /// request.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: "pensieve".into(),
+            ttl: Some(Duration::from_secs(24 * 3600)),
+            timeout: Duration::from_millis(500),
+            ca_file: None,
+        }
+    }
+
+    /// The URL with its password, if any, replaced by `***`.
+    pub fn redacted_url(&self) -> String {
+        let Some((scheme, rest)) = self.url.split_once("://") else {
+            return "***".into();
+        };
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => {
+                let user = rest[..at].split(':').next().unwrap_or("");
+                format!("{scheme}://{user}:***{}", &rest[at..])
+            }
+            None => self.url.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted_url())
+            .field("key_prefix", &self.key_prefix)
+            .field("ttl", &self.ttl)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// When the next connection may be tried.
+#[derive(Debug)]
+struct Backoff {
+    not_before: Option<Instant>,
+    delay: Duration,
+}
+
+const FIRST_DELAY: Duration = Duration::from_millis(50);
+const LONGEST_DELAY: Duration = Duration::from_secs(2);
+
+/// Chunks and manifests in Redis, for every engine of a fleet.
+pub(crate) struct Redis {
+    client: redis::Client,
+    /// `<prefix>:<fingerprint>:`.
+    keys: String,
+    ttl: Option<u64>,
+    timeout: Duration,
+    idle: Mutex<Vec<redis::Connection>>,
+    backoff: Mutex<Backoff>,
+    connects: AtomicU64,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis").field("keys", &self.keys).finish()
+    }
+}
+
+/// What went wrong, without the URL (which may hold a password).
+fn why(e: &redis::RedisError) -> String {
+    format!("{:?}: {}", e.kind(), e.detail().unwrap_or("request failed"))
+}
+
+impl Redis {
+    /// The medium `config` names, for chunks of the model `fingerprint`; connects once to
+    /// check the server answers.
+    ///
+    /// # Errors
+    /// A malformed URL, an unreadable CA file, or a server that does not answer (or refuses
+    /// the credentials), as text without secrets.
+    pub fn open(config: &RedisConfig, fingerprint: &[u8]) -> Result<Self, String> {
+        let client = match &config.ca_file {
+            Some(path) => {
+                let root = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let certs = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                };
+                redis::Client::build_with_tls(config.url.as_str(), certs)
+            }
+            None => redis::Client::open(config.url.as_str()),
+        }
+        .map_err(|e| format!("{}: {}", config.redacted_url(), why(&e)))?;
+        let medium = Self {
+            client,
+            keys: format!("{}:{}:", config.key_prefix, &format::hex(fingerprint)[..16]),
+            ttl: config.ttl.map(|t| t.as_secs().max(1)),
+            timeout: config.timeout,
+            idle: Mutex::new(Vec::new()),
+            backoff: Mutex::new(Backoff {
+                not_before: None,
+                delay: FIRST_DELAY,
+            }),
+            connects: AtomicU64::new(0),
+        };
+        let check = medium.request(|c| redis::cmd("PING").query::<String>(c));
+        check.map_err(|e| format!("{}: {e}", config.redacted_url()))?;
+        Ok(medium)
+    }
+
+    fn chunk_key(&self, address: &Address) -> String {
+        format!("{}chunk:{}", self.keys, address.hex())
+    }
+
+    fn manifest_key(&self, name: &str) -> String {
+        format!("{}conv:{}", self.keys, format::hex(name.as_bytes()))
+    }
+
+    /// An idle connection, or a new one unless the back-off forbids trying yet.
+    fn connection(&self) -> Result<redis::Connection, String> {
+        if let Some(c) = self.idle.lock().pop() {
+            return Ok(c);
+        }
+        let mut backoff = self.backoff.lock();
+        if backoff.not_before.is_some_and(|t| Instant::now() < t) {
+            return Err("unreachable (waiting to reconnect)".into());
+        }
+        let opened = self
+            .client
+            .get_connection_with_timeout(self.timeout)
+            .and_then(|c| {
+                c.set_read_timeout(Some(self.timeout))?;
+                c.set_write_timeout(Some(self.timeout))?;
+                Ok(c)
+            });
+        match opened {
+            Ok(c) => {
+                self.connects.fetch_add(1, Ordering::Relaxed);
+                *backoff = Backoff {
+                    not_before: None,
+                    delay: FIRST_DELAY,
+                };
+                Ok(c)
+            }
+            Err(e) => {
+                backoff.not_before = Some(Instant::now() + backoff.delay);
+                backoff.delay = (backoff.delay * 2).min(LONGEST_DELAY);
+                Err(why(&e))
+            }
+        }
+    }
+
+    /// Runs `f` on a connection; the connection goes back to the idle ones unless the request
+    /// failed (it may be broken, or carry a late reply).
+    fn request<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, String> {
+        let mut c = self.connection()?;
+        let out = f(&mut c).map_err(|e| why(&e))?;
+        self.idle.lock().push(c);
+        Ok(out)
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value);
+        if let Some(ttl) = self.ttl {
+            cmd.arg("EX").arg(ttl);
+        }
+        self.request(|c| cmd.query::<()>(c))
+            .map_err(|e| format!("{key}: {e}"))
+    }
+
+    /// The value at `key`, its time to live renewed.
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut cmd = redis::cmd("GETEX");
+        cmd.arg(key);
+        if let Some(ttl) = self.ttl {
+            cmd.arg("EX").arg(ttl);
+        }
+        self.request(|c| cmd.query::<Option<Vec<u8>>>(c))
+    }
+
+    fn delete(&self, key: &str) {
+        let _ = self.request(|c| redis::cmd("DEL").arg(key).query::<()>(c));
+    }
+
+    /// Every key matching `pattern`.
+    fn scan(&self, pattern: &str) -> Result<Vec<String>, String> {
+        self.request(|c| {
+            let mut keys = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(c)?;
+                keys.extend(batch);
+                if next == 0 {
+                    return Ok(keys);
+                }
+                cursor = next;
+            }
+        })
+    }
+}
+
+impl Medium for Redis {
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String> {
+        self.set(&self.chunk_key(address), &parts.concat())
+    }
+
+    fn open_chunk(&self, address: &Address) -> Result<(Box<dyn std::io::Read + Send>, u64), Fault> {
+        let bytes = self.get_chunk(address)?;
+        let len = bytes.len() as u64;
+        Ok((Box::new(Cursor::new(bytes)), len))
+    }
+
+    fn get_chunk(&self, address: &Address) -> Result<Vec<u8>, Fault> {
+        match self.get(&self.chunk_key(address)) {
+            Ok(Some(bytes)) => Ok(bytes),
+            // Expired, evicted under `maxmemory`, or deleted by the engine that wrote it.
+            Ok(None) => Err(Fault::Missing),
+            Err(_) => Err(Fault::Io),
+        }
+    }
+
+    fn remove_chunk(&self, address: &Address) {
+        self.delete(&self.chunk_key(address));
+    }
+
+    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String> {
+        self.set(&self.manifest_key(name), contents)
+    }
+
+    fn remove_manifest(&self, name: &str) {
+        self.delete(&self.manifest_key(name));
+    }
+
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
+        self.get(&self.manifest_key(name)).map_err(|_| Fault::Io)
+    }
+
+    fn manifests(&self) -> Vec<Vec<u8>> {
+        let Ok(mut keys) = self.scan(&format!("{}conv:*", self.keys)) else {
+            return Vec::new();
+        };
+        keys.sort();
+        keys.iter()
+            .filter_map(|k| self.get(k).ok().flatten())
+            .collect()
+    }
+
+    fn exists(&self, addresses: &[Address]) -> Vec<bool> {
+        let mut pipe = redis::pipe();
+        for a in addresses {
+            pipe.cmd("EXISTS").arg(self.chunk_key(a));
+        }
+        self.request(|c| pipe.query::<Vec<bool>>(c))
+            .ok()
+            .filter(|found| found.len() == addresses.len())
+            .unwrap_or_else(|| vec![false; addresses.len()])
+    }
+
+    /// Nothing: every key may be another engine's, so none is this store's to index or clear
+    /// at start; chunks are found by address when a turn needs them.
+    fn list(&self) -> std::io::Result<Listing> {
+        Ok(Listing::default())
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn connects(&self) -> u64 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self, address: &Address) -> String {
+        self.chunk_key(address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_debug_output() {
+        let c = RedisConfig::new("rediss://fleet:s3cret@cache.internal:6380/2");
+        assert_eq!(c.redacted_url(), "rediss://fleet:***@cache.internal:6380/2");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let c = RedisConfig::new("redis://:s3cret@localhost");
+        assert_eq!(c.redacted_url(), "redis://:***@localhost");
+        let c = RedisConfig::new("redis://localhost:6379");
+        assert_eq!(c.redacted_url(), "redis://localhost:6379");
+    }
+
+    #[test]
+    fn an_unreachable_server_is_refused_quickly_with_no_secret() {
+        // A port nobody listens on (bound, then released).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let mut c = RedisConfig::new(format!("redis://:hunter2@127.0.0.1:{port}"));
+        c.timeout = Duration::from_millis(200);
+        let e = Redis::open(&c, &[0; 32]).unwrap_err();
+        assert!(e.contains("***") && !e.contains("hunter2"), "{e}");
+    }
+}

@@ -1,0 +1,388 @@
+//! The shared Redis tier on the real SmolLM2 weights, against a real `redis-server` (the
+//! Debian package; `.ci/run` installs it) started on a free port in its own temporary folder:
+//! a conversation served by one engine continues on another from the KV in Redis, resent
+//! histories find other engines' chunks by content, and a Redis that dies, loses keys or
+//! returns damaged bytes costs recomputes, never wrong outputs. Every output equals a
+//! `Stateless` engine's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
+    Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn, TurnStats,
+};
+use pensieve::model::{Message, Model, WeightFormat};
+use pensieve::Error;
+
+const SYSTEM: &str = "You are a patient tutor for a class of curious twelve-year-olds. \
+    Explain every idea with one everyday example, avoid jargon, keep answers under three \
+    sentences, and end with a short question that checks understanding.";
+
+const QUESTIONS: [&str; 4] = [
+    "Why do we have seasons?",
+    "What makes a rainbow?",
+    "How do plants drink water?",
+    "Why does ice float?",
+];
+
+/// A `redis-server` of its own, stopped when dropped.
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    password: Option<&'static str>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(password: Option<&'static str>) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let mut s = Self {
+            child: None,
+            port,
+            password,
+            _dir: tempfile::tempdir().unwrap(),
+        };
+        s.restart();
+        s
+    }
+
+    /// Starts (again, empty) on the same port.
+    fn restart(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self._dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(p) = self.password {
+            cmd.args(["--requirepass", p]);
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("redis-server is required (apt-get install redis-server): {e}")
+        });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.raw().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        match self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    /// A connection of the test's own, to look at and damage what the engines stored.
+    fn raw(&self) -> redis::RedisResult<redis::Connection> {
+        let mut c = redis::Client::open(self.url())?.get_connection()?;
+        redis::cmd("PING").query::<String>(&mut c)?;
+        Ok(c)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn model() -> Arc<Model> {
+    Arc::new(common::real_model(WeightFormat::F32))
+}
+
+fn config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
+    EngineConfig {
+        mode,
+        budgets: Budgets {
+            device_tokens: 2048,
+            device_bytes: None,
+            host_bytes: 1 << 30,
+        },
+        cost_profile: CostProfile::Fixed(CostModel {
+            per_token_s: 1e-3,
+            per_token_per_position_s: 1e-6,
+        }),
+        // Read back whatever was saved: these tests are about what the store returns.
+        disk: redis.map(|r| DiskConfig {
+            read_bytes_per_s: 1e12,
+            ..DiskConfig::redis(r)
+        }),
+        check_invariants: true,
+        ..EngineConfig::default()
+    }
+}
+
+fn fleet_member(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
+    let mut r = RedisConfig::new(server.url());
+    r.key_prefix = prefix.into();
+    Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
+}
+
+/// Runs question `q` as the next turn of `conv`; its tokens, stats and text.
+fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats, String) {
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(8)
+    };
+    let id = e.submit(conv, Turn::user(QUESTIONS[q]), params).unwrap();
+    let mut out = (Vec::new(), TurnStats::default(), String::new());
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token {
+                    request,
+                    token,
+                    text,
+                    ..
+                } if request == id => {
+                    out.0.push(token);
+                    out.2.push_str(&text);
+                }
+                Event::Finished { request, stats, .. } if request == id => out.1 = stats,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn tutor(name: Option<&str>) -> ConversationOptions {
+    ConversationOptions {
+        system: Some(SYSTEM.into()),
+        name: name.map(str::to_string),
+        ..ConversationOptions::default()
+    }
+}
+
+/// The outputs of questions `0..n` in one conversation of a stateless engine.
+fn stateless(model: &Arc<Model>, n: usize) -> Vec<Vec<u32>> {
+    let mut e = Engine::with_model(model.clone(), config(CacheMode::Stateless, None)).unwrap();
+    let c = e.open(tutor(None)).unwrap();
+    (0..n).map(|q| turn(&mut e, c, q).0).collect()
+}
+
+#[test]
+fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 3);
+    let mut a = fleet_member(&model, &server, "fleet");
+    let mut b = fleet_member(&model, &server, "fleet");
+
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    assert_eq!(turn(&mut a, c, 0).0, want[0]);
+    a.flush();
+    let computed = a.tokens(c).unwrap().len() - 1;
+
+    // Turn 2 lands on B: it has never seen alice, and prefills only the new message.
+    let c = b.resume("alice").unwrap();
+    assert_eq!(
+        b.tokens(c).unwrap(),
+        a.tokens(a.find("alice").unwrap()).unwrap()
+    );
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert_eq!(stats.reused_from_disk_tokens, computed, "{stats:?}");
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+    assert_eq!(stats.prefilled_tokens, stats.prompt_tokens + 1, "{stats:?}");
+    let disk = b.stats().disk.unwrap();
+    assert!(
+        disk.chunks_discovered > 0 && disk.faults.total() == 0,
+        "{disk:?}"
+    );
+    b.flush();
+
+    // Turn 3 is back on A, whose copy is a turn behind: B's replaces it, with A's own chunks
+    // kept and B's fetched.
+    let stale = a.find("alice").unwrap();
+    let c = a.resume("alice").unwrap();
+    assert_ne!(c, stale);
+    assert_eq!(a.find("alice"), Some(c));
+    assert_eq!(
+        a.tokens(c).unwrap(),
+        b.tokens(b.find("alice").unwrap()).unwrap()
+    );
+    let (out, stats, _) = turn(&mut a, c, 2);
+    assert_eq!(out, want[2]);
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+    assert!(stats.reused_tokens > computed, "{stats:?}");
+    // A copy that is current is kept as is.
+    a.flush();
+    assert_eq!(a.resume("alice").unwrap(), c);
+    assert!(matches!(b.resume("bob"), Err(Error::NotStored(n)) if n == "bob"));
+}
+
+#[test]
+fn a_resent_history_finds_the_chunks_another_engine_computed() {
+    let server = Server::start(None);
+    let model = model();
+    let mut a = fleet_member(&model, &server, "fleet");
+    let mut b = fleet_member(&model, &server, "fleet");
+    let c = a.open(tutor(None)).unwrap();
+    let reply = turn(&mut a, c, 0).2;
+    a.flush();
+
+    // A client of a stateless API resends the whole chat to B.
+    let history = vec![
+        Message::new("user", QUESTIONS[0]),
+        Message::new("assistant", reply),
+    ];
+    let resent = ConversationOptions {
+        history: history.clone(),
+        ..tutor(None)
+    };
+    let c = b.open(resent.clone()).unwrap();
+    let (out, stats, _) = turn(&mut b, c, 1);
+    let mut fresh = Engine::with_model(model.clone(), config(CacheMode::Stateless, None)).unwrap();
+    let r = fresh.open(resent).unwrap();
+    assert_eq!(out, turn(&mut fresh, r, 1).0);
+    assert!(stats.reused_from_disk_tokens >= 64, "{stats:?}");
+    assert!(b.stats().shared_tokens >= 64);
+}
+
+#[test]
+fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
+    let mut server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 4);
+    let mut a = fleet_member(&model, &server, "fleet");
+    let mut b = fleet_member(&model, &server, "fleet");
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    turn(&mut a, c, 0);
+    a.flush();
+    let c = b.resume("alice").unwrap();
+
+    // Redis dies with alice's KV in it, before B reads any.
+    server.stop();
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert!(stats.recomputed_tokens > 0, "{stats:?}");
+    let faults = b.stats().disk.unwrap().faults;
+    assert!(faults.io > 0, "{faults:?}");
+    // Nothing is stored while it is down, and the engine goes on serving.
+    let (out, _, _) = turn(&mut b, c, 2);
+    assert_eq!(out, want[2]);
+
+    // Back (empty): B reconnects on its own and stores alice again at her next turn's end, so
+    // a third engine continues her from it.
+    server.restart();
+    std::thread::sleep(Duration::from_millis(2100));
+    let before = b.stats().disk.unwrap();
+    b.submit(
+        c,
+        Turn::user(QUESTIONS[3]),
+        SamplingParams::greedy().with_max_tokens(1),
+    )
+    .unwrap();
+    while b.has_work() {
+        b.step().unwrap();
+    }
+    b.flush();
+    let after = b.stats().disk.unwrap();
+    assert!(after.connects > before.connects, "{after:?}");
+    assert!(after.chunks_written > before.chunks_written, "{after:?}");
+    let mut d = fleet_member(&model, &server, "fleet");
+    let c = d.resume("alice").unwrap();
+    assert_eq!(
+        d.tokens(c).unwrap(),
+        b.tokens(b.find("alice").unwrap()).unwrap()
+    );
+    let stats = turn(&mut d, c, 0).1;
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+}
+
+#[test]
+fn damaged_and_evicted_keys_are_refused_and_recomputed() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 2);
+    let mut a = fleet_member(&model, &server, "fleet");
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    turn(&mut a, c, 0);
+    a.flush();
+    let computed = a.tokens(c).unwrap().len() - 1;
+
+    let mut raw = server.raw().unwrap();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("fleet:*:chunk:*")
+        .query(&mut raw)
+        .unwrap();
+    keys.sort();
+    assert!(keys.len() >= 3, "{keys:?}");
+    // One flipped payload byte, one chunk evicted, one replaced by another chunk's bytes.
+    let mut bytes: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut raw).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(bytes)
+        .query::<()>(&mut raw)
+        .unwrap();
+    redis::cmd("DEL")
+        .arg(&keys[1])
+        .query::<()>(&mut raw)
+        .unwrap();
+    let other: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut raw).unwrap();
+    redis::cmd("SET")
+        .arg(&keys[2])
+        .arg(other)
+        .query::<()>(&mut raw)
+        .unwrap();
+
+    let mut b = fleet_member(&model, &server, "fleet");
+    let c = b.resume("alice").unwrap();
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert!(stats.recomputed_tokens > 0, "{stats:?}");
+    assert_eq!(stats.reused_tokens + stats.recomputed_tokens, computed);
+    let faults = b.stats().disk.unwrap().faults;
+    assert_eq!(faults.missing, 1, "{faults:?}");
+    assert_eq!(faults.corrupt + faults.wrong_content, 2, "{faults:?}");
+}
+
+#[test]
+fn passwords_and_key_prefixes_keep_deployments_apart() {
+    let server = Server::start(Some("fleet-secret"));
+    let model = model();
+    let mut a = fleet_member(&model, &server, "blue");
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    turn(&mut a, c, 0);
+    a.flush();
+
+    // Another deployment on the same server sees none of blue's conversations or chunks.
+    let mut green = fleet_member(&model, &server, "green");
+    assert!(matches!(green.resume("alice"), Err(Error::NotStored(_))));
+    let c = green.open(tutor(None)).unwrap();
+    let stats = turn(&mut green, c, 0).1;
+    assert_eq!(stats.reused_tokens, 0, "{stats:?}");
+
+    // A wrong password is refused when the engine is built, without echoing it.
+    let wrong = RedisConfig::new(format!("redis://:not-it@127.0.0.1:{}/", server.port));
+    let e = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(wrong)))
+        .err()
+        .unwrap();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Store(_)), "{text}");
+    assert!(!text.contains("not-it") && text.contains("***"), "{text}");
+}
