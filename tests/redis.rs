@@ -37,23 +37,46 @@ struct Server {
     child: Option<Child>,
     port: u16,
     password: Option<&'static str>,
-    _dir: tempfile::TempDir,
+    /// Serves TLS only, with the certificate in `<dir>/server.pem`.
+    tls: bool,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start(password: Option<&'static str>) -> Self {
+        Self::started(password, false)
+    }
+
+    /// A server that speaks TLS only, with a self-signed certificate for 127.0.0.1.
+    fn start_tls() -> Self {
+        Self::started(None, true)
+    }
+
+    fn started(password: Option<&'static str>, tls: bool) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .unwrap()
             .port();
+        let dir = tempfile::tempdir().unwrap();
+        if tls {
+            let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+            let c = rcgen::generate_simple_self_signed(names).unwrap();
+            std::fs::write(dir.path().join("server.pem"), c.cert.pem()).unwrap();
+            std::fs::write(dir.path().join("server.key"), c.signing_key.serialize_pem()).unwrap();
+        }
         let mut s = Self {
             child: None,
             port,
             password,
-            _dir: tempfile::tempdir().unwrap(),
+            tls,
+            dir: dir,
         };
         s.restart();
         s
+    }
+
+    fn cert(&self) -> std::path::PathBuf {
+        self.dir.path().join("server.pem")
     }
 
     /// Starts (again, empty) on the same port.
@@ -62,11 +85,21 @@ impl Server {
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(self._dir.path())
+            .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if let Some(p) = self.password {
             cmd.args(["--requirepass", p]);
+        }
+        if self.tls {
+            let key = self.dir.path().join("server.key");
+            cmd.args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args(["--tls-auth-clients", "no", "--tls-cert-file"])
+                .arg(self.cert())
+                .arg("--tls-key-file")
+                .arg(key)
+                .arg("--tls-ca-cert-file")
+                .arg(self.cert());
         }
         let child = cmd.spawn().unwrap_or_else(|e| {
             panic!("redis-server is required (apt-get install redis-server): {e}")
@@ -87,15 +120,26 @@ impl Server {
     }
 
     fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
         match self.password {
-            Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
-            None => format!("redis://127.0.0.1:{}/", self.port),
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}/", self.port),
+            None => format!("{scheme}://127.0.0.1:{}/", self.port),
         }
     }
 
     /// A connection of the test's own, to look at and damage what the engines stored.
     fn raw(&self) -> redis::RedisResult<redis::Connection> {
-        let mut c = redis::Client::open(self.url())?.get_connection()?;
+        let client = match self.tls {
+            true => {
+                let certs = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(self.cert())?),
+                };
+                redis::Client::build_with_tls(self.url(), certs)?
+            }
+            false => redis::Client::open(self.url())?,
+        };
+        let mut c = client.get_connection()?;
         redis::cmd("PING").query::<String>(&mut c)?;
         Ok(c)
     }
@@ -136,6 +180,7 @@ fn config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
 fn fleet_member(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
     let mut r = RedisConfig::new(server.url());
     r.key_prefix = prefix.into();
+    r.ca_file = server.tls.then(|| server.cert());
     Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
 }
 
@@ -385,4 +430,26 @@ fn passwords_and_key_prefixes_keep_deployments_apart() {
     let text = e.to_string();
     assert!(matches!(e, Error::Store(_)), "{text}");
     assert!(!text.contains("not-it") && text.contains("***"), "{text}");
+}
+
+#[test]
+fn a_fleet_shares_kv_over_tls() {
+    let server = Server::start_tls();
+    let model = model();
+    let want = stateless(&model, 2);
+    let mut a = fleet_member(&model, &server, "fleet");
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    turn(&mut a, c, 0);
+    a.flush();
+    let mut b = fleet_member(&model, &server, "fleet");
+    let c = b.resume("alice").unwrap();
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+
+    // Without the CA that signed the server's certificate, the handshake is refused.
+    let untrusted = RedisConfig::new(server.url());
+    let e = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(untrusted)));
+    assert!(matches!(e, Err(Error::Store(_))));
 }
