@@ -69,7 +69,7 @@ impl Server {
             port,
             password,
             tls,
-            dir: dir,
+            dir,
         };
         s.restart();
         s
