@@ -5,6 +5,7 @@
 //! cargo run --release --example chat                       # interactive, default SmolLM2
 //! cargo run --release --example chat -- --script examples/data/chat-script.txt --json
 //! cargo run --release --example chat -- --store /tmp/chats --conversation alice
+//! cargo run --release --example chat -- --redis redis://127.0.0.1:6379 --conversation alice
 //! ```
 //! Each turn prefills only its new tokens; the history's KV stays cached. After each reply the
 //! chat prints what the cache saved: tokens reused instead of recomputed (and from which tier),
@@ -13,7 +14,9 @@
 //!
 //! With `--store DIR --conversation NAME` the conversation persists in the disk tier: run the
 //! program again with the same flags and it continues where it stopped, its history's KV read
-//! back from disk instead of recomputed.
+//! back from disk instead of recomputed. With `--redis URL` instead, the conversation and its
+//! KV live in a Redis shared by a fleet: any engine attached to it (another run of this
+//! program, on another machine, or the server example) continues it.
 
 use std::error::Error;
 use std::io::{BufRead, Write};
@@ -28,7 +31,7 @@ use pensieve::engine::{
 };
 
 mod common;
-use common::{positive, EngineArgs};
+use common::{positive, EngineArgs, StoreArgs};
 
 #[derive(Parser, Debug)]
 #[command(about = "Multi-turn chat with a KV cache kept across turns")]
@@ -59,15 +62,11 @@ struct Args {
     /// Skip the stateless engine that measures the baseline side by side.
     #[arg(long)]
     no_compare: bool,
-    /// Folder of the disk tier: KV and named conversations persist there across runs.
-    #[arg(long)]
-    store: Option<PathBuf>,
-    /// Name of the conversation to continue (or start) in the store.
-    #[arg(long, requires = "store", default_value = "default")]
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Name of the conversation to continue (or start) in the store (`--store` or `--redis`).
+    #[arg(long, default_value = "default")]
     conversation: String,
-    /// Disk tier budget in GiB.
-    #[arg(long, default_value_t = 4.0)]
-    disk_gib: f64,
 }
 
 fn main() -> ExitCode {
@@ -77,12 +76,15 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mode = args.engine.mode.cache_mode();
     let model = Arc::new(args.engine.load_model()?);
-    let config = args
-        .engine
-        .engine_config(args.store.as_deref(), args.disk_gib);
+    let config = args.engine.engine_config(&args.store);
     let mut engine = Engine::with_model(model.clone(), config.clone())?;
-    let name = args.store.as_ref().map(|_| args.conversation.clone());
-    let conv = match name.as_deref().and_then(|n| engine.find(n)) {
+    let name = args.store.any().then(|| args.conversation.clone());
+    let stored = match name.as_deref().map(|n| engine.resume(n)) {
+        Some(Ok(conv)) => Some(conv),
+        Some(Err(pensieve::Error::NotStored(_))) | None => None,
+        Some(Err(e)) => return Err(e.into()),
+    };
+    let conv = match stored {
         Some(conv) => {
             let history = engine.tokens(conv)?.len();
             if !args.json {

@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::redis_server::Server;
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
@@ -31,125 +31,6 @@ const QUESTIONS: [&str; 4] = [
     "How do plants drink water?",
     "Why does ice float?",
 ];
-
-/// A `redis-server` of its own, stopped when dropped.
-struct Server {
-    child: Option<Child>,
-    port: u16,
-    password: Option<&'static str>,
-    /// Serves TLS only, with the certificate in `<dir>/server.pem`.
-    tls: bool,
-    dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(password: Option<&'static str>) -> Self {
-        Self::started(password, false)
-    }
-
-    /// A server that speaks TLS only, with a self-signed certificate for 127.0.0.1.
-    fn start_tls() -> Self {
-        Self::started(None, true)
-    }
-
-    fn started(password: Option<&'static str>, tls: bool) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        if tls {
-            let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
-            let c = rcgen::generate_simple_self_signed(names).unwrap();
-            std::fs::write(dir.path().join("server.pem"), c.cert.pem()).unwrap();
-            std::fs::write(dir.path().join("server.key"), c.signing_key.serialize_pem()).unwrap();
-        }
-        let mut s = Self {
-            child: None,
-            port,
-            password,
-            tls,
-            dir,
-        };
-        s.restart();
-        s
-    }
-
-    fn cert(&self) -> std::path::PathBuf {
-        self.dir.path().join("server.pem")
-    }
-
-    /// Starts (again, empty) on the same port.
-    fn restart(&mut self) {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Some(p) = self.password {
-            cmd.args(["--requirepass", p]);
-        }
-        if self.tls {
-            let key = self.dir.path().join("server.key");
-            cmd.args(["--port", "0", "--tls-port", &self.port.to_string()])
-                .args(["--tls-auth-clients", "no", "--tls-cert-file"])
-                .arg(self.cert())
-                .arg("--tls-key-file")
-                .arg(key)
-                .arg("--tls-ca-cert-file")
-                .arg(self.cert());
-        }
-        let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("redis-server is required (apt-get install redis-server): {e}")
-        });
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.raw().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        match self.password {
-            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}/", self.port),
-            None => format!("{scheme}://127.0.0.1:{}/", self.port),
-        }
-    }
-
-    /// A connection of the test's own, to look at and damage what the engines stored.
-    fn raw(&self) -> redis::RedisResult<redis::Connection> {
-        let client = match self.tls {
-            true => {
-                let certs = redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(std::fs::read(self.cert())?),
-                };
-                redis::Client::build_with_tls(self.url(), certs)?
-            }
-            false => redis::Client::open(self.url())?,
-        };
-        let mut c = client.get_connection()?;
-        redis::cmd("PING").query::<String>(&mut c)?;
-        Ok(c)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn model() -> Arc<Model> {
     Arc::new(common::real_model(WeightFormat::F32))

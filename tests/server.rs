@@ -393,3 +393,58 @@ fn a_named_conversation_continues_from_its_new_message_alone_with_hints() {
     let again = turn("Hello again.", json!({}));
     assert!(again["prompt_tokens"].as_u64().unwrap() < before, "{again}");
 }
+
+#[test]
+fn two_servers_on_one_redis_serve_a_conversation_wherever_its_turns_land() {
+    let redis = common::redis_server::Server::start(None);
+    let url = redis.url();
+    let fleet = ["--redis", url.as_str(), "--redis-prefix", "server-test"];
+    let (a, b) = (start(&fleet), start(&fleet));
+    let alone = start(&[]);
+    let ask = |base: &str, body: Value| {
+        let (status, answer) = post(base, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        (
+            answer["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            answer["usage"].clone(),
+        )
+    };
+    let named = |content: &str| {
+        json!({"model": "pensieve", "temperature": 0, "max_tokens": 16,
+            "conversation_id": "alice", "messages": [{"role": "user", "content": content}]})
+    };
+    let questions = [
+        "Hi! What is the capital of France?",
+        "And of Italy?",
+        "Which of the two is bigger?",
+    ];
+    // Turns alternate between A and B, each sending only its new message; a server alone
+    // answers the same turns for reference.
+    let mut before = 0;
+    for (i, q) in questions.iter().enumerate() {
+        let base = [&a.base, &b.base][i % 2];
+        let (reply, usage) = ask(base, named(q));
+        assert_eq!(reply, ask(&alone.base, named(q)).0, "turn {}", i + 1);
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached + 1 >= before, "turn {}: {usage}", i + 1);
+        before = usage["total_tokens"].as_u64().unwrap();
+    }
+
+    // A client of the stateless API resends its whole chat: B finds by content the chunks
+    // A computed for it.
+    let mut messages = vec![json!({"role": "user", "content": "Name three primary colours."})];
+    let body = |m: &Vec<Value>| json!({"model": "pensieve", "temperature": 0, "max_tokens": 16, "messages": m});
+    let (reply, _) = ask(&a.base, body(&messages));
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "Mix the first two."}));
+    let (_, usage) = ask(&b.base, body(&messages));
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 32, "{usage}");
+}

@@ -9,7 +9,9 @@ use std::error::Error;
 use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
-use pensieve::engine::{Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy};
+use pensieve::engine::{
+    Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig,
+};
 use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Cache mode, as the papers name the three systems.
@@ -170,10 +172,10 @@ impl EngineArgs {
             .map_err(|e| format!("cannot load model {}: {e}", self.model).into())
     }
 
-    /// The engine's configuration from these flags, with a disk tier in `store` of
-    /// `disk_gib` GiB when given.
+    /// The engine's configuration from these flags, with the tier below host that `store`
+    /// names, if any.
     #[allow(dead_code)] // used by chat and server
-    pub fn engine_config(&self, store: Option<&std::path::Path>, disk_gib: f64) -> EngineConfig {
+    pub fn engine_config(&self, store: &StoreArgs) -> EngineConfig {
         EngineConfig {
             budgets: self.budgets(),
             mode: self.mode.cache_mode(),
@@ -181,10 +183,7 @@ impl EngineArgs {
             overflow: self.overflow_policy(),
             max_context_tokens: self.max_context,
             prefix_sharing: !self.no_prefix_sharing,
-            disk: store.map(|dir| DiskConfig {
-                budget_bytes: gib_bytes(disk_gib),
-                ..DiskConfig::new(dir)
-            }),
+            disk: store.disk_config(),
             ..EngineConfig::default()
         }
     }
@@ -196,6 +195,60 @@ impl EngineArgs {
             device_bytes: None,
             host_bytes: self.host_mib << 20,
         }
+    }
+}
+
+/// Where KV goes below host memory: a folder (`--store`) or a Redis shared by a fleet of
+/// engines (`--redis`).
+#[derive(Args, Debug, Clone)]
+#[allow(dead_code)] // used by chat and server
+pub struct StoreArgs {
+    /// Folder of a disk tier: KV and named conversations persist there across runs.
+    #[arg(long, conflicts_with = "redis")]
+    pub store: Option<std::path::PathBuf>,
+    /// A Redis (or Valkey) shared by several engines: `redis://[user:password@]host:port`,
+    /// `rediss://` for TLS. Conversations continue on any engine attached to it.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Key prefix of this deployment in Redis.
+    #[arg(long, default_value = "pensieve", requires = "redis")]
+    pub redis_prefix: String,
+    /// PEM file of the CA that signed the Redis server's certificate (`rediss://` with a
+    /// private CA).
+    #[arg(long, requires = "redis")]
+    pub redis_ca: Option<std::path::PathBuf>,
+    /// Seconds an unused chunk or conversation stays in Redis (0: until deleted or evicted).
+    #[arg(long, default_value_t = 86400, requires = "redis")]
+    pub redis_ttl_s: u64,
+    /// Budget in GiB of the chunks this engine stores (in the folder or in Redis).
+    #[arg(long, default_value_t = 4.0)]
+    pub disk_gib: f64,
+}
+
+#[allow(dead_code)] // used by chat and server
+impl StoreArgs {
+    /// The tier below host these flags name, if any.
+    pub fn disk_config(&self) -> Option<DiskConfig> {
+        let disk = match (&self.store, &self.redis) {
+            (Some(dir), _) => DiskConfig::new(dir),
+            (None, Some(url)) => DiskConfig::redis(RedisConfig {
+                key_prefix: self.redis_prefix.clone(),
+                ca_file: self.redis_ca.clone(),
+                ttl: (self.redis_ttl_s > 0)
+                    .then(|| std::time::Duration::from_secs(self.redis_ttl_s)),
+                ..RedisConfig::new(url)
+            }),
+            (None, None) => return None,
+        };
+        Some(DiskConfig {
+            budget_bytes: gib_bytes(self.disk_gib),
+            ..disk
+        })
+    }
+
+    /// Whether conversations can be stored by name.
+    pub fn any(&self) -> bool {
+        self.store.is_some() || self.redis.is_some()
     }
 }
 

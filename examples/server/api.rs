@@ -49,6 +49,7 @@ impl ApiError {
             | E::ChatTemplate(_)
             | E::Tokenizer(_) => StatusCode::BAD_REQUEST,
             E::ConversationBusy(_) => StatusCode::CONFLICT,
+            E::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())

@@ -10,18 +10,24 @@
 //! conversation holds (a shared system prompt, an edited or regenerated turn). A request may
 //! also name its conversation (`conversation_id`), with session hints. Conversations nobody
 //! continues are closed, least recently used first, past `max_sessions`.
+//!
+//! With a store below host (`--store`, `--redis`), a named conversation is stored under its
+//! name: servers sharing a Redis serve its turns wherever they land, each checking its copy
+//! against the stored one first, and one that closes it for lack of room only drops its own
+//! copy (the conversation ends when a request says `end_conversation`). Resent histories find
+//! the chunks any server of the fleet computed, by content.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use pensieve::engine::{
     ConversationId, ConversationOptions, Engine, EngineStats, Event, FinishReason, RequestId,
-    SamplingParams, Turn,
+    SamplingParams, StoreLocation, Turn,
 };
 use pensieve::model::Message;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -193,6 +199,13 @@ struct Driver {
     by_name: HashMap<String, ConversationId>,
     running: HashMap<RequestId, Running>,
     max_sessions: usize,
+    /// Whether the engine stores conversations (named ones persist, and may be the fleet's).
+    stored: bool,
+    /// Whether the store is a fleet's (Redis): a turn's end is answered once what it stored
+    /// is written, so that the next turn finds it on whichever server it lands.
+    fleet: bool,
+    /// Ends of turns waiting for the store to reach their mark.
+    held: Vec<(u64, UnboundedSender<Update>, Update)>,
     in_flight: Arc<AtomicUsize>,
     snapshot: Arc<Mutex<Snapshot>>,
 }
@@ -202,7 +215,12 @@ pub fn spawn(engine: Engine, max_in_flight: usize, max_sessions: usize) -> std::
     let (tx, rx) = std::sync::mpsc::channel();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let disk = engine.config().disk.as_ref();
+    let fleet = disk.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_)));
     let mut driver = Driver {
+        stored: disk.is_some(),
+        fleet,
+        held: Vec::new(),
         engine,
         sessions: HashMap::new(),
         by_content: HashMap::new(),
@@ -235,11 +253,18 @@ fn transcript_key(messages: &[Message]) -> u64 {
 impl Driver {
     fn run(&mut self, rx: &Receiver<Command>) {
         loop {
-            // Idle: wait for work. Busy: take what arrived and step.
+            // Idle: wait for work (polling the store while turn ends wait for it). Busy: take
+            // what arrived and step.
+            self.release_held();
             if !self.engine.has_work() {
-                match rx.recv() {
+                let next = match self.held.is_empty() {
+                    true => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    false => rx.recv_timeout(Duration::from_millis(1)),
+                };
+                match next {
                     Ok(c) => self.handle(c),
-                    Err(_) => return,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             loop {
@@ -329,7 +354,7 @@ impl Driver {
             }
             Err(e) => {
                 if opened {
-                    self.forget(conv);
+                    self.forget(conv, true);
                 }
                 Err(ApiError::from_engine(&e))
             }
@@ -350,6 +375,9 @@ impl Driver {
             return Err(ApiError::bad("the last message must be the user's"));
         }
         let turn = Turn::user(last.content.clone());
+        if let (Some(n), true) = (&name, self.stored) {
+            self.sync_named(n)?;
+        }
         let continues = |s: &Session| {
             s.messages.as_deref() == Some(history) || (s.messages.is_some() && history.is_empty())
         };
@@ -379,7 +407,7 @@ impl Driver {
                     return Ok((conv, turn, false));
                 }
                 // A named conversation whose history the request rewrote starts over.
-                _ => self.forget(conv),
+                _ => self.forget(conv, true),
             }
         }
         let (system, rest) = match history.split_first() {
@@ -394,7 +422,7 @@ impl Driver {
             .open(ConversationOptions {
                 system,
                 history: rest.to_vec(),
-                ..ConversationOptions::default()
+                name: name.clone().filter(|_| self.stored),
             })
             .map_err(|e| ApiError::from_engine(&e))?;
         if let Some(n) = &name {
@@ -449,19 +477,59 @@ impl Driver {
         Ok((conv, tokens, true))
     }
 
-    /// Closes a conversation and forgets how to find it.
-    fn forget(&mut self, conv: ConversationId) {
-        if let Some(s) = self.sessions.remove(&conv) {
-            if let Some(key) = s.messages.as_deref().map(transcript_key) {
-                if self.by_content.get(&key) == Some(&conv) {
-                    self.by_content.remove(&key);
+    /// Brings the session of the stored conversation `name` up to date: the engine checks
+    /// its copy against the store (another server may have served a turn since) or loads it
+    /// from there if this server holds none.
+    fn sync_named(&mut self, name: &str) -> Result<(), ApiError> {
+        let held = self.by_name.get(name).copied();
+        if held.is_some_and(|c| self.sessions.get(&c).is_some_and(|s| s.busy)) {
+            return Ok(());
+        }
+        match self.engine.resume(name) {
+            Ok(conv) if Some(conv) == held => Ok(()),
+            Ok(conv) => {
+                // The engine replaced (or never had) this server's copy.
+                if let Some(old) = held {
+                    self.unlink(old);
                 }
+                let messages = self.engine.messages(conv).map(<[_]>::to_vec).ok();
+                self.by_name.insert(name.to_string(), conv);
+                let session = Session {
+                    messages,
+                    name: Some(name.to_string()),
+                    last_used: Instant::now(),
+                    busy: false,
+                };
+                self.sessions.insert(conv, session);
+                Ok(())
             }
-            if let Some(n) = s.name {
-                self.by_name.remove(&n);
+            Err(pensieve::Error::NotStored(_)) => Ok(()),
+            Err(e) => Err(ApiError::from_engine(&e)),
+        }
+    }
+
+    /// Forgets how to find a conversation.
+    fn unlink(&mut self, conv: ConversationId) -> Option<Session> {
+        let s = self.sessions.remove(&conv)?;
+        if let Some(key) = s.messages.as_deref().map(transcript_key) {
+            if self.by_content.get(&key) == Some(&conv) {
+                self.by_content.remove(&key);
             }
         }
-        let _ = self.engine.close(conv);
+        if let Some(n) = &s.name {
+            self.by_name.remove(n);
+        }
+        Some(s)
+    }
+
+    /// Forgets a conversation and closes it; a stored one that has not `ended` is only dropped
+    /// from this engine, so that it can be resumed (here or on another server).
+    fn forget(&mut self, conv: ConversationId, ended: bool) {
+        let named = self.unlink(conv).is_some_and(|s| s.name.is_some());
+        let _ = match self.stored && named && !ended {
+            true => self.engine.detach(conv),
+            false => self.engine.close(conv),
+        };
     }
 
     fn step(&mut self) {
@@ -531,8 +599,26 @@ impl Driver {
                     snap.in_flight = self.in_flight.load(Ordering::SeqCst);
                     snap.conversations = self.sessions.len();
                 }
-                let _ = r.updates.send(update);
+                match self.engine.store_mark().filter(|_| self.fleet) {
+                    Some(mark) if !self.engine.store_reached(mark) => {
+                        self.held.push((mark, r.updates, update));
+                    }
+                    _ => {
+                        let _ = r.updates.send(update);
+                    }
+                }
             }
+        }
+    }
+
+    /// Sends the turn ends whose store writes are done.
+    fn release_held(&mut self) {
+        let engine = &self.engine;
+        let done = self
+            .held
+            .extract_if(.., |(mark, ..)| engine.store_reached(*mark));
+        for (_, updates, update) in done {
+            let _ = updates.send(update);
         }
     }
 
@@ -541,7 +627,7 @@ impl Driver {
     /// holds: its session closes.
     fn settle(&mut self, conv: ConversationId, reply: Option<String>, hints: &Hints) {
         let Some(reply) = reply else {
-            self.forget(conv);
+            self.forget(conv, false);
             return;
         };
         let Some(s) = self.sessions.get_mut(&conv) else {
@@ -556,7 +642,7 @@ impl Driver {
             }
         }
         if hints.end {
-            self.forget(conv);
+            self.forget(conv, true);
             return;
         }
         if let Some(p) = hints.pin {
@@ -577,7 +663,7 @@ impl Driver {
                 .min_by_key(|(_, s)| s.last_used)
                 .map(|(&c, _)| c);
             match oldest {
-                Some(c) => self.forget(c),
+                Some(c) => self.forget(c, false),
                 None => return,
             }
         }

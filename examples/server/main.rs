@@ -46,7 +46,7 @@ mod driver;
 mod metrics;
 
 use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
-use common::{positive, EngineArgs};
+use common::{positive, EngineArgs, StoreArgs};
 use driver::{CancelOnDrop, Handle, Job, PromptInput, Update};
 
 #[derive(Parser, Debug)]
@@ -72,12 +72,8 @@ struct Args {
     /// Reply length when a request names none.
     #[arg(long, default_value_t = 256, value_parser = positive)]
     default_max_tokens: usize,
-    /// Folder of a disk tier (KV saved below host memory, shared by content).
-    #[arg(long)]
-    store: Option<std::path::PathBuf>,
-    /// Disk tier budget in GiB.
-    #[arg(long, default_value_t = 4.0)]
-    disk_gib: f64,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 #[derive(Clone)]
@@ -93,9 +89,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(args.engine.load_model()?);
-    let config = args
-        .engine
-        .engine_config(args.store.as_deref(), args.disk_gib);
+    let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model, config)?;
     let state = AppState {
         engine: driver::spawn(engine, args.max_queue, args.max_conversations)?,

@@ -229,16 +229,8 @@ impl Engine {
     /// # Errors
     /// [`Error::UnknownConversation`].
     pub fn close(&mut self, conv: ConversationId) -> Result<()> {
-        if !self.convs.contains_key(&conv) {
-            return Err(Error::UnknownConversation(conv));
-        }
-        if let Some(id) = self.sched.turn_of(conv) {
-            self.finish(id, FinishReason::Cancelled, Instant::now());
-        }
         self.remove_manifest(conv);
-        self.cache.close(conv);
-        self.convs.remove(&conv);
-        Ok(())
+        self.detach(conv)
     }
 
     /// The token history of a conversation (prompts and replies, exactly as the model saw them).
@@ -249,6 +241,18 @@ impl Engine {
         self.convs
             .get(&conv)
             .map(|c| c.tokens())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// The chat transcript of a conversation: its messages (system prompt first, if any),
+    /// replies included.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn messages(&self, conv: ConversationId) -> Result<&[Message]> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.messages())
             .ok_or(Error::UnknownConversation(conv))
     }
 

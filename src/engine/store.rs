@@ -18,7 +18,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::config::StoreLocation;
-use super::{ConversationOptions, Engine, EngineConfig};
+use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
 use crate::attention::KvShape;
 use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
@@ -155,7 +155,8 @@ impl Engine {
     /// with the KV the store still has (fetched when its turn runs, ahead of it while it
     /// waits in the queue). The id changes when the conversation is (re)loaded.
     ///
-    /// Without a shared store, conversations were resumed at start-up, and this finds them.
+    /// A folder's conversations were resumed at start-up: this finds them, or reloads one
+    /// this engine [`Engine::detach`]ed.
     ///
     /// # Errors
     /// [`Error::NotStored`] if no conversation of that name is held or stored;
@@ -164,7 +165,7 @@ impl Engine {
     /// engine stored a later one.
     pub fn resume(&mut self, name: &str) -> Result<ConversationId> {
         let held = self.find(name);
-        let Some(store) = self.cache.disk_store().filter(|s| s.shared()) else {
+        let Some(store) = self.cache.disk_store() else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
         let stored = match store.manifest(name) {
@@ -184,14 +185,33 @@ impl Engine {
                 }
                 // The stored copy takes its references first, so the chunks both name stay.
                 let fresh = self.restore(m, Instant::now());
-                self.cache.close(id);
-                self.convs.remove(&id);
+                self.detach(id)?;
                 Ok(fresh)
             }
             (Some(id), _) => Ok(id),
             (None, Some(m)) => Ok(self.restore(m, Instant::now())),
             (None, None) => Err(Error::NotStored(name.to_string())),
         }
+    }
+
+    /// Drops this engine's copy of a conversation, keeping what is stored of it: a named
+    /// conversation's manifest stays for this engine or another to [`Engine::resume`] (with
+    /// its chunks, in a shared store; a folder's files go with their last reference, so its KV
+    /// is then recomputed). A running turn is cancelled. A server drops conversations its
+    /// clients went quiet on this way.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn detach(&mut self, conv: ConversationId) -> Result<()> {
+        if !self.convs.contains_key(&conv) {
+            return Err(Error::UnknownConversation(conv));
+        }
+        if let Some(id) = self.sched.turn_of(conv) {
+            self.finish(id, FinishReason::Cancelled, Instant::now());
+        }
+        self.cache.close(conv);
+        self.convs.remove(&conv);
+        Ok(())
     }
 
     /// Opens a conversation stored under `options.name`, writing its first manifest.
@@ -233,6 +253,20 @@ impl Engine {
     /// atomically, so nothing is left half-written).
     pub fn flush(&mut self) {
         self.cache.flush_disk();
+    }
+
+    /// A mark of what has been queued for the store so far (the chunks and manifests of
+    /// every turn that has finished), to ask [`Engine::store_reached`] later without waiting;
+    /// `None` without a store. A server of a fleet answers a turn's end once its mark is
+    /// reached, so the next turn finds the conversation stored on whichever engine it lands.
+    pub fn store_mark(&self) -> Option<u64> {
+        self.cache.disk_store().map(DiskStore::mark)
+    }
+
+    /// Whether everything queued for the store before `mark` was taken is written (or failed:
+    /// the next turn then recomputes).
+    pub fn store_reached(&self, mark: u64) -> bool {
+        self.cache.disk_store().is_none_or(|s| s.reached(mark))
     }
 
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their

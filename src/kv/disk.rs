@@ -9,9 +9,10 @@
 //! ([`redis`]); the bookkeeping, the format and the threads do not depend on it.
 //!
 //! In a shared store, entries are this engine's view: chunks it wrote (owned: booked against
-//! its budget, deleted when it no longer needs them) and chunks other engines wrote, found by
-//! address when a turn needs them ([`DiskStore::discover`]; never booked, never deleted by this
-//! engine, and refused like any bad file if they went missing or changed since).
+//! its budget while its conversations hold them) and chunks other engines wrote, found by
+//! address when a turn needs them ([`DiskStore::discover`]; never booked, and refused like
+//! any bad file if they went missing or changed since). No engine deletes a chunk there,
+//! since another may have found it by content: chunks leave by TTL or the server's eviction.
 //!
 //! Bookkeeping: an entry per address, reference-counted (chunk tables of conversations, which
 //! may share content), booked against the budget when its save is queued (so queued writes
@@ -436,15 +437,19 @@ impl DiskStore {
         }
     }
 
+    /// Drops an entry no conversation here references. Its bytes stay in a shared store:
+    /// another engine may have found them by content since, so they leave by TTL or the
+    /// server's own eviction, never by this engine.
     fn forget(&mut self, address: &Address) {
-        // Another engine's chunk is its to delete (or its TTL's).
         if let Some(e) = self.entries.remove(address).filter(|e| e.owned) {
             self.used_bytes -= e.bytes;
             if matches!(e.state, State::Pending(..)) {
                 self.pending_bytes -= e.bytes;
             }
-            self.worker.send(Job::RemoveChunk(*address));
-            self.stats.files_removed += 1;
+            if !self.medium.shared() {
+                self.worker.send(Job::RemoveChunk(*address));
+                self.stats.files_removed += 1;
+            }
             self.stats.bytes_used = self.used_bytes;
         }
     }
@@ -603,6 +608,17 @@ impl DiskStore {
             }
         }
         failed
+    }
+
+    /// A mark of the writes (chunks, manifests, removals) queued so far, for
+    /// [`DiskStore::reached`].
+    pub fn mark(&self) -> u64 {
+        self.worker.queued()
+    }
+
+    /// Whether every write queued before `mark` was taken is done (stored, or failed).
+    pub fn reached(&self, mark: u64) -> bool {
+        self.worker.ran() >= mark
     }
 
     /// Waits until every queued write has reached the disk, then takes the reports.

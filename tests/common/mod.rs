@@ -2,6 +2,8 @@
 //! `scripts/fetch-assets`, which the README's test command runs first).
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 

@@ -6,6 +6,7 @@
 //! chunks never overtakes the writes before it. Every write is atomic (the medium's promise).
 
 use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -70,6 +71,9 @@ pub(super) struct Worker {
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
+    /// Jobs queued, and jobs run (in queue order, so the first `ran` of them).
+    queued: AtomicU64,
+    ran: Arc<AtomicU64>,
 }
 
 impl Worker {
@@ -80,20 +84,38 @@ impl Worker {
     pub fn start(medium: Arc<dyn Medium>) -> std::io::Result<Self> {
         let (jobs, queue) = channel::<Job>();
         let (report, done) = channel();
+        let ran = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&ran);
         let thread = std::thread::Builder::new()
             .name("pensieve-disk".into())
-            .spawn(move || run(&*medium, &queue, &report))?;
+            .spawn(move || run(&*medium, &queue, &report, &counter))?;
         Ok(Self {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
+            queued: AtomicU64::new(0),
+            ran,
         })
     }
 
     /// Queues a job; `false` if the thread is gone (it never exits while the worker lives,
     /// unless it panicked).
     pub fn send(&self, job: Job) -> bool {
-        self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
+        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
+        if sent {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        }
+        sent
+    }
+
+    /// How many jobs were queued so far.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// How many jobs have run (the first ones queued).
+    pub fn ran(&self) -> u64 {
+        self.ran.load(Ordering::SeqCst)
     }
 
     /// Chunk writes finished since the last call.
@@ -120,62 +142,67 @@ impl Drop for Worker {
     }
 }
 
-fn run(medium: &dyn Medium, queue: &Receiver<Job>, report: &Sender<Done>) {
+fn run(medium: &dyn Medium, queue: &Receiver<Job>, report: &Sender<Done>, ran: &AtomicU64) {
     for job in queue {
-        match job {
-            Job::Chunk {
-                bytes,
-                format,
-                id,
+        run_one(medium, job, report);
+        ran.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) {
+    match job {
+        Job::Chunk {
+            bytes,
+            format,
+            id,
+            write,
+        } => {
+            let result = bytes.bytes().and_then(|payload| {
+                let header = encode_header(&format, &id, payload);
+                medium.put_chunk(&id.address, &[&header, payload])
+            });
+            // The engine may be gone (dropped while jobs were queued): nobody to tell.
+            let address = id.address;
+            let _ = report.send(Done::Written {
+                address,
                 write,
-            } => {
-                let result = bytes.bytes().and_then(|payload| {
-                    let header = encode_header(&format, &id, payload);
-                    medium.put_chunk(&id.address, &[&header, payload])
+                result,
+            });
+        }
+        Job::Manifest { name, contents } => {
+            let _ = medium.put_manifest(&name, &contents);
+        }
+        Job::RemoveChunk(address) => medium.remove_chunk(&address),
+        Job::RemoveManifest(name) => medium.remove_manifest(&name),
+        Job::Read {
+            format,
+            address,
+            tokens,
+            cell,
+        } => {
+            let read = read_chunk(medium, &format, &address, tokens);
+            if let Err(fault) = read {
+                let _ = report.send(Done::Refused { address, fault });
+            }
+            let _ = cell.set(read.map_err(|f| format!("{}: {f}", medium.describe(&address))));
+        }
+        Job::ReadLayers {
+            format,
+            address,
+            tokens,
+            layers,
+        } => {
+            if let Err(fault) = read_layers(medium, &format, &address, tokens, &layers) {
+                // Layers already handed over were checked; the rest never will be.
+                let why = format!("{}: {fault}", medium.describe(&address));
+                layers.iter().for_each(|cell| {
+                    let _ = cell.set(Err(why.clone()));
                 });
-                // The engine may be gone (dropped while jobs were queued): nobody to tell.
-                let address = id.address;
-                let _ = report.send(Done::Written {
-                    address,
-                    write,
-                    result,
-                });
+                let _ = report.send(Done::Refused { address, fault });
             }
-            Job::Manifest { name, contents } => {
-                let _ = medium.put_manifest(&name, &contents);
-            }
-            Job::RemoveChunk(address) => medium.remove_chunk(&address),
-            Job::RemoveManifest(name) => medium.remove_manifest(&name),
-            Job::Read {
-                format,
-                address,
-                tokens,
-                cell,
-            } => {
-                let read = read_chunk(medium, &format, &address, tokens);
-                if let Err(fault) = read {
-                    let _ = report.send(Done::Refused { address, fault });
-                }
-                let _ = cell.set(read.map_err(|f| format!("{}: {f}", medium.describe(&address))));
-            }
-            Job::ReadLayers {
-                format,
-                address,
-                tokens,
-                layers,
-            } => {
-                if let Err(fault) = read_layers(medium, &format, &address, tokens, &layers) {
-                    // Layers already handed over were checked; the rest never will be.
-                    let why = format!("{}: {fault}", medium.describe(&address));
-                    layers.iter().for_each(|cell| {
-                        let _ = cell.set(Err(why.clone()));
-                    });
-                    let _ = report.send(Done::Refused { address, fault });
-                }
-            }
-            Job::Flush(tx) => {
-                let _ = tx.send(());
-            }
+        }
+        Job::Flush(tx) => {
+            let _ = tx.send(());
         }
     }
 }
