@@ -11,17 +11,22 @@
 //! Reports medians of the resumed turn's TTFT, the time the serial restore spent reading
 //! (`transfer_time`) and the time the pipelined pass still waited for reads
 //! (`restore_wait_time`): the overlap is the share of the read the pipeline hid.
+//!
+//! With `--redis URL` the store is that Redis instead (the fleet's shared tier): the same
+//! resumes read the history's chunks over the network, and the report adds what one chunk
+//! costs to fetch and check (the serial read divided by the chunks) and to store (the time
+//! the writer took to empty its queue after the turn, per chunk).
 
 use std::error::Error;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::engine::{
     Budgets, ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig,
-    SamplingParams, Turn,
+    RedisConfig, SamplingParams, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -39,9 +44,23 @@ struct Args {
     /// Keep the files in the page cache (reads from memory instead of the device).
     #[arg(long)]
     warm_cache: bool,
+    /// Store in this Redis instead of a folder.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
 }
 
-fn config(dir: &Path, pipelined: bool) -> EngineConfig {
+/// Where one repeat stores its chunks: a folder of its own, or its own key prefix in Redis.
+fn store(dir: &Path, redis: Option<&str>) -> DiskConfig {
+    match redis {
+        Some(url) => DiskConfig::redis(RedisConfig {
+            key_prefix: format!("bench-restore-{}", dir.display()),
+            ..RedisConfig::new(url)
+        }),
+        None => DiskConfig::new(dir),
+    }
+}
+
+fn config(disk: DiskConfig, pipelined: bool) -> EngineConfig {
     EngineConfig {
         budgets: Budgets {
             device_tokens: 8192,
@@ -53,7 +72,7 @@ fn config(dir: &Path, pipelined: bool) -> EngineConfig {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: Some(DiskConfig::new(dir)),
+        disk: Some(disk),
         pipelined_restore: pipelined,
         ..EngineConfig::default()
     }
@@ -81,14 +100,12 @@ fn evict_page_cache(dir: &Path) -> std::io::Result<()> {
 /// One resume: (TTFT, time reading in the step's transfer, time the pass waited for reads).
 fn resume(
     model: &Arc<Model>,
-    dir: &Path,
+    disk: DiskConfig,
     pipelined: bool,
     turn: &[u32],
 ) -> Result<(Duration, Duration, Duration), Box<dyn Error>> {
-    let mut engine = Engine::with_model(model.clone(), config(dir, pipelined))?;
-    let conv = engine
-        .find("bench")
-        .ok_or("the stored conversation is gone")?;
+    let mut engine = Engine::with_model(model.clone(), config(disk, pipelined))?;
+    let conv = engine.resume("bench")?;
     let params = SamplingParams::greedy().with_max_tokens(1);
     let (_, stats) = engine.run_turn(conv, Turn::Tokens(turn.to_vec()), params, |_| {})?;
     if stats.reused_from_disk_tokens == 0 {
@@ -133,26 +150,33 @@ fn run() -> Result<(), Box<dyn Error>> {
     )?);
     let mut serial = (Vec::new(), Vec::new());
     let mut pipelined = (Vec::new(), Vec::new());
+    let mut writes = Vec::new();
     for _ in 0..args.repeats {
         for pipe in [false, true] {
             // A fresh store each time: every resume reads the same files, once.
             let dir = root.path().join(format!("store-{}", bar.position()));
-            let mut engine = Engine::with_model(model.clone(), config(&dir, pipe))?;
+            let disk = store(&dir, args.redis.as_deref());
+            let mut engine = Engine::with_model(model.clone(), config(disk.clone(), pipe))?;
             let conv = engine.open(ConversationOptions {
                 name: Some("bench".into()),
                 ..ConversationOptions::default()
             })?;
             let params = SamplingParams::greedy().with_max_tokens(1);
             engine.run_turn(conv, Turn::Tokens(history.clone()), params, |_| {})?;
+            let start = Instant::now();
+            engine.flush();
+            writes.push(start.elapsed());
             drop(engine);
-            if !args.warm_cache {
+            if !args.warm_cache && args.redis.is_none() {
                 evict_page_cache(&dir)?;
             }
-            let (ttft, transfer, waited) = resume(&model, &dir, pipe, &turn)?;
+            let (ttft, transfer, waited) = resume(&model, disk, pipe, &turn)?;
             let out = if pipe { &mut pipelined } else { &mut serial };
             out.0.push(ttft);
             out.1.push(if pipe { waited } else { transfer });
-            std::fs::remove_dir_all(&dir)?;
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)?;
+            }
             bar.inc(1);
         }
     }
@@ -173,6 +197,12 @@ fn run() -> Result<(), Box<dyn Error>> {
         "TTFT ratio pipelined/serial {:.2}; share of the read hidden {:.0}%",
         pt.as_secs_f64() / st.as_secs_f64(),
         100.0 * (1.0 - pw.as_secs_f64() / sr.as_secs_f64().max(1e-9))
+    );
+    let chunks = args.history.div_ceil(EngineConfig::default().chunk_size) as f64;
+    println!(
+        "per chunk: fetch and check {:.2} ms; store (writer emptying its queue) {:.2} ms",
+        ms(sr) / chunks,
+        ms(median(writes)) / chunks
     );
     Ok(())
 }

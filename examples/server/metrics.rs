@@ -1,6 +1,7 @@
 //! `/metrics` in the Prometheus text format, from the engine thread's latest snapshot:
 //! history hit rates per tier, tokens reused / prefilled / shared / recomputed, queue depth,
-//! memory, and step time.
+//! memory, step time, and the store below host (bytes written and read, chunks found from
+//! other engines, refusals).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::ConstCounter;
@@ -71,6 +72,40 @@ pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
     ];
     for (name, help, v) in counters {
         r.register(name, help, ConstCounter::new(v));
+    }
+    // The tier below host (a folder, or the fleet's Redis), when there is one.
+    if let Some(d) = &st.disk {
+        let store: [(&str, &str, u64); 6] = [
+            ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
+            (
+                "store_bytes_read",
+                "Chunk bytes read back (on demand and ahead)",
+                d.bytes_read,
+            ),
+            (
+                "store_chunks_discovered",
+                "Chunks found that other engines stored",
+                d.chunks_discovered,
+            ),
+            (
+                "store_faults",
+                "Chunks refused (missing, damaged, foreign, unreadable) and recomputed",
+                d.faults.total(),
+            ),
+            (
+                "store_save_failures",
+                "Chunk writes the store failed",
+                d.save_failures,
+            ),
+            (
+                "store_connects",
+                "Connections opened to a shared store",
+                d.connects,
+            ),
+        ];
+        for (name, help, v) in store {
+            r.register(name, help, ConstCounter::new(v));
+        }
     }
     let gauges: [(&str, &str, f64); 10] = [
         (

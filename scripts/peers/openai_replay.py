@@ -13,6 +13,10 @@ length (`max_tokens`, `ignore_eos`), streamed with usage so that the server's pr
 (`prompt_tokens_details.cached_tokens`) are counted. With `--api chat` the client sends the
 message list to `/v1/chat/completions` instead (the server renders the template).
 
+`--url` may list several servers, comma-separated (a fleet behind a load balancer): turn `t`
+of the trace's conversation `k` goes to server `(k + t) % n`, so consecutive turns of a
+conversation land on different servers.
+
 Prints one JSON line with the same fields as `examples/replay --json` that apply.
 """
 
@@ -57,7 +61,8 @@ def stream_completion(url, model, prompt, max_tokens):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--url", default="http://127.0.0.1:8000",
+                    help="server URL, or several comma-separated (turns alternate among them)")
     ap.add_argument("--model", required=True, help="served model name")
     ap.add_argument("--chat-template", required=True,
                     help="the model's chat template: a .jinja file, or a tokenizer_config.json holding it")
@@ -74,8 +79,10 @@ def main() -> None:
     if a.chat_template.endswith(".json"):
         source = json.loads(source)["chat_template"]
     template = jinja2.Environment().from_string(source)
+    urls = a.url.split(",")
     pending = queue.Queue()
-    for conv in trace:
+    for k, conv in enumerate(trace):
+        conv["index"] = k
         pending.put(conv)
     records, lock = [], threading.Lock()
 
@@ -85,7 +92,8 @@ def main() -> None:
             messages.append({"role": "user", "content": turn["user"]})
             prompt = (list(messages) if a.api == "chat"
                       else template.render(messages=messages, add_generation_prompt=True))
-            text, ttft, latency, usage = stream_completion(a.url, a.model, prompt, turn["output_tokens"])
+            url = urls[(conv["index"] + index) % len(urls)]
+            text, ttft, latency, usage = stream_completion(url, a.model, prompt, turn["output_tokens"])
             details = usage.get("prompt_tokens_details") or {}
             output = usage.get("completion_tokens", turn["output_tokens"])
             with lock:

@@ -11,6 +11,7 @@ def summarize(records, wall, **extra):
     ttft = [r["ttft"] * 1e3 for r in records]
     norm = [r["latency"] * 1e3 / max(1, r["output"]) for r in records]
     late = [r["ttft"] * 1e3 for r in records if r["turn"] >= 3]
+    later = [r["ttft"] * 1e3 for r in records if r["turn"] >= 1] or [0.0]
     return {
         **extra,
         "turns": len(records),
@@ -20,4 +21,5 @@ def summarize(records, wall, **extra):
         "ttft_ms_p90": percentile(ttft, 90),
         "norm_latency_ms_p90": percentile(norm, 90),
         "ttft_ms_turns_4_plus_mean": sum(late) / max(1, len(late)),
+        "ttft_ms_turns_2_plus_p50": percentile(later, 50),
     }

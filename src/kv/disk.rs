@@ -100,7 +100,7 @@ pub struct DiskStats {
     /// Chunks read back and verified on demand, when their turn was admitted (a prefetch
     /// miss).
     pub chunks_read: u64,
-    /// Bytes of those payloads.
+    /// Bytes of payloads read back, on demand and ahead.
     pub bytes_read: u64,
     /// Chunks read ahead of their turn into the host tier (the look-ahead window).
     pub chunks_prefetched: u64,
@@ -558,6 +558,7 @@ impl DiskStore {
                 }
                 self.stats.chunks_prefetched += 1;
                 let len = self.format.payload_bytes(tokens);
+                self.stats.bytes_read += len as u64;
                 Some(Arc::new(ChunkBytes::reading(len, cell)))
             }
             State::Failed => None,
