@@ -58,11 +58,27 @@ fn config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
     }
 }
 
+/// How a member of the fleet under `prefix` reaches `server`.
+fn fleet_config(server: &Server, prefix: &str) -> RedisConfig {
+    RedisConfig {
+        key_prefix: prefix.into(),
+        ca_file: server.tls.then(|| server.cert()),
+        ..RedisConfig::new(server.url())
+    }
+}
+
 fn fleet_member(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
-    let mut r = RedisConfig::new(server.url());
-    r.key_prefix = prefix.into();
-    r.ca_file = server.tls.then(|| server.cert());
+    let r = fleet_config(server, prefix);
     Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
+}
+
+/// A member of the fleet under `prefix` that served alice's first turn and stored it.
+fn alice_served(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
+    let mut a = fleet_member(model, server, prefix);
+    let c = a.open(tutor(Some("alice"))).unwrap();
+    turn(&mut a, c, 0);
+    a.flush();
+    a
 }
 
 /// Runs question `q` as the next turn of `conv`; its tokens, stats and text.
@@ -243,11 +259,8 @@ fn damaged_and_evicted_keys_are_refused_and_recomputed() {
     let server = Server::start(None);
     let model = model();
     let want = stateless(&model, 2);
-    let mut a = fleet_member(&model, &server, "fleet");
-    let c = a.open(tutor(Some("alice"))).unwrap();
-    turn(&mut a, c, 0);
-    a.flush();
-    let computed = a.tokens(c).unwrap().len() - 1;
+    let a = alice_served(&model, &server, "fleet");
+    let computed = a.tokens(a.find("alice").unwrap()).unwrap().len() - 1;
 
     let mut raw = server.raw().unwrap();
     let mut keys: Vec<String> = redis::cmd("KEYS")
@@ -291,10 +304,7 @@ fn damaged_and_evicted_keys_are_refused_and_recomputed() {
 fn passwords_and_key_prefixes_keep_deployments_apart() {
     let server = Server::start(Some("fleet-secret"));
     let model = model();
-    let mut a = fleet_member(&model, &server, "blue");
-    let c = a.open(tutor(Some("alice"))).unwrap();
-    turn(&mut a, c, 0);
-    a.flush();
+    alice_served(&model, &server, "blue");
 
     // Another deployment on the same server sees none of blue's conversations or chunks.
     let mut green = fleet_member(&model, &server, "green");
@@ -318,10 +328,7 @@ fn a_fleet_shares_kv_over_tls() {
     let server = Server::start_tls();
     let model = model();
     let want = stateless(&model, 2);
-    let mut a = fleet_member(&model, &server, "fleet");
-    let c = a.open(tutor(Some("alice"))).unwrap();
-    turn(&mut a, c, 0);
-    a.flush();
+    alice_served(&model, &server, "fleet");
     let mut b = fleet_member(&model, &server, "fleet");
     let c = b.resume("alice").unwrap();
     let (out, stats, _) = turn(&mut b, c, 1);
@@ -333,4 +340,34 @@ fn a_fleet_shares_kv_over_tls() {
     let untrusted = RedisConfig::new(server.url());
     let e = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(untrusted)));
     assert!(matches!(e, Err(Error::Store(_))));
+}
+
+#[test]
+fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 2);
+    alice_served(&model, &server, "fleet");
+    let r = RedisConfig {
+        timeout: Duration::from_millis(200),
+        ..fleet_config(&server, "fleet")
+    };
+    let mut b = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap();
+    let c = b.resume("alice").unwrap();
+
+    // The server stalls for 5 s, far past B's 200 ms deadline, while B's turn reads alice's KV.
+    let mut raw = server.raw().unwrap();
+    let stall = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(5)
+            .query::<()>(&mut raw)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert!(stats.recomputed_tokens > 0, "{stats:?}");
+    let faults = b.stats().disk.unwrap().faults;
+    assert!(faults.io > 0, "{faults:?}");
+    stall.join().unwrap().unwrap();
 }

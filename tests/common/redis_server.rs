@@ -57,6 +57,8 @@ impl Server {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // DEBUG SLEEP stands for a Redis too slow to answer.
+            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
