@@ -137,6 +137,7 @@ fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
     a.flush();
     let computed = a.tokens(c).unwrap().len() - 1;
 
+    assert_eq!(b.stored_conversations(), ["alice"]);
     // Turn 2 lands on B: it has never seen alice, and prefills only the new message.
     let c = b.resume("alice").unwrap();
     assert_eq!(
@@ -225,6 +226,11 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
     // Nothing is stored while it is down, and the engine goes on serving.
     let (out, _, _) = turn(&mut b, c, 2);
     assert_eq!(out, want[2]);
+    // An engine may even start while Redis is down, and serve.
+    let mut late = fleet_member(&model, &server, "fleet");
+    assert!(matches!(late.resume("alice"), Err(Error::Store(_))));
+    let fresh = late.open(tutor(None)).unwrap();
+    assert_eq!(turn(&mut late, fresh, 0).0, want[0]);
 
     // Back (empty): B reconnects on its own and stores alice again at her next turn's end, so
     // a third engine continues her from it.
@@ -309,6 +315,11 @@ fn passwords_and_key_prefixes_keep_deployments_apart() {
     // Another deployment on the same server sees none of blue's conversations or chunks.
     let mut green = fleet_member(&model, &server, "green");
     assert!(matches!(green.resume("alice"), Err(Error::NotStored(_))));
+    assert!(green.stored_conversations().is_empty());
+    assert_eq!(
+        fleet_member(&model, &server, "blue").stored_conversations(),
+        ["alice"]
+    );
     let c = green.open(tutor(None)).unwrap();
     let stats = turn(&mut green, c, 0).1;
     assert_eq!(stats.reused_tokens, 0, "{stats:?}");
@@ -356,7 +367,15 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
     let c = b.resume("alice").unwrap();
 
     // The server stalls for 5 s, far past B's 200 ms deadline, while B's turn reads alice's KV.
+    let chunks = |raw: &mut redis::Connection| {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("fleet:*:chunk:*")
+            .query(raw)
+            .unwrap();
+        keys
+    };
     let mut raw = server.raw().unwrap();
+    let stored = chunks(&mut raw);
     let stall = std::thread::spawn(move || {
         redis::cmd("DEBUG")
             .arg("SLEEP")
@@ -370,4 +389,32 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
     let faults = b.stats().disk.unwrap().faults;
     assert!(faults.io > 0, "{faults:?}");
     stall.join().unwrap().unwrap();
+    // A read that timed out says nothing against the bytes: nothing was deleted.
+    let mut raw = server.raw().unwrap();
+    let now = chunks(&mut raw);
+    assert!(stored.iter().all(|k| now.contains(k)), "{stored:?} {now:?}");
+}
+
+#[test]
+fn a_turn_waiting_in_the_queue_reads_its_history_ahead_from_redis() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 2);
+    alice_served(&model, &server, "fleet");
+    // Small steps, so that a long prompt ahead of alice's turn keeps it waiting a while.
+    let config = EngineConfig {
+        step_token_budget: 64,
+        ..config(CacheMode::Tiered, Some(fleet_config(&server, "fleet")))
+    };
+    let mut b = Engine::with_model(model.clone(), config).unwrap();
+    let other = b.open(tutor(None)).unwrap();
+    let long = QUESTIONS.repeat(40).join(" ");
+    let params = SamplingParams::greedy().with_max_tokens(1);
+    b.submit(other, Turn::user(long), params).unwrap();
+    let c = b.resume("alice").unwrap();
+    let (out, stats, _) = turn(&mut b, c, 1);
+    assert_eq!(out, want[1]);
+    assert!(b.stats().disk.unwrap().chunks_prefetched > 0);
+    assert!(stats.reused_from_host_tokens > 0, "{stats:?}");
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
 }

@@ -240,6 +240,22 @@ impl Engine {
             .map(|(&id, _)| id)
     }
 
+    /// The names of the conversations stored now, sorted: those [`Engine::resume`] continues
+    /// (in a shared store, every engine's; writes still queued are not there yet, see
+    /// [`Engine::flush`]). Empty without a store, or if it cannot be read.
+    pub fn stored_conversations(&self) -> Vec<String> {
+        let Some(store) = self.cache.disk_store() else {
+            return Vec::new();
+        };
+        let vocab = self.model.config().vocab_size;
+        let mut names: Vec<String> = (store.manifests().iter())
+            .filter_map(|bytes| Some(Manifest::parse(bytes, vocab)?.name))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Every named conversation, with its id: those a restart resumed and those opened since.
     pub fn named_conversations(&self) -> Vec<(String, ConversationId)> {
         self.convs

@@ -295,9 +295,6 @@ impl DiskStore {
     /// engines have stored since this one last looked, and indexes those: they can then be
     /// retained like this engine's own. Returns how many were found.
     pub fn discover(&mut self, chunks: &[(Address, usize)]) -> usize {
-        if !self.medium.shared() {
-            return 0;
-        }
         let unknown: Vec<(Address, usize)> = chunks
             .iter()
             .filter(|(a, _)| !self.entries.contains_key(a) && !self.refused.contains(a))
@@ -307,8 +304,11 @@ impl DiskStore {
             return 0;
         }
         let addresses: Vec<Address> = unknown.iter().map(|(a, _)| *a).collect();
+        let Some(stored) = self.medium.lookup(&addresses) else {
+            return 0;
+        };
         let mut found = 0;
-        for ((a, tokens), there) in unknown.iter().zip(self.medium.exists(&addresses)) {
+        for ((a, tokens), there) in unknown.iter().zip(stored) {
             if there {
                 let entry = Entry {
                     bytes: self.file_bytes(*tokens),
@@ -524,13 +524,18 @@ impl DiskStore {
         Some(Arc::new(ChunkBytes::layered(len, layers)))
     }
 
-    /// A stored file was refused when read: counted, deleted, never read again.
+    /// A stored file was refused when read: counted, never read again, and deleted if its bytes
+    /// are bad.
     fn refuse(&mut self, address: &Address, fault: Fault) {
         self.stats.faults.count(fault);
         if let Some(e) = self.entries.get_mut(address) {
             if matches!(e.state, State::Stored) {
                 e.state = State::Failed;
-                self.worker.send(Job::RemoveChunk(*address));
+                // Bytes proven bad are deleted; a read that failed (a timeout, a lost
+                // connection) says nothing about them, and other engines may read them fine.
+                if !matches!(fault, Fault::Io | Fault::Missing) {
+                    self.worker.send(Job::RemoveChunk(*address));
+                }
             }
         }
     }

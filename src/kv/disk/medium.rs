@@ -51,8 +51,13 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// Every stored manifest, in a stable order.
     fn manifests(&self) -> Vec<Vec<u8>>;
 
-    /// Whether each chunk is stored now (`false` where the medium cannot tell).
-    fn exists(&self, addresses: &[Address]) -> Vec<bool>;
+    /// For a medium other engines write too: whether each chunk is stored now (`false` where
+    /// it cannot tell). `None` for a medium only this store writes, which it indexed whole
+    /// when it opened.
+    fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
+        let _ = addresses;
+        None
+    }
 
     /// Whether other engines write and delete entries too (a fleet's store): then the listing
     /// at start owns nothing, and chunks written by others are found by address.
@@ -153,13 +158,6 @@ impl Medium for Folder {
         }
     }
 
-    fn exists(&self, addresses: &[Address]) -> Vec<bool> {
-        addresses
-            .iter()
-            .map(|a| self.chunk_path(a).is_file())
-            .collect()
-    }
-
     fn manifests(&self) -> Vec<Vec<u8>> {
         let Ok(dir) = fs::read_dir(self.root.join("conversations")) else {
             return Vec::new();
@@ -255,8 +253,7 @@ mod tests {
         m.put_manifest("alice", b"{}").unwrap();
         assert_eq!(m.manifests(), vec![b"{}".to_vec()]);
         assert_eq!(m.manifest("alice"), Ok(Some(b"{}".to_vec())));
-        let b = Address::chain(&a, &[4]);
-        assert_eq!(m.exists(&[a, b]), vec![true, false]);
+        assert_eq!(m.lookup(&[a]), None);
         // An interrupted write and a stray file are cleared by the listing.
         let chunks = m.chunk_path(&a).parent().unwrap().to_path_buf();
         fs::write(chunks.join("x.kvc.tmp"), b"half").unwrap();

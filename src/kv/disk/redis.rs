@@ -118,11 +118,13 @@ fn why(e: &redis::RedisError) -> String {
 
 impl Redis {
     /// The medium `config` names, for chunks of the model `fingerprint`; connects once to
-    /// check the server answers.
+    /// check the URL, the credentials and TLS. A server that refuses connections or does not
+    /// answer in time is taken as down for now: the medium opens, its requests fail (costing
+    /// recomputes) until the server is back, and then it reconnects.
     ///
     /// # Errors
-    /// A malformed URL, an unreadable CA file, or a server that does not answer (or refuses
-    /// the credentials), as text without secrets.
+    /// A malformed URL, an unreadable CA file, a failed TLS handshake, refused credentials,
+    /// or any other error of the first connection, as text without secrets.
     pub fn open(config: &RedisConfig, fingerprint: &[u8]) -> Result<Self, String> {
         let client = match &config.ca_file {
             Some(path) => {
@@ -148,8 +150,16 @@ impl Redis {
             }),
             connects: AtomicU64::new(0),
         };
-        let check = medium.request(|c| redis::cmd("PING").query::<String>(c));
-        check.map_err(|e| format!("{}: {e}", config.redacted_url()))?;
+        let first = (medium.connect())
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).map(|_| c));
+        match first {
+            Ok(c) => {
+                medium.connects.fetch_add(1, Ordering::Relaxed);
+                medium.idle.lock().push(c);
+            }
+            Err(e) if e.is_connection_refusal() || e.is_timeout() => {}
+            Err(e) => return Err(format!("{}: {}", config.redacted_url(), why(&e))),
+        }
         Ok(medium)
     }
 
@@ -161,6 +171,14 @@ impl Redis {
         format!("{}conv:{}", self.keys, format::hex(name.as_bytes()))
     }
 
+    /// A new connection, every request on it under the deadline.
+    fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let c = self.client.get_connection_with_timeout(self.timeout)?;
+        c.set_read_timeout(Some(self.timeout))?;
+        c.set_write_timeout(Some(self.timeout))?;
+        Ok(c)
+    }
+
     /// An idle connection, or a new one unless the back-off forbids trying yet.
     fn connection(&self) -> Result<redis::Connection, String> {
         if let Some(c) = self.idle.lock().pop() {
@@ -170,15 +188,7 @@ impl Redis {
         if backoff.not_before.is_some_and(|t| Instant::now() < t) {
             return Err("unreachable (waiting to reconnect)".into());
         }
-        let opened = self
-            .client
-            .get_connection_with_timeout(self.timeout)
-            .and_then(|c| {
-                c.set_read_timeout(Some(self.timeout))?;
-                c.set_write_timeout(Some(self.timeout))?;
-                Ok(c)
-            });
-        match opened {
+        match self.connect() {
             Ok(c) => {
                 self.connects.fetch_add(1, Ordering::Relaxed);
                 *backoff = Backoff {
@@ -300,15 +310,15 @@ impl Medium for Redis {
             .collect()
     }
 
-    fn exists(&self, addresses: &[Address]) -> Vec<bool> {
+    fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
         let mut pipe = redis::pipe();
         for a in addresses {
             pipe.cmd("EXISTS").arg(self.chunk_key(a));
         }
-        self.request(|c| pipe.query::<Vec<bool>>(c))
-            .ok()
+        let found = (self.request(|c| pipe.query::<Vec<bool>>(c)).ok())
             .filter(|found| found.len() == addresses.len())
-            .unwrap_or_else(|| vec![false; addresses.len()])
+            .unwrap_or_else(|| vec![false; addresses.len()]);
+        Some(found)
     }
 
     /// Nothing: every key may be another engine's, so none is this store's to index or clear
@@ -346,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_server_is_refused_quickly_with_no_secret() {
+    fn a_server_down_at_start_fails_each_request_quickly_with_no_secret() {
         // A port nobody listens on (bound, then released).
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -354,7 +364,13 @@ mod tests {
             .unwrap();
         let mut c = RedisConfig::new(format!("redis://:hunter2@127.0.0.1:{port}"));
         c.timeout = Duration::from_millis(200);
-        let e = Redis::open(&c, &[0; 32]).unwrap_err();
-        assert!(e.contains("***") && !e.contains("hunter2"), "{e}");
+        let m = Redis::open(&c, &[0; 32]).unwrap();
+        let a = Address::chain(&Address::default(), &[1]);
+        assert_eq!(m.get_chunk(&a), Err(Fault::Io));
+        let e = m.put_chunk(&a, &[b"x"]).unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert_eq!((m.lookup(&[a]), m.connects()), (Some(vec![false]), 0));
+        // A malformed URL is refused at once.
+        assert!(Redis::open(&RedisConfig::new("http://nowhere"), &[0; 32]).is_err());
     }
 }
