@@ -332,6 +332,45 @@ fn passwords_and_key_prefixes_keep_deployments_apart() {
     let text = e.to_string();
     assert!(matches!(e, Error::Store(_)), "{text}");
     assert!(!text.contains("not-it") && text.contains("***"), "{text}");
+
+    // An ACL user limited to blue's keys serves blue's conversations...
+    let mut raw = server.raw().unwrap();
+    redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "blue-fleet",
+                "on",
+                ">blue-pw",
+                "~blue:*",
+                "+@all",
+            ][..],
+        )
+        .query::<()>(&mut raw)
+        .unwrap();
+    let url = format!("redis://blue-fleet:blue-pw@127.0.0.1:{}/", server.port);
+    let member = |prefix: &str| {
+        let r = RedisConfig {
+            key_prefix: prefix.into(),
+            ..RedisConfig::new(url.clone())
+        };
+        Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
+    };
+    let mut blue = member("blue");
+    let c = blue.resume("alice").unwrap();
+    let stats = turn(&mut blue, c, 1).1;
+    assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+    // ...and is refused green's: its reads and writes fail, and it serves on by computing.
+    let mut intruder = member("green");
+    assert!(matches!(intruder.resume("alice"), Err(Error::Store(_))));
+    let c = intruder.open(tutor(None)).unwrap();
+    turn(&mut intruder, c, 0);
+    intruder.flush();
+    let disk = intruder.stats().disk.unwrap();
+    assert!(
+        disk.save_failures > 0 && disk.chunks_written == 0,
+        "{disk:?}"
+    );
 }
 
 #[test]
