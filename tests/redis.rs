@@ -156,8 +156,8 @@ fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
     );
     b.flush();
 
-    // Turn 3 is back on A, whose copy is a turn behind: B's replaces it, with A's own chunks
-    // kept and B's fetched.
+    // Turn 3 is back on A, whose copy is a turn behind: B's replaces it, with the full chunks
+    // A holds in memory shared and the rest fetched.
     let stale = a.find("alice").unwrap();
     let c = a.resume("alice").unwrap();
     assert_ne!(c, stale);
@@ -170,6 +170,8 @@ fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
     assert_eq!(out, want[2]);
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
     assert!(stats.reused_tokens > computed, "{stats:?}");
+    let in_memory = stats.reused_tokens - stats.reused_from_disk_tokens;
+    assert_eq!(in_memory, computed / 32 * 32, "{stats:?}");
     // A copy that is current is kept as is.
     a.flush();
     assert_eq!(a.resume("alice").unwrap(), c);

@@ -48,7 +48,8 @@ fn adopt(
 }
 
 impl Engine {
-    fn sharing(&self) -> bool {
+    /// Whether KV is shared by content.
+    pub(super) fn sharing(&self) -> bool {
         self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
     }
 

@@ -125,10 +125,12 @@ impl Engine {
         self.cache.collect_disk_garbage(now);
     }
 
-    /// Opens the conversation `m` describes, with the KV of its chunks that the store still
-    /// holds.
+    /// Opens the conversation `m` describes, with the KV of its chunks that another
+    /// conversation holds in memory (a stale copy of it, a shared prefix), else that the
+    /// store still holds.
     fn restore(&mut self, m: Manifest, now: Instant) -> ConversationId {
         let id = self.next_id();
+        let chunk = self.config.chunk_size;
         // A file counts only if it is the one these tokens name: a manifest and files that
         // disagree (edited, or from an interrupted save) cost a recompute, never wrong KV.
         let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
@@ -142,6 +144,10 @@ impl Engine {
                     .filter(|a| a == want)
             })
             .collect();
+        self.cache.open(id, now);
+        if self.sharing() {
+            self.cache.adopt_resident(id, &want[..m.computed / chunk]);
+        }
         self.cache.adopt(id, m.computed, &saved, now);
         let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
         conv.set_revision(m.revision);

@@ -58,8 +58,9 @@ impl CacheManager {
     }
 
     /// Rebuilds the table of a conversation resumed from a manifest: `computed` tokens whose
-    /// chunks' files are `saved` (in a shared store, by this engine or others). Chunks whose
-    /// file is gone or refused are dropped (recomputed on the next turn).
+    /// chunks' files are `saved` (in a shared store, by this engine or others). The chunks
+    /// its table already holds (found in memory by [`CacheManager::adopt_resident`]) stay;
+    /// chunks whose file is gone or refused are dropped (recomputed on the next turn).
     pub fn adopt(
         &mut self,
         id: ConversationId,
@@ -69,28 +70,28 @@ impl CacheManager {
     ) {
         let chunk = self.chunk_size();
         let n = computed.div_ceil(chunk);
-        let mut table = ChunkTable {
-            chunks: vec![ChunkLoc::Dropped; n],
-            saved: vec![None; n],
-            computed,
-            last_active: now,
-            pinned: false,
-            resume_at: None,
-            addrs: Vec::new(),
+        if !self.tables.contains_key(&id) {
+            self.open(id, now);
+        }
+        let Some(table) = self.tables.get_mut(&id) else {
+            return;
         };
+        let start = table.chunks.len().min(n);
+        table.chunks.resize(n, ChunkLoc::Dropped);
+        table.saved.resize(n, None);
+        table.computed = computed;
         if let Some(d) = &mut self.disk {
-            let named: Vec<(Address, usize)> = (saved.iter().take(n).enumerate())
+            let named: Vec<(Address, usize)> = (saved.iter().enumerate().take(n).skip(start))
                 .filter_map(|(i, a)| Some(((*a)?, chunk.min(computed - i * chunk))))
                 .collect();
             d.store.discover(&named);
-            for (i, a) in saved.iter().take(n).enumerate() {
+            for (i, a) in saved.iter().enumerate().take(n).skip(start) {
                 if let Some(a) = a.filter(|a| d.store.claim(a)) {
                     table.chunks[i] = ChunkLoc::Disk;
                     table.saved[i] = Some(a);
                 }
             }
         }
-        self.tables.insert(id, table);
     }
 
     /// After a restart has adopted its conversations: deletes the files none of them needs,
