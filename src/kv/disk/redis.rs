@@ -8,9 +8,10 @@
 //! deployment's, so fleets sharing one Redis never read each other's KV; the fingerprint keeps
 //! models apart. A `SET` replaces a value whole, so readers see old bytes or new, never a mix.
 //!
-//! Every request has a deadline. A connection that failed is dropped; the next request opens
-//! another, no sooner than a back-off that doubles while the server stays unreachable, so a
-//! Redis that is down costs each request a quick refusal, not a wait.
+//! Every request has a deadline. A connection that failed is dropped, and after a refused
+//! connection, a timeout or a lost connection no request is tried for a back-off that doubles
+//! while the server keeps failing: a Redis that is down or stalled costs one deadline per
+//! back-off, and each other request a quick refusal, not a wait.
 
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -179,42 +180,55 @@ impl Redis {
         Ok(c)
     }
 
-    /// An idle connection, or a new one unless the back-off forbids trying yet.
+    /// An idle connection, or a new one; none while the back-off lasts.
     fn connection(&self) -> Result<redis::Connection, String> {
-        if let Some(c) = self.idle.lock().pop() {
-            return Ok(c);
-        }
         let mut backoff = self.backoff.lock();
         if backoff.not_before.is_some_and(|t| Instant::now() < t) {
             return Err("unreachable (waiting to reconnect)".into());
         }
+        if let Some(c) = self.idle.lock().pop() {
+            return Ok(c);
+        }
         match self.connect() {
             Ok(c) => {
                 self.connects.fetch_add(1, Ordering::Relaxed);
-                *backoff = Backoff {
-                    not_before: None,
-                    delay: FIRST_DELAY,
-                };
                 Ok(c)
             }
             Err(e) => {
-                backoff.not_before = Some(Instant::now() + backoff.delay);
-                backoff.delay = (backoff.delay * 2).min(LONGEST_DELAY);
+                Self::back_off(&mut backoff);
                 Err(why(&e))
             }
         }
     }
 
+    /// No request for a while, longer each time the server fails again.
+    fn back_off(backoff: &mut Backoff) {
+        backoff.not_before = Some(Instant::now() + backoff.delay);
+        backoff.delay = (backoff.delay * 2).min(LONGEST_DELAY);
+    }
+
     /// Runs `f` on a connection; the connection goes back to the idle ones unless the request
-    /// failed (it may be broken, or carry a late reply).
+    /// failed (it may be broken, or carry a late reply). A request that timed out or lost its
+    /// connection backs off the next ones, so a stalled server costs one deadline per
+    /// back-off, not one per request.
     fn request<T>(
         &self,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, String> {
         let mut c = self.connection()?;
-        let out = f(&mut c).map_err(|e| why(&e))?;
-        self.idle.lock().push(c);
-        Ok(out)
+        match f(&mut c) {
+            Ok(out) => {
+                self.idle.lock().push(c);
+                self.backoff.lock().delay = FIRST_DELAY;
+                Ok(out)
+            }
+            Err(e) => {
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                    Self::back_off(&mut self.backoff.lock());
+                }
+                Err(why(&e))
+            }
+        }
     }
 
     fn set(&self, key: &str, value: &[u8]) -> Result<(), String> {
