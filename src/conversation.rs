@@ -183,6 +183,13 @@ impl Conversation {
         self.marks.dedup_by_key(|m| m.tokens);
     }
 
+    /// Drops the tokens from `len` on (a turn rolled back, or its reply cut short of what
+    /// was generated). Marks past them go too.
+    pub fn truncate_tokens(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.marks.retain(|m| m.tokens <= len);
+    }
+
     pub fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
         self.tokens.extend(tokens);
     }

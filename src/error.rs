@@ -147,6 +147,18 @@ pub enum Error {
         available: usize,
     },
 
+    /// Pinning the conversation would take pinned KV past its share of the tiers (half of the
+    /// device pool and host tier together): a capacity limit, not a malformed request.
+    #[error(
+        "pinned conversations would hold {tokens} tokens of KV; at most {limit} may be pinned"
+    )]
+    PinLimit {
+        /// Tokens pinned conversations would hold.
+        tokens: usize,
+        /// Tokens they may hold.
+        limit: usize,
+    },
+
     /// The engine's own bookkeeping broke an invariant (a bug in pensieve, never the caller's
     /// doing). The turns involved fail; the engine keeps serving the others.
     #[error("internal invariant violated: {0}")]

@@ -52,6 +52,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct TurnLog {
     conv: ConversationId,
     generated: Vec<u32>,
+    /// Where the reply starts in the conversation's history (after the history and prompt).
+    start: usize,
     /// Length of the conversation's history when the turn ended (its last token's end).
     end: Option<usize>,
     finished: Option<FinishReason>,
@@ -100,10 +102,25 @@ impl Harness {
         }
         let logits = common::score_all(&self.model, history);
         for t in done {
-            let end = t.end.unwrap();
-            let start = end - t.generated.len();
-            prop_assert_eq!(&history[start..end], &t.generated[..]);
-            for (i, &token) in t.generated.iter().enumerate() {
+            let (start, end) = (t.start, t.end.unwrap());
+            // The history keeps the reply as the client got it: the tokens of a character
+            // the length limit cut in two are not in it.
+            let kept = end - start;
+            let cut = &t.generated[kept..];
+            prop_assert!(
+                cut.len() <= 3,
+                "{} tokens cut from {:?}",
+                cut.len(),
+                t.generated
+            );
+            let text = self.model.decode(cut).unwrap();
+            prop_assert!(
+                cut.is_empty() || text.ends_with('\u{FFFD}'),
+                "cut {:?}",
+                text
+            );
+            prop_assert_eq!(&history[start..end], &t.generated[..kept]);
+            for (i, &token) in t.generated[..kept].iter().enumerate() {
                 let p = start + i;
                 prop_assert_eq!(
                     common::argmax(&logits[p - 1]),
@@ -173,11 +190,13 @@ proptest! {
                 Op::Submit(c, n) if !h.open.is_empty() => {
                     let conv = h.open[c % h.open.len()];
                     let busy = h.turns.values().any(|t| t.conv == conv && t.finished.is_none());
-                    match h.e.submit(conv, Turn::user(format!("message {n}")), params(n)) {
+                    let turn = Turn::user(format!("message {n}"));
+                    let start = h.e.turn_size(conv, turn.clone()).map_or(0, |s| s.history_tokens + s.prompt_tokens);
+                    match h.e.submit(conv, turn, params(n)) {
                         Ok(id) => {
                             prop_assert!(!busy, "{conv} accepted a second turn");
                             submitted.push(id);
-                            h.turns.insert(id, TurnLog { conv, generated: Vec::new(), end: None, finished: None });
+                            h.turns.insert(id, TurnLog { conv, generated: Vec::new(), start, end: None, finished: None });
                         }
                         Err(Error::ConversationBusy(c)) => prop_assert!(busy && c == conv),
                         // The 96-slot pool bounds a conversation's length.

@@ -18,26 +18,47 @@ use serde_json::{json, Value};
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Seconds after which a capacity refusal (429, 503) may be retried (`Retry-After`).
+    pub retry_after: Option<u64>,
 }
+
+/// Longest error message answered: errors may quote what a request sent (a name, a field),
+/// and never echo more of it than this.
+const MAX_MESSAGE: usize = 512;
 
 impl ApiError {
     /// A 400: the request is malformed or cannot be served.
     pub fn bad(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
+        Self::new(StatusCode::BAD_REQUEST, message)
     }
 
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut cut = MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
         Self {
             status,
-            message: message.into(),
+            message,
+            retry_after: None,
+        }
+    }
+
+    /// A refusal for lack of capacity, to retry after `seconds`.
+    pub fn busy(status: StatusCode, message: impl Into<String>, seconds: u64) -> Self {
+        Self {
+            retry_after: Some(seconds),
+            ..Self::new(status, message)
         }
     }
 
     /// The engine's refusal of a turn: the caller's mistake (400), a busy conversation (409),
-    /// else the server's (500).
+    /// a capacity limit (429), the store (503), else the server's (500).
     pub fn from_engine(e: &pensieve::Error) -> Self {
         use pensieve::Error as E;
         let status = match e {
@@ -46,13 +67,27 @@ impl ApiError {
             | E::InvalidParams(_)
             | E::TokenOutOfVocab { .. }
             | E::BudgetTooSmall { .. }
-            | E::ChatTemplate(_)
-            | E::Tokenizer(_) => StatusCode::BAD_REQUEST,
+            | E::ChatTemplate(_) => StatusCode::BAD_REQUEST,
             E::ConversationBusy(_) => StatusCode::CONFLICT,
-            E::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            E::PinLimit { .. } => {
+                return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 5)
+            }
+            E::Store(_) => return Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1),
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, e.to_string())
+    }
+
+    /// A turn that failed after it was accepted: the engine could not make room for it now
+    /// (other conversations' KV, pins) is a capacity condition (503, retry), not the client's
+    /// mistake; anything else as [`ApiError::from_engine`].
+    pub fn from_failed_turn(e: &pensieve::Error) -> Self {
+        match e {
+            pensieve::Error::BudgetTooSmall { .. } => {
+                Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1)
+            }
+            _ => Self::from_engine(e),
+        }
     }
 
     pub fn body(&self) -> Value {
@@ -71,7 +106,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 
@@ -205,13 +245,32 @@ impl ChatMessage {
     }
 }
 
+/// The longest wait a client may announce (`expect_resume_s`): hints further out say nothing
+/// eviction can use, and every duration the server handles stays far from overflow.
+pub const MAX_RESUME_S: f64 = 30.0 * 24.0 * 3600.0;
+
+/// The longest conversation name taken (a name is stored under a digest, but is kept whole
+/// in memory and in its manifest).
+pub const MAX_NAME_BYTES: usize = 1024;
+
 impl ChatRequest {
-    pub fn hints(&self) -> Result<Hints, ApiError> {
+    /// The session hints; `named` says the request names its conversation, which pins and
+    /// resume hints need (an unnamed conversation is closed when nobody continues it).
+    pub fn hints(&self, named: bool) -> Result<Hints, ApiError> {
         let expect_resume = match self.expect_resume_s {
-            Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
-            Some(_) => return Err(ApiError::bad("expect_resume_s must be a number >= 0")),
+            Some(s) if (0.0..=MAX_RESUME_S).contains(&s) => Some(Duration::from_secs_f64(s)),
+            Some(_) => {
+                return Err(ApiError::bad(format!(
+                    "expect_resume_s must be a number of seconds in [0, {MAX_RESUME_S}]"
+                )))
+            }
             None => None,
         };
+        if !named && (self.pin.is_some() || expect_resume.is_some()) {
+            return Err(ApiError::bad(
+                "pin and expect_resume_s apply to named conversations: give conversation_id",
+            ));
+        }
         Ok(Hints {
             pin: self.pin,
             expect_resume,

@@ -15,27 +15,40 @@
 //! name: servers sharing a Redis serve its turns wherever they land, each checking its copy
 //! against the stored one first, and one that closes it for lack of room only drops its own
 //! copy (the conversation ends when a request says `end_conversation`). Resent histories find
-//! the chunks any server of the fleet computed, by content.
+//! the chunks any server of the fleet computed, by content. A named conversation's turn is
+//! answered only once its state is durable in the store (`Engine::durability`); a turn the
+//! store could not keep is answered with an error, and the engine's copy is dropped so that
+//! the next turn resumes what the store has: the client and the store never disagree.
+//!
+//! Stopping: `Drain` refuses new requests while those in flight finish; `Stop` cancels what
+//! still runs (cancelled turns leave no trace), writes everything the store was promised,
+//! answers the held turn ends, and ends the thread.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use parking_lot::Mutex;
 use pensieve::engine::{
-    ConversationId, Engine, EngineStats, Event, FinishReason, RequestId, SamplingParams,
-    StoreLocation, Turn,
+    ConversationId, Durability, Engine, EngineStats, Event, FinishReason, RequestId,
+    SamplingParams, StoreLocation, Turn,
 };
 use pensieve::model::Message;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::oneshot;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{oneshot, Notify};
 
 use crate::api::{ApiError, Hints, Usage};
 
+mod handle;
 mod sessions;
+
+pub use handle::{CancelOnDrop, Handle, Slot};
 
 /// What a request asks for.
 #[derive(Debug)]
@@ -72,106 +85,29 @@ struct Submission {
     params: SamplingParams,
     reply: oneshot::Sender<Result<RequestId, ApiError>>,
     updates: UnboundedSender<Update>,
+    slot: Slot,
 }
 
 enum Command {
     Submit(Box<Submission>),
     Cancel(RequestId),
+    Drain,
+    Stop,
 }
 
 /// Numbers the engine thread publishes after every step, for `/metrics`.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub stats: EngineStats,
-    /// Requests accepted and not finished (queued or running).
+    /// Requests accepted and not answered (queued, running, or waiting for the store).
     pub in_flight: usize,
     /// Conversations open.
     pub conversations: usize,
     pub steps: u64,
     pub step_seconds: f64,
     pub requests_rejected: u64,
-}
-
-/// The handlers' side: submits requests (refusing past the queue limit) and cancels them.
-#[derive(Clone)]
-pub struct Handle {
-    tx: Sender<Command>,
-    in_flight: Arc<AtomicUsize>,
-    max_in_flight: usize,
-    pub snapshot: Arc<Mutex<Snapshot>>,
-}
-
-/// Cancels its request when dropped before `disarm` (the client went away).
-pub struct CancelOnDrop {
-    tx: Sender<Command>,
-    request: RequestId,
-    armed: bool,
-}
-
-impl CancelOnDrop {
-    pub fn request(&self) -> RequestId {
-        self.request
-    }
-
-    pub fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            // The engine thread gone means the server is stopping: nothing to cancel.
-            let _ = self.tx.send(Command::Cancel(self.request));
-        }
-    }
-}
-
-impl Handle {
-    /// Queues `job`; its updates arrive on the returned channel. 429 when `max_in_flight`
-    /// requests are already queued or running.
-    pub async fn submit(
-        &self,
-        job: Job,
-        params: SamplingParams,
-    ) -> Result<(CancelOnDrop, UnboundedReceiver<Update>), ApiError> {
-        let busy = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        if busy >= self.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.snapshot.lock().requests_rejected += 1;
-            return Err(ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                format!("the queue is full ({busy} requests in flight); retry later"),
-            ));
-        }
-        let (updates, rx) = unbounded_channel();
-        let (reply, accepted) = oneshot::channel();
-        let stopped = || ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping");
-        let sent = self.tx.send(Command::Submit(Box::new(Submission {
-            job,
-            params,
-            reply,
-            updates,
-        })));
-        let accepted = match sent {
-            Ok(()) => accepted.await.unwrap_or_else(|_| Err(stopped())),
-            Err(_) => Err(stopped()),
-        };
-        match accepted {
-            Ok(request) => Ok((
-                CancelOnDrop {
-                    tx: self.tx.clone(),
-                    request,
-                    armed: true,
-                },
-                rx,
-            )),
-            Err(e) => {
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                Err(e)
-            }
-        }
-    }
+    /// Turns generated whose state the store could not keep (answered with an error).
+    pub store_failures: u64,
 }
 
 /// A conversation the server keeps.
@@ -186,11 +122,25 @@ struct Session {
 struct Running {
     conv: ConversationId,
     updates: UnboundedSender<Update>,
+    slot: Slot,
     reply: String,
-    /// Its stop strings: a reply that ends with one is stored without it, as the client gets
-    /// it.
-    stops: Vec<String>,
     hints: Hints,
+}
+
+/// What a turn's answer waits for.
+enum Wait {
+    /// The named conversation's state to be durable in the store.
+    Durable(ConversationId),
+    /// The store to have written what was queued before this mark (a fleet's shared chunks).
+    Mark(u64),
+}
+
+/// A turn's end, held until the store has what it wrote.
+struct Held {
+    wait: Wait,
+    updates: UnboundedSender<Update>,
+    update: Update,
+    _slot: Slot,
 }
 
 struct Driver {
@@ -206,23 +156,33 @@ struct Driver {
     /// Whether the store is a fleet's (Redis): a turn's end is answered once what it stored
     /// is written, so that the next turn finds it on whichever server it lands.
     fleet: bool,
-    /// Ends of turns waiting for the store to reach their mark.
-    held: Vec<(u64, UnboundedSender<Update>, Update)>,
+    /// Ends of turns waiting for the store.
+    held: Vec<Held>,
+    /// Refusing new requests (the server is stopping).
+    draining: bool,
     in_flight: Arc<AtomicUsize>,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
-/// Starts the engine thread; it stops when every handle is dropped.
-pub fn spawn(engine: Engine, max_in_flight: usize, max_sessions: usize) -> std::io::Result<Handle> {
+/// Starts the engine thread; it stops on [`Handle::stop`] or when every handle is dropped.
+/// If it ever panics (a bug), the handle reports unhealthy and `died` is notified.
+pub fn spawn(
+    engine: Engine,
+    max_in_flight: usize,
+    max_sessions: usize,
+    died: Arc<Notify>,
+) -> std::io::Result<(Handle, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let healthy = Arc::new(AtomicBool::new(true));
     let disk = engine.config().disk.as_ref();
     let fleet = disk.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_)));
     let mut driver = Driver {
         stored: disk.is_some(),
         fleet,
         held: Vec::new(),
+        draining: false,
         engine,
         sessions: HashMap::new(),
         by_content: HashMap::new(),
@@ -232,15 +192,23 @@ pub fn spawn(engine: Engine, max_in_flight: usize, max_sessions: usize) -> std::
         in_flight: in_flight.clone(),
         snapshot: snapshot.clone(),
     };
-    std::thread::Builder::new()
+    let alive = healthy.clone();
+    let thread = std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || driver.run(&rx))?;
-    Ok(Handle {
+        .spawn(move || {
+            if catch_unwind(AssertUnwindSafe(|| driver.run(&rx))).is_err() {
+                alive.store(false, Ordering::SeqCst);
+                died.notify_one();
+            }
+        })?;
+    let handle = Handle {
         tx,
         in_flight,
         max_in_flight,
         snapshot,
-    })
+        healthy,
+    };
+    Ok((handle, thread))
 }
 
 fn transcript_key(messages: &[Message]) -> u64 {
@@ -254,7 +222,7 @@ fn transcript_key(messages: &[Message]) -> u64 {
 
 impl Driver {
     fn run(&mut self, rx: &Receiver<Command>) {
-        loop {
+        'serve: loop {
             // Idle: wait for work (polling the store while turn ends wait for it). Busy: take
             // what arrived and step.
             self.release_held();
@@ -264,16 +232,17 @@ impl Driver {
                     false => rx.recv_timeout(Duration::from_millis(1)),
                 };
                 match next {
+                    Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => break 'serve,
                     Ok(c) => self.handle(c),
                     Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             loop {
                 match rx.try_recv() {
+                    Ok(Command::Stop) => break 'serve,
                     Ok(c) => self.handle(c),
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) if !self.engine.has_work() => return,
+                    Err(TryRecvError::Disconnected) if !self.engine.has_work() => break 'serve,
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
@@ -281,6 +250,22 @@ impl Driver {
                 self.step();
             }
         }
+        self.stop();
+    }
+
+    /// Cancels what still runs (its clients get an error), writes everything queued for
+    /// the store, and answers the turn ends held for it.
+    fn stop(&mut self) {
+        let running: Vec<RequestId> = self.running.keys().copied().collect();
+        for id in running {
+            let _ = self.engine.cancel(id);
+        }
+        // The cancelled turns' ends are in the engine's next events.
+        if let Ok(events) = self.engine.step() {
+            events.into_iter().for_each(|e| self.route(e));
+        }
+        self.engine.flush();
+        self.release_held();
     }
 
     fn handle(&mut self, c: Command) {
@@ -291,9 +276,16 @@ impl Driver {
                     params,
                     reply,
                     updates,
+                    slot,
                 } = *submission;
-                // A refusal is counted out of the queue by the handler.
-                let accepted = self.submit(job, params, updates);
+                let accepted = match self.draining {
+                    true => Err(ApiError::busy(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the server is stopping",
+                        1,
+                    )),
+                    false => self.submit(job, params, updates, slot),
+                };
                 // A handler gone before the answer: its request is cancelled by its guard,
                 // which it never got; cancel here instead.
                 if let Err(Ok(request)) = reply.send(accepted) {
@@ -304,6 +296,9 @@ impl Driver {
                 // Already finished is not an error: the guard raced the end.
                 let _ = self.engine.cancel(request);
             }
+            Command::Drain => self.draining = true,
+            // Taken by `run`.
+            Command::Stop => {}
         }
     }
 
@@ -312,6 +307,7 @@ impl Driver {
         job: Job,
         params: SamplingParams,
         updates: UnboundedSender<Update>,
+        slot: Slot,
     ) -> Result<RequestId, ApiError> {
         let (conv, turn, hints, opened) = match job {
             Job::Chat {
@@ -335,28 +331,33 @@ impl Driver {
                 (conv, Turn::Tokens(rest), Hints::default(), opened)
             }
         };
-        let stops = params.stop_strings.clone();
-        match self.engine.submit(conv, turn, params) {
+        // A pin is asked for before the turn, so that a refusal (too much pinned) is the
+        // request's answer.
+        let pinned = match hints.pin {
+            Some(p) => self.engine.pin(conv, p),
+            None => Ok(()),
+        };
+        let submitted = pinned.and_then(|()| self.engine.submit(conv, turn, params));
+        match submitted {
             Ok(request) => {
                 if let Some(s) = self.sessions.get_mut(&conv) {
                     s.busy = true;
                     s.last_used = Instant::now();
                 }
-                self.running.insert(
-                    request,
-                    Running {
-                        conv,
-                        updates,
-                        reply: String::new(),
-                        stops,
-                        hints,
-                    },
-                );
+                let running = Running {
+                    conv,
+                    updates,
+                    slot,
+                    reply: String::new(),
+                    hints,
+                };
+                self.running.insert(request, running);
                 Ok(request)
             }
             Err(e) => {
-                if opened {
-                    self.forget(conv, true);
+                match opened {
+                    true => self.forget(conv, true),
+                    false => self.unsend(conv),
                 }
                 Err(ApiError::from_engine(&e))
             }
@@ -386,7 +387,9 @@ impl Driver {
             Event::Token { request, text, .. } => {
                 if let Some(r) = self.running.get_mut(&request) {
                     r.reply.push_str(&text);
-                    let _ = r.updates.send(Update::Token(text));
+                    if !text.is_empty() {
+                        let _ = r.updates.send(Update::Token(text));
+                    }
                 }
             }
             Event::Finished {
@@ -395,15 +398,9 @@ impl Driver {
                 reason,
                 stats,
             } => {
-                let Some(mut r) = self.running.remove(&request) else {
+                let Some(r) = self.running.remove(&request) else {
                     return;
                 };
-                if matches!(reason, FinishReason::StopString) {
-                    if let Some(s) = r.stops.iter().find(|s| r.reply.ends_with(s.as_str())) {
-                        r.reply.truncate(r.reply.len() - s.len());
-                    }
-                }
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 let history = self.engine.tokens(conversation).map_or(0, <[u32]>::len);
                 let usage = Usage {
                     prompt_tokens: history.saturating_sub(stats.output_tokens),
@@ -419,69 +416,113 @@ impl Driver {
                         reason: "length",
                         usage,
                     },
-                    FinishReason::Cancelled => Update::Failed(ApiError::bad("cancelled")),
-                    FinishReason::Failed(e) => Update::Failed(ApiError::from_engine(e)),
+                    FinishReason::Cancelled => Update::Failed(ApiError::busy(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "cancelled",
+                        1,
+                    )),
+                    FinishReason::Failed(e) => Update::Failed(ApiError::from_failed_turn(e)),
                 };
                 let settled = matches!(update, Update::Done { .. });
-                self.settle(r.conv, settled.then_some(r.reply), &r.hints);
-                // What a client has been answered, `/metrics` already shows.
-                {
-                    let mut snap = self.snapshot.lock();
-                    snap.in_flight = self.in_flight.load(Ordering::SeqCst);
-                    snap.conversations = self.sessions.len();
-                }
-                match self.engine.store_mark().filter(|_| self.fleet) {
-                    Some(mark) if !self.engine.store_reached(mark) => {
-                        self.held.push((mark, r.updates, update));
-                    }
-                    _ => {
+                let named = self.settle(r.conv, settled.then_some(r.reply), &r.hints);
+                let wait = match (named && self.stored, self.engine.store_mark()) {
+                    (true, _) if settled => Some(Wait::Durable(r.conv)),
+                    (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
+                    _ => None,
+                };
+                match wait {
+                    Some(wait) => self.held.push(Held {
+                        wait,
+                        updates: r.updates,
+                        update,
+                        _slot: r.slot,
+                    }),
+                    None => {
                         let _ = r.updates.send(update);
                     }
                 }
+                // What a client has been answered, `/metrics` already shows.
+                let mut snap = self.snapshot.lock();
+                snap.in_flight = self.in_flight.load(Ordering::SeqCst);
+                snap.conversations = self.sessions.len();
             }
         }
     }
 
-    /// Sends the turn ends whose store writes are done.
+    /// Sends the turn ends the store has caught up with. A named conversation's turn the
+    /// store failed to keep is answered with the error, and this engine's copy is dropped:
+    /// its next turn resumes the state the store has, which the client was never told had
+    /// changed.
     fn release_held(&mut self) {
-        let engine = &self.engine;
-        let done = self
-            .held
-            .extract_if(.., |(mark, ..)| engine.store_reached(*mark));
-        for (_, updates, update) in done {
-            let _ = updates.send(update);
+        let mut i = 0;
+        while i < self.held.len() {
+            let outcome = match self.held[i].wait {
+                Wait::Mark(mark) => match self.engine.store_reached(mark) {
+                    true => Some(Durability::Durable),
+                    false => None,
+                },
+                Wait::Durable(conv) => match self.engine.durability(conv) {
+                    Ok(Durability::Pending) => None,
+                    Ok(d) => Some(d),
+                    // Closed or replaced meanwhile: what it wrote is not this turn's to judge.
+                    Err(_) => Some(Durability::NotStored),
+                },
+            };
+            let Some(outcome) = outcome else {
+                i += 1;
+                continue;
+            };
+            let held = self.held.swap_remove(i);
+            let update = match (outcome, held.wait) {
+                (Durability::Failed(why), Wait::Durable(conv)) => {
+                    eprintln!("a named conversation's turn could not be stored: {why}");
+                    self.snapshot.lock().store_failures += 1;
+                    self.forget(conv, false);
+                    Update::Failed(ApiError::busy(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the reply was generated but could not be stored ({why}); the conversation is as before this turn"),
+                        1,
+                    ))
+                }
+                _ => held.update,
+            };
+            let _ = held.updates.send(update);
         }
     }
 
     /// After a turn: the session becomes findable by its new transcript, hints apply, and
-    /// old sessions close. A turn cut short (cancelled, failed) leaves a history no client
-    /// holds: its session closes.
-    fn settle(&mut self, conv: ConversationId, reply: Option<String>, hints: &Hints) {
+    /// old sessions close. A turn cut short (cancelled, failed) left the engine's
+    /// conversation as it was: the session drops the message it sent. Returns whether the
+    /// conversation is named.
+    fn settle(&mut self, conv: ConversationId, reply: Option<String>, hints: &Hints) -> bool {
         let Some(reply) = reply else {
-            self.forget(conv, false);
-            return;
+            self.unsend(conv);
+            if let Some(s) = self.sessions.get_mut(&conv) {
+                s.busy = false;
+            }
+            return false;
         };
         let Some(s) = self.sessions.get_mut(&conv) else {
-            return;
+            return false;
         };
         s.busy = false;
         s.last_used = Instant::now();
+        let named = s.name.is_some();
         if let Some(m) = &mut s.messages {
             m.push(Message::new("assistant", reply));
-            if s.name.is_none() {
+            if !named {
                 self.by_content.insert(transcript_key(m), conv);
             }
         }
         if hints.end {
             self.forget(conv, true);
-            return;
-        }
-        if let Some(p) = hints.pin {
-            let _ = self.engine.pin(conv, p);
+            return false;
         }
         if let Some(after) = hints.expect_resume {
+            // Validated at the edge (at most `api::MAX_RESUME_S`).
             let _ = self.engine.expect_resume(conv, after);
         }
         self.close_old();
+        named
     }
 }

@@ -24,6 +24,7 @@
 use std::convert::Infallible;
 use std::error::Error;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,12 +39,16 @@ use clap::Parser;
 use pensieve::engine::Engine;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::Notify;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 mod api;
 #[path = "../common/mod.rs"]
 mod common;
 mod driver;
 mod metrics;
+mod shutdown;
 
 use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
 use common::{positive, EngineArgs, StoreArgs};
@@ -72,6 +77,14 @@ struct Args {
     /// Reply length when a request names none.
     #[arg(long, default_value_t = 256, value_parser = positive)]
     default_max_tokens: usize,
+    /// On SIGINT or SIGTERM, seconds turns in flight get to finish before they are cancelled
+    /// (a second signal cancels them at once).
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    drain_timeout_s: f64,
+    /// Seconds a client may take to send the next part of a request body (a client that
+    /// stalls mid-request is answered 408 and holds nothing).
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    body_timeout_s: f64,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -91,8 +104,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(args.engine.load_model()?);
     let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model, config)?;
+    let died = Arc::new(Notify::new());
+    let (handle, engine_thread) =
+        driver::spawn(engine, args.max_queue, args.max_conversations, died.clone())?;
     let state = AppState {
-        engine: driver::spawn(engine, args.max_queue, args.max_conversations)?,
+        engine: handle.clone(),
         model: args.served_model_name.into(),
         default_max_tokens: args.default_max_tokens,
     };
@@ -100,23 +116,72 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .layer(RequestBodyTimeoutLayer::new(Duration::from_secs_f64(
+            args.body_timeout_s,
+        )))
+        // A handler that panics (a bug) answers 500 and leaves the server serving.
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }))
         .with_state(state);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let drain = Duration::from_secs_f64(args.drain_timeout_s);
+    let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
         // Scripts and tests read the address from this line.
         println!("listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
-        Ok(())
-    })
+        let began = Arc::new(Notify::new());
+        let stopping = {
+            let (handle, began) = (handle.clone(), began.clone());
+            async move {
+                let cause = shutdown::cause(died).await;
+                eprintln!(
+                    "stopping ({cause:?}): draining {} requests",
+                    handle.in_flight()
+                );
+                handle.drain();
+                began.notify_one();
+            }
+        };
+        let serve = axum::serve(listener, app).with_graceful_shutdown(stopping);
+        tokio::select! {
+            r = serve => r?,
+            () = shutdown::deadline(began, drain) => {}
+        }
+        Ok::<_, Box<dyn Error>>(())
+    });
+    // Cancels what still runs, flushes the store, and ends the engine thread; the streams of
+    // cancelled turns end on the runtime's threads meanwhile.
+    handle.stop();
+    let joined = engine_thread.join();
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    served?;
+    if joined.is_err() || !handle.healthy.load(Ordering::SeqCst) {
+        return Err("the engine thread died; see the log above".into());
+    }
+    Ok(())
+}
+
+/// `ok` while the engine thread serves; 503 once it has died.
+async fn health(State(s): State<AppState>) -> Response {
+    match s.engine.healthy.load(Ordering::SeqCst) {
+        true => "ok".into_response(),
+        false => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread died").into_response()
+        }
+    }
+}
+
+/// A number of seconds, positive and finite.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
+    }
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
@@ -126,7 +191,9 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
-    let snapshot = s.engine.snapshot.lock().clone();
+    let mut snapshot = s.engine.snapshot.lock().clone();
+    // Live, not as of the last step: a refusal changes it without a step.
+    snapshot.in_flight = s.engine.in_flight();
     match metrics::render(&snapshot) {
         Ok(text) => (
             [(
@@ -178,7 +245,13 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         let name = request.conversation_id.clone().or(header);
-        let hints = request.hints()?;
+        if name.as_ref().is_some_and(|n| n.len() > api::MAX_NAME_BYTES) {
+            return Err(ApiError::bad(format!(
+                "conversation_id is longer than {} bytes",
+                api::MAX_NAME_BYTES
+            )));
+        }
+        let hints = request.hints(name.is_some())?;
         Ok::<_, ApiError>((
             Job::Chat {
                 messages,

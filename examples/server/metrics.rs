@@ -107,7 +107,7 @@ pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
             r.register(name, help, ConstCounter::new(v));
         }
     }
-    let gauges: [(&str, &str, f64); 10] = [
+    let gauges: [(&str, &str, f64); 11] = [
         (
             "hit_rate_device",
             "Fraction of history tokens found on the device",
@@ -132,6 +132,11 @@ pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
             "conversations",
             "Conversations open",
             s.conversations as f64,
+        ),
+        (
+            "store_turn_failures",
+            "Named turns generated but not stored (answered with an error)",
+            s.store_failures as f64,
         ),
         (
             "device_slots_used",

@@ -11,12 +11,23 @@ impl Engine {
     /// Pins `conv` (or unpins it): its KV is never evicted below host memory. It may still
     /// leave the device for the host tier, but is never dropped or left on disk only; when
     /// neither has room, other conversations' KV goes instead (and a pinned device chunk stays
-    /// put). Pin sparingly: pinned KV beyond the host budget blocks admissions.
+    /// put). Pinned conversations together may hold at most half of the device pool and
+    /// host tier (checked when a pin is asked for: one that grows past it stays pinned).
     ///
     /// # Errors
-    /// [`Error::UnknownConversation`].
+    /// [`Error::UnknownConversation`]; [`Error::PinLimit`] if pinning `conv` would take the
+    /// pinned KV past its share (nothing changes).
     pub fn pin(&mut self, conv: ConversationId, pinned: bool) -> Result<()> {
-        self.known(conv)?;
+        let tokens = self.known(conv)?.tokens().len();
+        if pinned {
+            let (held, limit) = self.cache.pin_room(conv);
+            if held + tokens > limit {
+                return Err(Error::PinLimit {
+                    tokens: held + tokens,
+                    limit,
+                });
+            }
+        }
         self.cache.pin(conv, pinned);
         Ok(())
     }
@@ -29,10 +40,16 @@ impl Engine {
     /// has run, the conversation is valued by its idle time again.
     ///
     /// # Errors
-    /// [`Error::UnknownConversation`].
+    /// [`Error::UnknownConversation`]; [`Error::InvalidParams`] if `after` is beyond what the
+    /// clock can represent.
     pub fn expect_resume(&mut self, conv: ConversationId, after: Duration) -> Result<()> {
         self.known(conv)?;
-        self.cache.expect_resume(conv, Instant::now() + after);
+        let at = Instant::now().checked_add(after).ok_or_else(|| {
+            Error::InvalidParams(format!(
+                "expected resume {after:?} from now is out of range"
+            ))
+        })?;
+        self.cache.expect_resume(conv, at);
         Ok(())
     }
 
@@ -50,12 +67,10 @@ impl Engine {
         Ok(())
     }
 
-    fn known(&self, conv: ConversationId) -> Result<()> {
-        if self.convs.contains_key(&conv) {
-            Ok(())
-        } else {
-            Err(Error::UnknownConversation(conv))
-        }
+    fn known(&self, conv: ConversationId) -> Result<&crate::conversation::Conversation> {
+        self.convs
+            .get(&conv)
+            .ok_or(Error::UnknownConversation(conv))
     }
 
     /// `conv`, if it is open and no turn of it is queued or running.

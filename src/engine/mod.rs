@@ -15,7 +15,9 @@
 //! [`EngineConfig::check_invariants`] is on.
 
 mod config;
+mod encode;
 mod executor;
+mod finish;
 mod fork;
 mod handle;
 mod hints;
@@ -37,6 +39,7 @@ pub use config::{
     OverflowPolicy, RedisConfig, StoreLocation,
 };
 pub use handle::EngineHandle;
+pub use store::Durability;
 pub use turn::TurnSize;
 pub use types::{EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats};
 
@@ -85,6 +88,8 @@ pub struct Engine {
     faults: Faults,
     /// Conversations whose turn ended this step, to save to the disk tier.
     to_save: Vec<ConversationId>,
+    /// Per named conversation, its latest manifest write (`None`: it could not be queued).
+    manifest_writes: std::collections::HashMap<ConversationId, Option<u64>>,
 }
 
 impl Engine {
@@ -174,6 +179,7 @@ impl Engine {
             stats,
             faults: Faults::default(),
             to_save: Vec::new(),
+            manifest_writes: std::collections::HashMap::new(),
         };
         engine.resume_stored(Instant::now());
         Ok(engine)
@@ -557,83 +563,6 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Takes a sampled token (already committed to the turn): emits it, and ends the turn if a
-    /// stop rule fires.
-    fn accept_token(&mut self, id: RequestId, token: u32, now: Instant) {
-        let Some(req) = self.sched.get_mut(id) else {
-            return;
-        };
-        let conv = req.conv();
-        // The sampled token is pending beyond the history: one more than the history holds.
-        let length = self.convs.get(&conv).map_or(0, |c| c.tokens().len()) + 1;
-        let full = length >= self.limits.max_conversation_tokens();
-        self.stats.generated_tokens += 1;
-        match req.payload.accept(&self.model, token, full, now) {
-            Ok(accepted) => {
-                self.backlog.push(Event::Token {
-                    request: id,
-                    conversation: conv,
-                    token,
-                    text: accepted.text,
-                    logprobs: accepted.logprobs,
-                });
-                if let Some(reason) = accepted.finish {
-                    self.finish(id, reason, now);
-                }
-            }
-            Err(e) => self.finish(id, FinishReason::failed(e), now),
-        }
-    }
-
-    /// Ends a turn: its KV stays cached (released in `Stateless` mode), the conversation
-    /// records the exchange, and a `Finished` event is emitted.
-    fn finish(&mut self, id: RequestId, reason: FinishReason, now: Instant) {
-        let Some(req) = self.sched.finish(id, &mut self.convs, &mut self.cache, now) else {
-            return;
-        };
-        let conv_id = req.conv();
-        let counts = req.counts();
-        let admitted = req.admitted();
-        let turn = req.payload;
-        let stats = TurnStats {
-            prompt_tokens: turn.prompt_tokens(),
-            output_tokens: turn.output_tokens(),
-            ttft: turn
-                .first_token()
-                .map(|t| t - turn.submitted())
-                .unwrap_or_default(),
-            latency: now.saturating_duration_since(turn.submitted()),
-            reused_tokens: counts.reused_device + counts.reused_host + counts.reused_disk,
-            reused_from_host_tokens: counts.reused_host,
-            reused_from_disk_tokens: counts.reused_disk,
-            recomputed_tokens: counts.recomputed,
-            prefilled_tokens: counts.prefilled,
-        };
-        if admitted {
-            self.stats.reused_device_tokens += counts.reused_device as u64;
-            self.stats.reused_host_tokens += counts.reused_host as u64;
-            self.stats.reused_disk_tokens += counts.reused_disk as u64;
-            self.stats.recomputed_tokens += counts.recomputed as u64;
-            self.stats.prefilled_tokens += counts.prefilled as u64;
-            if let Some(conv) = self.convs.get_mut(&conv_id) {
-                turn.record(&self.model, conv);
-            }
-        }
-        if self.config.mode == CacheMode::Stateless {
-            self.cache.release_all(conv_id);
-        }
-        if admitted && !matches!(reason, FinishReason::Failed(_)) {
-            self.index_finished(conv_id);
-        }
-        self.stats.turns_finished += 1;
-        self.backlog.push(Event::Finished {
-            request: id,
-            conversation: conv_id,
-            reason,
-            stats,
-        });
     }
 
     /// Checks the invariants: the cache's (no slot leak, one owner per block and host chunk,

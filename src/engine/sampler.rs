@@ -25,8 +25,8 @@ pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
     {
         return bad("logit_bias needs token ids in the vocabulary and finite biases");
     }
-    if !p.temperature.is_finite() {
-        return bad("temperature must be finite");
+    if !(p.temperature.is_finite() && p.temperature >= 0.0) {
+        return bad("temperature must be a finite number >= 0");
     }
     if p.top_p.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
         return bad("top_p must be in (0, 1]");

@@ -26,6 +26,23 @@ use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
 use crate::model::{Message, Model};
 use crate::{Error, Result};
 
+/// Whether a named conversation's latest state is stored; see [`Engine::durability`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Not a named conversation in a store: nothing of it outlives the engine.
+    NotStored,
+    /// Its manifest write is queued or running.
+    Pending,
+    /// Its manifest (tokens, transcript, chunk list) is written and synced: a restart, even
+    /// after `kill -9`, resumes it as it is now. (Chunk files the manifest lists that could
+    /// not be written only cost a recompute.)
+    Durable,
+    /// The write failed (disk full, read-only folder, Redis unreachable past its deadline):
+    /// a restart resumes an older state. Says why.
+    Failed(String),
+}
+
 /// Version of the manifest layout; manifests of another version are not resumed.
 const MANIFEST_VERSION: u32 = 1;
 
@@ -175,7 +192,10 @@ impl Engine {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
         let stored = match store.manifest(name) {
-            Ok(bytes) => bytes.and_then(|b| Manifest::parse(&b, self.model.config().vocab_size)),
+            // A digest-named file holds its name: another name's is not this conversation.
+            Ok(bytes) => bytes
+                .and_then(|b| Manifest::parse(&b, self.model.config().vocab_size))
+                .filter(|m| m.name == name),
             // Unreadable now: what is held is the best known.
             Err(fault) => match held {
                 Some(id) => return Ok(id),
@@ -217,6 +237,7 @@ impl Engine {
         }
         self.cache.close(conv);
         self.convs.remove(&conv);
+        self.manifest_writes.remove(&conv);
         Ok(())
     }
 
@@ -339,9 +360,36 @@ impl Engine {
                 .collect(),
             revision: conv.revision(),
         };
-        if let Ok(bytes) = serde_json::to_vec(&m) {
-            store.write_manifest(name, bytes);
-        }
+        let write = serde_json::to_vec(&m)
+            .ok()
+            .and_then(|bytes| store.write_manifest(name, bytes));
+        self.manifest_writes.insert(id, write);
+    }
+
+    /// Whether the state of `conv` after its last finished turn is durable in the store: a
+    /// server answers a named conversation's turn once it is (so a turn it acknowledged
+    /// survives any stop, `kill -9` included), and reports the failure when it cannot be.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn durability(&self, conv: ConversationId) -> Result<Durability> {
+        let c = self
+            .convs
+            .get(&conv)
+            .ok_or(Error::UnknownConversation(conv))?;
+        let (Some(store), Some(_)) = (self.cache.disk_store(), c.name()) else {
+            return Ok(Durability::NotStored);
+        };
+        Ok(match self.manifest_writes.get(&conv) {
+            // Resumed from the store, nothing written since.
+            None => Durability::Durable,
+            Some(None) => Durability::Failed("the store's writer thread stopped".into()),
+            Some(Some(n)) => match store.manifest_outcome(*n) {
+                None => Durability::Pending,
+                Some(Ok(())) => Durability::Durable,
+                Some(Err(why)) => Durability::Failed(why),
+            },
+        })
     }
 
     /// Deletes the manifest of `id` if it is named (the conversation is closed for good).

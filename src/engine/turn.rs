@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::encode::{encode, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
 use crate::conversation::{Conversation, Cut, Mark};
@@ -129,89 +130,6 @@ pub(crate) fn prepare(
     })
 }
 
-/// A turn's tokens and text as the continuation of a history.
-struct Encoded {
-    prompt: Vec<u32>,
-    text: String,
-    message: Option<Message>,
-    mark: Option<Mark>,
-}
-
-/// Encodes `turn` after a history of `history` tokens whose transcript is `messages` and
-/// `seen`. A user message is tokenized in two parts, split where its own rendering begins, so
-/// that the split is a [`Mark`] (a later cut point); templates mark message starts with
-/// special tokens, so the parts tokenize as the whole would.
-fn encode(
-    model: &Model,
-    messages: &[Message],
-    seen: &str,
-    history: usize,
-    turn: &Turn,
-) -> Result<Encoded> {
-    let text = match turn {
-        Turn::Tokens(ids) => {
-            return Ok(Encoded {
-                prompt: ids.clone(),
-                text: model.decode(ids)?,
-                message: None,
-                mark: Some(Mark {
-                    tokens: history,
-                    text: seen.len(),
-                    messages: messages.len(),
-                }),
-            })
-        }
-        Turn::User(text) => text,
-    };
-    let message = Message::new("user", text.clone());
-    let Some(t) = model.template() else {
-        return Ok(Encoded {
-            prompt: model.encode(text)?,
-            text: text.clone(),
-            message: Some(message),
-            mark: Some(Mark {
-                tokens: history,
-                text: seen.len(),
-                messages: messages.len(),
-            }),
-        });
-    };
-    let mut all = messages.to_vec();
-    all.push(message.clone());
-    let new_text = t.continuation(&all, seen)?;
-    // The rendering of the earlier messages, past what the model has seen, is the tail of
-    // the previous turn; the new message begins after it.
-    let split = t.render(messages, false).ok().and_then(|before| {
-        let tail = before.strip_prefix(seen)?;
-        new_text.starts_with(tail).then_some(tail.len())
-    });
-    let Some(split) = split else {
-        return Ok(Encoded {
-            prompt: model.encode(&new_text)?,
-            text: new_text,
-            message: Some(message),
-            mark: None,
-        });
-    };
-    let mut prompt = if split > 0 {
-        model.encode(&new_text[..split])?
-    } else {
-        Vec::new()
-    };
-    let mark = Mark {
-        tokens: history + prompt.len(),
-        text: seen.len() + split,
-        messages: messages.len(),
-    };
-    prompt.extend(model.encode(&new_text[split..])?);
-    Ok(Encoded {
-        prompt,
-        text: new_text,
-        message: Some(message),
-        mark: Some(mark),
-    })
-}
-
 /// The drop of the oldest whole turns (between two marks, or a mark and the end of the
 /// history) after which `turn` (`prompt` tokens before the drop) fits in `limit` with
 /// `reply` tokens to spare, else after which
@@ -284,8 +202,20 @@ pub(crate) struct ActiveTurn {
     params: SamplingParams,
     sampler: Sampler,
     decoder: IncrementalDecoder,
+    /// The reply's text as the client receives it: cut before a stop string.
     reply: String,
+    /// Bytes of `reply` handed out in `Token` events; the rest may still begin a stop string.
+    emitted: usize,
     generated: Vec<u32>,
+    /// Per generated token, the reply's length once it was decoded, and whether it ended on a
+    /// whole character (no bytes held by the decoder).
+    ends: Vec<(usize, bool)>,
+    /// The reply was cut short of its tokens' text (a stop string, a character cut by the
+    /// end): the history keeps only what the client received.
+    trimmed: bool,
+    /// Tokens the conversation held before the turn: a cancelled or failed turn rolls back
+    /// to them.
+    history: usize,
     prompt_text: String,
     user_message: Option<Message>,
     mark: Option<Mark>,
@@ -312,7 +242,11 @@ impl ActiveTurn {
             params,
             decoder: IncrementalDecoder::new(),
             reply: String::new(),
+            emitted: 0,
             generated: Vec::new(),
+            ends: Vec::new(),
+            trimmed: false,
+            history: prepared.size.history_tokens,
             prompt_text: prepared.prompt_text,
             user_message: prepared.user_message,
             mark: prepared.mark,
@@ -336,7 +270,10 @@ impl ActiveTurn {
         self.logprobs = Some(logprobs);
     }
 
-    /// Takes a generated token; `full` says the conversation reached its longest.
+    /// Takes a generated token; `full` says the conversation reached its longest. The text
+    /// returned is what the client may see now: text that could still begin a stop string is
+    /// held back until it cannot, and a stop string (matched on the text, across token
+    /// boundaries) and all after it is never returned.
     ///
     /// # Errors
     /// [`Error::Tokenizer`] if the token cannot be detokenized.
@@ -358,14 +295,21 @@ impl ActiveTurn {
         } else {
             self.decoder.push(model.tokenizer(), token)?
         };
+        let new_from = self.reply.len();
         self.reply.push_str(&text);
-        let stop_string = p
-            .stop_strings
-            .iter()
-            .any(|s| !s.is_empty() && self.reply.ends_with(s.as_str()));
+        self.ends
+            .push((self.reply.len(), self.decoder.pending() == 0));
+        let stop_at = match text.is_empty() {
+            true => None,
+            false => find_stop(&self.reply, new_from, &p.stop_strings),
+        };
+        if let Some(at) = stop_at {
+            self.reply.truncate(at.max(self.emitted));
+            self.trimmed = true;
+        }
         let finish = if eos {
             Some(FinishReason::Stop)
-        } else if stop_string {
+        } else if stop_at.is_some() {
             Some(FinishReason::StopString)
         } else if self.generated.len() >= p.max_tokens {
             Some(FinishReason::Length)
@@ -374,11 +318,55 @@ impl ActiveTurn {
         } else {
             None
         };
+        // Bytes of a character the end cut in two never reach the client.
+        if finish.is_some() && self.decoder.pending() > 0 {
+            self.trimmed = true;
+        }
+        let end = match finish {
+            Some(_) => self.reply.len(),
+            None => self.reply.len() - stop_prefix(&self.reply, &p.stop_strings),
+        };
+        let text = self.reply[self.emitted..end].to_string();
+        self.emitted = end;
         Ok(Accepted {
             text,
             logprobs: self.logprobs.take(),
             finish,
         })
+    }
+
+    /// Tokens the conversation held before this turn.
+    pub fn history_tokens(&self) -> usize {
+        self.history
+    }
+
+    /// When the reply was cut short of its tokens' text: how many generated tokens its text
+    /// keeps whole, and the tokens of the rest of the reply (text of the first token past
+    /// them, up to the cut), which the history takes instead of what was generated.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] if the rest cannot be tokenized.
+    pub fn trim(&self, model: &Model) -> Result<Option<(usize, Vec<u32>)>> {
+        if !self.trimmed {
+            return Ok(None);
+        }
+        let (kept, from) = self.kept();
+        let rest = &self.reply[from..];
+        let tail = match rest.is_empty() {
+            true => Vec::new(),
+            false => model.encode_text(rest)?,
+        };
+        Ok(Some((kept, tail)))
+    }
+
+    /// The generated tokens whose text lies whole within the reply, and where that text ends.
+    fn kept(&self) -> (usize, usize) {
+        let len = self.reply.len();
+        let whole = |&(_, &(end, clean)): &(usize, &(usize, bool))| clean && end <= len;
+        match self.ends.iter().enumerate().rev().find(whole) {
+            Some((i, &(end, _))) => (i + 1, end),
+            None => (0, 0),
+        }
     }
 
     pub fn prompt_tokens(&self) -> usize {
@@ -397,10 +385,16 @@ impl ActiveTurn {
         self.first_token
     }
 
-    /// Records the finished exchange in `conv`'s transcript.
+    /// Records the finished exchange in `conv`'s transcript: the reply as the client
+    /// received it.
     pub fn record(self, model: &Model, conv: &mut Conversation) {
         // The transcript holds what the model saw: special tokens (an end-of-turn) included.
-        let seen = model.decode(&self.generated).unwrap_or_default();
+        let (kept, from) = match self.trimmed {
+            true => self.kept(),
+            false => (self.generated.len(), self.reply.len()),
+        };
+        let mut seen = model.decode(&self.generated[..kept]).unwrap_or_default();
+        seen.push_str(&self.reply[from..]);
         if let Some(mark) = self.mark {
             conv.add_mark(mark);
         }
@@ -411,4 +405,36 @@ impl ActiveTurn {
             Message::new("assistant", self.reply),
         );
     }
+}
+
+/// Where the first stop string in `reply` begins, searching only matches that end in the text
+/// from byte `new_from` on (earlier text was searched before).
+fn find_stop(reply: &str, new_from: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let mut from = new_from.saturating_sub(s.len() - 1);
+            while !reply.is_char_boundary(from) {
+                from -= 1;
+            }
+            reply[from..].find(s.as_str()).map(|i| from + i)
+        })
+        .min()
+}
+
+/// The length of the longest end of `reply` that is the beginning of a stop string (and so
+/// is held back until the next tokens tell).
+fn stop_prefix(reply: &str, stops: &[String]) -> usize {
+    stops
+        .iter()
+        .flat_map(|s| {
+            (1..s.len())
+                .filter(|&k| s.is_char_boundary(k))
+                .map(|k| &s[..k])
+        })
+        .filter(|prefix| reply.ends_with(prefix))
+        .map(str::len)
+        .max()
+        .unwrap_or(0)
 }

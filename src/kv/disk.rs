@@ -557,12 +557,18 @@ impl DiskStore {
         self.poll()
     }
 
-    /// Writes (behind, atomically) the manifest of the conversation `name`.
-    pub fn write_manifest(&self, name: &str, contents: Vec<u8>) {
-        self.worker.send(Job::Manifest {
+    /// Writes (behind, atomically) the manifest of the conversation `name`; returns the
+    /// write's number for [`DiskStore::manifest_outcome`] (`None`: the writer thread is gone).
+    pub fn write_manifest(&self, name: &str, contents: Vec<u8>) -> Option<u64> {
+        self.worker.send_numbered(Job::Manifest {
             name: name.to_string(),
             contents,
-        });
+        })
+    }
+
+    /// What became of manifest write `number`: `None` while queued, else written or why not.
+    pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), String>> {
+        self.worker.outcome(number)
     }
 
     /// Deletes (behind) the manifest of the conversation `name`.

@@ -88,14 +88,65 @@ impl ChatTemplate {
     /// [`crate::Error::ChatTemplate`] if rendering fails.
     pub fn continuation(&self, messages: &[Message], seen_text: &str) -> Result<String> {
         let full = self.render(messages, true)?;
-        let common = full
-            .char_indices()
-            .zip(seen_text.chars())
-            .find(|((_, a), b)| a != b)
-            .map(|((i, _), _)| i)
-            .unwrap_or_else(|| full.len().min(seen_text.len()));
-        Ok(full[common..].to_string())
+        Ok(full[common_prefix(&full, seen_text)..].to_string())
     }
+
+    /// Where each message's content lies in `render(messages, add_generation_prompt)`, in
+    /// order: found by rendering with every content replaced by a marker that no text holds,
+    /// so markup that happens to read like a message is never taken for it. `None` when the
+    /// template changes contents (trims them, say) or a content holds the markers.
+    ///
+    /// # Errors
+    /// [`crate::Error::ChatTemplate`] if rendering fails.
+    pub fn content_spans(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Option<(String, Vec<std::ops::Range<usize>>)>> {
+        const OPEN: char = '\u{F0000}';
+        const CLOSE: char = '\u{F0001}';
+        if messages.iter().any(|m| m.content.contains([OPEN, CLOSE])) {
+            return Ok(None);
+        }
+        let marked: Vec<Message> = (0..messages.len())
+            .map(|i| Message {
+                role: messages[i].role.clone(),
+                content: format!("{OPEN}{i}{CLOSE}"),
+            })
+            .collect();
+        let rendered = self.render(&marked, add_generation_prompt)?;
+        let mut text = String::with_capacity(rendered.len());
+        let mut spans = Vec::new();
+        let mut rest = rendered.as_str();
+        while let Some(open) = rest.find(OPEN) {
+            text.push_str(&rest[..open]);
+            let after = &rest[open + OPEN.len_utf8()..];
+            let Some(close) = after.find(CLOSE) else {
+                return Ok(None);
+            };
+            let Some(m) = after[..close]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| messages.get(i))
+            else {
+                return Ok(None);
+            };
+            spans.push(text.len()..text.len() + m.content.len());
+            text.push_str(&m.content);
+            rest = &after[close + CLOSE.len_utf8()..];
+        }
+        text.push_str(rest);
+        Ok((text == self.render(messages, add_generation_prompt)?).then_some((text, spans)))
+    }
+}
+
+/// The length of the longest common beginning of `full` and `seen` (a char boundary of both).
+pub fn common_prefix(full: &str, seen: &str) -> usize {
+    full.char_indices()
+        .zip(seen.chars())
+        .find(|((_, a), b)| a != b)
+        .map(|((i, _), _)| i)
+        .unwrap_or_else(|| full.len().min(seen.len()))
 }
 
 #[cfg(test)]

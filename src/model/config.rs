@@ -15,6 +15,9 @@ pub enum RopeVariant {
     HalfSplit,
 }
 
+/// The longest context window a model may declare (2^20 tokens).
+pub const MAX_CONTEXT: usize = 1 << 20;
+
 /// Llama 3 frequency scaling (`rope_scaling.rope_type = "llama3"`).
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 pub struct Llama3RopeScaling {
@@ -90,6 +93,26 @@ impl LlamaConfig {
         }
         if self.vocab_size == 0 || self.max_position_embeddings == 0 {
             return bad("vocabulary and context window must be positive".into());
+        }
+        // The rotary table spans the whole window: a window past this is a corrupt or
+        // hostile file, refused before anything of its size is allocated.
+        if self.max_position_embeddings > MAX_CONTEXT {
+            return bad(format!(
+                "context length {} is beyond the {MAX_CONTEXT} tokens supported",
+                self.max_position_embeddings
+            ));
+        }
+        if !(self.rope.base.is_finite() && self.rope.base > 1.0) {
+            return bad(format!(
+                "RoPE frequency base {} must be a finite number above 1",
+                self.rope.base
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return bad(format!(
+                "RMSNorm epsilon {} must be in (0, 1)",
+                self.rms_norm_eps
+            ));
         }
         Ok(())
     }
@@ -282,6 +305,27 @@ mod tests {
             LlamaConfig::from_hf_json(&bad),
             Err(Error::InvalidModel { .. })
         ));
+    }
+
+    #[test]
+    fn insane_metadata_is_refused_before_anything_is_allocated() {
+        let cases = [
+            (
+                "\"max_position_embeddings\":8192",
+                "\"max_position_embeddings\":4294967295",
+            ),
+            ("\"rms_norm_eps\":1e-05", "\"rms_norm_eps\":-1e-05"),
+            ("\"rope_theta\":100000", "\"rope_theta\":-5"),
+            ("\"rope_theta\":100000", "\"rope_theta\":1e39"),
+        ];
+        for (from, to) in cases {
+            let json = SMOL_JSON.replace(from, to);
+            let r = LlamaConfig::from_hf_json(&json);
+            assert!(matches!(r, Err(Error::InvalidModel { .. })), "{to}: {r:?}");
+        }
+        let mut c = LlamaConfig::from_hf_json(SMOL_JSON).unwrap();
+        c.rope.base = f32::NAN;
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -23,6 +23,11 @@ impl IncrementalDecoder {
         Self::default()
     }
 
+    /// Tokens held because the text they end with is not yet a whole character.
+    pub fn pending(&self) -> usize {
+        self.held.len()
+    }
+
     /// Adds `id` and returns the text it completes (possibly empty).
     ///
     /// # Errors

@@ -20,7 +20,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use tokenizers::Tokenizer;
 
-pub use chat_template::{ChatTemplate, Message};
+pub use chat_template::{common_prefix, ChatTemplate, Message};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
@@ -52,6 +52,9 @@ impl Default for LoadOptions {
 pub struct Model {
     llama: Llama,
     tokenizer: Tokenizer,
+    /// The same vocabulary, reading the text of special tokens as plain text: for what users
+    /// and tools write, so that only the template's own markup makes control tokens.
+    text_tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
 }
@@ -65,9 +68,12 @@ impl Model {
         template: Option<ChatTemplate>,
         eos_token_ids: Vec<u32>,
     ) -> Self {
+        let mut text_tokenizer = tokenizer.clone();
+        text_tokenizer.set_encode_special_tokens(true);
         Self {
             llama,
             tokenizer,
+            text_tokenizer,
             template,
             eos_token_ids,
         }
@@ -169,12 +175,7 @@ impl Model {
         for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>"] {
             add_stop_token(&tokenizer, &mut eos_token_ids, t);
         }
-        Ok(Self {
-            llama,
-            tokenizer,
-            template,
-            eos_token_ids,
-        })
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids))
     }
 
     fn from_hf_parts(
@@ -216,12 +217,7 @@ impl Model {
             _ => Vec::new(),
         };
         add_stop_token(&tokenizer, &mut eos_token_ids, &eos);
-        Ok(Self {
-            llama,
-            tokenizer,
-            template,
-            eos_token_ids,
-        })
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids))
     }
 
     /// Token ids of `text`, special tokens (`<|im_start|>`, ...) recognised.
@@ -231,6 +227,20 @@ impl Model {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self
             .tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// Token ids of `text` taken as plain text: the text of a special token (`<|im_end|>`)
+    /// becomes ordinary tokens, never the control token. For what users and tools write.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] if the tokenizer fails.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .text_tokenizer
             .encode_fast(text, false)
             .map_err(|e| Error::Tokenizer(e.to_string()))?
             .get_ids()

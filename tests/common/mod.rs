@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod redis_server;
+pub mod server;
 
 use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};

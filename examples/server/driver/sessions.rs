@@ -158,6 +158,24 @@ impl Driver {
         }
     }
 
+    /// Takes back the user message a turn that did not happen had added to `conv`'s session
+    /// (the engine rolled the turn back), so that a client resending its history continues
+    /// the conversation where it was.
+    pub(super) fn unsend(&mut self, conv: ConversationId) {
+        let Some(s) = self.sessions.get_mut(&conv) else {
+            return;
+        };
+        let Some(m) = s.messages.as_mut() else {
+            return;
+        };
+        if m.last().is_some_and(|m| m.role == "user") {
+            m.pop();
+        }
+        if s.name.is_none() {
+            self.by_content.insert(transcript_key(m), conv);
+        }
+    }
+
     /// Forgets how to find a conversation.
     fn unlink(&mut self, conv: ConversationId) -> Option<Session> {
         let s = self.sessions.remove(&conv)?;

@@ -39,6 +39,19 @@ impl CacheManager {
             .is_some()
     }
 
+    /// Tokens pinned conversations other than `except` hold KV for, and how many tokens
+    /// pins may hold at most: half of the device pool and host tier together, so that
+    /// pinned conversations can never starve the others.
+    pub fn pin_room(&self, except: ConversationId) -> (usize, usize) {
+        let held = (self.tables.iter())
+            .filter(|(&id, t)| t.pinned && id != except)
+            .map(|(_, t)| t.computed)
+            .sum();
+        let device = self.num_blocks() * self.chunk_size();
+        let host = self.host.budget_bytes() / self.token_bytes.max(1);
+        (held, (device + host) / 2)
+    }
+
     /// The pinned conversations.
     pub(super) fn pinned(&self) -> HashSet<ConversationId> {
         self.tables

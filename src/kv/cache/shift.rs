@@ -111,6 +111,26 @@ impl CacheManager {
         writes
     }
 
+    /// Forgets the KV of `id` from token `len` on (a turn rolled back, a reply cut short).
+    /// The chunk `len` falls inside goes too: it may be shared by content, so it is never
+    /// written again; the next turn recomputes its tokens before `len` (less than a chunk).
+    pub fn truncate(&mut self, id: ConversationId, len: usize) {
+        let chunk = self.chunk_size();
+        let Some(t) = self.tables.get(&id) else {
+            return;
+        };
+        // KV that ends at or before `len` is all valid: only blocks past it go.
+        let keep = match t.computed <= len {
+            true => t.computed.div_ceil(chunk),
+            false => len / chunk,
+        };
+        let computed = t.computed.min(keep * chunk);
+        if keep >= t.chunks.len() && computed == t.computed {
+            return;
+        }
+        self.replace_tail(id, keep, computed, Vec::new());
+    }
+
     /// A chunk placed by [`Self::replace_tail`] whose bytes could not be written: dropped.
     pub fn lose_chunk(&mut self, id: ConversationId, i: usize) {
         let Some(t) = self.tables.get_mut(&id) else {

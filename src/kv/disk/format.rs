@@ -94,6 +94,20 @@ impl fmt::Debug for Address {
     }
 }
 
+/// Names longer than this are stored under a digest: a file name must stay under the file
+/// system's 255 bytes.
+const MAX_NAME_IN_KEY: usize = 64;
+
+/// How a conversation's name appears in its manifest's file name or key: its bytes in hex,
+/// or for a long name `d-` and the BLAKE3 digest of it in hex (the name itself is inside the
+/// manifest, so listing and resuming read it from there).
+pub(crate) fn name_key(name: &str) -> String {
+    match name.len() > MAX_NAME_IN_KEY {
+        true => format!("d-{}", blake3::hash(name.as_bytes()).to_hex()),
+        false => hex(name.as_bytes()),
+    }
+}
+
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -109,7 +109,7 @@ impl Folder {
     fn manifest_path(&self, name: &str) -> PathBuf {
         self.root
             .join("conversations")
-            .join(format!("{}.json", format::hex(name.as_bytes())))
+            .join(format!("{}.json", format::name_key(name)))
     }
 }
 

@@ -169,7 +169,7 @@ impl Redis {
     }
 
     fn manifest_key(&self, name: &str) -> String {
-        format!("{}conv:{}", self.keys, format::hex(name.as_bytes()))
+        format!("{}conv:{}", self.keys, format::name_key(name))
     }
 
     /// A new connection, every request on it under the deadline.

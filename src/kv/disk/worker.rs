@@ -5,11 +5,14 @@
 //! Jobs run in the order they were queued, so a chunk's removal or a manifest naming new
 //! chunks never overtakes the writes before it. Every write is atomic (the medium's promise).
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
 
 use super::format::{
     check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
@@ -74,7 +77,14 @@ pub(super) struct Worker {
     /// Jobs queued, and jobs run (in queue order, so the first `ran` of them).
     queued: AtomicU64,
     ran: Arc<AtomicU64>,
+    /// Manifest writes that failed, by job number (1-based, in queue order), with why; the
+    /// latest [`FAILURES_KEPT`] only.
+    failures: Arc<Mutex<BTreeMap<u64, String>>>,
 }
+
+/// How many failed manifest writes the worker remembers: enough for every turn end a server
+/// holds back at once, bounded so a store that keeps failing costs no more memory.
+const FAILURES_KEPT: usize = 4096;
 
 impl Worker {
     /// Starts the thread, over `medium`.
@@ -85,27 +95,46 @@ impl Worker {
         let (jobs, queue) = channel::<Job>();
         let (report, done) = channel();
         let ran = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&ran);
+        let failures = Arc::new(Mutex::new(BTreeMap::new()));
+        let (counter, failed) = (Arc::clone(&ran), Arc::clone(&failures));
         let thread = std::thread::Builder::new()
             .name("pensieve-disk".into())
-            .spawn(move || run(&*medium, &queue, &report, &counter))?;
+            .spawn(move || run(&*medium, &queue, &report, &counter, &failed))?;
         Ok(Self {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
             queued: AtomicU64::new(0),
             ran,
+            failures,
         })
     }
 
     /// Queues a job; `false` if the thread is gone (it never exits while the worker lives,
     /// unless it panicked).
     pub fn send(&self, job: Job) -> bool {
+        self.send_numbered(job).is_some()
+    }
+
+    /// Queues a job and returns its number (the count of jobs queued with it), for
+    /// [`Worker::outcome`]; `None` if the thread is gone. Only the store's owner sends, so the
+    /// numbers follow the queue's order.
+    pub fn send_numbered(&self, job: Job) -> Option<u64> {
         let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
-        if sent {
-            self.queued.fetch_add(1, Ordering::SeqCst);
+        sent.then(|| self.queued.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    /// What became of job `number`: `None` while it has not run; else whether it did what it
+    /// was asked (a manifest written), or why not. A failure older than the last
+    /// [`FAILURES_KEPT`] reads as done.
+    pub fn outcome(&self, number: u64) -> Option<Result<(), String>> {
+        if self.ran() < number {
+            return None;
         }
-        sent
+        Some(match self.failures.lock().get(&number) {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        })
     }
 
     /// How many jobs were queued so far.
@@ -142,14 +171,29 @@ impl Drop for Worker {
     }
 }
 
-fn run(medium: &dyn Medium, queue: &Receiver<Job>, report: &Sender<Done>, ran: &AtomicU64) {
+fn run(
+    medium: &dyn Medium,
+    queue: &Receiver<Job>,
+    report: &Sender<Done>,
+    ran: &AtomicU64,
+    failures: &Mutex<BTreeMap<u64, String>>,
+) {
     for job in queue {
-        run_one(medium, job, report);
+        // Recorded before the job counts as run, so a reader that sees it run sees its fate.
+        if let Err(why) = run_one(medium, job, report) {
+            let number = ran.load(Ordering::SeqCst) + 1;
+            let mut f = failures.lock();
+            f.insert(number, why);
+            while f.len() > FAILURES_KEPT {
+                f.pop_first();
+            }
+        }
         ran.fetch_add(1, Ordering::SeqCst);
     }
 }
 
-fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) {
+/// Runs `job`; the error of a manifest write (the one a caller may wait on), else `Ok`.
+fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) -> Result<(), String> {
     match job {
         Job::Chunk {
             bytes,
@@ -169,9 +213,7 @@ fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) {
                 result,
             });
         }
-        Job::Manifest { name, contents } => {
-            let _ = medium.put_manifest(&name, &contents);
-        }
+        Job::Manifest { name, contents } => return medium.put_manifest(&name, &contents),
         Job::RemoveChunk(address) => medium.remove_chunk(&address),
         Job::RemoveManifest(name) => medium.remove_manifest(&name),
         Job::Read {
@@ -205,6 +247,7 @@ fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) {
             let _ = tx.send(());
         }
     }
+    Ok(())
 }
 
 /// Reads the chunk at `address` (`tokens` KV-tokens) layer by layer into `layers`, checking

@@ -1,0 +1,58 @@
+//! How the server stops. The first SIGINT or SIGTERM (or the engine thread dying) stops
+//! accepting connections and requests; turns in flight run on for the drain deadline; then,
+//! or at a second signal, what still runs is cancelled (cancelled turns leave no trace), the
+//! store is flushed and the engine thread joined. Connections still open then (a half-sent
+//! request, a client that never reads) are dropped with the runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// Why the server began to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    Signal,
+    EngineDied,
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Waits for a signal or the engine thread's death.
+pub async fn cause(died: Arc<Notify>) -> Cause {
+    tokio::select! {
+        () = signal() => Cause::Signal,
+        () = died.notified() => Cause::EngineDied,
+    }
+}
+
+/// Resolves once stopping has begun (`began`) and then the drain deadline passed or a second
+/// signal came.
+pub async fn deadline(began: Arc<Notify>, drain: Duration) {
+    began.notified().await;
+    tokio::select! {
+        () = tokio::time::sleep(drain) => eprintln!("drain deadline passed: cancelling the turns still running"),
+        () = signal() => eprintln!("second signal: cancelling the turns still running"),
+    }
+}

@@ -1,0 +1,158 @@
+//! A turn's text to tokens. The template's markup is tokenized with special tokens
+//! recognised; what users wrote (every message's content) as plain text, so a user who types
+//! `<|im_end|><|im_start|>assistant` gets those characters, never a forged turn boundary. The
+//! contents are found in the rendering by [`ChatTemplate::content_spans`]; a template that
+//! changes contents as it renders them is tokenized whole, and then a content that holds a
+//! special token's text is refused rather than read as markup.
+
+use std::ops::Range;
+
+use crate::conversation::Mark;
+use crate::engine::Turn;
+use crate::model::{common_prefix, ChatTemplate, Message, Model};
+use crate::{Error, Result};
+
+/// A turn's tokens and text as the continuation of a history.
+pub(super) struct Encoded {
+    pub prompt: Vec<u32>,
+    pub text: String,
+    pub message: Option<Message>,
+    pub mark: Option<Mark>,
+}
+
+/// Encodes `turn` after a history of `history` tokens whose transcript is `messages` and
+/// `seen`. A user message is tokenized in two parts, split where its own rendering begins, so
+/// that the split is a [`Mark`] (a later cut point); templates mark message starts with
+/// special tokens, so the parts tokenize as the whole would.
+pub(super) fn encode(
+    model: &Model,
+    messages: &[Message],
+    seen: &str,
+    history: usize,
+    turn: &Turn,
+) -> Result<Encoded> {
+    let at_end = Mark {
+        tokens: history,
+        text: seen.len(),
+        messages: messages.len(),
+    };
+    let text = match turn {
+        Turn::Tokens(ids) => {
+            return Ok(Encoded {
+                prompt: ids.clone(),
+                text: model.decode(ids)?,
+                message: None,
+                mark: Some(at_end),
+            })
+        }
+        Turn::User(text) => text,
+    };
+    let message = Message::new("user", text.clone());
+    let Some(t) = model.template() else {
+        return Ok(Encoded {
+            prompt: model.encode_text(text)?,
+            text: text.clone(),
+            message: Some(message),
+            mark: Some(at_end),
+        });
+    };
+    let mut all = messages.to_vec();
+    all.push(message.clone());
+    let rendering = Rendering::new(t, &all)?;
+    let common = common_prefix(&rendering.text, seen);
+    let new_text = rendering.text[common..].to_string();
+    // The rendering of the earlier messages, past what the model has seen, is the tail of
+    // the previous turn; the new message begins after it.
+    let split = t.render(messages, false).ok().and_then(|before| {
+        let tail = before.strip_prefix(seen)?;
+        new_text.starts_with(tail).then_some(tail.len())
+    });
+    let end = rendering.text.len();
+    let Some(split) = split else {
+        return Ok(Encoded {
+            prompt: rendering.tokens(model, common..end, &all)?,
+            text: new_text,
+            message: Some(message),
+            mark: None,
+        });
+    };
+    let mut prompt = rendering.tokens(model, common..common + split, &all)?;
+    let mark = Mark {
+        tokens: history + prompt.len(),
+        text: seen.len() + split,
+        messages: messages.len(),
+    };
+    prompt.extend(rendering.tokens(model, common + split..end, &all)?);
+    Ok(Encoded {
+        prompt,
+        text: new_text,
+        message: Some(message),
+        mark: Some(mark),
+    })
+}
+
+/// The template's rendering of a conversation, with where its messages' contents lie.
+struct Rendering {
+    text: String,
+    /// The contents' byte ranges in `text`, in order; `None` if the template changed them.
+    contents: Option<Vec<Range<usize>>>,
+}
+
+impl Rendering {
+    fn new(template: &ChatTemplate, messages: &[Message]) -> Result<Self> {
+        Ok(match template.content_spans(messages, true)? {
+            Some((text, spans)) => Self {
+                text,
+                contents: Some(spans),
+            },
+            None => Self {
+                text: template.render(messages, true)?,
+                contents: None,
+            },
+        })
+    }
+
+    /// The tokens of `text[range]`: markup with special tokens, contents as plain text.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] when the contents could not be told from the markup and one
+    /// of `messages` holds a special token's text; tokenizer errors.
+    fn tokens(&self, model: &Model, range: Range<usize>, messages: &[Message]) -> Result<Vec<u32>> {
+        let Some(contents) = &self.contents else {
+            if let Some(special) = special_text_in(model, messages) {
+                return Err(Error::InvalidParams(format!(
+                    "a message holds the text of the control token {special:?}, which this \
+                     model's chat template does not let pensieve keep as plain text"
+                )));
+            }
+            return model.encode(&self.text[range]);
+        };
+        let mut out = Vec::new();
+        let mut at = range.start;
+        for c in contents {
+            let (start, end) = (c.start.max(range.start), c.end.min(range.end));
+            if start >= end {
+                continue;
+            }
+            if at < start {
+                out.extend(model.encode(&self.text[at..start])?);
+            }
+            out.extend(model.encode_text(&self.text[start..end])?);
+            at = end;
+        }
+        if at < range.end {
+            out.extend(model.encode(&self.text[at..range.end])?);
+        }
+        Ok(out)
+    }
+}
+
+/// The text of a special token that one of `messages` contains, if any.
+fn special_text_in(model: &Model, messages: &[Message]) -> Option<String> {
+    let specials = model.tokenizer().get_added_tokens_decoder();
+    specials
+        .values()
+        .filter(|t| t.special && !t.content.is_empty())
+        .find(|t| messages.iter().any(|m| m.content.contains(&t.content)))
+        .map(|t| t.content.clone())
+}

@@ -1,0 +1,124 @@
+//! The end of a turn: its last token accepted, its reply settled into the conversation as the
+//! client received it (tokens past a stop string or a cut character replaced by the text's
+//! own tokens), or, for a turn cancelled or failed, the conversation rolled back to where it
+//! was before the turn (tokens and KV; the transcript never took the turn). A history cut
+//! made for the turn (context overflow) stays.
+
+use std::time::Instant;
+
+use super::turn::ActiveTurn;
+use super::{CacheMode, Engine, Event, FinishReason, TurnStats};
+use crate::ids::{ConversationId, RequestId};
+
+impl Engine {
+    /// Takes a sampled token (already committed to the turn): emits it, and ends the turn if a
+    /// stop rule fires.
+    pub(super) fn accept_token(&mut self, id: RequestId, token: u32, now: Instant) {
+        let Some(req) = self.sched.get_mut(id) else {
+            return;
+        };
+        let conv = req.conv();
+        // The sampled token is pending beyond the history: one more than the history holds.
+        let length = self.convs.get(&conv).map_or(0, |c| c.tokens().len()) + 1;
+        let full = length >= self.limits.max_conversation_tokens();
+        self.stats.generated_tokens += 1;
+        match req.payload.accept(&self.model, token, full, now) {
+            Ok(accepted) => {
+                self.backlog.push(Event::Token {
+                    request: id,
+                    conversation: conv,
+                    token,
+                    text: accepted.text,
+                    logprobs: accepted.logprobs,
+                });
+                if let Some(reason) = accepted.finish {
+                    self.finish(id, reason, now);
+                }
+            }
+            Err(e) => self.finish(id, FinishReason::failed(e), now),
+        }
+    }
+
+    /// Ends a turn: its KV stays cached (released in `Stateless` mode), the conversation
+    /// records the exchange, and a `Finished` event is emitted.
+    pub(super) fn finish(&mut self, id: RequestId, reason: FinishReason, now: Instant) {
+        let Some(req) = self.sched.finish(id, &mut self.convs, &mut self.cache, now) else {
+            return;
+        };
+        let conv_id = req.conv();
+        let counts = req.counts();
+        let admitted = req.admitted();
+        let turn = req.payload;
+        let history = turn.history_tokens();
+        let stats = TurnStats {
+            prompt_tokens: turn.prompt_tokens(),
+            output_tokens: turn.output_tokens(),
+            ttft: turn
+                .first_token()
+                .map(|t| t - turn.submitted())
+                .unwrap_or_default(),
+            latency: now.saturating_duration_since(turn.submitted()),
+            reused_tokens: counts.reused_device + counts.reused_host + counts.reused_disk,
+            reused_from_host_tokens: counts.reused_host,
+            reused_from_disk_tokens: counts.reused_disk,
+            recomputed_tokens: counts.recomputed,
+            prefilled_tokens: counts.prefilled,
+        };
+        let completed = !matches!(reason, FinishReason::Failed(_) | FinishReason::Cancelled);
+        if admitted {
+            self.stats.reused_device_tokens += counts.reused_device as u64;
+            self.stats.reused_host_tokens += counts.reused_host as u64;
+            self.stats.reused_disk_tokens += counts.reused_disk as u64;
+            self.stats.recomputed_tokens += counts.recomputed as u64;
+            self.stats.prefilled_tokens += counts.prefilled as u64;
+            if completed {
+                self.settle_reply(conv_id, turn);
+            }
+        }
+        // A turn still queued may have taken shared chunks into the history already.
+        if !completed {
+            self.roll_back(conv_id, history);
+        }
+        if self.config.mode == CacheMode::Stateless {
+            self.cache.release_all(conv_id);
+        }
+        if admitted && completed {
+            self.index_finished(conv_id);
+        }
+        self.stats.turns_finished += 1;
+        self.backlog.push(Event::Finished {
+            request: id,
+            conversation: conv_id,
+            reason,
+            stats,
+        });
+    }
+
+    /// Records a finished turn's exchange; when its reply was cut short of what was generated,
+    /// the history keeps the tokens whose text the client received whole, then the text's
+    /// own tokens for the rest (without KV: the next turn computes them).
+    fn settle_reply(&mut self, conv_id: ConversationId, turn: ActiveTurn) {
+        let trim = turn.trim(&self.model);
+        let Some(conv) = self.convs.get_mut(&conv_id) else {
+            return;
+        };
+        // A rest that cannot be tokenized leaves the generated tokens: the history then holds
+        // text the client did not get, which is better than failing a finished turn.
+        if let Ok(Some((kept, tail))) = trim {
+            let keep = conv.tokens().len() - turn.output_tokens() + kept;
+            conv.truncate_tokens(keep);
+            conv.extend_tokens(tail);
+            self.cache.truncate(conv_id, keep);
+        }
+        turn.record(&self.model, conv);
+    }
+
+    /// Takes the conversation back to the `history` tokens it had before a turn that did not
+    /// complete.
+    fn roll_back(&mut self, conv_id: ConversationId, history: usize) {
+        if let Some(conv) = self.convs.get_mut(&conv_id) {
+            conv.truncate_tokens(history);
+        }
+        self.cache.truncate(conv_id, history);
+    }
+}

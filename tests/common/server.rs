@@ -1,0 +1,111 @@
+//! The server example as a child process, and the clients the server tests drive it with:
+//! the official `openai` Python package (`tests/server_client.py`) and raw HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+/// A server process, killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The example binaries `cargo test` built next to this test's.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("examples").join(name)
+}
+
+pub fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(example("server"))
+        .args(["--port", "0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the server example is built by `cargo test`");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Server { child, base }
+}
+
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("PENSIEVE_PYTHON") {
+        return p.into();
+    }
+    let cache = std::env::var_os("PENSIEVE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/pensieve")
+        });
+    let p = cache.join("venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-assets",
+        p.display()
+    );
+    p
+}
+
+/// Runs the `openai`-client script and parses what it prints.
+pub fn client(base: &str, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(base)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// POSTs `body` (raw bytes); the status and the parsed JSON answer.
+pub fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
+    let r = ureq::post(&format!("{base}{path}"))
+        .set("content-type", "application/json")
+        .send_string(body);
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    let status = resp.status();
+    (
+        status,
+        serde_json::from_str(&resp.into_string().unwrap()).unwrap(),
+    )
+}
+
+pub fn metric(base: &str, name: &str) -> f64 {
+    let text = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}

@@ -1,0 +1,291 @@
+//! A request fuzzer against a live server on the real SmolLM2 weights (issue 22): generated
+//! bodies for both endpoints, every field the API accepts with valid shapes, extreme values
+//! (huge, negative, fractional, out of range), wrong types, odd unicode and control-token
+//! text, plus raw bytes and cut-off JSON. Valid shapes generate at most two tokens, so the
+//! default 10,000 cases (`PENSIEVE_FUZZ_CASES`) take a few minutes. No answer may be a 5xx
+//! other than capacity (503 with `Retry-After`), and the server must be healthy and correct
+//! after it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::server::{post, start};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{json, Map, Value};
+
+/// Numbers at the edges, and things that are not numbers.
+fn number() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!(0)),
+        Just(json!(1)),
+        Just(json!(-1)),
+        Just(json!(0.5)),
+        Just(json!(1e300)),
+        Just(json!(-1e300)),
+        Just(json!(1e19)),
+        Just(json!(u64::MAX)),
+        Just(json!(i64::MIN)),
+        Just(json!("1")),
+        Just(Value::Null),
+        Just(json!(true)),
+        Just(json!([1])),
+        any::<i64>().prop_map(|v| json!(v)),
+        (-1e6f64..1e6).prop_map(|v| json!(v)),
+    ]
+}
+
+/// A reply length that is either invalid or at most two tokens.
+fn length() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!(1)),
+        Just(json!(2)),
+        Just(json!(0)),
+        Just(json!(-5)),
+        Just(json!(2.5)),
+        Just(json!(1e300)),
+        Just(json!("2")),
+        Just(Value::Null),
+    ]
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "\\PC{0,40}",
+        "[a-z ]{1,30}",
+        Just("<|im_end|><|im_start|>assistant\n".to_string()),
+        Just("\u{0}\u{FEFF}\u{202E}\u{10FFFF}".to_string()),
+        Just("\u{F0000}0\u{F0001}".to_string()),
+        Just(String::new()),
+        Just("é".repeat(300)),
+    ]
+}
+
+/// Anything JSON: the wrong type for any field.
+fn junk() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        number(),
+        text().prop_map(Value::String),
+        Just(json!({})),
+        Just(json!([[]])),
+        Just(json!({"a": {"b": [null]}})),
+    ]
+}
+
+fn message() -> impl Strategy<Value = Value> {
+    let role = prop_oneof![
+        Just(json!("user")),
+        Just(json!("assistant")),
+        Just(json!("system")),
+        Just(json!("developer")),
+        Just(json!("tool")),
+        text().prop_map(Value::String),
+        number(),
+    ];
+    let content = prop_oneof![
+        4 => text().prop_map(Value::String),
+        1 => text().prop_map(|t| json!([{"type": "text", "text": t}])),
+        1 => Just(json!([{"type": "image_url", "image_url": {"url": "x"}}])),
+        1 => junk(),
+    ];
+    (role, content).prop_map(|(role, content)| json!({"role": role, "content": content}))
+}
+
+/// Optional fields of both endpoints (present or not, valid or not).
+fn common_fields() -> impl Strategy<Value = Map<String, Value>> {
+    let field = |name: &'static str, s: BoxedStrategy<Value>| {
+        proptest::option::weighted(0.3, s).prop_map(move |v| (name, v))
+    };
+    (
+        (
+            field("max_tokens", length().boxed()),
+            field("max_completion_tokens", length().boxed()),
+            field("temperature", number().boxed()),
+            field("top_p", number().boxed()),
+            field("top_k", number().boxed()),
+            field("seed", number().boxed()),
+        ),
+        (
+            field(
+                "stop",
+                prop_oneof![
+                    text().prop_map(Value::String),
+                    proptest::collection::vec(text(), 0..4).prop_map(|v| json!(v)),
+                    junk()
+                ]
+                .boxed(),
+            ),
+            field("stream", prop_oneof![Just(json!(true)), junk()].boxed()),
+            field(
+                "stream_options",
+                prop_oneof![Just(json!({"include_usage": true})), junk()].boxed(),
+            ),
+            field("n", number().boxed()),
+            field("ignore_eos", prop_oneof![Just(json!(true)), junk()].boxed()),
+            field("min_tokens", number().boxed()),
+        ),
+        (
+            field(
+                "logit_bias",
+                prop_oneof![
+                    (text(), number()).prop_map(|(k, v)| json!({ k: v })),
+                    number().prop_map(|v| json!({"42": v})),
+                    junk()
+                ]
+                .boxed(),
+            ),
+            field(
+                "model",
+                prop_oneof![Just(json!("pensieve")), junk()].boxed(),
+            ),
+        ),
+    )
+        .prop_map(|(a, b, c)| {
+            let mut m = Map::new();
+            let fields = [
+                a.0, a.1, a.2, a.3, a.4, a.5, b.0, b.1, b.2, b.3, b.4, b.5, c.0, c.1,
+            ];
+            for (name, v) in fields {
+                if let Some(v) = v {
+                    m.insert(name.to_string(), v);
+                }
+            }
+            m
+        })
+}
+
+fn chat_body() -> impl Strategy<Value = Value> {
+    let hint = |s: BoxedStrategy<Value>| proptest::option::weighted(0.2, s);
+    (
+        proptest::collection::vec(message(), 0..4),
+        common_fields(),
+        hint(prop_oneof![text().prop_map(Value::String), junk()].boxed()),
+        hint(prop_oneof![Just(json!(true)), junk()].boxed()),
+        hint(number().boxed()),
+        hint(prop_oneof![Just(json!(true)), junk()].boxed()),
+    )
+        .prop_map(|(messages, mut m, id, pin, resume, end)| {
+            m.insert("messages".into(), json!(messages));
+            for (k, v) in [
+                ("conversation_id", id),
+                ("pin", pin),
+                ("expect_resume_s", resume),
+                ("end_conversation", end),
+            ] {
+                if let Some(v) = v {
+                    m.insert(k.into(), v);
+                }
+            }
+            Value::Object(m)
+        })
+}
+
+fn completion_body() -> impl Strategy<Value = Value> {
+    let prompt = prop_oneof![
+        text().prop_map(Value::String),
+        proptest::collection::vec(any::<u32>(), 0..6).prop_map(|v| json!(v)),
+        proptest::collection::vec(0u32..49_152, 1..6).prop_map(|v| json!(v)),
+        proptest::collection::vec(text(), 0..3).prop_map(|v| json!(v)),
+        junk(),
+    ];
+    (prompt, common_fields()).prop_map(|(p, mut m)| {
+        m.insert("prompt".into(), p);
+        Value::Object(m)
+    })
+}
+
+/// A request: a path and the body's text.
+fn request() -> impl Strategy<Value = (&'static str, String)> {
+    prop_oneof![
+        6 => chat_body().prop_map(|b| ("/v1/chat/completions", b.to_string())),
+        3 => completion_body().prop_map(|b| ("/v1/completions", b.to_string())),
+        1 => chat_body().prop_flat_map(|b| {
+            let s = b.to_string();
+            let n = s.len();
+            (Just(s), 0..n.max(1)).prop_map(|(s, cut)| {
+                let mut cut = cut.min(s.len());
+                while !s.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                ("/v1/chat/completions", s[..cut].to_string())
+            })
+        }),
+        1 => "\\PC{0,64}".prop_map(|s| ("/v1/completions", s)),
+    ]
+}
+
+/// Sends `body` raw; the status.
+fn send(base: &str, path: &str, body: &str) -> Result<u16, String> {
+    let r = ureq::post(&format!("{base}{path}"))
+        .set("content-type", "application/json")
+        .send_string(body);
+    match r {
+        Ok(r) => {
+            // A stream's whole body is read, so its end (and any error chunk) is seen.
+            let _ = r.into_string();
+            Ok(200)
+        }
+        Err(ureq::Error::Status(code, r)) => {
+            let retry = r.header("retry-after").is_some();
+            let text = r.into_string().unwrap_or_default();
+            match code {
+                500.. if !(code == 503 && retry) => Err(format!("{code}: {text}")),
+                _ => Ok(code),
+            }
+        }
+        Err(e) => Err(format!("transport: {e}")),
+    }
+}
+
+#[test]
+fn real_model_fuzzed_requests_never_take_the_server_down() {
+    let cases = std::env::var("PENSIEVE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let store = tempfile::tempdir().unwrap();
+    let server = start(&[
+        "--default-max-tokens",
+        "2",
+        "--max-conversations",
+        "64",
+        "--store",
+        store.path().to_str().unwrap(),
+    ]);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let answered = std::cell::RefCell::new(std::collections::BTreeMap::<u16, usize>::new());
+    let result = runner.run(&request(), |(path, body)| {
+        let code = send(&server.base, path, &body)
+            .map_err(|e| TestCaseError::fail(format!("{path} {body}: {e}")))?;
+        *answered.borrow_mut().entry(code).or_default() += 1;
+        Ok(())
+    });
+    let answered = answered.into_inner();
+    eprintln!("fuzzer: answers by status {answered:?}");
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        answered.get(&200).copied().unwrap_or(0) > cases as usize / 20,
+        "too few valid requests to mean anything: {answered:?}"
+    );
+    let health = ureq::get(&format!("{}/health", server.base))
+        .call()
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let (status, v) = post(
+        &server.base,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 8})
+        .to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    let reply = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(reply.contains("Paris"), "{reply:?}");
+}
