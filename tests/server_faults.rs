@@ -277,22 +277,40 @@ fn real_model_a_turn_cut_short_or_stopped_leaves_the_state_the_client_saw() {
 fn real_model_a_stop_string_inside_a_token_ends_the_reply_and_the_resend_continues() {
     let server = start(&[]);
     let question = json!({"role": "user", "content": "What is the capital of France?"});
+    let (_, plain) = chat(
+        &server.base,
+        json!({"messages": [question], "max_tokens": 24, "temperature": 0}),
+    );
+    let whole = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Two letters from inside a word: the stop string begins within a token.
+    let word = whole
+        .split(' ')
+        .find(|w| w.len() >= 5 && w.is_ascii())
+        .unwrap();
+    let stop = &word[2..4];
     let (status, v) = chat(
         &server.base,
-        json!({"messages": [question], "max_tokens": 24, "stop": ["Par"]}),
+        json!({"messages": [question], "max_tokens": 24, "stop": [stop], "temperature": 0}),
     );
     assert_eq!(status, 200, "{v}");
     let reply = v["choices"][0]["message"]["content"]
         .as_str()
         .unwrap()
         .to_string();
-    assert!(!reply.contains("Par") && !reply.is_empty(), "{reply:?}");
+    assert_eq!(
+        reply,
+        whole[..whole.find(stop).unwrap()],
+        "{whole:?} stop {stop:?}"
+    );
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     // The client resends the history with the reply it got: the conversation continues, and
     // answers as a server that never saw it does.
     let messages = json!([question, {"role": "assistant", "content": reply},
                           {"role": "user", "content": "And of Spain?"}]);
-    let body = json!({"messages": messages, "max_tokens": 16});
+    let body = json!({"messages": messages, "max_tokens": 16, "temperature": 0});
     let (_, a) = chat(&server.base, body.clone());
     let cached = a["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
