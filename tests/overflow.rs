@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, Event, FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn,
+    Engine, EngineConfig, FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn,
     TurnStats,
 };
 use pensieve::model::{Model, WeightFormat};
@@ -59,36 +59,14 @@ fn run(
         logprobs: Some(10),
         ..SamplingParams::greedy().with_max_tokens(max_tokens)
     };
-    let id = e.submit(conv, Turn::user(text), params).unwrap();
-    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-    loop {
-        for ev in e.step().unwrap() {
-            match ev {
-                Event::Token {
-                    request,
-                    token,
-                    logprobs: lp,
-                    ..
-                } if request == id => {
-                    tokens.push(token);
-                    logprobs.push(lp.unwrap());
-                }
-                Event::Finished {
-                    request,
-                    reason,
-                    stats,
-                    ..
-                } if request == id => {
-                    assert!(
-                        matches!(reason, FinishReason::Stop | FinishReason::Length),
-                        "{reason:?}"
-                    );
-                    return (tokens, logprobs, stats);
-                }
-                _ => {}
-            }
-        }
-    }
+    let r = common::run_turn(e, conv, Turn::user(text), params);
+    assert!(
+        matches!(r.reason, FinishReason::Stop | FinishReason::Length),
+        "{:?}",
+        r.reason
+    );
+    let logprobs = r.logprobs.into_iter().map(Option::unwrap).collect();
+    (r.tokens, logprobs, r.stats)
 }
 
 /// The largest log-probability difference over `want`'s 5 most likely tokens (each must be

@@ -16,7 +16,7 @@ use common::redis_server::Server;
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn, TurnStats,
+    Engine, EngineConfig, RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::Error;
@@ -87,26 +87,8 @@ fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats,
         ignore_eos: true,
         ..SamplingParams::greedy().with_max_tokens(8)
     };
-    let id = e.submit(conv, Turn::user(QUESTIONS[q]), params).unwrap();
-    let mut out = (Vec::new(), TurnStats::default(), String::new());
-    while e.has_work() {
-        for ev in e.step().unwrap() {
-            match ev {
-                Event::Token {
-                    request,
-                    token,
-                    text,
-                    ..
-                } if request == id => {
-                    out.0.push(token);
-                    out.2.push_str(&text);
-                }
-                Event::Finished { request, stats, .. } if request == id => out.1 = stats,
-                _ => {}
-            }
-        }
-    }
-    out
+    let r = common::run_turn(e, conv, Turn::user(QUESTIONS[q]), params);
+    (r.tokens, r.stats, r.text)
 }
 
 fn tutor(name: Option<&str>) -> ConversationOptions {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pensieve::engine::{
-    ConversationId, ConversationOptions, DiskConfig, Durability, Engine, EngineConfig, Event,
+    ConversationId, ConversationOptions, DiskConfig, Durability, Engine, EngineConfig,
     FinishReason, SamplingParams, Turn,
 };
 use pensieve::model::{Message, Model, WeightFormat};
@@ -42,27 +42,8 @@ fn turn(
     text: &str,
     params: SamplingParams,
 ) -> (String, Vec<u32>, FinishReason) {
-    let id = e.submit(conv, Turn::user(text), params).unwrap();
-    let (mut streamed, mut ids) = (String::new(), Vec::new());
-    loop {
-        for ev in e.step().unwrap() {
-            match ev {
-                Event::Token {
-                    request,
-                    token,
-                    text,
-                    ..
-                } if request == id => {
-                    streamed.push_str(&text);
-                    ids.push(token);
-                }
-                Event::Finished {
-                    request, reason, ..
-                } if request == id => return (streamed, ids, reason),
-                _ => {}
-            }
-        }
-    }
+    let r = common::run_turn(e, conv, Turn::user(text), params);
+    (r.text, r.tokens, r.reason)
 }
 
 /// The next turn's reply of `conv`, and of a conversation opened afresh with the same

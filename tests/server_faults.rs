@@ -44,6 +44,19 @@ fn host_port(base: &str) -> String {
     base.trim_start_matches("http://").to_string()
 }
 
+/// Sends a chat request over a raw connection (so the test decides when it goes away); the
+/// connection.
+fn raw_chat(base: &str, body: &Value) -> TcpStream {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(host_port(base)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
 fn signal(server: &Server, sig: i32) {
     // SAFETY: kill(2) on our own child's pid.
     let r = unsafe { libc::kill(server.child.id() as i32, sig) };
@@ -136,21 +149,12 @@ fn real_model_hostile_requests_get_errors_and_the_server_serves_on() {
 #[test]
 fn real_model_clients_that_disconnect_before_an_answer_leak_no_queue_place() {
     let server = start(&["--max-queue", "8"]);
-    let addr = host_port(&server.base);
     // Prompts the engine refuses (longer than the context window) take a while to tokenize:
     // the clients are gone before the refusal.
     let long = "word ".repeat(12_000);
-    let body =
-        json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}).to_string();
+    let body = json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4});
     for _ in 0..24 {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body.as_bytes()).unwrap();
-        drop(s);
+        drop(raw_chat(&server.base, &body));
     }
     wait_for("the queue to empty", || {
         metric(&server.base, "pensieve_queue_depth") == 0.0
@@ -197,19 +201,12 @@ fn real_model_an_acknowledged_named_turn_survives_any_signal() {
 #[test]
 fn real_model_shutdown_completes_within_its_deadline_with_a_stream_and_a_half_sent_request() {
     let mut server = start(&["--drain-timeout-s", "2"]);
-    let addr = host_port(&server.base);
     let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
-                      "max_tokens": 4000, "ignore_eos": true, "stream": true})
-    .to_string();
-    let mut stream = TcpStream::connect(&addr).unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
+                      "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let mut stream = raw_chat(&server.base, &body);
     let mut first = [0u8; 256];
     let _ = stream.read(&mut first).unwrap();
-    let mut half = TcpStream::connect(&addr).unwrap();
+    let mut half = TcpStream::connect(host_port(&server.base)).unwrap();
     half.write_all(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"mess",
     )
@@ -247,14 +244,8 @@ fn real_model_a_turn_cut_short_or_stopped_leaves_the_state_the_client_saw() {
         // A turn whose client goes away mid-reply.
         let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
                           "max_tokens": 3000, "ignore_eos": true, "stream": true,
-                          "conversation_id": "cut-short"})
-        .to_string();
-        let mut s = TcpStream::connect(host_port(&server.base)).unwrap();
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).unwrap();
+                          "conversation_id": "cut-short"});
+        let mut s = raw_chat(&server.base, &body);
         let mut got = [0u8; 2048];
         let _ = s.read(&mut got).unwrap();
         std::thread::sleep(Duration::from_millis(300));

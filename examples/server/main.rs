@@ -82,7 +82,7 @@ struct Args {
     #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     drain_timeout_s: f64,
     /// Seconds a client may take to send the next part of a request body (a client that
-    /// stalls mid-request is answered 408 and holds nothing).
+    /// stalls mid-request fails its request and holds nothing).
     #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     body_timeout_s: f64,
     #[command(flatten)]

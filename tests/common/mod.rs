@@ -6,6 +6,9 @@ pub mod redis_server;
 pub mod server;
 
 use pensieve::attention::KvPool;
+use pensieve::engine::{
+    ConversationId, Engine, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats,
+};
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 
 pub fn real_model(format: WeightFormat) -> Model {
@@ -184,6 +187,58 @@ pub fn cuda_device(what: &str) -> Option<candle_core::Device> {
         Err(why) => {
             SAID.call_once(|| eprintln!("{what} skipped: {why}"));
             None
+        }
+    }
+}
+
+/// What one turn produced, as its events told.
+pub struct TurnRun {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<Option<TokenLogprobs>>,
+    pub reason: FinishReason,
+    pub stats: TurnStats,
+}
+
+/// Submits `turn` and steps until it finishes; events of other turns are dropped.
+pub fn run_turn(
+    e: &mut Engine,
+    conv: ConversationId,
+    turn: Turn,
+    params: SamplingParams,
+) -> TurnRun {
+    let id = e.submit(conv, turn, params).unwrap();
+    let (mut text, mut tokens, mut logprobs) = (String::new(), Vec::new(), Vec::new());
+    loop {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token {
+                    request,
+                    token,
+                    text: t,
+                    logprobs: lp,
+                    ..
+                } if request == id => {
+                    text.push_str(&t);
+                    tokens.push(token);
+                    logprobs.push(lp);
+                }
+                Event::Finished {
+                    request,
+                    reason,
+                    stats,
+                    ..
+                } if request == id => {
+                    return TurnRun {
+                        text,
+                        tokens,
+                        logprobs,
+                        reason,
+                        stats,
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }
