@@ -430,6 +430,12 @@ impl Driver {
                     (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
                     _ => None,
                 };
+                // What a client has been answered, `/metrics` already shows.
+                {
+                    let mut snap = self.snapshot.lock();
+                    snap.in_flight = self.in_flight.load(Ordering::SeqCst);
+                    snap.conversations = self.sessions.len();
+                }
                 match wait {
                     Some(wait) => self.held.push(Held {
                         wait,
@@ -441,10 +447,6 @@ impl Driver {
                         let _ = r.updates.send(update);
                     }
                 }
-                // What a client has been answered, `/metrics` already shows.
-                let mut snap = self.snapshot.lock();
-                snap.in_flight = self.in_flight.load(Ordering::SeqCst);
-                snap.conversations = self.sessions.len();
             }
         }
     }
