@@ -58,6 +58,9 @@ pub(crate) struct Conversation {
     /// How many times its manifest has been stored, by any engine: a shared store's manifest
     /// of a higher revision was written by another engine after this copy.
     revision: u64,
+    /// Which writer stored that revision: the state the next write of its manifest continues
+    /// (compare-and-set), empty before the first.
+    stamp: String,
 }
 
 impl Conversation {
@@ -93,6 +96,7 @@ impl Conversation {
             seen_text,
             marks,
             revision: 0,
+            stamp: String::new(),
         }
     }
 
@@ -101,9 +105,15 @@ impl Conversation {
         self.revision
     }
 
-    /// Records that this copy is (or is about to be) stored as `revision`.
-    pub fn set_revision(&mut self, revision: u64) {
+    /// The stamp of its stored manifest this copy holds (empty if none).
+    pub fn stamp(&self) -> &str {
+        &self.stamp
+    }
+
+    /// Records that this copy is (or is about to be) stored as `revision`, stamped `stamp`.
+    pub fn set_stored(&mut self, revision: u64, stamp: String) {
         self.revision = revision;
+        self.stamp = stamp;
     }
 
     /// The same, stored under `name`.
@@ -145,6 +155,7 @@ impl Conversation {
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
             revision: 0,
+            stamp: String::new(),
         }
     }
 

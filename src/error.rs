@@ -32,6 +32,27 @@ pub enum Error {
     #[error("no conversation named {0:?} is stored")]
     NotStored(String),
 
+    /// A named conversation's stored state is damaged (its manifest missing while the name is
+    /// registered, empty, cut short or inconsistent): refused rather than taken for a new,
+    /// empty conversation. Nothing of it is deleted, so that it can be inspected or repaired.
+    #[error("conversation {name:?} is stored but its state is damaged: {cause}")]
+    StoreDamaged {
+        /// The conversation's name.
+        name: String,
+        /// What is wrong with it.
+        cause: String,
+    },
+
+    /// A named conversation is stored by engines of another model, weight format, KV
+    /// precision or chunk size, whose KV and tokens this engine cannot continue.
+    #[error("conversation {name:?} is stored under another model or format ({owner}): open it with that one, or use another name")]
+    StoredElsewhere {
+        /// The conversation's name.
+        name: String,
+        /// The model and format that store it.
+        owner: String,
+    },
+
     /// The default model has not been fetched into the asset cache yet.
     #[error(
         "model file {path} not found; run `scripts/fetch-assets` (or set PENSIEVE_CACHE) first"

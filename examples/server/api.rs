@@ -68,7 +68,9 @@ impl ApiError {
             | E::TokenOutOfVocab { .. }
             | E::BudgetTooSmall { .. }
             | E::ChatTemplate(_) => StatusCode::BAD_REQUEST,
-            E::ConversationBusy(_) => StatusCode::CONFLICT,
+            E::ConversationBusy(_) | E::StoredElsewhere { .. } | E::StoreDamaged { .. } => {
+                StatusCode::CONFLICT
+            }
             E::PinLimit { .. } => {
                 return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 5)
             }

@@ -108,6 +108,9 @@ pub struct Snapshot {
     pub requests_rejected: u64,
     /// Turns generated whose state the store could not keep (answered with an error).
     pub store_failures: u64,
+    /// Turns generated and not stored because another server stored a turn of the same
+    /// conversation meanwhile (answered 409).
+    pub store_conflicts: u64,
 }
 
 /// A conversation the server keeps.
@@ -484,6 +487,15 @@ impl Driver {
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("the reply was generated but could not be stored ({why}); the conversation is as before this turn"),
                         1,
+                    ))
+                }
+                (Durability::Conflict(why), Wait::Durable(conv)) => {
+                    eprintln!("a named conversation's turn was not stored: {why}");
+                    self.snapshot.lock().store_conflicts += 1;
+                    self.forget(conv, false);
+                    Update::Failed(ApiError::new(
+                        StatusCode::CONFLICT,
+                        format!("the reply was generated but not stored: {why}; resend the turn to continue the stored conversation"),
                     ))
                 }
                 _ => held.update,

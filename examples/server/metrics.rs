@@ -107,7 +107,7 @@ pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
             r.register(name, help, ConstCounter::new(v));
         }
     }
-    let gauges: [(&str, &str, f64); 11] = [
+    let gauges: [(&str, &str, f64); 12] = [
         (
             "hit_rate_device",
             "Fraction of history tokens found on the device",
@@ -137,6 +137,11 @@ pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
             "store_turn_failures",
             "Named turns generated but not stored (answered with an error)",
             s.store_failures as f64,
+        ),
+        (
+            "store_turn_conflicts",
+            "Named turns generated but not stored: another server stored the conversation meanwhile (answered 409)",
+            s.store_conflicts as f64,
         ),
         (
             "device_slots_used",

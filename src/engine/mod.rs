@@ -90,6 +90,8 @@ pub struct Engine {
     to_save: Vec<ConversationId>,
     /// Per named conversation, its latest manifest write (`None`: it could not be queued).
     manifest_writes: std::collections::HashMap<ConversationId, Option<u64>>,
+    /// This engine's identity in the stamps of the manifests it writes (random).
+    writer: u64,
 }
 
 impl Engine {
@@ -180,6 +182,10 @@ impl Engine {
             faults: Faults::default(),
             to_save: Vec::new(),
             manifest_writes: std::collections::HashMap::new(),
+            writer: std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                (std::process::id(), std::time::SystemTime::now()),
+            ),
         };
         engine.resume_stored(Instant::now());
         Ok(engine)

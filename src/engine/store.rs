@@ -22,7 +22,9 @@ use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
 use crate::attention::KvShape;
 use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
-use crate::kv::{Address, ChunkFormat, CostModel, DiskStore, DiskTier};
+use crate::kv::{
+    hex, Address, BuildManifest, ChunkFormat, CostModel, DiskStore, DiskTier, Owner, Refused,
+};
 use crate::model::{Message, Model};
 use crate::{Error, Result};
 
@@ -41,6 +43,10 @@ pub enum Durability {
     /// The write failed (disk full, read-only folder, Redis unreachable past its deadline):
     /// a restart resumes an older state. Says why.
     Failed(String),
+    /// Another engine stored a turn of this conversation since the state this copy continues
+    /// (two servers served it at once): this copy's turn was not stored, so as not to fork the
+    /// conversation. [`Engine::resume`] replaces the copy with the stored state.
+    Conflict(String),
 }
 
 /// Version of the manifest layout; manifests of another version are not resumed.
@@ -50,6 +56,10 @@ const MANIFEST_VERSION: u32 = 1;
 #[derive(Serialize, Deserialize)]
 struct Manifest {
     version: u32,
+    /// `<writer>-<revision>`: which engine wrote this state. Serialized right after the
+    /// version, where the store's compare-and-set finds it.
+    #[serde(default)]
+    stamp: String,
     name: String,
     /// Tokens whose KV has been computed (the chunks cover them).
     computed: usize,
@@ -67,13 +77,32 @@ struct Manifest {
 }
 
 impl Manifest {
-    /// A manifest of this layout whose tokens fit `vocab`.
-    fn parse(bytes: &[u8], vocab: usize) -> Option<Self> {
-        serde_json::from_slice::<Self>(bytes).ok().filter(|m| {
-            m.version == MANIFEST_VERSION
-                && m.computed <= m.tokens.len()
-                && m.tokens.iter().all(|&t| (t as usize) < vocab)
-        })
+    /// A manifest of this layout whose tokens fit `vocab`, or what is wrong with it.
+    fn parse(bytes: &[u8], vocab: usize) -> std::result::Result<Self, String> {
+        if bytes.is_empty() {
+            return Err("its manifest is empty".into());
+        }
+        let m = serde_json::from_slice::<Self>(bytes)
+            .map_err(|e| format!("its manifest is cut short or not a manifest ({e})"))?;
+        if m.version != MANIFEST_VERSION {
+            return Err(format!(
+                "its manifest has layout version {}, not {MANIFEST_VERSION}",
+                m.version
+            ));
+        }
+        if m.computed > m.tokens.len() {
+            return Err(format!(
+                "its manifest is inconsistent: KV of {} tokens over {} tokens",
+                m.computed,
+                m.tokens.len()
+            ));
+        }
+        if let Some(t) = m.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "its manifest is inconsistent: token {t} is not in the vocabulary of {vocab}"
+            ));
+        }
+        Ok(m)
     }
 }
 
@@ -95,8 +124,22 @@ pub(super) fn open_disk(
     let mut h = blake3::Hasher::new();
     h.update(&model.llama().fingerprint()?);
     h.update(format!("{:?}|{}", config.kv_precision, config.chunk_size).as_bytes());
+    let fingerprint = *h.finalize().as_bytes();
+    let c = model.config();
+    let owner = Owner {
+        fingerprint: hex(&fingerprint)[..16].to_string(),
+        label: format!(
+            "a model of {} layers x {} wide, vocabulary {}, {:?} weights; KV {:?} in chunks of {}",
+            c.num_layers,
+            c.hidden_size,
+            c.vocab_size,
+            model.llama().weight_format(),
+            config.kv_precision,
+            config.chunk_size
+        ),
+    };
     let format = ChunkFormat {
-        fingerprint: *h.finalize().as_bytes(),
+        fingerprint,
         layers: shape.num_layers as u32,
         kv_heads: shape.num_kv_heads as u32,
         head_dim: shape.head_dim as u32,
@@ -104,13 +147,14 @@ pub(super) fn open_disk(
     };
     let store = match &disk.location {
         StoreLocation::Folder(dir) => {
-            DiskStore::open(dir, format, disk.budget_bytes).map_err(|source| Error::Io {
+            DiskStore::open(dir, format, owner, disk.budget_bytes).map_err(|source| Error::Io {
                 path: dir.clone(),
                 source,
             })?
         }
         StoreLocation::Redis(redis) => {
-            DiskStore::open_redis(redis, format, disk.budget_bytes).map_err(Error::Store)?
+            DiskStore::open_redis(redis, format, owner, disk.budget_bytes)
+                .map_err(Error::Store)?
         }
     };
     Ok(Some(DiskTier {
@@ -129,10 +173,9 @@ impl Engine {
             return;
         };
         let vocab = self.model.config().vocab_size;
-        let manifests: Vec<Manifest> = store
-            .manifests()
-            .iter()
-            .filter_map(|bytes| Manifest::parse(bytes, vocab))
+        // A damaged manifest is left where it is: resuming its name reports the damage.
+        let manifests: Vec<Manifest> = (store.manifests().iter())
+            .filter_map(|bytes| Manifest::parse(bytes, vocab).ok())
             .collect();
         for m in manifests {
             if self.find(&m.name).is_none() {
@@ -167,35 +210,52 @@ impl Engine {
         }
         self.cache.adopt(id, m.computed, &saved, now);
         let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
-        conv.set_revision(m.revision);
+        conv.set_stored(m.revision, m.stamp);
         self.convs.insert(id, conv);
         id
     }
 
     /// The conversation stored under `name`, ready for its next turn: the copy this engine
-    /// holds, unless the shared store has a later revision (another engine of the fleet served
-    /// a turn since), which then replaces it; or, if this engine holds none, the stored one,
-    /// with the KV the store still has (fetched when its turn runs, ahead of it while it
-    /// waits in the queue). The id changes when the conversation is (re)loaded.
+    /// holds, unless the store has a later state (another engine of the fleet served a turn
+    /// since, or this copy's last turn could not be stored), which then replaces it; or, if
+    /// this engine holds none, the stored one, with the KV the store still has (fetched when
+    /// its turn runs, ahead of it while it waits in the queue). The id changes when the
+    /// conversation is (re)loaded.
     ///
     /// A folder's conversations were resumed at start-up: this finds them, or reloads one
     /// this engine [`Engine::detach`]ed.
     ///
     /// # Errors
     /// [`Error::NotStored`] if no conversation of that name is held or stored;
-    /// [`Error::Store`] if the store cannot be read and none is held;
-    /// [`Error::ConversationBusy`] if the copy held here has a turn running while another
-    /// engine stored a later one.
+    /// [`Error::StoreDamaged`] if its manifest is damaged, or missing while the name is
+    /// registered as stored; [`Error::StoredElsewhere`] if engines of another model or format
+    /// store it; [`Error::Store`] if the store cannot be read and none is held;
+    /// [`Error::ConversationBusy`] if the copy held here has a turn running while the store
+    /// has a later state.
     pub fn resume(&mut self, name: &str) -> Result<ConversationId> {
         let held = self.find(name);
         let Some(store) = self.cache.disk_store() else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
+        let damaged = |cause: String| Error::StoreDamaged {
+            name: name.to_string(),
+            cause,
+        };
         let stored = match store.manifest(name) {
-            // A digest-named file holds its name: another name's is not this conversation.
-            Ok(bytes) => bytes
-                .and_then(|b| Manifest::parse(&b, self.model.config().vocab_size))
-                .filter(|m| m.name == name),
+            Ok(Some(bytes)) => {
+                let m = Manifest::parse(&bytes, self.model.config().vocab_size).map_err(damaged)?;
+                // A digest-named manifest holds its name: another name's is not this one.
+                if m.name != name {
+                    return Err(damaged(format!(
+                        "its manifest holds another conversation ({} bytes of name)",
+                        m.name.len()
+                    )));
+                }
+                Some(m)
+            }
+            // The one held here is being written, or the name is free, or was lost.
+            Ok(None) if held.is_some() => None,
+            Ok(None) => return Err(self.unstored(name)),
             // Unreadable now: what is held is the best known.
             Err(fault) => match held {
                 Some(id) => return Ok(id),
@@ -203,9 +263,7 @@ impl Engine {
             },
         };
         match (held, stored) {
-            (Some(id), Some(m))
-                if m.revision > self.convs.get(&id).map_or(0, Conversation::revision) =>
-            {
+            (Some(id), Some(m)) if self.stale(id, &m) => {
                 if self.sched.turn_of(id).is_some() {
                     return Err(Error::ConversationBusy(id));
                 }
@@ -217,6 +275,40 @@ impl Engine {
             (Some(id), _) => Ok(id),
             (None, Some(m)) => Ok(self.restore(m, Instant::now())),
             (None, None) => Err(Error::NotStored(name.to_string())),
+        }
+    }
+
+    /// Whether the copy `id` holds an older state than the stored `m`: a later revision, or
+    /// the same one written by another engine while this copy's write was refused.
+    fn stale(&self, id: ConversationId, m: &Manifest) -> bool {
+        let Some(c) = self.convs.get(&id) else {
+            return true;
+        };
+        m.revision > c.revision()
+            || (m.stamp != c.stamp()
+                && matches!(
+                    self.durability(id),
+                    Ok(Durability::Failed(_) | Durability::Conflict(_))
+                ))
+    }
+
+    /// Why no conversation `name` is stored here: free, lost (its manifest missing while its
+    /// name is registered), or another model's.
+    fn unstored(&self, name: &str) -> Error {
+        let Some(store) = self.cache.disk_store() else {
+            return Error::NotStored(name.to_string());
+        };
+        match store.registration(name) {
+            Ok(Some((_, true))) => Error::StoreDamaged {
+                name: name.to_string(),
+                cause: "its manifest is missing".into(),
+            },
+            Ok(Some((owner, false))) => Error::StoredElsewhere {
+                name: name.to_string(),
+                owner: owner.label,
+            },
+            Ok(None) => Error::NotStored(name.to_string()),
+            Err(fault) => Error::Store(format!("registration of {name:?}: {fault}")),
         }
     }
 
@@ -250,6 +342,11 @@ impl Engine {
         if self.find(&name).is_some() {
             return Err(Error::ConversationExists(name));
         }
+        // Another model's name is refused now; one stored here, and not held, is refused by
+        // its first manifest write's compare-and-set (a removal queued before it may free it).
+        if let Error::StoredElsewhere { name, owner } = self.unstored(&name) {
+            return Err(Error::StoredElsewhere { name, owner });
+        }
         let id = self.open_unnamed(options);
         if let Some(c) = self.convs.remove(&id) {
             self.convs.insert(id, c.named(Some(name)));
@@ -276,7 +373,7 @@ impl Engine {
         };
         let vocab = self.model.config().vocab_size;
         let mut names: Vec<String> = (store.manifests().iter())
-            .filter_map(|bytes| Some(Manifest::parse(bytes, vocab)?.name))
+            .filter_map(|bytes| Some(Manifest::parse(bytes, vocab).ok()?.name))
             .collect();
         names.sort();
         names.dedup();
@@ -334,35 +431,41 @@ impl Engine {
         }
     }
 
-    /// Writes (behind) the manifest of `id` if it is named, as its next revision.
+    /// Writes (behind) the manifest of `id` if it is named, as its next revision, over the
+    /// state it continues (compare-and-set); it lists the chunks whose files are written.
     pub(super) fn write_manifest(&mut self, id: ConversationId) {
         let (Some(conv), Some(store)) = (self.convs.get_mut(&id), self.cache.disk_store()) else {
             return;
         };
-        conv.set_revision(conv.revision() + 1);
         let Some(name) = conv.name() else {
             return;
         };
-        let computed = self.cache.table(id).map_or(0, |t| t.computed());
-        let m = Manifest {
+        let expect = conv.stamp().to_string();
+        let revision = conv.revision() + 1;
+        let stamp = format!("{:016x}-{revision}", self.writer);
+        let chunks: Vec<Option<(String, Option<u64>)>> = (self.cache.saved(id).iter())
+            .map(|a| a.map(|a| (a.hex(), store.pending_write(&a))))
+            .collect();
+        let mut m = Manifest {
             version: MANIFEST_VERSION,
+            stamp: stamp.clone(),
             name: name.to_string(),
-            computed,
+            computed: self.cache.table(id).map_or(0, |t| t.computed()),
             tokens: conv.tokens().to_vec(),
             messages: conv.messages().to_vec(),
             seen_text: conv.seen_text().to_string(),
             marks: conv.marks().to_vec(),
-            chunks: self
-                .cache
-                .saved(id)
-                .iter()
-                .map(|a| a.map(|a| a.hex()))
-                .collect(),
-            revision: conv.revision(),
+            chunks: Vec::new(),
+            revision,
         };
-        let write = serde_json::to_vec(&m)
-            .ok()
-            .and_then(|bytes| store.write_manifest(name, bytes));
+        let build: BuildManifest = Box::new(move |written| {
+            m.chunks = (chunks.into_iter())
+                .map(|c| c.and_then(|(hex, write)| write.is_none_or(written).then_some(hex)))
+                .collect();
+            serde_json::to_vec(&m).map_err(|e| e.to_string())
+        });
+        let write = store.write_manifest(name, expect, build);
+        conv.set_stored(revision, stamp);
         self.manifest_writes.insert(id, write);
     }
 
@@ -387,7 +490,10 @@ impl Engine {
             Some(Some(n)) => match store.manifest_outcome(*n) {
                 None => Durability::Pending,
                 Some(Ok(())) => Durability::Durable,
-                Some(Err(why)) => Durability::Failed(why),
+                Some(Err(Refused::Failed(why))) => Durability::Failed(why),
+                Some(Err(conflict @ Refused::Conflict(_))) => {
+                    Durability::Conflict(conflict.to_string())
+                }
             },
         })
     }

@@ -38,6 +38,9 @@ use std::sync::{Arc, OnceLock};
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
 use medium::{Folder, Medium};
+pub(crate) use medium::Owner;
+pub(crate) use medium::Refused;
+pub(crate) use worker::BuildManifest;
 pub use redis::RedisConfig;
 pub use stats::{DiskStats, FaultCounts};
 use worker::{Job, Worker};
@@ -73,6 +76,8 @@ struct Entry {
 pub(crate) struct DiskStore {
     medium: Arc<dyn Medium>,
     format: ChunkFormat,
+    /// Who this store registers the names of its conversations as.
+    owner: Owner,
     budget_bytes: usize,
     used_bytes: usize,
     pending_bytes: usize,
@@ -109,9 +114,14 @@ impl DiskStore {
     ///
     /// # Errors
     /// The folder cannot be created or listed, or the writer thread cannot start.
-    pub fn open(dir: &Path, format: ChunkFormat, budget_bytes: usize) -> std::io::Result<Self> {
-        let medium = Arc::new(Folder::open(dir, &format.fingerprint)?);
-        Self::over(medium, format, budget_bytes)
+    pub fn open(
+        dir: &Path,
+        format: ChunkFormat,
+        owner: Owner,
+        budget_bytes: usize,
+    ) -> std::io::Result<Self> {
+        let medium = Arc::new(Folder::open(dir, owner.clone())?);
+        Self::over(medium, format, owner, budget_bytes)
     }
 
     /// Opens the store for chunks of `format` in the Redis `config` names, shared with other
@@ -123,20 +133,23 @@ impl DiskStore {
     pub fn open_redis(
         config: &RedisConfig,
         format: ChunkFormat,
+        owner: Owner,
         budget_bytes: usize,
     ) -> Result<Self, String> {
-        let medium = Arc::new(redis::Redis::open(config, &format.fingerprint)?);
-        Self::over(medium, format, budget_bytes).map_err(|e| e.to_string())
+        let medium = Arc::new(redis::Redis::open(config, owner.clone())?);
+        Self::over(medium, format, owner, budget_bytes).map_err(|e| e.to_string())
     }
 
     fn over(
         medium: Arc<dyn Medium>,
         format: ChunkFormat,
+        owner: Owner,
         budget_bytes: usize,
     ) -> std::io::Result<Self> {
         let mut store = Self {
             medium: medium.clone(),
             format,
+            owner,
             budget_bytes,
             used_bytes: 0,
             pending_bytes: 0,
@@ -557,18 +570,43 @@ impl DiskStore {
         self.poll()
     }
 
-    /// Writes (behind, atomically) the manifest of the conversation `name`; returns the
-    /// write's number for [`DiskStore::manifest_outcome`] (`None`: the writer thread is gone).
-    pub fn write_manifest(&self, name: &str, contents: Vec<u8>) -> Option<u64> {
+    /// Writes (behind, atomically) the manifest of the conversation `name`, if the stored
+    /// one is the state `expect` stamps (or none is stored): compare-and-set, so that two
+    /// engines writing one conversation never fork it. Its bytes are built once the chunk
+    /// writes queued before it are done (see [`BuildManifest`]). Returns the write's number
+    /// for [`DiskStore::manifest_outcome`] (`None`: the writer thread is gone).
+    pub fn write_manifest(&self, name: &str, expect: String, build: BuildManifest) -> Option<u64> {
         self.worker.send_numbered(Job::Manifest {
             name: name.to_string(),
-            contents,
+            expect,
+            build,
         })
     }
 
     /// What became of manifest write `number`: `None` while queued, else written or why not.
-    pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), String>> {
+    pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), Refused>> {
         self.worker.outcome(number)
+    }
+
+    /// The number of the queued write of the chunk at `address`, if its write is queued (a
+    /// manifest naming it lists it only if that write succeeds).
+    pub fn pending_write(&self, address: &Address) -> Option<u64> {
+        match self.entries.get(address)?.state {
+            State::Pending(write, _) => Some(write),
+            _ => None,
+        }
+    }
+
+    /// Who registered the conversation name `name`, if anyone, and whether it is this store.
+    ///
+    /// # Errors
+    /// [`Fault::Io`] if the store cannot be read.
+    pub fn registration(&self, name: &str) -> Result<Option<(Owner, bool)>, Fault> {
+        let owner = self.medium.registration(name)?;
+        Ok(owner.map(|o| {
+            let ours = o.fingerprint == self.owner.fingerprint;
+            (o, ours)
+        }))
     }
 
     /// Deletes (behind) the manifest of the conversation `name`.

@@ -254,6 +254,11 @@ impl Llama {
         Ok(*h.finalize().as_bytes())
     }
 
+    /// How the linear-layer weights are held.
+    pub fn weight_format(&self) -> WeightFormat {
+        self.format
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device

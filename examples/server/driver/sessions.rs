@@ -154,7 +154,12 @@ impl Driver {
                 Ok(())
             }
             Err(pensieve::Error::NotStored(_)) => Ok(()),
-            Err(e) => Err(ApiError::from_engine(&e)),
+            Err(e) => {
+                if matches!(e, pensieve::Error::StoreDamaged { .. }) {
+                    eprintln!("refused a turn: {e}");
+                }
+                Err(ApiError::from_engine(&e))
+            }
         }
     }
 

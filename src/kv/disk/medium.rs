@@ -20,6 +20,70 @@ pub(crate) struct Listing {
     pub foreign: usize,
 }
 
+/// Why a manifest was not stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The medium failed (a full or read-only disk, a timeout): why.
+    Failed(String),
+    /// Another writer stored the conversation since the state this write continues: the
+    /// stored manifest's stamp.
+    Conflict(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Failed(why) => f.write_str(why),
+            Refused::Conflict(stamp) => write!(
+                f,
+                "another writer stored this conversation meanwhile (stored state {stamp:?})"
+            ),
+        }
+    }
+}
+
+/// The model (fingerprint) and a description of it that keep a conversation name: written
+/// with each manifest where every model's engines can see it, so that an engine of another
+/// model, weight format or KV precision finds the name taken instead of free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The first 16 hex digits of the store's fingerprint.
+    pub fingerprint: String,
+    /// What a person reads: the model, its weight format, the KV precision.
+    pub label: String,
+}
+
+impl Owner {
+    pub(super) fn record(&self) -> Vec<u8> {
+        format!("{}\n{}", self.fingerprint, self.label).into_bytes()
+    }
+
+    pub(super) fn parse(record: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(record);
+        let (fingerprint, label) = text.split_once('\n').unwrap_or((&text, ""));
+        Self {
+            fingerprint: fingerprint.to_string(),
+            label: label.to_string(),
+        }
+    }
+}
+
+/// Where a manifest's stamp is: the engine writes it first after the version, so a medium
+/// checks it in the manifest's first bytes without parsing the rest.
+const STAMP_WITHIN: usize = 256;
+
+/// The stamp a manifest's bytes carry (empty if none): what a compare-and-set compares.
+pub(crate) fn manifest_stamp(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(STAMP_WITHIN)];
+    let key = b"\"stamp\":\"";
+    let Some(at) = head.windows(key.len()).position(|w| w == key) else {
+        return String::new();
+    };
+    let rest = &head[at + key.len()..];
+    let end = rest.iter().position(|&b| b == b'"').unwrap_or(rest.len());
+    String::from_utf8_lossy(&rest[..end]).into_owned()
+}
+
 /// Stores, reads and lists chunks (as the chunk format's bytes) and manifests. Called from the
 /// store and its worker threads.
 pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
@@ -36,11 +100,25 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// Removes chunk `address` if it is stored.
     fn remove_chunk(&self, address: &Address);
 
-    /// Stores the manifest of the conversation named `name`, atomically.
-    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String>;
+    /// Stores the manifest of the conversation named `name`, atomically, if the one stored
+    /// now carries the stamp `expect` (the state this one continues) or none is stored; and
+    /// registers the name as this store's [`Owner`]'s.
+    ///
+    /// # Errors
+    /// [`Refused::Conflict`] if another stamp is stored; [`Refused::Failed`] if the medium
+    /// cannot write.
+    fn put_manifest(&self, name: &str, contents: &[u8], expect: &str) -> Result<(), Refused>;
 
-    /// Removes the manifest of `name` if it is stored.
+    /// Removes the manifest of `name` if it is stored, and its registration if it is this
+    /// store's.
     fn remove_manifest(&self, name: &str);
+
+    /// Who registered `name` (see [`Owner`]), if anyone: this store while it keeps the
+    /// conversation, or another model's.
+    ///
+    /// # Errors
+    /// [`Fault::Io`] if the medium cannot be read.
+    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault>;
 
     /// The stored manifest of `name`, if there is one.
     ///
@@ -82,22 +160,44 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
 }
 
 /// Chunk files `<root>/chunks/<address>.kvc` and manifests
-/// `<root>/conversations/<hex name>.json`, written atomically (see [`write_atomic`]).
+/// `<root>/conversations/<hex name>.json`, written atomically (see [`write_atomic`]), where
+/// `<root>` is the store folder's sub-folder for one fingerprint; names registered in
+/// `<store>/names/<hex name>`, for every fingerprint's engines to see.
 #[derive(Debug)]
 pub(crate) struct Folder {
     root: PathBuf,
+    names: PathBuf,
+    owner: Owner,
 }
 
 impl Folder {
-    /// The folder for chunks of the model `fingerprint` under `dir` (created).
+    /// The folder for chunks of `owner`'s model under `dir` (created).
     ///
     /// # Errors
     /// The folders cannot be created.
-    pub fn open(dir: &Path, fingerprint: &[u8]) -> std::io::Result<Self> {
-        let root = dir.join(&format::hex(fingerprint)[..16]);
+    pub fn open(dir: &Path, owner: Owner) -> std::io::Result<Self> {
+        let root = dir.join(&owner.fingerprint);
         fs::create_dir_all(root.join("chunks"))?;
         fs::create_dir_all(root.join("conversations"))?;
-        Ok(Self { root })
+        let names = dir.join("names");
+        fs::create_dir_all(&names)?;
+        Ok(Self { root, names, owner })
+    }
+
+    fn registration_path(&self, name: &str) -> PathBuf {
+        self.names.join(format::name_key(name))
+    }
+
+    /// Holds the conversations' lock (an advisory lock on a file of the folder) for `f`, so
+    /// that engines sharing the folder compare and set manifests one at a time.
+    fn locked<T>(&self, f: impl FnOnce() -> Result<T, Refused>) -> Result<T, Refused> {
+        let path = self.root.join("conversations").join(".lock");
+        let describe = |e: std::io::Error| Refused::Failed(format!("{}: {e}", path.display()));
+        let lock = (File::options().create(true).truncate(false).write(true))
+            .open(&path)
+            .map_err(describe)?;
+        lock.lock().map_err(describe)?;
+        f()
     }
 
     fn chunk_path(&self, address: &Address) -> PathBuf {
@@ -142,12 +242,48 @@ impl Medium for Folder {
         let _ = fs::remove_file(self.chunk_path(address));
     }
 
-    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String> {
-        write_atomic(&self.manifest_path(name), &[contents])
+    fn put_manifest(&self, name: &str, contents: &[u8], expect: &str) -> Result<(), Refused> {
+        let path = self.manifest_path(name);
+        self.locked(|| {
+            let mut head = Vec::with_capacity(STAMP_WITHIN);
+            match File::open(&path) {
+                Ok(f) => {
+                    let read = f.take(STAMP_WITHIN as u64).read_to_end(&mut head);
+                    read.map_err(|e| Refused::Failed(format!("{}: {e}", path.display())))?;
+                    let stored = manifest_stamp(&head);
+                    if stored != expect {
+                        return Err(Refused::Conflict(stored));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Refused::Failed(format!("{}: {e}", path.display()))),
+            }
+            let registration = self.registration_path(name);
+            let record = self.owner.record();
+            if fs::read(&registration).ok().as_deref() != Some(&record[..]) {
+                write_atomic(&registration, &[&record]).map_err(Refused::Failed)?;
+            }
+            write_atomic(&path, &[contents]).map_err(Refused::Failed)
+        })
     }
 
     fn remove_manifest(&self, name: &str) {
-        let _ = fs::remove_file(self.manifest_path(name));
+        let _ = self.locked(|| {
+            let _ = fs::remove_file(self.manifest_path(name));
+            let registration = self.registration_path(name);
+            if fs::read(&registration).ok() == Some(self.owner.record()) {
+                let _ = fs::remove_file(registration);
+            }
+            Ok(())
+        });
+    }
+
+    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault> {
+        match fs::read(self.registration_path(name)) {
+            Ok(bytes) => Ok(Some(Owner::parse(&bytes))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(_) => Err(Fault::Io),
+        }
     }
 
     fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
@@ -237,10 +373,50 @@ pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    fn owner(fingerprint: &str) -> Owner {
+        Owner {
+            fingerprint: fingerprint.repeat(16),
+            label: format!("model {fingerprint}"),
+        }
+    }
+
+    #[test]
+    fn manifests_are_compared_and_set_by_stamp_and_names_registered_for_every_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            Folder::open(dir.path(), owner("a")).unwrap(),
+            Folder::open(dir.path(), owner("b")).unwrap(),
+        );
+        let v1 = br#"{"version":1,"stamp":"e1-1","name":"alice"}"#;
+        let v2 = br#"{"version":1,"stamp":"e1-2","name":"alice"}"#;
+        let fork = br#"{"version":1,"stamp":"e2-2","name":"alice"}"#;
+        assert_eq!(manifest_stamp(v2), "e1-2");
+        assert_eq!(manifest_stamp(b"{}"), "");
+        a.put_manifest("alice", v1, "").unwrap();
+        // A second creation, and a write continuing a state that is not the stored one.
+        assert_eq!(
+            a.put_manifest("alice", v1, ""),
+            Err(Refused::Conflict("e1-1".into()))
+        );
+        a.put_manifest("alice", v2, "e1-1").unwrap();
+        assert_eq!(
+            a.put_manifest("alice", fork, "e1-1"),
+            Err(Refused::Conflict("e1-2".into()))
+        );
+        assert_eq!(a.manifest("alice"), Ok(Some(v2.to_vec())));
+        // The other model's store sees the name taken, by whom; removal frees it.
+        assert_eq!(b.manifest("alice"), Ok(None));
+        assert_eq!(b.registration("alice"), Ok(Some(owner("a"))));
+        b.remove_manifest("alice");
+        assert_eq!(a.registration("alice"), Ok(Some(owner("a"))));
+        a.remove_manifest("alice");
+        assert_eq!((a.manifest("alice"), b.registration("alice")), (Ok(None), Ok(None)));
+    }
+
     #[test]
     fn a_folder_stores_reads_lists_and_removes() {
         let dir = tempfile::tempdir().unwrap();
-        let m = Folder::open(dir.path(), &[7; 32]).unwrap();
+        let m = Folder::open(dir.path(), owner("a")).unwrap();
         let a = Address::chain(&Address::default(), &[1, 2, 3]);
         assert_eq!(m.get_chunk(&a), Err(Fault::Missing));
         m.put_chunk(&a, &[b"head", b"payload"]).unwrap();
@@ -250,7 +426,7 @@ mod tests {
         r.read_exact(&mut head).unwrap();
         assert_eq!((&head, len), (b"head", 11));
         assert_eq!(m.manifest("alice"), Ok(None));
-        m.put_manifest("alice", b"{}").unwrap();
+        m.put_manifest("alice", b"{}", "").unwrap();
         assert_eq!(m.manifests(), vec![b"{}".to_vec()]);
         assert_eq!(m.manifest("alice"), Ok(Some(b"{}".to_vec())));
         assert_eq!(m.lookup(&[a]), None);

@@ -4,7 +4,8 @@
 //!
 //! Keys: `<prefix>:<fingerprint>:chunk:<address>` holds a chunk in the chunk format (header and
 //! per-layer checksums, checked whole by the reader like a file), and
-//! `<prefix>:<fingerprint>:conv:<hex name>` a conversation manifest. The prefix is the
+//! `<prefix>:<fingerprint>:conv:<hex name>` a conversation manifest, `<prefix>:name:<hex name>`
+//! who keeps that name (for every model's engines to see). The prefix is the
 //! deployment's, so fleets sharing one Redis never read each other's KV; the fingerprint keeps
 //! models apart. A `SET` replaces a value whole, so readers see old bytes or new, never a mix.
 //!
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::format::{self, Address, Fault};
-use super::medium::{Listing, Medium};
+use super::medium::{Listing, Medium, Owner, Refused};
 
 /// Where a fleet's shared tier lives, and how to reach it.
 #[derive(Clone, PartialEq)]
@@ -94,11 +95,42 @@ struct Backoff {
 const FIRST_DELAY: Duration = Duration::from_millis(50);
 const LONGEST_DELAY: Duration = Duration::from_secs(2);
 
+/// Stores a manifest (`KEYS[1]`, `ARGV[2]`) and the name's registration (`KEYS[2]`, `ARGV[3]`)
+/// if the stored manifest's stamp (within its first 256 bytes, where the engine writes it) is
+/// `ARGV[1]` or none is stored; `ARGV[4]`: time to live in seconds, 0 for none. Answers nil,
+/// or the stored stamp that refused the write.
+const PUT_MANIFEST: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local stamp = string.match(string.sub(cur, 1, 256), '"stamp":"([^"]*)"') or ''
+  if stamp ~= ARGV[1] then return stamp end
+end
+if ARGV[4] == '0' then
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[3])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+end
+return false
+"#;
+
+/// Removes a manifest (`KEYS[1]`) and the name's registration (`KEYS[2]`) if it is `ARGV[1]`
+/// (this model's).
+const REMOVE_MANIFEST: &str = r#"
+redis.call('DEL', KEYS[1])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+return false
+"#;
+
 /// Chunks and manifests in Redis, for every engine of a fleet.
 pub(crate) struct Redis {
     client: redis::Client,
     /// `<prefix>:<fingerprint>:`.
     keys: String,
+    /// `<prefix>:name:`.
+    names: String,
+    owner: Owner,
     ttl: Option<u64>,
     timeout: Duration,
     idle: Mutex<Vec<redis::Connection>>,
@@ -126,7 +158,7 @@ impl Redis {
     /// # Errors
     /// A malformed URL, an unreadable CA file, a failed TLS handshake, refused credentials,
     /// or any other error of the first connection, as text without secrets.
-    pub fn open(config: &RedisConfig, fingerprint: &[u8]) -> Result<Self, String> {
+    pub fn open(config: &RedisConfig, owner: Owner) -> Result<Self, String> {
         let client = match &config.ca_file {
             Some(path) => {
                 let root = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -141,7 +173,9 @@ impl Redis {
         .map_err(|e| format!("{}: {}", config.redacted_url(), why(&e)))?;
         let medium = Self {
             client,
-            keys: format!("{}:{}:", config.key_prefix, &format::hex(fingerprint)[..16]),
+            keys: format!("{}:{}:", config.key_prefix, owner.fingerprint),
+            names: format!("{}:name:", config.key_prefix),
+            owner,
             ttl: config.ttl.map(|t| t.as_secs().max(1)),
             timeout: config.timeout,
             idle: Mutex::new(Vec::new()),
@@ -170,6 +204,10 @@ impl Redis {
 
     fn manifest_key(&self, name: &str) -> String {
         format!("{}conv:{}", self.keys, format::name_key(name))
+    }
+
+    fn registration_key(&self, name: &str) -> String {
+        format!("{}{}", self.names, format::name_key(name))
     }
 
     /// A new connection, every request on it under the deadline.
@@ -306,12 +344,33 @@ impl Medium for Redis {
         self.delete(&self.chunk_key(address));
     }
 
-    fn put_manifest(&self, name: &str, contents: &[u8]) -> Result<(), String> {
-        self.set(&self.manifest_key(name), contents)
+    /// One script, so the comparison and both writes are atomic against every other client.
+    fn put_manifest(&self, name: &str, contents: &[u8], expect: &str) -> Result<(), Refused> {
+        let key = self.manifest_key(name);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PUT_MANIFEST).arg(2).arg(&key);
+        cmd.arg(self.registration_key(name)).arg(expect).arg(contents);
+        cmd.arg(self.owner.record()).arg(self.ttl.unwrap_or(0));
+        match self.request(|c| cmd.query::<Option<String>>(c)) {
+            Ok(None) => Ok(()),
+            Ok(Some(stored)) => Err(Refused::Conflict(stored)),
+            Err(e) => Err(Refused::Failed(format!("{key}: {e}"))),
+        }
     }
 
     fn remove_manifest(&self, name: &str) {
-        self.delete(&self.manifest_key(name));
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(REMOVE_MANIFEST).arg(2).arg(self.manifest_key(name));
+        cmd.arg(self.registration_key(name)).arg(self.owner.record());
+        let _ = self.request(|c| cmd.query::<()>(c));
+    }
+
+    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault> {
+        let key = self.registration_key(name);
+        match self.request(|c| redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c)) {
+            Ok(record) => Ok(record.map(|r| Owner::parse(&r))),
+            Err(_) => Err(Fault::Io),
+        }
     }
 
     fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
@@ -362,6 +421,13 @@ impl Medium for Redis {
 mod tests {
     use super::*;
 
+    fn owner() -> Owner {
+        Owner {
+            fingerprint: "0".repeat(16),
+            label: "a test model".into(),
+        }
+    }
+
     #[test]
     fn passwords_never_reach_debug_output() {
         let c = RedisConfig::new("rediss://fleet:s3cret@cache.internal:6380/2");
@@ -382,13 +448,13 @@ mod tests {
             .unwrap();
         let mut c = RedisConfig::new(format!("redis://:hunter2@127.0.0.1:{port}"));
         c.timeout = Duration::from_millis(200);
-        let m = Redis::open(&c, &[0; 32]).unwrap();
+        let m = Redis::open(&c, owner()).unwrap();
         let a = Address::chain(&Address::default(), &[1]);
         assert_eq!(m.get_chunk(&a), Err(Fault::Io));
         let e = m.put_chunk(&a, &[b"x"]).unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
         assert_eq!((m.lookup(&[a]), m.connects()), (Some(vec![false]), 0));
         // A malformed URL is refused at once.
-        assert!(Redis::open(&RedisConfig::new("http://nowhere"), &[0; 32]).is_err());
+        assert!(Redis::open(&RedisConfig::new("http://nowhere"), owner()).is_err());
     }
 }

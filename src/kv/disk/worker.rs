@@ -5,7 +5,7 @@
 //! Jobs run in the order they were queued, so a chunk's removal or a manifest naming new
 //! chunks never overtakes the writes before it. Every write is atomic (the medium's promise).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use super::format::{
     check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
 };
-use super::medium::Medium;
+use super::medium::{Medium, Refused};
 use crate::kv::{ChunkBytes, LayerCells};
 
 /// What the worker does.
@@ -31,8 +31,13 @@ pub(super) enum Job {
         /// The store's number for this write.
         write: u64,
     },
-    /// Writes a conversation manifest.
-    Manifest { name: String, contents: Vec<u8> },
+    /// Writes a conversation manifest if the stored one carries the stamp `expect` (or none
+    /// is stored), its bytes built when its turn comes, from which chunk writes succeeded.
+    Manifest {
+        name: String,
+        expect: String,
+        build: BuildManifest,
+    },
     /// Removes a chunk if it is stored.
     RemoveChunk(Address),
     /// Removes a manifest if it is stored.
@@ -55,6 +60,11 @@ pub(super) enum Job {
     /// Answers once every job before it is done.
     Flush(Sender<()>),
 }
+
+/// Builds a manifest's bytes, given whether the chunk write of each number succeeded (so a
+/// manifest lists only chunks that were written); an error fails the write.
+pub(crate) type BuildManifest =
+    Box<dyn FnOnce(&dyn Fn(u64) -> bool) -> Result<Vec<u8>, String> + Send>;
 
 /// A finished job the store must hear about.
 pub(super) enum Done {
@@ -79,11 +89,12 @@ pub(super) struct Worker {
     ran: Arc<AtomicU64>,
     /// Manifest writes that failed, by job number (1-based, in queue order), with why; the
     /// latest [`FAILURES_KEPT`] only.
-    failures: Arc<Mutex<BTreeMap<u64, String>>>,
+    failures: Arc<Mutex<BTreeMap<u64, Refused>>>,
 }
 
-/// How many failed manifest writes the worker remembers: enough for every turn end a server
-/// holds back at once, bounded so a store that keeps failing costs no more memory.
+/// How many failed manifest (and chunk) writes the worker remembers: enough for every turn
+/// end a server holds back at once, and for every chunk a queued manifest may list, bounded
+/// so a store that keeps failing costs no more memory.
 const FAILURES_KEPT: usize = 4096;
 
 impl Worker {
@@ -127,7 +138,7 @@ impl Worker {
     /// What became of job `number`: `None` while it has not run; else whether it did what it
     /// was asked (a manifest written), or why not. A failure older than the last
     /// [`FAILURES_KEPT`] reads as done.
-    pub fn outcome(&self, number: u64) -> Option<Result<(), String>> {
+    pub fn outcome(&self, number: u64) -> Option<Result<(), Refused>> {
         if self.ran() < number {
             return None;
         }
@@ -176,11 +187,12 @@ fn run(
     queue: &Receiver<Job>,
     report: &Sender<Done>,
     ran: &AtomicU64,
-    failures: &Mutex<BTreeMap<u64, String>>,
+    failures: &Mutex<BTreeMap<u64, Refused>>,
 ) {
+    let mut failed_chunks = BTreeSet::new();
     for job in queue {
         // Recorded before the job counts as run, so a reader that sees it run sees its fate.
-        if let Err(why) = run_one(medium, job, report) {
+        if let Err(why) = run_one(medium, job, report, &mut failed_chunks) {
             let number = ran.load(Ordering::SeqCst) + 1;
             let mut f = failures.lock();
             f.insert(number, why);
@@ -193,7 +205,13 @@ fn run(
 }
 
 /// Runs `job`; the error of a manifest write (the one a caller may wait on), else `Ok`.
-fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) -> Result<(), String> {
+/// `failed_chunks`: the numbers of the chunk writes that failed (the latest ones).
+fn run_one(
+    medium: &dyn Medium,
+    job: Job,
+    report: &Sender<Done>,
+    failed_chunks: &mut BTreeSet<u64>,
+) -> Result<(), Refused> {
     match job {
         Job::Chunk {
             bytes,
@@ -205,6 +223,12 @@ fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) -> Result<(), S
                 let header = encode_header(&format, &id, payload);
                 medium.put_chunk(&id.address, &[&header, payload])
             });
+            if result.is_err() {
+                failed_chunks.insert(write);
+                while failed_chunks.len() > FAILURES_KEPT {
+                    failed_chunks.pop_first();
+                }
+            }
             // The engine may be gone (dropped while jobs were queued): nobody to tell.
             let address = id.address;
             let _ = report.send(Done::Written {
@@ -213,7 +237,14 @@ fn run_one(medium: &dyn Medium, job: Job, report: &Sender<Done>) -> Result<(), S
                 result,
             });
         }
-        Job::Manifest { name, contents } => return medium.put_manifest(&name, &contents),
+        Job::Manifest {
+            name,
+            expect,
+            build,
+        } => {
+            let contents = build(&|write| !failed_chunks.contains(&write)).map_err(Refused::Failed)?;
+            return medium.put_manifest(&name, &contents, &expect);
+        }
         Job::RemoveChunk(address) => medium.remove_chunk(&address),
         Job::RemoveManifest(name) => medium.remove_manifest(&name),
         Job::Read {
