@@ -16,7 +16,7 @@ use common::redis_server::Server;
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, RedisConfig, SamplingParams, Turn, TurnStats,
+    Durability, Engine, EngineConfig, RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::Error;
@@ -440,4 +440,67 @@ fn a_turn_waiting_in_the_queue_reads_its_history_ahead_from_redis() {
     assert!(b.stats().disk.unwrap().chunks_prefetched > 0);
     assert!(stats.reused_from_host_tokens > 0, "{stats:?}");
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
+}
+
+/// Issue 22, case 5: two engines serve one conversation, one of them during a Redis write
+/// stall. A's write times out and its turn is reported not stored; B, holding a copy from
+/// before, serves a turn on it: the store keeps one line of turns, never a fork, and each
+/// engine's next resume continues it. Then B serves a turn on a copy A has since moved past:
+/// its write is refused as a conflict instead of overwriting A's turn.
+#[test]
+fn two_engines_writing_one_conversation_conflict_instead_of_forking() {
+    let server = Server::start(None);
+    let model = model();
+    let mut a = alice_served(&model, &server, "fleet");
+    let mut b = fleet_member(&model, &server, "fleet");
+    let b_copy = b.resume("alice").unwrap();
+    let a_copy = a.resume("alice").unwrap();
+
+    let mut raw = server.raw().unwrap();
+    let pause = |raw: &mut redis::Connection, what: &str| {
+        let mut cmd = redis::cmd("CLIENT");
+        match what {
+            "pause" => cmd.arg("PAUSE").arg(3000).arg("WRITE"),
+            _ => cmd.arg("UNPAUSE"),
+        };
+        cmd.query::<()>(raw).unwrap();
+    };
+    pause(&mut raw, "pause");
+    turn(&mut a, a_copy, 1);
+    a.flush();
+    match a.durability(a_copy).unwrap() {
+        Durability::Failed(why) => assert!(why.contains("conv:"), "{why}"),
+        other => panic!("A's write should have timed out: {other:?}"),
+    }
+    pause(&mut raw, "unpause");
+    turn(&mut b, b_copy, 2);
+    b.flush();
+    let b_stored = b.durability(b_copy).unwrap();
+    assert!(
+        matches!(b_stored, Durability::Durable | Durability::Conflict(_)),
+        "{b_stored:?}"
+    );
+    // One line of turns: both engines resume the same state.
+    let b_copy = b.resume("alice").unwrap();
+    let a_copy = a.resume("alice").unwrap();
+    assert_eq!(b.tokens(b_copy).unwrap(), a.tokens(a_copy).unwrap());
+
+    // A moves on; B serves a turn on its copy from before that, without resuming.
+    turn(&mut a, a_copy, 3);
+    a.flush();
+    assert_eq!(a.durability(a_copy).unwrap(), Durability::Durable);
+    turn(&mut b, b_copy, 3);
+    b.flush();
+    match b.durability(b_copy).unwrap() {
+        Durability::Conflict(why) => assert!(why.contains("another writer"), "{why}"),
+        other => panic!("B's write should conflict with A's: {other:?}"),
+    }
+    let b_now = b.resume("alice").unwrap();
+    assert_ne!(b_now, b_copy, "B kept its forked copy");
+    assert_eq!(b.tokens(b_now).unwrap(), a.tokens(a_copy).unwrap());
+    turn(&mut b, b_now, 0);
+    b.flush();
+    assert_eq!(b.durability(b_now).unwrap(), Durability::Durable);
+    let a_next = a.resume("alice").unwrap();
+    assert_eq!(a.tokens(a_next).unwrap(), b.tokens(b_now).unwrap());
 }

@@ -314,3 +314,20 @@ fn real_model_a_stop_string_inside_a_token_ends_the_reply_and_the_resend_continu
         b["choices"][0]["message"]["content"]
     );
 }
+
+#[test]
+fn real_model_an_engine_thread_that_dies_stops_the_server_with_a_failure() {
+    // The engine thread panics on this message (a stand-in for a bug).
+    let mut server = start(&["--fault-panic-on", "BOOM"]);
+    serves(&server.base);
+    let r = ureq::post(&format!("{}/v1/chat/completions", server.base))
+        .timeout(Duration::from_secs(30))
+        .send_json(json!({"messages": [{"role": "user", "content": "BOOM"}], "max_tokens": 4}));
+    assert!(
+        !matches!(&r, Ok(resp) if resp.status() == 200),
+        "answered 200 by a dead engine"
+    );
+    // It does not linger answering 503: it stops, and says it failed.
+    let status = exit_within(&mut server, Duration::from_secs(20));
+    assert!(!status.success(), "{status:?}");
+}

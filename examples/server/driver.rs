@@ -165,6 +165,8 @@ struct Driver {
     draining: bool,
     in_flight: Arc<AtomicUsize>,
     snapshot: Arc<Mutex<Snapshot>>,
+    /// Testing only: a chat whose last message is this text panics the engine thread.
+    panic_on: Option<String>,
 }
 
 /// Starts the engine thread; it stops on [`Handle::stop`] or when every handle is dropped.
@@ -174,6 +176,7 @@ pub fn spawn(
     max_in_flight: usize,
     max_sessions: usize,
     died: Arc<Notify>,
+    panic_on: Option<String>,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel();
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -194,6 +197,7 @@ pub fn spawn(
         max_sessions,
         in_flight: in_flight.clone(),
         snapshot: snapshot.clone(),
+        panic_on,
     };
     let alive = healthy.clone();
     let thread = std::thread::Builder::new()
@@ -271,6 +275,19 @@ impl Driver {
         self.release_held();
     }
 
+    /// The fault `--fault-panic-on` asks for: tests check that a dead engine thread makes
+    /// the server report unhealthy and exit non-zero.
+    #[allow(clippy::panic)]
+    fn inject_fault(&self, job: &Job) {
+        let Job::Chat { messages, .. } = job else {
+            return;
+        };
+        let last = messages.last().map(|m| m.content.as_str());
+        if self.panic_on.is_some() && last == self.panic_on.as_deref() {
+            panic!("fault injected by --fault-panic-on");
+        }
+    }
+
     fn handle(&mut self, c: Command) {
         match c {
             Command::Submit(submission) => {
@@ -281,6 +298,7 @@ impl Driver {
                     updates,
                     slot,
                 } = *submission;
+                self.inject_fault(&job);
                 let accepted = match self.draining {
                     true => Err(ApiError::busy(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -485,7 +503,7 @@ impl Driver {
                     self.forget(conv, false);
                     Update::Failed(ApiError::busy(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        format!("the reply was generated but could not be stored ({why}); the conversation is as before this turn"),
+                        format!("the reply was generated but the store did not confirm it ({why}); resend the turn with the history you hold"),
                         1,
                     ))
                 }

@@ -87,6 +87,9 @@ struct Args {
     body_timeout_s: f64,
     #[command(flatten)]
     store: StoreArgs,
+    /// Testing only: the engine thread panics on a chat whose last message is this text.
+    #[arg(long, hide = true)]
+    fault_panic_on: Option<String>,
 }
 
 #[derive(Clone)]
@@ -105,8 +108,13 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model, config)?;
     let died = Arc::new(Notify::new());
-    let (handle, engine_thread) =
-        driver::spawn(engine, args.max_queue, args.max_conversations, died.clone())?;
+    let (handle, engine_thread) = driver::spawn(
+        engine,
+        args.max_queue,
+        args.max_conversations,
+        died.clone(),
+        args.fault_panic_on,
+    )?;
     let state = AppState {
         engine: handle.clone(),
         model: args.served_model_name.into(),

@@ -146,15 +146,13 @@ pub(super) fn open_disk(
         value_bytes: value_bytes as u32,
     };
     let store = match &disk.location {
-        StoreLocation::Folder(dir) => {
-            DiskStore::open(dir, format, owner, disk.budget_bytes).map_err(|source| Error::Io {
+        StoreLocation::Folder(dir) => DiskStore::open(dir, format, owner, disk.budget_bytes)
+            .map_err(|source| Error::Io {
                 path: dir.clone(),
                 source,
-            })?
-        }
+            })?,
         StoreLocation::Redis(redis) => {
-            DiskStore::open_redis(redis, format, owner, disk.budget_bytes)
-                .map_err(Error::Store)?
+            DiskStore::open_redis(redis, format, owner, disk.budget_bytes).map_err(Error::Store)?
         }
     };
     Ok(Some(DiskTier {

@@ -37,12 +37,12 @@ use std::sync::{Arc, OnceLock};
 
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
-use medium::{Folder, Medium};
 pub(crate) use medium::Owner;
 pub(crate) use medium::Refused;
-pub(crate) use worker::BuildManifest;
+use medium::{Folder, Medium};
 pub use redis::RedisConfig;
 pub use stats::{DiskStats, FaultCounts};
+pub(crate) use worker::BuildManifest;
 use worker::{Job, Worker};
 
 use super::{ChunkBytes, LayerCells};

@@ -222,10 +222,7 @@ fn not_found_is_missing(e: &std::io::Error) -> Fault {
 
 impl Medium for Folder {
     fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String> {
-        let path = self.chunk_path(address);
-        write_atomic(&path, parts).inspect_err(|_| {
-            let _ = fs::remove_file(temporary(&path));
-        })
+        write_atomic(&self.chunk_path(address), parts)
     }
 
     fn open_chunk(&self, address: &Address) -> Result<(Box<dyn Read + Send>, u64), Fault> {
@@ -352,6 +349,14 @@ pub(crate) fn temporary(path: &Path) -> PathBuf {
 /// # Errors
 /// What the file system said, as text.
 pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
+    // A failed write leaves nothing behind (on a full disk, a half-written file would hold
+    // the space the next write needs).
+    write_synced(path, parts).inspect_err(|_| {
+        let _ = fs::remove_file(temporary(path));
+    })
+}
+
+fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
     let tmp = temporary(path);
     let describe = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut f = File::create(&tmp).map_err(describe)?;
@@ -410,7 +415,10 @@ mod tests {
         b.remove_manifest("alice");
         assert_eq!(a.registration("alice"), Ok(Some(owner("a"))));
         a.remove_manifest("alice");
-        assert_eq!((a.manifest("alice"), b.registration("alice")), (Ok(None), Ok(None)));
+        assert_eq!(
+            (a.manifest("alice"), b.registration("alice")),
+            (Ok(None), Ok(None))
+        );
     }
 
     #[test]

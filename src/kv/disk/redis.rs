@@ -349,7 +349,9 @@ impl Medium for Redis {
         let key = self.manifest_key(name);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(PUT_MANIFEST).arg(2).arg(&key);
-        cmd.arg(self.registration_key(name)).arg(expect).arg(contents);
+        cmd.arg(self.registration_key(name))
+            .arg(expect)
+            .arg(contents);
         cmd.arg(self.owner.record()).arg(self.ttl.unwrap_or(0));
         match self.request(|c| cmd.query::<Option<String>>(c)) {
             Ok(None) => Ok(()),
@@ -361,7 +363,8 @@ impl Medium for Redis {
     fn remove_manifest(&self, name: &str) {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(REMOVE_MANIFEST).arg(2).arg(self.manifest_key(name));
-        cmd.arg(self.registration_key(name)).arg(self.owner.record());
+        cmd.arg(self.registration_key(name))
+            .arg(self.owner.record());
         let _ = self.request(|c| cmd.query::<()>(c));
     }
 

@@ -242,7 +242,8 @@ fn run_one(
             expect,
             build,
         } => {
-            let contents = build(&|write| !failed_chunks.contains(&write)).map_err(Refused::Failed)?;
+            let contents =
+                build(&|write| !failed_chunks.contains(&write)).map_err(Refused::Failed)?;
             return medium.put_manifest(&name, &contents, &expect);
         }
         Job::RemoveChunk(address) => medium.remove_chunk(&address),
