@@ -32,8 +32,12 @@ fn peak_rss() -> usize {
 /// Bytes of chunk files under `dir`.
 fn file_bytes(dir: &Path) -> usize {
     let mut total = 0;
-    for fp in std::fs::read_dir(dir).unwrap() {
-        for f in std::fs::read_dir(fp.unwrap().path().join("chunks")).unwrap() {
+    // One folder per model fingerprint holds chunks (the store's `names` folder does not).
+    let folders = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("chunks"));
+    for chunks in folders.filter(|p| p.is_dir()) {
+        for f in std::fs::read_dir(chunks).unwrap() {
             total += f.unwrap().metadata().unwrap().len() as usize;
         }
     }
