@@ -331,3 +331,40 @@ fn real_model_an_engine_thread_that_dies_stops_the_server_with_a_failure() {
     let status = exit_within(&mut server, Duration::from_secs(20));
     assert!(!status.success(), "{status:?}");
 }
+
+#[test]
+fn real_model_half_sent_heads_and_idle_connections_are_cut_off_and_connections_are_bounded() {
+    let server = start(&["--header-timeout-s", "1", "--max-connections", "4"]);
+    // Four connections take every place: each sends half a request head, then stalls.
+    let stalled: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(host_port(&server.base)).unwrap();
+            s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    // A fifth client waits for a place, and is served once the stalled ones are cut off.
+    let base = server.base.clone();
+    let fifth = std::thread::spawn(move || serves(&base));
+    for mut s in stalled {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = [0u8; 256];
+        let closed = match s.read(&mut buf) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "a half-sent head kept its connection");
+    }
+    fifth.join().unwrap();
+    // An idle kept-alive connection is closed too.
+    let mut idle = TcpStream::connect(host_port(&server.base)).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(
+        idle.read(&mut [0u8; 16]).unwrap_or(0),
+        0,
+        "an idle connection stayed open"
+    );
+    serves(&server.base);
+}

@@ -47,6 +47,7 @@ mod api;
 #[path = "../common/mod.rs"]
 mod common;
 mod driver;
+mod listen;
 mod metrics;
 mod shutdown;
 
@@ -85,6 +86,13 @@ struct Args {
     /// stalls mid-request fails its request and holds nothing).
     #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     body_timeout_s: f64,
+    /// Seconds a client may take to send a request's head (and a kept-alive connection may
+    /// stay idle before its next request begins).
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    header_timeout_s: f64,
+    /// Connections open at once; past it, new ones wait until one closes.
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    max_connections: usize,
     #[command(flatten)]
     store: StoreArgs,
     /// Testing only: the engine thread panics on a chat whose last message is this text.
@@ -155,7 +163,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 began.notify_one();
             }
         };
-        let serve = axum::serve(listener, app).with_graceful_shutdown(stopping);
+        let limits = listen::Limits {
+            max_connections: args.max_connections,
+            header_timeout: Duration::from_secs_f64(args.header_timeout_s),
+        };
+        let serve = listen::serve(listener, app, limits, stopping);
         tokio::select! {
             r = serve => r?,
             () = shutdown::deadline(began, drain) => {}
