@@ -132,7 +132,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 Ok(())
             })?;
             let t_gather = median(gpu, args.repeats, || {
-                attention_gather(&q, &kd, &vd, &ours, scale as f32)?;
+                attention_gather(&q, &kd, &vd, &ours, scale as f32, None)?;
                 Ok(())
             })?;
             let qc = q

@@ -6,7 +6,9 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use pensieve::attention::{attention, attention_gather, attention_reference, AttentionBatch};
+use pensieve::attention::{
+    attention, attention_gather, attention_in_window, attention_reference, AttentionBatch,
+};
 use proptest::prelude::*;
 
 /// One generated sequence: its context length and which of its positions are queried.
@@ -44,22 +46,30 @@ struct Case {
     head_dim: usize,
     seqs: Vec<SeqCase>,
     seed: u64,
+    /// A sliding window (Gemma 3's local layers), or the whole causal context.
+    window: Option<u32>,
+}
+
+fn window() -> impl Strategy<Value = Option<u32>> {
+    prop_oneof![Just(None), (1u32..80).prop_map(Some)]
 }
 
 fn case() -> impl Strategy<Value = Case> {
     (
         1usize..4,
         prop_oneof![Just(1usize), Just(2), Just(3), Just(4)],
-        prop_oneof![Just(8usize), Just(64), Just(20), Just(128)],
+        prop_oneof![Just(8usize), Just(64), Just(20), Just(128), Just(256)],
         prop::collection::vec(seq_case(), 1..6),
         any::<u64>(),
+        window(),
     )
-        .prop_map(|(n_kv_heads, group, head_dim, seqs, seed)| Case {
+        .prop_map(|(n_kv_heads, group, head_dim, seqs, seed, window)| Case {
             n_kv_heads,
             group,
             head_dim,
             seqs,
             seed,
+            window,
         })
 }
 
@@ -145,8 +155,8 @@ fn fast_error(c: &Case, dtype: DType) -> f32 {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
-    let fast = attention(&q, &k, &v, &batch, scale).unwrap();
+    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
+    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window).unwrap();
     max_rel_err(&fast, &reference)
 }
 
@@ -176,8 +186,8 @@ proptest! {
     fn gather_equals_reference(c in case()) {
         let (q, k, v, batch) = build(&c);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
-        let gathered = attention_gather(&q, &k, &v, &batch, scale).unwrap();
+        let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
+        let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window).unwrap();
         let err = max_rel_err(&gathered, &reference);
         prop_assert!(err < GATHER_TOL, "err {}", err);
     }
@@ -194,12 +204,15 @@ fn long_case() -> impl Strategy<Value = Case> {
         };
         SeqCase { ctx_len, queries }
     });
-    (prop::collection::vec(seq, 1..3), any::<u64>()).prop_map(|(seqs, seed)| Case {
+    // Gemma 3's 512-position window over contexts past it, among others.
+    let window = prop_oneof![Just(None), Just(Some(512)), (1u32..1400).prop_map(Some)];
+    (prop::collection::vec(seq, 1..3), any::<u64>(), window).prop_map(|(seqs, seed, window)| Case {
         n_kv_heads: 2,
         group: 3,
         head_dim: 64,
         seqs,
         seed,
+        window,
     })
 }
 
@@ -271,6 +284,7 @@ fn future_context_is_invisible() {
             queries: vec![10, 11, 12],
         }],
         seed: 7,
+        window: None,
     };
     let (q, k, v, batch) = build(&c);
     let a = attention(&q, &k, &v, &batch, 0.3).unwrap();
@@ -325,7 +339,7 @@ fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale).unwrap();
+    let reference = attention_reference(&q, &k, &v, &batch, scale, None).unwrap();
     let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
     let out = attention(&on_gpu(&q), &on_gpu(&k), &on_gpu(&v), &batch, scale).unwrap();
     Some(max_rel_err(

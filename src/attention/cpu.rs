@@ -39,6 +39,8 @@ pub(super) struct PagedAttention<'a> {
     pub batch: &'a AttentionBatch,
     pub dims: Dims,
     pub scale: f32,
+    /// Positions a query sees back from its own (`u32::MAX`: all).
+    pub window: u32,
 }
 
 impl CustomOp3 for PagedAttention<'_> {
@@ -59,7 +61,7 @@ impl CustomOp3 for PagedAttention<'_> {
             candle_core::bail!("q must be f32 for the CPU attention kernel")
         };
         let q = contiguous(q, q_l, "q")?;
-        let (b, d, s) = (self.batch, self.dims, self.scale);
+        let (b, d, s, w) = (self.batch, self.dims, self.scale, self.window);
         let out = match (k, v) {
             (CpuStorage::F32(k), CpuStorage::F32(v)) => forward(
                 q,
@@ -68,6 +70,7 @@ impl CustomOp3 for PagedAttention<'_> {
                 b,
                 d,
                 s,
+                w,
             ),
             (CpuStorage::F16(k), CpuStorage::F16(v)) => forward(
                 q,
@@ -76,6 +79,7 @@ impl CustomOp3 for PagedAttention<'_> {
                 b,
                 d,
                 s,
+                w,
             ),
             _ => candle_core::bail!("the CPU attention kernel reads f32 or f16 KV pools"),
         };
@@ -125,6 +129,7 @@ pub(super) fn forward<T: KvElem>(
     batch: &AttentionBatch,
     dims: Dims,
     scale: f32,
+    window: u32,
 ) -> Vec<f32> {
     let d = dims.head_dim;
     let group = dims.n_heads / dims.n_kv_heads;
@@ -164,6 +169,7 @@ pub(super) fn forward<T: KvElem>(
                 g: item.g,
                 dims,
                 scale,
+                window,
             };
             let part = block.run();
             (item, part)
@@ -244,6 +250,8 @@ struct Block<'a, T> {
     g: usize,
     dims: Dims,
     scale: f32,
+    /// Positions a query sees back from its own (`u32::MAX`: all).
+    window: u32,
 }
 
 impl<T: KvElem> Block<'_, T> {
@@ -283,6 +291,7 @@ impl<T: KvElem> Block<'_, T> {
             g,
             dims,
             scale,
+            window,
         } = *self;
         let d = dims.head_dim;
         let group = dims.n_heads / dims.n_kv_heads;
@@ -290,6 +299,7 @@ impl<T: KvElem> Block<'_, T> {
         let nq = rows * group;
         let kv_row = dims.n_kv_heads * d;
         let max_pos = q_positions.iter().copied().max().unwrap_or(0);
+        let min_pos = q_positions.iter().copied().min().unwrap_or(0);
 
         let mut qv = vec![0f32; nq * d];
         let mut qpos = vec![0u32; nq];
@@ -317,7 +327,12 @@ impl<T: KvElem> Block<'_, T> {
         }
         let all = ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE));
         for (slots, positions) in all.skip(tiles.start).take(tiles.len()) {
-            if positions.iter().all(|&p| p > max_pos) {
+            // Tiles no query of the block sees (all after them, or all before every window)
+            // are never read.
+            if positions
+                .iter()
+                .all(|&p| p > max_pos || min_pos.saturating_sub(p) >= window)
+            {
                 continue;
             }
             let rows = |pool| TileRows {
@@ -335,6 +350,7 @@ impl<T: KvElem> Block<'_, T> {
             let tile = Tile {
                 simd: avx2,
                 len: slots.len(),
+                window,
                 positions: &padded,
                 kt: &kt,
                 vt: &vt,
@@ -366,6 +382,8 @@ struct Tile<'a> {
     simd: bool,
     /// Context entries in the tile (up to `K_TILE`).
     len: usize,
+    /// Positions a query sees back from its own (`u32::MAX`: all).
+    window: u32,
     /// Each entry's position; `u32::MAX` past the tile's end.
     positions: &'a [u32; K_TILE],
     /// The tile's keys, `[K_TILE][head_dim]`.
@@ -440,7 +458,10 @@ fn softmax_step(
         .zip(tile.positions.chunks_exact(8))
     {
         for i in 0..8 {
-            s[i] = if p[i] > qpos { f32::NEG_INFINITY } else { s[i] };
+            // Past the query, or before its window (`qpos - p` wraps past the query, which
+            // the first test catches).
+            let hidden = p[i] > qpos || qpos.wrapping_sub(p[i]) >= tile.window;
+            s[i] = if hidden { f32::NEG_INFINITY } else { s[i] };
             lanes[i] = if s[i] > lanes[i] { s[i] } else { lanes[i] };
         }
     }
@@ -534,9 +555,13 @@ mod tests {
 
     /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
     /// 7 prefill rows (21 queries: full and partial query groups) over 150 shuffled slots with
-    /// a partial last tile, for head dims on and off the vector paths' chunk sizes.
+    /// a partial last tile, for head dims on and off the vector paths' chunk sizes (256:
+    /// Gemma 3's), with and without a sliding window.
     fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
-        for d in [64, 40, 12] {
+        let cases = [256, 64, 40, 12]
+            .into_iter()
+            .flat_map(|d| [(d, u32::MAX), (d, 40)]);
+        for (d, window) in cases {
             let (n_heads, n_kv_heads, ctx, rows) = (6, 2, 150, 7);
             let slots: Vec<u32> = (0..ctx as u32).map(|i| (i * 37) % ctx as u32).collect();
             let positions: Vec<u32> = (0..ctx as u32).collect();
@@ -566,6 +591,7 @@ mod tests {
                     n_slots: ctx,
                 },
                 scale: 0.125,
+                window,
             };
             let portable = block.body(false);
             assert!(portable.l.iter().all(|&l| l > 0.0));
@@ -576,7 +602,11 @@ mod tests {
             {
                 // SAFETY: the CPU has AVX2, FMA and F16C, checked just above.
                 let simd = unsafe { block.body_avx2() };
-                assert_eq!(bits(&portable), bits(&simd), "head dim {d}");
+                assert_eq!(
+                    bits(&portable),
+                    bits(&simd),
+                    "head dim {d}, window {window}"
+                );
             }
         }
     }

@@ -5,10 +5,10 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{AttentionBatch, Dims};
+use super::{visible, AttentionBatch, Dims};
 use crate::Result;
 
-/// Same contract as [`super::attention`], for any candle device.
+/// Same contract as [`super::attention_in_window`], for any candle device.
 ///
 /// # Errors
 /// As [`super::attention`].
@@ -18,6 +18,7 @@ pub fn attention_gather(
     v_pool: &Tensor,
     batch: &AttentionBatch,
     scale: f32,
+    window: Option<u32>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     let device = q.device();
@@ -51,7 +52,10 @@ pub fn attention_gather(
             .flat_map(|&qp| {
                 seq.ctx_positions
                     .iter()
-                    .map(move |&cp| if cp <= qp { 0.0 } else { f32::NEG_INFINITY })
+                    .map(move |&cp| match visible(qp, cp, window) {
+                        true => 0.0,
+                        false => f32::NEG_INFINITY,
+                    })
             })
             .collect();
         let mask = Tensor::from_vec(mask, (1, nq, nc), device)?.to_dtype(qs.dtype())?;

@@ -11,7 +11,9 @@
 //!   slots with positions.
 //!
 //! **Rule.** A query at position `p` attends to exactly the context entries whose position is
-//! `<= p`; query head `h` reads kv head `h / (n_heads / n_kv_heads)` (GQA). The new tokens' K/V
+//! `<= p` and, on a layer with a sliding window of `w` (Gemma 3's local layers, Mistral),
+//! `> p - w` (the last `w` positions, its own included); query head `h` reads kv head
+//! `h / (n_heads / n_kv_heads)` (GQA). The new tokens' K/V
 //! must already be written to their slots and listed in the context. Because the rule is
 //! positional, a sequence's query rows may form several disjoint position runs (recomputed
 //! leading tokens plus a new prompt) over one context, and the context may be in any slot order.
@@ -205,6 +207,12 @@ impl Dims {
     }
 }
 
+/// Whether a query at position `query` sees the context entry at position `key` (see the
+/// module's rule): `key <= query`, and within `window` positions when there is one.
+pub fn visible(query: u32, key: u32, window: Option<u32>) -> bool {
+    key <= query && window.is_none_or(|w| query - key < w)
+}
+
 /// Attention of every query row of `batch` over its sequence's context.
 ///
 /// `q`: `[tokens, n_heads, head_dim]`; `k_pool`, `v_pool`: `[n_slots, n_kv_heads, head_dim]`;
@@ -222,6 +230,22 @@ pub fn attention(
     batch: &AttentionBatch,
     scale: f32,
 ) -> Result<Tensor> {
+    attention_in_window(q, k_pool, v_pool, batch, scale, None)
+}
+
+/// [`attention`] on a layer whose queries see only the last `window` positions (a sliding
+/// window; `None`: the whole causal context).
+///
+/// # Errors
+/// As [`attention`].
+pub fn attention_in_window(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    scale: f32,
+    window: Option<u32>,
+) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     match q.device() {
         Device::Cpu => {
@@ -233,12 +257,18 @@ pub fn attention(
                 _ => pool.to_dtype(DType::F32),
             };
             let (k, v) = (kv(k_pool)?, kv(v_pool)?);
-            let op = cpu::PagedAttention { batch, dims, scale };
+            let op = cpu::PagedAttention {
+                batch,
+                dims,
+                scale,
+                window: window.unwrap_or(u32::MAX),
+            };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // The kernel is built for head dims 64 and 128; others take the gather path.
+        // The kernel is built for head dims 64 and 128 without windows; the rest take the
+        // gather path.
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if matches!(dims.head_dim, 64 | 128) => {
+        Device::Cuda(_) if matches!(dims.head_dim, 64 | 128) && window.is_none() => {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;
             let (k, v) = (k_pool.contiguous()?, v_pool.contiguous()?);
@@ -246,7 +276,7 @@ pub fn attention(
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
         // Other devices run the device-agnostic gather path.
-        _ => attention_gather(q, k_pool, v_pool, batch, scale),
+        _ => attention_gather(q, k_pool, v_pool, batch, scale, window),
     }
 }
 

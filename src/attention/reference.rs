@@ -3,10 +3,10 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{AttentionBatch, Dims};
+use super::{visible, AttentionBatch, Dims};
 use crate::Result;
 
-/// Same contract as [`super::attention`], computed the obvious way on the host.
+/// Same contract as [`super::attention_in_window`], computed the obvious way on the host.
 ///
 /// # Errors
 /// As [`super::attention`].
@@ -16,6 +16,7 @@ pub fn attention_reference(
     v_pool: &Tensor,
     batch: &AttentionBatch,
     scale: f32,
+    window: Option<u32>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -41,7 +42,7 @@ pub fn attention_reference(
                     .ctx_slots
                     .iter()
                     .zip(seq.ctx_positions)
-                    .filter(|(_, &p)| p <= qp)
+                    .filter(|(_, &p)| visible(qp, p, window))
                     .map(|(&slot, _)| {
                         let base = slot as usize * kv_row + g * d;
                         let s: f64 = qh
