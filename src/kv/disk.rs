@@ -25,6 +25,7 @@
 //! sizes.
 
 pub mod format;
+mod manifests;
 mod medium;
 mod redis;
 mod stats;
@@ -568,63 +569,5 @@ impl DiskStore {
     pub fn flush(&mut self) -> Vec<Address> {
         self.worker.flush();
         self.poll()
-    }
-
-    /// Writes (behind, atomically) the manifest of the conversation `name`, if the stored
-    /// one is the state `expect` stamps (or none is stored): compare-and-set, so that two
-    /// engines writing one conversation never fork it. Its bytes are built once the chunk
-    /// writes queued before it are done (see [`BuildManifest`]). Returns the write's number
-    /// for [`DiskStore::manifest_outcome`] (`None`: the writer thread is gone).
-    pub fn write_manifest(&self, name: &str, expect: String, build: BuildManifest) -> Option<u64> {
-        self.worker.send_numbered(Job::Manifest {
-            name: name.to_string(),
-            expect,
-            build,
-        })
-    }
-
-    /// What became of manifest write `number`: `None` while queued, else written or why not.
-    pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), Refused>> {
-        self.worker.outcome(number)
-    }
-
-    /// The number of the queued write of the chunk at `address`, if its write is queued (a
-    /// manifest naming it lists it only if that write succeeds).
-    pub fn pending_write(&self, address: &Address) -> Option<u64> {
-        match self.entries.get(address)?.state {
-            State::Pending(write, _) => Some(write),
-            _ => None,
-        }
-    }
-
-    /// Who registered the conversation name `name`, if anyone, and whether it is this store.
-    ///
-    /// # Errors
-    /// [`Fault::Io`] if the store cannot be read.
-    pub fn registration(&self, name: &str) -> Result<Option<(Owner, bool)>, Fault> {
-        let owner = self.medium.registration(name)?;
-        Ok(owner.map(|o| {
-            let ours = o.fingerprint == self.owner.fingerprint;
-            (o, ours)
-        }))
-    }
-
-    /// Deletes (behind) the manifest of the conversation `name`.
-    pub fn remove_manifest(&self, name: &str) {
-        self.worker.send(Job::RemoveManifest(name.to_string()));
-    }
-
-    /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
-    /// never half-loaded).
-    pub fn manifests(&self) -> Vec<Vec<u8>> {
-        self.medium.manifests()
-    }
-
-    /// The stored manifest of `name`, read now (a shared store's may be another engine's).
-    ///
-    /// # Errors
-    /// [`Fault::Io`] if the store cannot be read.
-    pub fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
-        self.medium.manifest(name)
     }
 }
