@@ -183,7 +183,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
 /// Llama 3.2 1B's shape with random f16 weights, a byte vocabulary.
 fn model_1b(gpu: &Device) -> AnyResult<Model> {
     let config = LlamaConfig::from_hf_json(
-        r#"{"vocab_size":259,"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
+        r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
             "num_attention_heads":32,"num_key_value_heads":8,"rms_norm_eps":1e-5,
             "rope_theta":500000.0,"max_position_embeddings":8192,"tie_word_embeddings":true}"#,
     )?;

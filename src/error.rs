@@ -53,13 +53,16 @@ pub enum Error {
         owner: String,
     },
 
-    /// The default model has not been fetched into the asset cache yet.
+    /// A model named by its asset name (the default among them) has not been fetched into the
+    /// asset cache yet.
     #[error(
-        "model file {path} not found; run `scripts/fetch-assets` (or set PENSIEVE_CACHE) first"
+        "model file {path} not found; run `scripts/fetch-assets{fetch_args}` (or set PENSIEVE_CACHE) first"
     )]
     AssetsMissing {
         /// Where the model was expected.
         path: PathBuf,
+        /// The arguments that make the script fetch it (empty for the default model).
+        fetch_args: String,
     },
 
     /// A model file is present but unusable: wrong architecture, missing tensor or metadata,

@@ -32,7 +32,7 @@ const NEAR_TIE: f32 = 1e-2;
 
 fn gpu_model(gpu: &Device) -> Model {
     let config = LlamaConfig::from_hf_json(
-        r#"{"vocab_size":259,"hidden_size":256,"intermediate_size":512,"num_hidden_layers":4,
+        r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":256,"intermediate_size":512,"num_hidden_layers":4,
             "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
             "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
     )

@@ -62,7 +62,7 @@ impl Shape {
             Shape::B3 => (3072, 8192, 28, 24, 8, 500_000.0),
         };
         LlamaConfig::from_hf_json(&format!(
-            r#"{{"vocab_size":{vocab_size},"hidden_size":{hidden},"intermediate_size":{inter},
+            r#"{{"architectures":["LlamaForCausalLM"],"vocab_size":{vocab_size},"hidden_size":{hidden},"intermediate_size":{inter},
                 "num_hidden_layers":{layers},"num_attention_heads":{heads},
                 "num_key_value_heads":{kv_heads},"rms_norm_eps":1e-5,"rope_theta":{theta},
                 "max_position_embeddings":8192,"tie_word_embeddings":true}}"#

@@ -48,11 +48,14 @@ impl Engine {
             .collect();
         let c = self.model.config();
         let interleaved = c.rope.variant == RopeVariant::Interleaved;
-        let rotation = KeyRotation::new(&c.rope_inv_freq(), interleaved, -(range.len() as i64));
+        let delta = -(range.len() as i64);
+        let rotations: Vec<KeyRotation> = (0..c.num_layers)
+            .map(|l| KeyRotation::new(&c.rope_inv_freq(l), interleaved, delta))
+            .collect();
         let new_chunks = kept.div_ceil(chunk).saturating_sub(first);
         let new = self
             .pool
-            .shift_chunks(first, chunk, &views, range.clone(), kept, &rotation)
+            .shift_chunks(first, chunk, &views, range.clone(), kept, &rotations)
             .unwrap_or_else(|_| vec![None; new_chunks]);
         drop(views);
         let shifted: usize = new

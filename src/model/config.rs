@@ -1,10 +1,14 @@
-//! Llama-family hyper-parameters, read from GGUF metadata or a Hugging Face `config.json`.
+//! Decoder hyper-parameters, read from GGUF metadata or a Hugging Face `config.json`, for
+//! every [`Architecture`]: what differs between them is data here (biases, norms, windows,
+//! RoPE bases), so one graph runs them all.
 
-use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
+use super::arch::Architecture;
 use crate::attention::KvShape;
 use crate::{Error, Result};
+
+mod parse;
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,19 +36,28 @@ pub struct Llama3RopeScaling {
 }
 
 /// Rotary embedding as the model declares it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeConfig {
-    /// Frequency base (`rope_theta`).
+    /// Frequency base (`rope_theta`) of the layers that attend globally.
     pub base: f32,
+    /// Frequency base of the sliding-window layers, where it differs (Gemma 3's local layers).
+    pub local_base: Option<f32>,
     /// Dimension pairing.
     pub variant: RopeVariant,
     /// Optional Llama 3 scaling.
     pub llama3_scaling: Option<Llama3RopeScaling>,
+    /// Linear position scaling of the global layers (positions divided by it).
+    pub linear_factor: Option<f32>,
+    /// Per-frequency divisors, `head_dim / 2` of them (a Llama 3.x GGUF's `rope_freqs` tensor:
+    /// its RoPE scaling, computed by the converter).
+    pub freq_factors: Option<Vec<f32>>,
 }
 
-/// Hyper-parameters of a Llama-family decoder.
+/// Hyper-parameters of a decoder of one of the supported [`Architecture`]s.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    /// The architecture: which of the graph's optional parts are present.
+    pub architecture: Architecture,
     /// Vocabulary size (rows of the embedding).
     pub vocab_size: usize,
     /// Model width.
@@ -67,9 +80,20 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
     /// Whether the output projection reuses the token embedding.
     pub tie_word_embeddings: bool,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-1/2` (`head_dim` unless the
+    /// model says otherwise).
+    pub query_pre_attn_scalar: Option<f32>,
+    /// The attention window of each layer: `Some(w)` sees only the last `w` positions (its
+    /// own included), `None` the whole context.
+    pub layer_windows: Vec<Option<u32>>,
 }
 
 impl LlamaConfig {
+    /// Whether every layer has the same rotary frequencies (one table serves all).
+    pub fn uniform_rope(&self) -> bool {
+        self.rope.local_base.is_none() || self.layer_windows.iter().all(Option::is_none)
+    }
+
     /// Checks the shape relations the graph relies on.
     ///
     /// # Errors
@@ -108,6 +132,36 @@ impl LlamaConfig {
                 self.rope.base
             ));
         }
+        if self.layer_windows.len() != self.num_layers {
+            return bad(format!(
+                "{} layer windows for {} layers",
+                self.layer_windows.len(),
+                self.num_layers
+            ));
+        }
+        if self.layer_windows.contains(&Some(0)) {
+            return bad("a sliding window of 0 tokens".into());
+        }
+        let factors_ok = self.rope.freq_factors.as_ref().is_none_or(|f| {
+            f.len() == self.head_dim / 2 && f.iter().all(|x| x.is_finite() && *x > 0.0)
+        });
+        let scalars_ok = [
+            self.rope.local_base.map(|b| b > 1.0),
+            self.rope.linear_factor.map(|f| f >= 1.0),
+            self.query_pre_attn_scalar.map(|s| s > 0.0),
+        ]
+        .into_iter()
+        .all(|ok| ok != Some(false));
+        if !factors_ok || !scalars_ok {
+            return bad(format!(
+                "RoPE local base {:?}, linear factor {:?}, frequency factors of {:?} entries or \
+                 query scalar {:?} out of range",
+                self.rope.local_base,
+                self.rope.linear_factor,
+                self.rope.freq_factors.as_ref().map(Vec::len),
+                self.query_pre_attn_scalar
+            ));
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
             return bad(format!(
                 "RMSNorm epsilon {} must be in (0, 1)",
@@ -126,133 +180,42 @@ impl LlamaConfig {
         }
     }
 
-    /// Reads the config of a `llama` GGUF file.
-    ///
-    /// # Errors
-    /// [`Error::InvalidModel`] for another architecture or missing keys.
-    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
-        let md = &content.metadata;
-        let arch = md
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .cloned()
-            .unwrap_or_default();
-        if arch != "llama" {
-            return Err(Error::invalid_model(
-                "general.architecture",
-                format!("'{arch}' is not a Llama-family model"),
-            ));
-        }
-        let get = |key: &str| -> Result<usize> {
-            md.get(key)
-                .ok_or_else(|| Error::invalid_model(key, "missing"))?
-                .to_u32()
-                .map(|v| v as usize)
-                .map_err(|e| Error::invalid_model(key, e))
-        };
-        let get_f = |key: &str| md.get(key).and_then(|v| v.to_f32().ok());
-        let hidden_size = get("llama.embedding_length")?;
-        let num_heads = get("llama.attention.head_count")?;
-        let vocab_size = match get("llama.vocab_size") {
-            Ok(v) => v,
-            Err(_) => md
-                .get("tokenizer.ggml.tokens")
-                .and_then(|t| t.to_vec().ok())
-                .map(|t| t.len())
-                .ok_or_else(|| Error::invalid_model("llama.vocab_size", "missing"))?,
-        };
-        let config = Self {
-            vocab_size,
-            hidden_size,
-            intermediate_size: get("llama.feed_forward_length")?,
-            num_layers: get("llama.block_count")?,
-            num_heads,
-            num_kv_heads: get("llama.attention.head_count_kv").unwrap_or(num_heads),
-            head_dim: get("llama.rope.dimension_count").unwrap_or(hidden_size / num_heads.max(1)),
-            rms_norm_eps: get_f("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
-            rope: RopeConfig {
-                base: get_f("llama.rope.freq_base").unwrap_or(10_000.0),
-                variant: RopeVariant::Interleaved,
-                llama3_scaling: None,
-            },
-            max_position_embeddings: get("llama.context_length").unwrap_or(4096),
-            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-        };
-        config.validate()?;
-        Ok(config)
+    /// The scale of attention scores.
+    pub fn attention_scale(&self) -> f32 {
+        1.0 / self
+            .query_pre_attn_scalar
+            .unwrap_or(self.head_dim as f32)
+            .sqrt()
     }
 
-    /// Parses a Hugging Face `config.json` of a `LlamaForCausalLM`-style model.
-    ///
-    /// # Errors
-    /// [`Error::InvalidModel`] for malformed JSON or missing fields.
-    pub fn from_hf_json(json: &str) -> Result<Self> {
-        #[derive(Deserialize)]
-        struct RopeScaling {
-            #[serde(alias = "type")]
-            rope_type: Option<String>,
-            #[serde(flatten)]
-            params: serde_json::Value,
+    /// Inverse frequencies of the rotary embedding of `layer`, `head_dim / 2` of them, with
+    /// the model's scaling applied (sliding-window layers with their own base are unscaled).
+    pub fn rope_inv_freq(&self, layer: usize) -> Vec<f32> {
+        let d = self.head_dim;
+        let local = self.layer_windows.get(layer).copied().flatten().is_some();
+        if let (true, Some(base)) = (local, self.rope.local_base) {
+            return (0..d / 2)
+                .map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32))
+                .collect();
         }
-        #[derive(Deserialize)]
-        struct Hf {
-            vocab_size: usize,
-            hidden_size: usize,
-            intermediate_size: usize,
-            num_hidden_layers: usize,
-            num_attention_heads: usize,
-            num_key_value_heads: Option<usize>,
-            head_dim: Option<usize>,
-            rms_norm_eps: Option<f64>,
-            rope_theta: Option<f32>,
-            rope_scaling: Option<RopeScaling>,
-            max_position_embeddings: Option<usize>,
-            tie_word_embeddings: Option<bool>,
-        }
-        let hf: Hf =
-            serde_json::from_str(json).map_err(|e| Error::invalid_model("config.json", e))?;
-        let llama3_scaling = match hf.rope_scaling {
-            Some(s) if s.rope_type.as_deref() == Some("llama3") => Some(
-                serde_json::from_value(s.params)
-                    .map_err(|e| Error::invalid_model("config.json rope_scaling", e))?,
-            ),
-            Some(s) => {
-                return Err(Error::invalid_model(
-                    "config.json rope_scaling",
-                    format!("unsupported rope_type {:?}", s.rope_type),
-                ))
-            }
-            None => None,
-        };
-        let config = Self {
-            vocab_size: hf.vocab_size,
-            hidden_size: hf.hidden_size,
-            intermediate_size: hf.intermediate_size,
-            num_layers: hf.num_hidden_layers,
-            num_heads: hf.num_attention_heads,
-            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-            head_dim: hf
-                .head_dim
-                .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
-            rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-5),
-            rope: RopeConfig {
-                base: hf.rope_theta.unwrap_or(10_000.0),
-                variant: RopeVariant::HalfSplit,
-                llama3_scaling,
-            },
-            max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
-            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-        };
-        config.validate()?;
-        Ok(config)
+        self.global_inv_freq()
     }
 
-    /// Inverse frequencies of the rotary embedding, `head_dim / 2` of them, with Llama 3
-    /// scaling applied when declared.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
+    /// Inverse frequencies of the layers that attend globally (every layer but the
+    /// sliding-window ones with a base of their own).
+    pub fn global_inv_freq(&self) -> Vec<f32> {
         let d = self.head_dim;
         let base = self.rope.base;
-        let raw = (0..d / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32));
+        let linear = self.rope.linear_factor.unwrap_or(1.0);
+        let raw = (0..d / 2).map(|i| {
+            let divisor = self
+                .rope
+                .freq_factors
+                .as_ref()
+                .and_then(|f| f.get(i).copied())
+                .unwrap_or(1.0);
+            1.0 / base.powf((2 * i) as f32 / d as f32) / divisor / linear
+        });
         match self.rope.llama3_scaling {
             None => raw.collect(),
             Some(s) => {
@@ -339,7 +302,7 @@ mod tests {
         let c = LlamaConfig::from_hf_json(&json).unwrap();
         let mut plain = c.clone();
         plain.rope.llama3_scaling = None;
-        let (a, b) = (c.rope_inv_freq(), plain.rope_inv_freq());
+        let (a, b) = (c.rope_inv_freq(0), plain.rope_inv_freq(0));
         assert_eq!(a[0], b[0]);
         assert!((a[31] - b[31] / 8.0).abs() < 1e-12);
     }

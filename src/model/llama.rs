@@ -1,5 +1,6 @@
-//! The Llama-family decoder (SmolLM2, Llama 2/3, Mistral-style GQA) on candle, with attention
-//! through [`crate::attention`] over a [`KvPool`].
+//! The decoder on candle, one graph for every [`super::arch::Architecture`] (the optional
+//! parts, biases, Q/K norms, norms after attention and MLP, sliding windows, are present or
+//! not per layer), with attention through [`crate::attention`] over a [`KvPool`].
 //!
 //! One forward pass takes a [`ForwardBatch`]: the tokens of many sequences concatenated (a
 //! decoding sequence contributes one token, a prefilling one many), each token's position and
@@ -15,14 +16,13 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::{LlamaConfig, RopeVariant};
-use super::ops::swiglu;
+use super::ops::gated;
 use super::packed::{Isa, PackedLinear};
-use crate::attention::{attention, AttentionBatch, KvPool};
+use crate::attention::{attention_in_window, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
 mod load;
-
-pub use load::read_safetensors;
+mod names;
 
 /// How linear-layer weights are held in memory and multiplied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl Linear {
     }
 }
 
-/// One decoder layer's weights.
+/// One decoder layer's weights, and how it attends.
 #[derive(Debug)]
 struct Layer {
     attn_norm: Tensor,
@@ -90,10 +90,34 @@ struct Layer {
     wk: Linear,
     wv: Linear,
     wo: Linear,
+    /// Q, K and V biases (Qwen2).
+    qkv_bias: Option<[Tensor; 3]>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3, Gemma 3).
+    qk_norm: Option<[Tensor; 2]>,
+    /// Norm of the attention output before the residual add (Gemma 3).
+    post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
     w_gate: Linear,
     w_up: Linear,
     w_down: Linear,
+    /// Norm of the MLP output before the residual add (Gemma 3).
+    post_ffn_norm: Option<Tensor>,
+    /// The attention window, if the layer attends within one.
+    window: Option<u32>,
+    /// Which of the model's rotary tables the layer uses.
+    rope: usize,
+}
+
+impl Layer {
+    /// The vectors activations meet (norms and biases), to convert with them.
+    fn vectors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        [&mut self.attn_norm, &mut self.ffn_norm]
+            .into_iter()
+            .chain(self.qkv_bias.iter_mut().flatten())
+            .chain(self.qk_norm.iter_mut().flatten())
+            .chain(self.post_attn_norm.as_mut())
+            .chain(self.post_ffn_norm.as_mut())
+    }
 }
 
 /// A loaded Llama-family model.
@@ -104,9 +128,9 @@ pub struct Llama {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
-    /// `[max_positions, head_dim / 2]` rotary tables.
-    cos: Tensor,
-    sin: Tensor,
+    /// `[max_positions, head_dim / 2]` rotary tables (cos, sin): the global layers' first,
+    /// then the sliding-window layers' where their base differs.
+    ropes: Vec<(Tensor, Tensor)>,
     device: Device,
     /// The type of activations between the matmuls (and of the embeddings, norms and rotary
     /// tables they meet).
@@ -306,46 +330,77 @@ impl Llama {
         let dev = &self.device;
         let write_index = pool.write_index(&batch.slots, dev)?;
         let positions = Tensor::from_slice(&batch.positions, t, dev)?;
-        let cos = self
-            .cos
-            .index_select(&positions, 0)?
-            .reshape((t, 1, c.head_dim / 2))?;
-        let sin = self
-            .sin
-            .index_select(&positions, 0)?
-            .reshape((t, 1, c.head_dim / 2))?;
+        let ropes = self
+            .ropes
+            .iter()
+            .map(|(cos, sin)| {
+                let at = |table: &Tensor| -> Result<Tensor> {
+                    Ok(table
+                        .index_select(&positions, 0)?
+                        .reshape((t, 1, c.head_dim / 2))?)
+                };
+                Ok((at(cos)?, at(sin)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let tokens = Tensor::from_slice(&batch.tokens, t, dev)?;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let scale = c.attention_scale();
+        let eps = c.rms_norm_eps as f32;
+        let arch = c.architecture;
 
         let mut x = self.embed.index_select(&tokens, 0)?;
+        if arch.scales_embedding() {
+            // In the activation type, as the reference implementations round it.
+            let s = Tensor::new(&[(c.hidden_size as f32).sqrt()], dev)?.to_dtype(self.act)?;
+            x = x.broadcast_mul(&s)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, c.rms_norm_eps as f32)?;
-            let q = self.rope(&layer.wq.forward(&h)?, c.num_heads, &cos, &sin)?;
-            let k = self.rope(&layer.wk.forward(&h)?, c.num_kv_heads, &cos, &sin)?;
-            let v = layer
-                .wv
-                .forward(&h)?
-                .reshape((t, c.num_kv_heads, c.head_dim))?;
+            let (cos, sin) = &ropes[layer.rope.min(ropes.len() - 1)];
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let project = |w: &Linear, bias: usize, heads: usize| -> Result<Tensor> {
+                let y = w.forward(&h)?;
+                let y = match &layer.qkv_bias {
+                    Some(b) => y.broadcast_add(&b[bias])?,
+                    None => y,
+                };
+                Ok(y.reshape((t, heads, c.head_dim))?)
+            };
+            let (mut q, mut k) = (
+                project(&layer.wq, 0, c.num_heads)?,
+                project(&layer.wk, 1, c.num_kv_heads)?,
+            );
+            let v = project(&layer.wv, 2, c.num_kv_heads)?;
+            if let Some([qn, kn]) = &layer.qk_norm {
+                q = candle_nn::ops::rms_norm(&q, qn, eps)?;
+                k = candle_nn::ops::rms_norm(&k, kn, eps)?;
+            }
+            let (q, k) = (self.rope(&q, cos, sin)?, self.rope(&k, cos, sin)?);
             pool.write(i, &write_index, &k, &v)?;
             let (k_pool, v_pool) = pool.layer(i)?;
-            let a = attention(&q, k_pool, v_pool, &batch.attention, scale)?;
+            let a = attention_in_window(&q, k_pool, v_pool, &batch.attention, scale, layer.window)?;
             let a = a.reshape((t, c.num_heads * c.head_dim))?;
-            x = layer.wo.forward_residual(&a, &x)?;
+            x = match &layer.post_attn_norm {
+                Some(n) => (&x + candle_nn::ops::rms_norm(&layer.wo.forward(&a)?, n, eps)?)?,
+                None => layer.wo.forward_residual(&a, &x)?,
+            };
 
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps as f32)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let gate = layer.w_gate.forward(&h)?;
             let up = layer.w_up.forward(&h)?;
-            x = layer.w_down.forward_residual(&swiglu(&gate, &up)?, &x)?;
+            let act = gated(&gate, &up, arch.activation())?;
+            x = match &layer.post_ffn_norm {
+                Some(n) => (&x + candle_nn::ops::rms_norm(&layer.w_down.forward(&act)?, n, eps)?)?,
+                None => layer.w_down.forward_residual(&act, &x)?,
+            };
         }
         let rows = Tensor::from_slice(&batch.logit_rows, batch.logit_rows.len(), dev)?;
         let x = x.index_select(&rows, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, c.rms_norm_eps as f32)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
         Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
     }
 
-    /// `x`: `[tokens, heads * head_dim]` → rotated `[tokens, heads, head_dim]`.
-    fn rope(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let (t, d) = (x.dim(0)?, self.config.head_dim);
+    /// `x`: `[tokens, heads, head_dim]` → rotated, same shape.
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (t, heads, d) = x.dims3()?;
         // [tokens, heads, 1, d] is candle's [batch, heads, seq, d] with one position per
         // "batch" row, which lets every token carry its own position.
         let x = x.reshape((t, heads, 1, d))?;

@@ -4,6 +4,7 @@
 //! [`Model`] bundles what a chat needs: the graph, the tokenizer built from the same files, the
 //! model's own chat template and its end-of-turn tokens.
 
+mod arch;
 mod chat_template;
 mod config;
 mod detokenize;
@@ -20,11 +21,14 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use tokenizers::Tokenizer;
 
+pub use arch::{Activation, Architecture, ARCHITECTURES};
 pub use chat_template::{common_prefix, ChatTemplate, Message};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
-pub use source::{default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles};
+pub use source::{
+    default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
+};
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
 
 use crate::{Error, Result};
@@ -127,10 +131,9 @@ impl Model {
                 let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::io(p, e));
                 let config_json = read(&config)?;
                 let config = LlamaConfig::from_hf_json(&config_json)?;
-                let tensors = llama::read_safetensors(&weights, &options.device)?;
-                let llama =
-                    Llama::from_hf_tensors(config, tensors, options.format, &options.device)?;
                 let tokenizer = tokenizer_from_file(&tokenizer)?;
+                let llama =
+                    Llama::from_safetensors(config, &weights, options.format, &options.device)?;
                 let tok_config = match tokenizer_config {
                     Some(p) => serde_json::from_str(&read(&p)?)
                         .map_err(|e| Error::invalid_model(p.display().to_string(), e))?,
@@ -151,8 +154,9 @@ impl Model {
         let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let content = gguf_file::Content::read(&mut file)
             .map_err(|e| Error::invalid_model(path.display().to_string(), e))?;
-        let llama = Llama::from_gguf(&content, &mut file, options.format, &options.device)?;
+        // Everything read from metadata is checked before the weights are.
         let tokenizer = tokenizer_from_gguf(&content)?;
+        let llama = Llama::from_gguf(&content, &mut file, options.format, &options.device)?;
         let md = &content.metadata;
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
         let name = |id: Option<u32>| {

@@ -7,29 +7,40 @@
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::arch::Activation;
 use crate::Result;
 
 /// Elements per parallel task: fewer is not worth a task.
 const ELEMENTS_PER_TASK: usize = 16 * 1024;
 
-/// `silu(gate) · up`, element-wise (the SwiGLU of Llama's MLP), rounded as candle's `silu`
-/// then `mul` round it.
+/// `act(gate) · up`, element-wise (SwiGLU or GeGLU, the gated MLP), rounded as candle's
+/// `silu` or `gelu` then `mul` round it.
 ///
 /// # Errors
 /// [`crate::Error::Candle`] when the shapes differ.
-pub(super) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+pub(super) fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
     if !matches!(gate.device(), Device::Cpu) || gate.dtype() != DType::F32 {
-        return Ok((gate.silu()? * up)?);
+        let a = match act {
+            Activation::Silu => gate.silu()?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        return Ok((a * up)?);
     }
     let (gate, up) = (gate.contiguous()?, up.contiguous()?);
-    Ok(gate.apply_op2_no_bwd(&up, &SwiGlu)?)
+    Ok(gate.apply_op2_no_bwd(&up, &Gated(act))?)
 }
 
-struct SwiGlu;
+/// `sqrt(2 / pi)`, as candle's `gelu` spells it.
+const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
 
-impl CustomOp2 for SwiGlu {
+struct Gated(Activation);
+
+impl CustomOp2 for Gated {
     fn name(&self) -> &'static str {
-        "pensieve-swiglu"
+        match self.0 {
+            Activation::Silu => "pensieve-swiglu",
+            Activation::GeluTanh => "pensieve-geglu",
+        }
     }
 
     fn cpu_fwd(
@@ -49,6 +60,7 @@ impl CustomOp2 for SwiGlu {
         else {
             candle_core::bail!("swiglu takes contiguous operands")
         };
+        let act = self.0;
         let (g, u) = (&g[g0..g1], &u[u0..u1]);
         let mut out = vec![0f32; g.len()];
         out.par_chunks_mut(ELEMENTS_PER_TASK)
@@ -56,7 +68,14 @@ impl CustomOp2 for SwiGlu {
             .zip(u.par_chunks(ELEMENTS_PER_TASK))
             .for_each(|((o, g), u)| {
                 for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                    *o = g / (1.0 + (-g).exp()) * u;
+                    let a = match act {
+                        Activation::Silu => g / (1.0 + (-g).exp()),
+                        Activation::GeluTanh => {
+                            0.5 * g
+                                * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * g * (1.0 + 0.044715 * g * g)))
+                        }
+                    };
+                    *o = a * u;
                 }
             });
         Ok((CpuStorage::F32(out), gl.shape().clone()))
@@ -67,16 +86,21 @@ impl CustomOp2 for SwiGlu {
 mod tests {
     use candle_core::{Device, Tensor};
 
-    /// Bit for bit what candle's `silu` then `mul` give, so the fused pass changes no logits.
+    /// Bit for bit what candle's `silu` or `gelu` then `mul` give, so the fused pass changes no
+    /// logits.
     #[test]
-    fn swiglu_equals_candles_silu_times_up() -> candle_core::Result<()> {
+    fn gated_equals_candles_activation_times_up() -> candle_core::Result<()> {
         let n = 7 * (super::ELEMENTS_PER_TASK / 2 + 3);
         let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
         let u: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
         let g = Tensor::from_vec(g, (n / 7, 7), &Device::Cpu)?;
         let u = Tensor::from_vec(u, (n / 7, 7), &Device::Cpu)?;
-        let fused = super::swiglu(&g, &u).map_err(candle_core::Error::wrap)?;
+        let fused =
+            super::gated(&g, &u, super::Activation::Silu).map_err(candle_core::Error::wrap)?;
         let reference = (g.silu()? * &u)?;
+        let fused_gelu =
+            super::gated(&g, &u, super::Activation::GeluTanh).map_err(candle_core::Error::wrap)?;
+        let reference_gelu = (g.gelu()? * &u)?;
         let bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {
             Ok(t.flatten_all()?
                 .to_vec1::<f32>()?
@@ -85,6 +109,7 @@ mod tests {
                 .collect())
         };
         assert_eq!(bits(&fused)?, bits(&reference)?);
+        assert_eq!(bits(&fused_gelu)?, bits(&reference_gelu)?);
         Ok(())
     }
 }

@@ -18,6 +18,12 @@ use crate::{Error, Result};
 /// File name of the default model inside the asset cache.
 const DEFAULT_GGUF: &str = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Models `scripts/fetch-assets --model NAME` installs, by name, and their files in the cache.
+pub const NAMED_MODELS: [(&str, &str); 2] = [
+    ("smollm2-135m", DEFAULT_GGUF),
+    ("gemma3-270m", "gemma3-270m/gemma-3-270m-q4_k_m.gguf"),
+];
+
 /// A model to load.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum ModelSource {
@@ -26,6 +32,8 @@ pub enum ModelSource {
     Default,
     /// A local GGUF file.
     Gguf(PathBuf),
+    /// A model of [`NAMED_MODELS`] in the asset cache, by name.
+    Named(String),
     /// A local folder in Hugging Face layout with safetensors weights.
     Safetensors(PathBuf),
     /// A Hugging Face hub repository.
@@ -72,6 +80,8 @@ impl FromStr for ModelSource {
             && repo_part.split('/').all(|p| !p.is_empty());
         if s == "default" || s.is_empty() {
             Ok(Self::Default)
+        } else if NAMED_MODELS.iter().any(|(name, _)| *name == s) {
+            Ok(Self::Named(s.to_string()))
         } else if path.is_dir() {
             Ok(Self::Safetensors(path.to_path_buf()))
         } else if path.is_file()
@@ -140,14 +150,19 @@ impl ModelSource {
     /// files, [`Error::Hub`] when the hub or its cache cannot provide a file.
     pub fn resolve(&self) -> Result<ResolvedFiles> {
         match self {
-            Self::Default => {
-                let path = default_model_path();
-                if path.is_file() {
-                    Ok(ResolvedFiles::Gguf(path))
-                } else {
-                    Err(Error::AssetsMissing { path })
+            Self::Default => cached(default_model_path(), ""),
+            Self::Named(name) => match NAMED_MODELS.iter().find(|(n, _)| n == name) {
+                Some((_, file)) => {
+                    cached(default_cache_dir().join(file), &format!(" --model {name}"))
                 }
-            }
+                None => Err(Error::invalid_model(
+                    name.as_str(),
+                    format!(
+                        "not a named model (named: {})",
+                        NAMED_MODELS.map(|(n, _)| n).join(", ")
+                    ),
+                )),
+            },
             Self::Gguf(p) => {
                 std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
                 Ok(ResolvedFiles::Gguf(p.clone()))
@@ -158,6 +173,18 @@ impl ModelSource {
             }),
             Self::Hub(hub) => resolve_hub(hub),
         }
+    }
+}
+
+/// A file of the asset cache, or how to fetch it.
+fn cached(path: PathBuf, fetch_args: &str) -> Result<ResolvedFiles> {
+    if path.is_file() {
+        Ok(ResolvedFiles::Gguf(path))
+    } else {
+        Err(Error::AssetsMissing {
+            path,
+            fetch_args: fetch_args.into(),
+        })
     }
 }
 

@@ -51,7 +51,7 @@ impl Model {
     /// Only if candle or the tokenizer cannot build it.
     pub fn tiny(seed: u64) -> Result<Self> {
         let config = LlamaConfig::from_hf_json(
-            r#"{"vocab_size":259,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
                 "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
         )?;

@@ -2,6 +2,7 @@
 //! `scripts/fetch-assets`, which the README's test command runs first).
 #![allow(dead_code)]
 
+pub mod llamacpp;
 pub mod redis_server;
 pub mod server;
 

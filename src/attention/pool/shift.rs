@@ -61,12 +61,12 @@ impl KvPool {
     /// dropped, holding its first `computed` tokens, built from `old`: the bytes of the
     /// chunks from `first` on before the cut (as [`Self::read_slots`] lays them out; `None`
     /// where a chunk's KV is gone). Each token comes from its old place, its keys turned by
-    /// `rotation` (which should be by `-cut.len()` positions) when it moved. A new chunk is
-    /// `None` when one of its tokens' old KV is gone.
+    /// its layer's rotation in `rotations` (which should be by `-cut.len()` positions) when it
+    /// moved. A new chunk is `None` when one of its tokens' old KV is gone.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16 and bf16, or a
-    /// rotation of another head size than the pool's.
+    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16 and bf16, or
+    /// rotations of another head size or layer count than the pool's.
     pub fn shift_chunks(
         &self,
         first: usize,
@@ -74,23 +74,25 @@ impl KvPool {
         old: &[Option<&[u8]>],
         cut: Range<usize>,
         computed: usize,
-        rotation: &KeyRotation,
+        rotations: &[KeyRotation],
     ) -> Result<Vec<Option<Vec<u8>>>> {
         let dtype = self.dtype();
         let width = dtype.size_in_bytes();
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(unsupported(dtype));
         }
-        let head = rotation.head_dim();
-        if head == 0 || !self.row.is_multiple_of(head) {
+        let layers = self.k.len();
+        let fits = |r: &KeyRotation| r.head_dim() > 0 && self.row.is_multiple_of(r.head_dim());
+        if rotations.len() != layers || !rotations.iter().all(fits) {
             return Err(crate::Error::InvalidBatch(format!(
-                "a rotation of {head}-wide heads does not fit rows of {}",
+                "{} rotations (heads of {:?}) do not fit {layers} layers of rows of {}",
+                rotations.len(),
+                rotations.first().map(KeyRotation::head_dim),
                 self.row
             )));
         }
         let row_bytes = self.row_bytes();
         let token_bytes = self.token_bytes();
-        let layers = self.k.len();
         let old_len = |c: &[u8]| c.len() / token_bytes.max(1);
         let mut scratch = vec![0f32; self.row];
         let mut out = Vec::new();
@@ -111,7 +113,8 @@ impl KvPool {
                     break;
                 };
                 let (src_len, qo) = (old_len(src), q % chunk);
-                for l in 0..layers {
+                for (l, rotation) in rotations.iter().enumerate() {
+                    let head = rotation.head_dim();
                     for part in 0..2 {
                         let at = |n: usize, i: usize| ((l * 2 + part) * n + i) * row_bytes;
                         let from = &src[at(src_len, qo)..at(src_len, qo) + row_bytes];
@@ -232,7 +235,9 @@ mod tests {
                 .collect();
             // Chunk 0 is untouched by the cut; the rest start at chunk 0 of `old` anyway.
             let old: Vec<Option<&[u8]>> = chunks.iter().map(|c| Some(c.as_slice())).collect();
-            let rotation = KeyRotation::new(&inv_freq(), interleaved, -(cut.len() as i64));
+            let rotation: Vec<KeyRotation> = (0..2)
+                .map(|_| KeyRotation::new(&inv_freq(), interleaved, -(cut.len() as i64)))
+                .collect();
             let kept = n - cut.len();
             let new = pool
                 .shift_chunks(0, chunk, &old, cut.clone(), kept, &rotation)

@@ -9,112 +9,129 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::names::{check_tensors, Role, Scheme};
 use super::{Layer, Linear, Llama, WeightFormat};
 use crate::model::config::LlamaConfig;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
-/// Names of one layer's tensors in a checkpoint format (without the layer prefix and the
-/// `.weight` suffix).
-struct LayerNames {
-    attn_norm: &'static str,
-    ffn_norm: &'static str,
-    wq: &'static str,
-    wk: &'static str,
-    wv: &'static str,
-    wo: &'static str,
-    w_gate: &'static str,
-    w_up: &'static str,
-    w_down: &'static str,
-}
-
-/// llama.cpp's GGUF names.
-const GGUF_NAMES: LayerNames = LayerNames {
-    attn_norm: "attn_norm",
-    ffn_norm: "ffn_norm",
-    wq: "attn_q",
-    wk: "attn_k",
-    wv: "attn_v",
-    wo: "attn_output",
-    w_gate: "ffn_gate",
-    w_up: "ffn_up",
-    w_down: "ffn_down",
-};
-
-/// Hugging Face `LlamaForCausalLM` names.
-const HF_NAMES: LayerNames = LayerNames {
-    attn_norm: "input_layernorm",
-    ffn_norm: "post_attention_layernorm",
-    wq: "self_attn.q_proj",
-    wk: "self_attn.k_proj",
-    wv: "self_attn.v_proj",
-    wo: "self_attn.o_proj",
-    w_gate: "mlp.gate_proj",
-    w_up: "mlp.up_proj",
-    w_down: "mlp.down_proj",
-};
-
 impl Layer {
-    /// Reads one layer through `fetch` (a raw tensor by name), turning raw tensors into
-    /// linear weights and norm weights with the format's converters.
+    /// Reads layer `index` of `config`'s graph through `fetch` (a raw tensor by name),
+    /// turning raw tensors into linear weights and vectors (norms, biases) with the
+    /// format's converters.
     fn load<T>(
-        names: &LayerNames,
+        config: &LlamaConfig,
+        scheme: Scheme,
+        index: usize,
         mut fetch: impl FnMut(&str) -> Result<T>,
         linear: impl Fn(T) -> Result<Linear>,
-        norm: impl Fn(T) -> Result<Tensor>,
+        vector: impl Fn(T) -> Result<Tensor>,
     ) -> Result<Self> {
-        let mut lin = |n: &str| linear(fetch(n)?);
+        let arch = config.architecture;
+        let mut raw = |r: Role| fetch(&r.name(scheme, arch, index));
+        let mut lin = |r: Role| linear(raw(r)?);
         let (wq, wk, wv, wo) = (
-            lin(names.wq)?,
-            lin(names.wk)?,
-            lin(names.wv)?,
-            lin(names.wo)?,
+            lin(Role::Wq)?,
+            lin(Role::Wk)?,
+            lin(Role::Wv)?,
+            lin(Role::Wo)?,
         );
-        let (w_gate, w_up, w_down) = (lin(names.w_gate)?, lin(names.w_up)?, lin(names.w_down)?);
+        let (w_gate, w_up, w_down) = (lin(Role::Gate)?, lin(Role::Up)?, lin(Role::Down)?);
+        let roles = Role::of(arch);
+        let mut vectors = roles
+            .iter()
+            .filter(|r| r.is_norm() || r.is_bias())
+            .map(|&r| {
+                let mut v = vector(raw(r)?)?;
+                if r.is_norm() && scheme == Scheme::Hf && arch.hf_norm_offset() {
+                    v = (v + 1.0)?;
+                }
+                Ok((r, v))
+            })
+            .collect::<Result<Vec<(Role, Tensor)>>>()?;
+        let mut take = |r: Role| {
+            let i = vectors.iter().position(|(role, _)| *role == r)?;
+            Some(vectors.swap_remove(i).1)
+        };
+        let required = |v: Option<Tensor>, r: Role| {
+            v.ok_or_else(|| Error::invalid_model(r.name(scheme, arch, index), "missing tensor"))
+        };
+        let attn_norm = required(take(Role::AttnNorm), Role::AttnNorm)?;
+        let ffn_norm = required(take(Role::FfnNorm), Role::FfnNorm)?;
+        let qkv_bias = match (take(Role::QBias), take(Role::KBias), take(Role::VBias)) {
+            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+            _ => None,
+        };
+        let qk_norm = match (take(Role::QNorm), take(Role::KNorm)) {
+            (Some(q), Some(k)) => Some([q, k]),
+            _ => None,
+        };
+        let window = config.layer_windows.get(index).copied().flatten();
         Ok(Self {
-            attn_norm: norm(fetch(names.attn_norm)?)?,
-            ffn_norm: norm(fetch(names.ffn_norm)?)?,
+            attn_norm,
             wq,
             wk,
             wv,
             wo,
+            qkv_bias,
+            qk_norm,
+            post_attn_norm: take(Role::PostAttnNorm),
+            ffn_norm,
             w_gate,
             w_up,
             w_down,
+            post_ffn_norm: take(Role::PostFfnNorm),
+            window,
+            rope: usize::from(window.is_some() && !config.uniform_rope()),
         })
     }
 }
 
 impl Llama {
-    /// Loads a `llama` GGUF file.
+    /// Loads a GGUF file of a supported architecture, after checking from its index that it
+    /// holds exactly the tensors the graph reads.
     ///
     /// # Errors
-    /// [`Error::InvalidModel`] for other architectures, missing tensors or corrupt data.
+    /// [`Error::InvalidModel`] for other architectures, missing or unused tensors, or corrupt
+    /// data.
     pub fn from_gguf<R: Read + Seek>(
         content: &gguf_file::Content,
         reader: &mut R,
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
-        let config = LlamaConfig::from_gguf(content)?;
+        let mut config = LlamaConfig::from_gguf(content)?;
+        check_tensors(
+            &config,
+            Scheme::Gguf,
+            content.tensor_infos.keys().map(String::as_str),
+        )?;
         let mut get = |name: &str| -> Result<QTensor> {
             content
                 .tensor(reader, name, device)
                 .map_err(|e| Error::invalid_model(name, e))
         };
-        let embed_q = get("token_embd.weight")?;
+        if content.tensor_infos.contains_key(ROPE_FREQS) {
+            let factors = get(ROPE_FREQS)?.dequantize(&Device::Cpu)?;
+            config.rope.freq_factors = Some(factors.flatten_all()?.to_vec1::<f32>()?);
+            config.validate()?;
+        }
+        let g = Scheme::Gguf.globals();
+        let embed_q = get(g.embed)?;
         let embed = embed_q.dequantize(device)?;
         let lm_head = if config.tie_word_embeddings {
             linear_from_q(embed_q, format, device)?
         } else {
-            linear_from_q(get("output.weight")?, format, device)?
+            linear_from_q(get(g.output)?, format, device)?
         };
-        let norm = get("output_norm.weight")?.dequantize(device)?;
+        let norm = get(g.norm)?.dequantize(device)?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             layers.push(Layer::load(
-                &GGUF_NAMES,
-                |n| get(&format!("blk.{i}.{n}.weight")),
+                &config,
+                Scheme::Gguf,
+                i,
+                &mut get,
                 |q| linear_from_q(q, format, device),
                 |q| Ok(q.dequantize(device)?),
             )?);
@@ -122,35 +139,82 @@ impl Llama {
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
 
+    /// Loads a safetensors checkpoint (one file or shards) memory-mapped, after checking
+    /// from the files' headers that they hold exactly the tensors `config`'s graph reads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for unreadable or corrupt files, missing or unused tensors.
+    pub fn from_safetensors(
+        config: LlamaConfig,
+        paths: &[impl AsRef<Path>],
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let shown = |p: &[_]| {
+            p.iter()
+                .map(|p: &std::path::PathBuf| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        // SAFETY: the files are mapped read-only; the caller must not modify them while the
+        // model loads (the same contract as every memory-mapped checkpoint reader).
+        let files = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&paths) }
+            .map_err(|e| Error::invalid_model(shown(&paths), e))?;
+        let names: Vec<String> = files.tensors().into_iter().map(|(n, _)| n).collect();
+        let config = untie_if_present(config, &names);
+        check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
+        let tensors = names
+            .iter()
+            .map(|n| {
+                let t = files
+                    .load(n, device)
+                    .map_err(|e| Error::invalid_model(n.as_str(), e))?;
+                Ok((n.clone(), t))
+            })
+            .collect::<Result<HashMap<_, _>>>()?;
+        Self::from_hf_tensors(config, tensors, format, device)
+    }
+
     /// Builds the model from Hugging Face-named tensors (`model.layers.N.self_attn.q_proj.weight`
     /// ...), as found in safetensors checkpoints.
     ///
     /// # Errors
-    /// [`Error::InvalidModel`] for missing tensors or wrong shapes.
+    /// [`Error::InvalidModel`] for missing, unused or wrongly shaped tensors.
     pub fn from_hf_tensors(
         config: LlamaConfig,
         mut tensors: HashMap<String, Tensor>,
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
+        let names: Vec<String> = tensors.keys().cloned().collect();
+        let config = untie_if_present(config, &names);
+        check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
         let mut take = |name: &str| -> Result<Tensor> {
             let t = tensors
                 .remove(name)
                 .ok_or_else(|| Error::invalid_model(name, "missing tensor"))?;
             Ok(t.to_device(device)?.to_dtype(DType::F32)?)
         };
-        let embed = take("model.embed_tokens.weight")?;
+        let g = Scheme::Hf.globals();
+        let embed = take(g.embed)?;
         let lm_head = if config.tie_word_embeddings {
             linear_from_tensor(embed.clone(), format)?
         } else {
-            linear_from_tensor(take("lm_head.weight")?, format)?
+            linear_from_tensor(take(g.output)?, format)?
         };
-        let norm = take("model.norm.weight")?;
+        let mut norm = take(g.norm)?;
+        if config.architecture.hf_norm_offset() {
+            norm = (norm + 1.0)?;
+        }
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             layers.push(Layer::load(
-                &HF_NAMES,
-                |n| take(&format!("model.layers.{i}.{n}.weight")),
+                &config,
+                Scheme::Hf,
+                i,
+                &mut take,
                 |t| linear_from_tensor(t, format),
                 Ok,
             )?);
@@ -180,38 +244,49 @@ impl Llama {
             c.intermediate_size,
         );
         let mut state = seed;
-        let mut matrix = |rows: usize, cols: usize| -> Result<Tensor> {
+        let matrix = |state: &mut u64, rows: usize, cols: usize| -> Result<Tensor> {
             let bound = (3.0 / cols as f32).sqrt();
             let values: Vec<f32> = (0..rows * cols)
-                .map(|_| (2.0 * splitmix_unit(&mut state) - 1.0) * bound)
+                .map(|_| (2.0 * splitmix_unit(state) - 1.0) * bound)
                 .collect();
             Ok(Tensor::from_vec(values, (rows, cols), device)?)
         };
-        let ones = || Tensor::ones(h, DType::F32, device);
+        let arch = c.architecture;
+        let offset: f32 = if arch.hf_norm_offset() { 1.0 } else { 0.0 };
+        // The norms every architecture has are one (as they were before the others existed,
+        // so seeds keep their weights); the others vary around one, biases around zero.
+        let vector = |state: &mut u64, n: usize, around: f32| -> Result<Tensor> {
+            let values: Vec<f32> = (0..n)
+                .map(|_| around + (splitmix_unit(state) - 0.5) * 0.2)
+                .collect();
+            Ok(Tensor::from_vec(values, n, device)?)
+        };
+        let ones = |n: usize| {
+            (Tensor::ones(n, DType::F32, device)? - f64::from(offset)).map_err(Error::from)
+        };
+        let g = Scheme::Hf.globals();
         let mut tensors = HashMap::new();
-        tensors.insert(
-            "model.embed_tokens.weight".to_string(),
-            matrix(c.vocab_size, h)?,
-        );
+        tensors.insert(g.embed.to_string(), matrix(&mut state, c.vocab_size, h)?);
         if !c.tie_word_embeddings {
-            tensors.insert("lm_head.weight".to_string(), matrix(c.vocab_size, h)?);
+            tensors.insert(g.output.to_string(), matrix(&mut state, c.vocab_size, h)?);
         }
-        tensors.insert("model.norm.weight".to_string(), ones()?);
+        tensors.insert(g.norm.to_string(), ones(h)?);
+        let roles = Role::of(arch);
         for i in 0..c.num_layers {
-            let p = format!("model.layers.{i}");
-            for (name, rows, cols) in [
-                ("self_attn.q_proj", q, h),
-                ("self_attn.k_proj", kv, h),
-                ("self_attn.v_proj", kv, h),
-                ("self_attn.o_proj", h, q),
-                ("mlp.gate_proj", ff, h),
-                ("mlp.up_proj", ff, h),
-                ("mlp.down_proj", h, ff),
-            ] {
-                tensors.insert(format!("{p}.{name}.weight"), matrix(rows, cols)?);
-            }
-            for norm in ["input_layernorm", "post_attention_layernorm"] {
-                tensors.insert(format!("{p}.{norm}.weight"), ones()?);
+            for &role in &roles {
+                let t = match role {
+                    Role::Wq => matrix(&mut state, q, h)?,
+                    Role::Wk | Role::Wv => matrix(&mut state, kv, h)?,
+                    Role::Wo => matrix(&mut state, h, q)?,
+                    Role::Gate | Role::Up => matrix(&mut state, ff, h)?,
+                    Role::Down => matrix(&mut state, h, ff)?,
+                    Role::AttnNorm | Role::FfnNorm => ones(h)?,
+                    Role::PostAttnNorm | Role::PostFfnNorm => vector(&mut state, h, 1.0 - offset)?,
+                    Role::QNorm | Role::KNorm => vector(&mut state, c.head_dim, 1.0 - offset)?,
+                    Role::QBias => vector(&mut state, q, 0.0)?,
+                    Role::KBias | Role::VBias => vector(&mut state, kv, 0.0)?,
+                };
+                tensors.insert(role.name(Scheme::Hf, arch, i), t);
             }
         }
         Self::from_hf_tensors(config, tensors, format, device)
@@ -242,17 +317,28 @@ impl Llama {
                 ));
             }
         }
-        let inv_freq = config.rope_inv_freq();
-        let half = inv_freq.len();
+        // Table 0 serves the global layers; table 1, where there is one, the sliding-window
+        // layers with their own base (`Layer::rope` picks).
+        let first_local = (0..c.num_layers).find(|&l| c.layer_windows[l].is_some());
+        let sources = match first_local {
+            Some(l) if !c.uniform_rope() => vec![c.global_inv_freq(), c.rope_inv_freq(l)],
+            _ => vec![c.global_inv_freq()],
+        };
         let n = config.max_position_embeddings;
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
         let pos = Tensor::arange(0u32, n as u32, device)?
             .to_dtype(DType::F32)?
             .reshape((n, 1))?;
-        let freqs = pos.broadcast_mul(&inv_freq)?;
+        let ropes = sources
+            .into_iter()
+            .map(|inv_freq| {
+                let half = inv_freq.len();
+                let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+                let freqs = pos.broadcast_mul(&inv_freq)?;
+                Ok((freqs.cos()?.contiguous()?, freqs.sin()?.contiguous()?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            cos: freqs.cos()?.contiguous()?,
-            sin: freqs.sin()?.contiguous()?,
+            ropes,
             embed,
             layers,
             norm,
@@ -277,17 +363,14 @@ impl Llama {
         if act == self.act {
             return Ok(self);
         }
-        for t in [
-            &mut self.embed,
-            &mut self.norm,
-            &mut self.cos,
-            &mut self.sin,
-        ] {
+        let tables = self.ropes.iter_mut().flat_map(|(c, s)| [c, s]);
+        let layers = self.layers.iter_mut().flat_map(|l| l.vectors_mut());
+        for t in [&mut self.embed, &mut self.norm]
+            .into_iter()
+            .chain(tables)
+            .chain(layers)
+        {
             *t = t.to_dtype(act)?;
-        }
-        for l in &mut self.layers {
-            l.attn_norm = l.attn_norm.to_dtype(act)?;
-            l.ffn_norm = l.ffn_norm.to_dtype(act)?;
         }
         self.act = act;
         Ok(self)
@@ -351,22 +434,17 @@ fn splitmix_unit(state: &mut u64) -> f32 {
     (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
-/// Reads every tensor of the safetensors files in `paths` (shards of one checkpoint).
-///
-/// # Errors
-/// [`Error::InvalidModel`] for unreadable or corrupt files.
-pub fn read_safetensors(
-    paths: &[impl AsRef<Path>],
-    device: &Device,
-) -> Result<HashMap<String, Tensor>> {
-    let mut all = HashMap::new();
-    for p in paths {
-        let p = p.as_ref();
-        let tensors = candle_core::safetensors::load(p, device)
-            .map_err(|e| Error::invalid_model(p.display().to_string(), e))?;
-        all.extend(tensors);
+/// A Llama 3.x GGUF's RoPE frequency factors.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// `config`, its output projection untied when the checkpoint ships one (some tied
+/// checkpoints store a copy of the embedding as `lm_head.weight`; reading it is exact).
+fn untie_if_present(mut config: LlamaConfig, names: &[String]) -> LlamaConfig {
+    let output = Scheme::Hf.globals().output;
+    if names.iter().any(|n| n == output) {
+        config.tie_word_embeddings = false;
     }
-    Ok(all)
+    config
 }
 
 #[cfg(test)]
@@ -380,7 +458,7 @@ mod tests {
     #[test]
     fn f16_activations_track_f32() {
         let config = LlamaConfig::from_hf_json(
-            r#"{"vocab_size":300,"hidden_size":128,"intermediate_size":256,"num_hidden_layers":3,
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":300,"hidden_size":128,"intermediate_size":256,"num_hidden_layers":3,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
                 "rope_theta":10000.0,"max_position_embeddings":256,"tie_word_embeddings":true}"#,
         )

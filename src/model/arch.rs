@@ -1,0 +1,185 @@
+//! The decoder architectures pensieve runs, as differences from Llama's graph.
+//!
+//! Every architecture here is the Llama decoder (token embedding, then per layer an RMSNorm,
+//! grouped-query attention with rotary positions and a gated MLP, each added to the residual
+//! stream, then a final RMSNorm and the output projection) with these changes, read from
+//! llama.cpp's `llama-model.cpp` and candle-transformers' model files:
+//!
+//! | architecture | changes |
+//! |---|---|
+//! | `llama` | none; Llama 3.x scale RoPE frequencies (`rope_freqs` in GGUF, `rope_scaling` of type `llama3` in `config.json`) |
+//! | `mistral` | none, beyond an optional sliding window on every layer (`sliding_window`) |
+//! | `qwen2` | biases on the Q, K and V projections; RoPE pairs `(i, i + d/2)` in GGUF too |
+//! | `qwen3` | an RMSNorm over each head of Q and of K before RoPE; no biases |
+//! | `gemma3` | embeddings scaled by `sqrt(hidden)`; RMSNorm weights are `1 + w` (GGUF files store the sum); a norm after attention and after the MLP as well as before; per-head Q/K RMSNorm; GeGLU with tanh GELU; scores scaled by `query_pre_attn_scalar^-1/2`; five of every six layers attend within a sliding window with their own RoPE base, the sixth globally with the model's base |
+//!
+//! GGUF files of `llama` and `mistral` hold Q and K permuted for RoPE's interleaved pairs
+//! `(2i, 2i + 1)` (llama.cpp's converter permutes them); the others keep Hugging Face's order.
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// A decoder architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Architecture {
+    /// Llama 1-3, SmolLM, TinyLlama and other `LlamaForCausalLM` models.
+    Llama,
+    /// Mistral 7B and other `MistralForCausalLM` models.
+    Mistral,
+    /// Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`), and models distilled into them.
+    Qwen2,
+    /// Qwen3 dense models (`Qwen3ForCausalLM`).
+    Qwen3,
+    /// Gemma 3 text models (`Gemma3ForCausalLM`).
+    Gemma3,
+}
+
+/// The gated MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) * up` (GeGLU with the tanh approximation).
+    GeluTanh,
+}
+
+/// Every architecture, in the order the README lists them.
+pub const ARCHITECTURES: [Architecture; 5] = [
+    Architecture::Llama,
+    Architecture::Mistral,
+    Architecture::Qwen2,
+    Architecture::Qwen3,
+    Architecture::Gemma3,
+];
+
+impl Architecture {
+    /// The name GGUF files use (`general.architecture`), which also prefixes their keys.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The class Hugging Face `config.json` names in `architectures`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
+        }
+    }
+
+    /// The architecture a GGUF file declares.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] naming the key, the value and what is supported.
+    pub fn from_gguf_name(name: &str) -> Result<Self> {
+        ARCHITECTURES
+            .into_iter()
+            .find(|a| a.gguf_name() == name)
+            .ok_or_else(|| {
+                Error::invalid_model(
+                    "general.architecture",
+                    format!(
+                        "'{name}' is not supported (supported: {})",
+                        Self::supported(Self::gguf_name)
+                    ),
+                )
+            })
+    }
+
+    /// The architecture a `config.json` declares in `architectures`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] naming the value and what is supported.
+    pub fn from_hf_name(name: &str) -> Result<Self> {
+        ARCHITECTURES
+            .into_iter()
+            .find(|a| a.hf_name() == name)
+            .ok_or_else(|| {
+                Error::invalid_model(
+                    "config.json architectures",
+                    format!(
+                        "'{name}' is not supported (supported: {})",
+                        Self::supported(Self::hf_name)
+                    ),
+                )
+            })
+    }
+
+    fn supported(name: fn(Self) -> &'static str) -> String {
+        ARCHITECTURES.map(name).join(", ")
+    }
+
+    /// Whether the Q, K and V projections carry biases.
+    pub fn qkv_bias(self) -> bool {
+        self == Self::Qwen2
+    }
+
+    /// Whether each head of Q and K is RMS-normalized before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3 | Self::Gemma3)
+    }
+
+    /// Whether attention and MLP outputs are normalized before they join the residual stream.
+    pub fn post_norms(self) -> bool {
+        self == Self::Gemma3
+    }
+
+    /// Whether a checkpoint's RMSNorm weights are stored as `w` for a scale of `1 + w`
+    /// (Hugging Face's Gemma; llama.cpp's converter stores `1 + w`).
+    pub fn hf_norm_offset(self) -> bool {
+        self == Self::Gemma3
+    }
+
+    /// Whether the embedding is scaled by `sqrt(hidden)` on the way in.
+    pub fn scales_embedding(self) -> bool {
+        self == Self::Gemma3
+    }
+
+    /// The MLP's activation.
+    pub fn activation(self) -> Activation {
+        match self {
+            Self::Gemma3 => Activation::GeluTanh,
+            _ => Activation::Silu,
+        }
+    }
+
+    /// Whether GGUF files hold Q and K permuted for interleaved RoPE pairs.
+    pub fn gguf_interleaved_rope(self) -> bool {
+        matches!(self, Self::Llama | Self::Mistral)
+    }
+}
+
+impl fmt::Display for Architecture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.gguf_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_name_what_is_supported() {
+        for a in ARCHITECTURES {
+            assert_eq!(Architecture::from_gguf_name(a.gguf_name()).ok(), Some(a));
+            assert_eq!(Architecture::from_hf_name(a.hf_name()).ok(), Some(a));
+        }
+        let e = Architecture::from_gguf_name("phi3")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("general.architecture") && e.contains("phi3") && e.contains("gemma3"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,321 @@
+//! Reading a [`LlamaConfig`] from GGUF metadata (`<arch>.*` keys, llama.cpp's names) or from a
+//! Hugging Face `config.json`, refusing what the graph would not compute as written.
+
+use candle_core::quantized::gguf_file;
+use serde::Deserialize;
+
+use super::{Architecture, Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
+use crate::{Error, Result};
+
+/// Gemma 3's layer pattern when a file does not give one: five local layers, then a global.
+const GEMMA3_PATTERN: usize = 6;
+/// Gemma 3's local RoPE base when a file does not give one (llama.cpp's default too).
+const GEMMA3_LOCAL_BASE: f32 = 10_000.0;
+
+/// Windows of `layers` layers where every `pattern`-th (1-based) attends globally and the
+/// others within `window`.
+fn patterned_windows(layers: usize, window: Option<u32>, pattern: usize) -> Vec<Option<u32>> {
+    (0..layers)
+        .map(|i| window.filter(|_| pattern == 0 || (i + 1) % pattern != 0))
+        .collect()
+}
+
+impl LlamaConfig {
+    /// Reads the config of a GGUF file of a supported architecture.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] naming the key for another architecture, missing keys or values
+    /// out of range.
+    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
+        let md = &content.metadata;
+        let arch_name = md
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        let arch = Architecture::from_gguf_name(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let get = |k: &str| -> Result<usize> {
+            let k = key(k);
+            md.get(&k)
+                .ok_or_else(|| Error::invalid_model(&k, "missing"))?
+                .to_u32()
+                .map(|v| v as usize)
+                .map_err(|e| Error::invalid_model(&k, e))
+        };
+        let get_f = |k: &str| md.get(&key(k)).and_then(|v| v.to_f32().ok());
+        let get_s = |k: &str| md.get(&key(k)).and_then(|v| v.to_string().ok()).cloned();
+        let hidden_size = get("embedding_length")?;
+        let num_heads = get("attention.head_count")?;
+        let num_layers = get("block_count")?;
+        let vocab_size = match get("vocab_size") {
+            Ok(v) => v,
+            Err(_) => md
+                .get("tokenizer.ggml.tokens")
+                .and_then(|t| t.to_vec().ok())
+                .map(|t| t.len())
+                .ok_or_else(|| Error::invalid_model(key("vocab_size"), "missing"))?,
+        };
+        let head_dim = get("attention.key_length")
+            .or_else(|_| get("rope.dimension_count"))
+            .unwrap_or(hidden_size / num_heads.max(1));
+        if let Ok(v) = get("attention.value_length") {
+            if v != head_dim {
+                return Err(Error::invalid_model(
+                    key("attention.value_length"),
+                    format!("{v} differs from the key length {head_dim} (not supported)"),
+                ));
+            }
+        }
+        let linear_factor = match get_s("rope.scaling.type").as_deref() {
+            None | Some("none") => None,
+            Some("linear") => get_f("rope.scaling.factor").filter(|&f| f != 1.0),
+            Some(other) => {
+                return Err(Error::invalid_model(
+                    key("rope.scaling.type"),
+                    format!("'{other}' is not supported (supported: none, linear)"),
+                ))
+            }
+        };
+        let window = get("attention.sliding_window")
+            .ok()
+            .filter(|&w| w > 0)
+            .map(|w| w as u32);
+        let (layer_windows, local_base, query_pre_attn_scalar) = match arch {
+            Architecture::Gemma3 => (
+                patterned_windows(num_layers, window, GEMMA3_PATTERN),
+                Some(get_f("rope.freq_base_swa").unwrap_or(GEMMA3_LOCAL_BASE)),
+                // llama.cpp: the 27B model (62 layers) scales by hidden / heads, the others
+                // by the head size.
+                Some(if num_layers == 62 {
+                    (hidden_size / num_heads.max(1)) as f32
+                } else {
+                    head_dim as f32
+                }),
+            ),
+            Architecture::Mistral => (vec![window; num_layers], None, None),
+            _ => (vec![None; num_layers], None, None),
+        };
+        let config = Self {
+            architecture: arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size: get("feed_forward_length")?,
+            num_layers,
+            num_heads,
+            num_kv_heads: get("attention.head_count_kv").unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: get_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
+            rope: RopeConfig {
+                base: get_f("rope.freq_base").unwrap_or(10_000.0),
+                local_base,
+                variant: if arch.gguf_interleaved_rope() {
+                    RopeVariant::Interleaved
+                } else {
+                    RopeVariant::HalfSplit
+                },
+                llama3_scaling: None,
+                linear_factor,
+                freq_factors: None,
+            },
+            max_position_embeddings: get("context_length").unwrap_or(4096),
+            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+            query_pre_attn_scalar,
+            layer_windows,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a Hugging Face `config.json` of one of the supported architectures (named by
+    /// `architectures`, or `model_type` where that is absent).
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for malformed JSON, missing fields, another architecture, or
+    /// a setting the graph does not implement (named, with its value).
+    pub fn from_hf_json(json: &str) -> Result<Self> {
+        let hf: Hf =
+            serde_json::from_str(json).map_err(|e| Error::invalid_model("config.json", e))?;
+        let arch = match (&hf.architectures, hf.model_type.as_deref()) {
+            (Some(list), _) => match list.as_slice() {
+                [one] => Architecture::from_hf_name(one)?,
+                _ => {
+                    return Err(Error::invalid_model(
+                        "config.json architectures",
+                        format!("{list:?}: expected exactly one"),
+                    ))
+                }
+            },
+            (None, Some(t)) => {
+                let t = t.strip_suffix("_text").unwrap_or(t);
+                Architecture::from_gguf_name(t).map_err(|_| {
+                    Error::invalid_model(
+                        "config.json model_type",
+                        format!("'{t}' is not supported"),
+                    )
+                })?
+            }
+            (None, None) => {
+                return Err(Error::invalid_model(
+                    "config.json",
+                    "names no architecture (neither `architectures` nor `model_type`)",
+                ))
+            }
+        };
+        hf.refuse_unsupported(arch)?;
+        let (llama3_scaling, linear_factor) = match hf.rope_scaling {
+            None => (None, None),
+            Some(s) => match s.rope_type.as_deref() {
+                Some("llama3") => (
+                    Some(
+                        serde_json::from_value::<Llama3RopeScaling>(s.params)
+                            .map_err(|e| Error::invalid_model("config.json rope_scaling", e))?,
+                    ),
+                    None,
+                ),
+                Some("linear") => (None, s.params["factor"].as_f64().map(|f| f as f32)),
+                other => {
+                    return Err(Error::invalid_model(
+                        "config.json rope_scaling",
+                        format!("rope_type {other:?} is not supported (supported: llama3, linear)"),
+                    ))
+                }
+            },
+        };
+        let n = hf.num_hidden_layers;
+        let window = hf.sliding_window.filter(|&w| w > 0);
+        let layer_windows = match arch {
+            Architecture::Gemma3 => match &hf.layer_types {
+                Some(types) => types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "sliding_attention" => Ok(window),
+                        "full_attention" => Ok(None),
+                        other => Err(Error::invalid_model(
+                            "config.json layer_types",
+                            format!("'{other}' is not supported"),
+                        )),
+                    })
+                    .collect::<Result<_>>()?,
+                None => patterned_windows(
+                    n,
+                    window,
+                    hf.sliding_window_pattern.unwrap_or(GEMMA3_PATTERN),
+                ),
+            },
+            Architecture::Mistral => vec![window; n],
+            _ => vec![None; n],
+        };
+        let gemma = arch == Architecture::Gemma3;
+        let config = Self {
+            architecture: arch,
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_layers: n,
+            num_heads: hf.num_attention_heads,
+            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            head_dim: hf
+                .head_dim
+                .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
+            rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-5),
+            rope: RopeConfig {
+                base: hf.rope_theta.unwrap_or(10_000.0),
+                local_base: gemma.then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_LOCAL_BASE)),
+                variant: RopeVariant::HalfSplit,
+                llama3_scaling,
+                linear_factor,
+                freq_factors: None,
+            },
+            max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
+            // Each architecture's own default in transformers.
+            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(gemma),
+            query_pre_attn_scalar: if gemma {
+                hf.query_pre_attn_scalar
+            } else {
+                None
+            },
+            layer_windows,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[derive(Deserialize)]
+struct RopeScaling {
+    #[serde(alias = "type")]
+    rope_type: Option<String>,
+    #[serde(flatten)]
+    params: serde_json::Value,
+}
+
+/// The `config.json` fields the graph reads or must check.
+#[derive(Deserialize)]
+struct Hf {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<RopeScaling>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    sliding_window: Option<u32>,
+    use_sliding_window: Option<bool>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f32>,
+    query_pre_attn_scalar: Option<f32>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+}
+
+impl Hf {
+    /// Settings that would change what the graph computes and that it does not implement.
+    fn refuse_unsupported(&self, arch: Architecture) -> Result<()> {
+        let refuse = |field: &str, value: String| {
+            Err(Error::invalid_model(
+                format!("config.json {field}"),
+                format!("{value} is not supported for {}", arch.hf_name()),
+            ))
+        };
+        let act = self.hidden_activation.as_ref().or(self.hidden_act.as_ref());
+        let want = match arch {
+            Architecture::Gemma3 => ["gelu_pytorch_tanh", "gelu_pytorch_tanh"],
+            _ => ["silu", "swish"],
+        };
+        if let Some(a) = act.filter(|a| !want.contains(&a.as_str())) {
+            return refuse("hidden_act", format!("'{a}'"));
+        }
+        // Qwen2's own bias is part of the architecture; another's would be dropped.
+        if self.attention_bias == Some(true) && arch != Architecture::Qwen2 {
+            return refuse("attention_bias", "true".into());
+        }
+        if self.mlp_bias == Some(true) {
+            return refuse("mlp_bias", "true".into());
+        }
+        if self.use_sliding_window == Some(true) && arch != Architecture::Mistral {
+            return refuse("use_sliding_window", "true".into());
+        }
+        for (field, v) in [
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ] {
+            if let Some(v) = v {
+                return refuse(field, v.to_string());
+            }
+        }
+        Ok(())
+    }
+}

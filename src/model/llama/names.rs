@@ -1,0 +1,197 @@
+//! The tensors a configuration's graph reads, by name in each checkpoint format, and the check
+//! that a file holds exactly those: run on the file's index before any weight is read, so a
+//! missing tensor or one the graph would ignore (a Qwen2 bias under a `llama` config, say) is
+//! refused instead of loading into wrong text.
+
+use std::collections::BTreeSet;
+
+use crate::model::arch::Architecture;
+use crate::model::config::LlamaConfig;
+use crate::{Error, Result};
+
+/// A checkpoint's naming scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scheme {
+    /// llama.cpp's GGUF names (`blk.N.attn_q.weight`).
+    Gguf,
+    /// Hugging Face names (`model.layers.N.self_attn.q_proj.weight`).
+    Hf,
+}
+
+/// What a tensor of a decoder layer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    AttnNorm,
+    Wq,
+    Wk,
+    Wv,
+    Wo,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    PostAttnNorm,
+    FfnNorm,
+    Gate,
+    Up,
+    Down,
+    PostFfnNorm,
+}
+
+impl Role {
+    /// The roles a layer of `arch` has, in load order.
+    pub(super) fn of(arch: Architecture) -> Vec<Role> {
+        use Role::*;
+        let mut roles = vec![AttnNorm, Wq, Wk, Wv, Wo, FfnNorm, Gate, Up, Down];
+        if arch.qkv_bias() {
+            roles.extend([QBias, KBias, VBias]);
+        }
+        if arch.qk_norm() {
+            roles.extend([QNorm, KNorm]);
+        }
+        if arch.post_norms() {
+            roles.extend([PostAttnNorm, PostFfnNorm]);
+        }
+        roles
+    }
+
+    /// Whether the tensor is a norm weight (a vector the activations are scaled by).
+    pub(super) fn is_norm(self) -> bool {
+        use Role::*;
+        matches!(
+            self,
+            AttnNorm | QNorm | KNorm | PostAttnNorm | FfnNorm | PostFfnNorm
+        )
+    }
+
+    /// Whether the tensor is a bias (a vector added to a projection).
+    pub(super) fn is_bias(self) -> bool {
+        matches!(self, Role::QBias | Role::KBias | Role::VBias)
+    }
+
+    /// The tensor's name in layer `layer` of a checkpoint in `scheme` of `arch`.
+    pub(super) fn name(self, scheme: Scheme, arch: Architecture, layer: usize) -> String {
+        use Role::*;
+        let gemma = arch == Architecture::Gemma3;
+        let (gguf, hf) = match self {
+            AttnNorm => ("attn_norm.weight", "input_layernorm.weight"),
+            Wq => ("attn_q.weight", "self_attn.q_proj.weight"),
+            Wk => ("attn_k.weight", "self_attn.k_proj.weight"),
+            Wv => ("attn_v.weight", "self_attn.v_proj.weight"),
+            Wo => ("attn_output.weight", "self_attn.o_proj.weight"),
+            QBias => ("attn_q.bias", "self_attn.q_proj.bias"),
+            KBias => ("attn_k.bias", "self_attn.k_proj.bias"),
+            VBias => ("attn_v.bias", "self_attn.v_proj.bias"),
+            QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+            KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+            // Hugging Face's Gemma names its norm after attention what Llama names the norm
+            // before the MLP.
+            PostAttnNorm => (
+                "post_attention_norm.weight",
+                "post_attention_layernorm.weight",
+            ),
+            FfnNorm if gemma => ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+            FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
+            Up => ("ffn_up.weight", "mlp.up_proj.weight"),
+            Down => ("ffn_down.weight", "mlp.down_proj.weight"),
+            PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        };
+        match scheme {
+            Scheme::Gguf => format!("blk.{layer}.{gguf}"),
+            Scheme::Hf => format!("model.layers.{layer}.{hf}"),
+        }
+    }
+}
+
+/// Names of the tensors outside the layers.
+pub(super) struct Globals {
+    pub embed: &'static str,
+    pub norm: &'static str,
+    pub output: &'static str,
+}
+
+impl Scheme {
+    pub(super) fn globals(self) -> Globals {
+        match self {
+            Scheme::Gguf => Globals {
+                embed: "token_embd.weight",
+                norm: "output_norm.weight",
+                output: "output.weight",
+            },
+            Scheme::Hf => Globals {
+                embed: "model.embed_tokens.weight",
+                norm: "model.norm.weight",
+                output: "lm_head.weight",
+            },
+        }
+    }
+
+    /// Tensors a file may hold that the graph reads outside this table (Llama 3 GGUFs' RoPE
+    /// frequency factors) or that hold nothing of the model (old checkpoints' cached RoPE
+    /// frequencies).
+    fn ignorable(self, name: &str) -> bool {
+        match self {
+            Scheme::Gguf => name == "rope_freqs.weight",
+            Scheme::Hf => name.ends_with(".rotary_emb.inv_freq"),
+        }
+    }
+}
+
+/// Checks that `present` (a file's tensor names) holds every tensor `config`'s graph reads
+/// and nothing else.
+///
+/// # Errors
+/// [`Error::InvalidModel`] naming the first missing tensor, or the tensors the graph would not
+/// use.
+pub(super) fn check_tensors<'a>(
+    config: &LlamaConfig,
+    scheme: Scheme,
+    present: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
+    let present: BTreeSet<&str> = present.into_iter().collect();
+    let g = scheme.globals();
+    let mut wanted = BTreeSet::from([g.embed.to_string(), g.norm.to_string()]);
+    if !config.tie_word_embeddings {
+        wanted.insert(g.output.to_string());
+    }
+    let roles = Role::of(config.architecture);
+    for layer in 0..config.num_layers {
+        wanted.extend(
+            roles
+                .iter()
+                .map(|r| r.name(scheme, config.architecture, layer)),
+        );
+    }
+    if let Some(missing) = wanted.iter().find(|n| !present.contains(n.as_str())) {
+        return Err(Error::invalid_model(
+            missing.as_str(),
+            format!("missing tensor (a {} model needs it)", config.architecture),
+        ));
+    }
+    let unused: Vec<&str> = present
+        .iter()
+        .copied()
+        .filter(|n| !wanted.contains(*n) && !scheme.ignorable(n))
+        .collect();
+    if !unused.is_empty() {
+        let shown: Vec<&str> = unused.iter().copied().take(4).collect();
+        return Err(Error::invalid_model(
+            shown[0],
+            format!(
+                "{} tensor(s) a {} graph would not use ({}{}): the file is another \
+                 architecture or variant, and ignoring them would give wrong text",
+                unused.len(),
+                config.architecture,
+                shown.join(", "),
+                if unused.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
