@@ -75,7 +75,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mode = args.engine.mode.cache_mode();
-    let model = Arc::new(args.engine.load_model()?);
+    let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
     let mut engine = Engine::with_model(model.clone(), config.clone())?;
     let name = args.store.any().then(|| args.conversation.clone());

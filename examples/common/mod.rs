@@ -12,7 +12,7 @@ pub use exit::exit_code;
 use pensieve::engine::{
     Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig,
 };
-use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat};
+use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat, BUILTIN_TEMPLATES};
 
 /// Cache mode, as the papers name the three systems.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -124,6 +124,10 @@ pub struct EngineArgs {
     /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// Chat template in place of the model's own (base models ship none): a built-in name
+    /// (`chatml`, `gemma`, `llama3`) or a Jinja file.
+    #[arg(long)]
+    pub chat_template: Option<String>,
 }
 
 impl EngineArgs {
@@ -168,8 +172,31 @@ impl EngineArgs {
             return Ok(tiny.with_llama(llama));
         }
         let source: ModelSource = self.model.parse()?;
-        Model::load(&source, &options)
-            .map_err(|e| format!("cannot load model {}: {e}", self.model).into())
+        let model = Model::load(&source, &options)
+            .map_err(|e| format!("cannot load model {}: {e}", self.model))?;
+        Ok(match &self.chat_template {
+            None => model,
+            Some(name) if BUILTIN_TEMPLATES.iter().any(|t| t.0 == name) => {
+                model.with_builtin_template(name)?
+            }
+            Some(file) => {
+                let source = std::fs::read_to_string(file)
+                    .map_err(|e| format!("--chat-template {file}: {e}"))?;
+                model.with_template_source(&source)?
+            }
+        })
+    }
+
+    /// Loads `--model` for a chat: it must have a chat template, its own or `--chat-template`.
+    #[allow(dead_code)] // used by chat and server
+    pub fn load_chat_model(&self) -> Result<Model, Box<dyn Error>> {
+        let model = self.load_model()?;
+        // Renders nothing: only asks whether there is a template, with the error that names
+        // the ways to give one.
+        if model.template().is_none() {
+            model.render_chat(&[], true)?;
+        }
+        Ok(model)
     }
 
     /// The engine's configuration from these flags, with the tier below host that `store`

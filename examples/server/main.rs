@@ -112,7 +112,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
-    let model = Arc::new(args.engine.load_model()?);
+    let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model, config)?;
     let died = Arc::new(Notify::new());

@@ -49,8 +49,11 @@ pub(super) fn encode(
     };
     let message = Message::new("user", text.clone());
     let Some(t) = model.template() else {
+        let bos = model.bos_token_id().filter(|_| history == 0);
+        let mut prompt: Vec<u32> = bos.into_iter().collect();
+        prompt.extend(model.encode_text(text)?);
         return Ok(Encoded {
-            prompt: model.encode_text(text)?,
+            prompt,
             text: text.clone(),
             message: Some(message),
             mark: Some(at_end),

@@ -36,6 +36,38 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// ChatML (`<|im_start|>role ... <|im_end|>`): Qwen, SmolLM and many fine-tunes.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+    {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Gemma's turns (`<start_of_turn>user ... <end_of_turn>`, the assistant named `model`, a
+/// system message put before the first user message), as Gemma's instruction-tuned models
+/// ship it, contents untrimmed so they are tokenized as plain text.
+const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0].role == 'system' %}\
+    {% set prefix = messages[0].content + '\n\n' %}{% set rest = messages[1:] %}\
+    {% else %}{% set prefix = '' %}{% set rest = messages %}{% endif %}\
+    {% for m in rest %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n\
+    {{ prefix if loop.first else '' }}{{ m.content }}<end_of_turn>\n{% endfor %}\
+    {% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
+/// Llama 3's headers (`<|start_header_id|>role<|end_header_id|>`, turns ended by
+/// `<|eot_id|>`).
+const LLAMA3: &str = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}\
+    <|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}\
+    <|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+
+/// Chat templates for models that ship none (base models), by name: the Jinja source, the
+/// special tokens its markup needs, and the token that ends a turn.
+pub const BUILTIN_TEMPLATES: [(&str, &str, &[&str]); 3] = [
+    ("chatml", CHATML, &["<|im_start|>", "<|im_end|>"]),
+    ("gemma", GEMMA, &["<start_of_turn>", "<end_of_turn>"]),
+    (
+        "llama3",
+        LLAMA3,
+        &["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    ),
+];
+
 impl ChatTemplate {
     /// Compiles `source`.
     ///
@@ -153,8 +185,29 @@ pub fn common_prefix(full: &str, seen: &str) -> usize {
 mod tests {
     use super::*;
 
-    const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
-                          {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    #[test]
+    fn builtins_render_turns_and_keep_contents_findable() {
+        let msgs = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "Bye"),
+        ];
+        let render = |name: &str| {
+            let (_, src, _) = BUILTIN_TEMPLATES.iter().find(|t| t.0 == name).unwrap();
+            let t = ChatTemplate::new(src, "<bos>", "<eos>").unwrap();
+            assert!(t.content_spans(&msgs, true).unwrap().is_some(), "{name}");
+            t.render(&msgs, true).unwrap()
+        };
+        assert_eq!(
+            render("gemma"),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n\
+             Hello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert!(render("llama3")
+            .starts_with("<bos><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"));
+        assert!(render("chatml").ends_with("<|im_start|>assistant\n"));
+    }
 
     #[test]
     fn continuation_is_only_the_new_turn() {

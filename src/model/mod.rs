@@ -22,7 +22,7 @@ use candle_core::Device;
 use tokenizers::Tokenizer;
 
 pub use arch::{Activation, Architecture, ARCHITECTURES};
-pub use chat_template::{common_prefix, ChatTemplate, Message};
+pub use chat_template::{common_prefix, ChatTemplate, Message, BUILTIN_TEMPLATES};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
@@ -61,6 +61,11 @@ pub struct Model {
     text_tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
+    /// The vocabulary's begin and end tokens as text, for templates to write.
+    bos_text: String,
+    eos_text: String,
+    /// The token raw text (no template) starts with, when the vocabulary asks for one.
+    bos_token_id: Option<u32>,
 }
 
 impl Model {
@@ -80,7 +85,69 @@ impl Model {
             text_tokenizer,
             template,
             eos_token_ids,
+            bos_text: String::new(),
+            eos_text: String::new(),
+            bos_token_id: None,
         }
+    }
+
+    /// The same model with its begin and end tokens named (`bos`, `eos`: ids in the
+    /// vocabulary) for templates; with `add_bos`, raw text (a turn without a template) starts
+    /// with `bos`.
+    fn with_special(mut self, bos: Option<u32>, eos: Option<u32>, add_bos: bool) -> Self {
+        let name = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.id_to_token(i))
+                .unwrap_or_default()
+        };
+        (self.bos_text, self.eos_text) = (name(bos), name(eos));
+        self.bos_token_id = bos.filter(|_| add_bos);
+        self
+    }
+
+    /// The same model with a built-in chat template (`chatml`, `gemma`, `llama3`: see
+    /// [`BUILTIN_TEMPLATES`]) in place of its own, for models that ship none. The template's
+    /// end-of-turn token ends replies.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an unknown name or a template whose markup tokens are not
+    /// in this model's vocabulary.
+    pub fn with_builtin_template(mut self, name: &str) -> Result<Self> {
+        let Some((_, source, tokens)) = BUILTIN_TEMPLATES.iter().find(|t| t.0 == name) else {
+            return Err(Error::Unsupported(format!(
+                "no built-in chat template '{name}' (built-in: {})",
+                BUILTIN_TEMPLATES.map(|t| t.0).join(", ")
+            )));
+        };
+        if let Some(missing) = tokens
+            .iter()
+            .find(|t| self.tokenizer.token_to_id(t).is_none())
+        {
+            return Err(Error::Unsupported(format!(
+                "chat template '{name}' needs the token {missing}, which this model's \
+                 vocabulary lacks"
+            )));
+        }
+        self.template = Some(ChatTemplate::new(source, &self.bos_text, &self.eos_text)?);
+        if let Some(end) = tokens.last() {
+            add_stop_token(&self.tokenizer, &mut self.eos_token_ids, end);
+        }
+        Ok(self)
+    }
+
+    /// The same model with the chat template `source` (Jinja, as `tokenizer.chat_template`)
+    /// in place of its own.
+    ///
+    /// # Errors
+    /// [`Error::ChatTemplate`] if it does not parse.
+    pub fn with_template_source(mut self, source: &str) -> Result<Self> {
+        self.template = Some(ChatTemplate::new(source, &self.bos_text, &self.eos_text)?);
+        Ok(self)
+    }
+
+    /// The token raw text starts with (a turn of a model without a chat template, at the
+    /// start of a conversation), when the vocabulary asks for one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
     }
 
     /// The same tokenizer and template over other weights (random weights of a larger shape,
@@ -175,11 +242,18 @@ impl Model {
             None => None,
         };
         let mut eos_token_ids: Vec<u32> = eos.into_iter().collect();
-        // Chat models end turns with an end-of-turn token that GGUF may not list as eos.
-        for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>"] {
+        eos_token_ids
+            .extend(id("tokenizer.ggml.eot_token_id").filter(|i| !eos_token_ids.contains(i)));
+        // Chat models end turns with an end-of-turn token that GGUF may not list (llama.cpp
+        // takes these as ends of generation too).
+        for t in END_OF_TURN {
             add_stop_token(&tokenizer, &mut eos_token_ids, t);
         }
-        Ok(Self::new(llama, tokenizer, template, eos_token_ids))
+        let add_bos = md
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(false);
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids).with_special(bos, eos, add_bos))
     }
 
     fn from_hf_parts(
@@ -221,7 +295,12 @@ impl Model {
             _ => Vec::new(),
         };
         add_stop_token(&tokenizer, &mut eos_token_ids, &eos);
-        Ok(Self::new(llama, tokenizer, template, eos_token_ids))
+        let (bos_id, eos_id) = (tokenizer.token_to_id(&bos), tokenizer.token_to_id(&eos));
+        // tokenizer.json adds BOS through its post-processor, which pensieve does not run
+        // (templates write it): raw text gets it when tokenizer_config.json asks.
+        let add_bos = tok_config["add_bos_token"].as_bool().unwrap_or(false);
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids)
+            .with_special(bos_id, eos_id, add_bos))
     }
 
     /// Token ids of `text`, special tokens (`<|im_start|>`, ...) recognised.
@@ -269,12 +348,24 @@ impl Model {
     pub fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         match &self.template {
             Some(t) => t.render(messages, add_generation_prompt),
-            None => Err(Error::Unsupported(
-                "this model ships no chat template".into(),
-            )),
+            None => Err(Error::Unsupported(format!(
+                "this model ships no chat template: give one (`--chat-template FILE` in the \
+                 examples and the server, `Model::with_template_source` in the library) or name \
+                 a built-in (`--chat-template {}`, `Model::with_builtin_template`)",
+                BUILTIN_TEMPLATES.map(|t| t.0).join("|")
+            ))),
         }
     }
 }
+
+/// Tokens that end a turn in the chat formats of the supported models.
+const END_OF_TURN: [&str; 5] = [
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|endoftext|>",
+    "</s>",
+    "<end_of_turn>",
+];
 
 /// Adds `token`'s id to `ids` if the vocabulary has it and it is not there yet.
 fn add_stop_token(tokenizer: &Tokenizer, ids: &mut Vec<u32>, token: &str) {

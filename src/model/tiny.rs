@@ -8,11 +8,10 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
-use super::{ChatTemplate, Llama, LlamaConfig, Model, WeightFormat};
+use super::{Llama, LlamaConfig, Model, WeightFormat};
 use crate::{Error, Result};
 
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn byte_tokenizer() -> Result<Tokenizer> {
     let mut vocab: Vocab = SPECIALS
@@ -56,12 +55,6 @@ impl Model {
                 "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
         )?;
         let llama = Llama::random(config, seed, WeightFormat::F32, &Device::Cpu)?;
-        let template = ChatTemplate::new(CHATML, "", "<|im_end|>")?;
-        Ok(Model::new(
-            llama,
-            byte_tokenizer()?,
-            Some(template),
-            vec![2],
-        ))
+        Model::new(llama, byte_tokenizer()?, None, vec![2]).with_builtin_template("chatml")
     }
 }

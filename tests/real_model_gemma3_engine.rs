@@ -1,0 +1,112 @@
+//! The core property on Gemma 3 270M (real weights, sliding-window layers): conversations whose
+//! contexts grow past the 512-token window, interleaved under `Tiered` with budgets small enough
+//! that swap-out, swap-in, host drops and recompute all happen, give the same greedy tokens as
+//! `Stateless`, token for token. Chat through the built-in `gemma` template (the file is a base
+//! model and ships none). Needs `scripts/fetch-assets --model gemma3-270m`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::llamacpp;
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationOptions, Engine, EngineConfig, EngineStats, Event,
+    FinishReason, KvPrecision, SamplingParams, Turn,
+};
+use pensieve::model::{LoadOptions, Model, ModelSource};
+
+const CONVERSATIONS: usize = 6;
+const TURNS: usize = 3;
+const OUTPUT: usize = 64;
+
+fn run(model: &Arc<Model>, mode: CacheMode, budgets: Budgets) -> (Vec<Vec<u32>>, EngineStats) {
+    let config = EngineConfig {
+        budgets,
+        mode,
+        check_invariants: true,
+        prefix_sharing: false,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::with_model(model.clone(), config).unwrap();
+    let texts = llamacpp::texts();
+    let convs: Vec<_> = (0..CONVERSATIONS)
+        .map(|_| e.open(ConversationOptions::default()).unwrap())
+        .collect();
+    for turn in 0..TURNS {
+        for (i, &c) in convs.iter().enumerate() {
+            // Six ShareGPT messages per turn: about 270 tokens.
+            let k = (i * TURNS + turn) * 6;
+            let user = texts[k..k + 6].join("\n\n");
+            let params = SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy().with_max_tokens(OUTPUT)
+            };
+            e.submit(c, Turn::user(user), params).unwrap();
+        }
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                if let Event::Finished { reason, .. } = ev {
+                    assert_eq!(reason, FinishReason::Length);
+                }
+            }
+        }
+    }
+    let out = convs
+        .iter()
+        .map(|&c| e.tokens(c).unwrap().to_vec())
+        .collect();
+    (out, e.stats())
+}
+
+#[test]
+fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
+    let source = ModelSource::Gguf(llamacpp::gemma_path());
+    let model = Model::load(&source, &LoadOptions::default())
+        .unwrap()
+        .with_builtin_template("gemma")
+        .unwrap();
+    let model = Arc::new(model);
+    let chunk_bytes = 32
+        * model
+            .config()
+            .kv_shape()
+            .token_bytes(KvPrecision::default().dtype().size_in_bytes());
+    let (tiered, stats) = run(
+        &model,
+        CacheMode::Tiered,
+        Budgets {
+            device_bytes: None,
+            device_tokens: 1024,
+            host_bytes: 60 * chunk_bytes,
+        },
+    );
+    eprintln!("tiered stats: {stats:?}");
+    assert!(stats.bytes_swapped_out > 0, "no swap-out");
+    assert!(stats.bytes_swapped_in > 0, "no swap-in");
+    assert!(stats.chunks_dropped_from_host > 0, "no host drop");
+    assert!(stats.recomputed_tokens > 0, "no recompute");
+    let longest = tiered.iter().map(Vec::len).max().unwrap();
+    assert!(
+        longest > 700,
+        "contexts of {longest} tokens do not pass the window well"
+    );
+    let (stateless, _) = run(
+        &model,
+        CacheMode::Stateless,
+        Budgets {
+            device_bytes: None,
+            device_tokens: 8 * 1024,
+            host_bytes: 0,
+        },
+    );
+    for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {
+        let first = t.iter().zip(s).position(|(a, b)| a != b);
+        assert!(
+            first.is_none() && t.len() == s.len(),
+            "conversation {i} ({} tokens) diverges at {first:?}",
+            t.len()
+        );
+    }
+}
