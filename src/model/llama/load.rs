@@ -223,9 +223,8 @@ impl Llama {
     }
 
     /// A model of `config`'s shape with random weights, for throughput studies of shapes whose
-    /// weights are not at hand (the papers measure 7B-70B shapes). Values are uniform, scaled by
-    /// each matrix's fan-in so activations keep their size through the layers; norms are one.
-    /// The same `seed` gives the same weights.
+    /// weights are not at hand (the papers measure 7B-70B shapes): [`Self::random_tensors`]
+    /// loaded as a checkpoint. The same `seed` gives the same weights.
     ///
     /// # Errors
     /// [`Error::InvalidModel`] for an inconsistent `config`.
@@ -235,8 +234,25 @@ impl Llama {
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
+        let tensors = Self::random_tensors(&config, seed, device)?;
+        Self::from_hf_tensors(config, tensors, format, device)
+    }
+
+    /// Seeded random weights of `config`'s shape under their Hugging Face names, as a
+    /// checkpoint of its architecture holds them (Gemma's norms as offsets from one): for
+    /// tests against other implementations and for throughput studies. Values are uniform,
+    /// scaled by each matrix's fan-in so activations keep their size through the layers; the
+    /// norms every architecture has are one, the others vary around one, biases around zero.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for an inconsistent `config`.
+    pub fn random_tensors(
+        config: &LlamaConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>> {
         config.validate()?;
-        let c = &config;
+        let c = config;
         let (h, q, kv, ff) = (
             c.hidden_size,
             c.num_heads * c.head_dim,
@@ -253,8 +269,8 @@ impl Llama {
         };
         let arch = c.architecture;
         let offset: f32 = if arch.hf_norm_offset() { 1.0 } else { 0.0 };
-        // The norms every architecture has are one (as they were before the others existed,
-        // so seeds keep their weights); the others vary around one, biases around zero.
+        // The norms every architecture has are one, as before the others existed, so seeds
+        // keep their weights.
         let vector = |state: &mut u64, n: usize, around: f32| -> Result<Tensor> {
             let values: Vec<f32> = (0..n)
                 .map(|_| around + (splitmix_unit(state) - 0.5) * 0.2)
@@ -289,7 +305,7 @@ impl Llama {
                 tensors.insert(role.name(Scheme::Hf, arch, i), t);
             }
         }
-        Self::from_hf_tensors(config, tensors, format, device)
+        Ok(tensors)
     }
 
     fn assemble(
