@@ -1,0 +1,101 @@
+//! A GGUF file the graph or tokenizer cannot run as written is refused with a typed error that
+//! names the key or tensor, from the file's header alone: every file here is cut short where
+//! the weights begin, so reading any weight would fail with an I/O error instead.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::{Device, Tensor};
+use pensieve::model::{LoadOptions, Model};
+use pensieve::Error;
+
+/// SmolLM2's metadata with `edit` applied, and its tensor names with `tensors` applied, each
+/// holding one dummy value; written to a file cut short where the tensor data begins.
+fn header_only(
+    edit: impl Fn(&mut Vec<(String, gguf_file::Value)>),
+    tensors: impl Fn(&mut Vec<String>),
+) -> tempfile::NamedTempFile {
+    let path = pensieve::model::default_model_path();
+    let mut f = std::fs::File::open(&path).expect("run scripts/fetch-assets");
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let mut md: Vec<(String, gguf_file::Value)> = content.metadata.into_iter().collect();
+    md.sort_by(|a, b| a.0.cmp(&b.0));
+    edit(&mut md);
+    let mut names: Vec<String> = content.tensor_infos.into_keys().collect();
+    names.sort();
+    tensors(&mut names);
+    let dummy = QTensor::quantize(
+        &Tensor::zeros(32, candle_core::DType::F32, &Device::Cpu).unwrap(),
+        candle_core::quantized::GgmlDType::F32,
+    )
+    .unwrap();
+    let md_refs: Vec<(&str, &gguf_file::Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = names.iter().map(|n| (n.as_str(), &dummy)).collect();
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut w = std::fs::File::create(out.path()).unwrap();
+    gguf_file::write(&mut w, &md_refs, &t_refs).unwrap();
+    drop(w);
+    let mut r = std::fs::File::open(out.path()).unwrap();
+    let data_start = gguf_file::Content::read(&mut r).unwrap().tensor_data_offset;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.path())
+        .unwrap()
+        .set_len(data_start)
+        .unwrap();
+    out
+}
+
+fn set(md: &mut [(String, gguf_file::Value)], key: &str, value: &str) {
+    let entry = md.iter_mut().find(|(k, _)| k == key).unwrap();
+    entry.1 = gguf_file::Value::String(value.into());
+}
+
+fn refusal(file: &tempfile::NamedTempFile) -> String {
+    let e = Model::from_gguf(file.path(), &LoadOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidModel { .. }),
+        "not a typed refusal: {e}"
+    );
+    e.to_string()
+}
+
+#[test]
+fn unknown_architecture_is_refused_by_key() {
+    let f = header_only(|md| set(md, "general.architecture", "phi3"), |_| {});
+    let msg = refusal(&f);
+    assert!(
+        msg.contains("general.architecture") && msg.contains("phi3") && msg.contains("gemma3"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unknown_pre_tokenizer_is_refused_by_key() {
+    let f = header_only(|md| set(md, "tokenizer.ggml.pre", "jais"), |_| {});
+    let msg = refusal(&f);
+    assert!(
+        msg.contains("tokenizer.ggml.pre") && msg.contains("jais"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_tensor_the_graph_would_not_use_is_refused() {
+    let f = header_only(|_| {}, |names| names.push("blk.0.attn_q.bias".into()));
+    let msg = refusal(&f);
+    assert!(
+        msg.contains("blk.0.attn_q.bias") && msg.contains("would not use"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_missing_tensor_is_refused() {
+    let f = header_only(|_| {}, |names| names.retain(|n| n != "blk.1.ffn_up.weight"));
+    let msg = refusal(&f);
+    assert!(
+        msg.contains("blk.1.ffn_up.weight") && msg.contains("missing"),
+        "{msg}"
+    );
+}
