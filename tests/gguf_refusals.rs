@@ -99,3 +99,49 @@ fn a_missing_tensor_is_refused() {
         "{msg}"
     );
 }
+
+/// A vocabulary that cannot be rebuilt from the metadata is read from a `tokenizer.json` beside
+/// the file, or from the one `LoadOptions::tokenizer` names.
+#[test]
+fn a_tokenizer_json_beside_the_file_or_named_stands_in() {
+    let original = pensieve::model::default_model_path();
+    let mut f = std::fs::File::open(&original).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let reference = Model::from_gguf(&original, &LoadOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut md: Vec<(String, gguf_file::Value)> = content.metadata.clone().into_iter().collect();
+    set(&mut md, "tokenizer.ggml.pre", "jais");
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| (n.clone(), content.tensor(&mut f, n, &Device::Cpu).unwrap()))
+        .collect();
+    let path = dir.path().join("model.gguf");
+    let mut w = std::fs::File::create(&path).unwrap();
+    let md_refs: Vec<(&str, &gguf_file::Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut w, &md_refs, &t_refs).unwrap();
+    drop(w);
+    assert!(Model::from_gguf(&path, &LoadOptions::default()).is_err());
+    let named = dir.path().join("elsewhere.json");
+    reference.tokenizer().save(&named, false).unwrap();
+    let text = "Hello world, 12345 <|im_start|>";
+    let with_named = Model::from_gguf(
+        &path,
+        &LoadOptions {
+            tokenizer: Some(named.clone()),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        with_named.encode(text).unwrap(),
+        reference.encode(text).unwrap()
+    );
+    std::fs::rename(&named, dir.path().join("tokenizer.json")).unwrap();
+    let beside = Model::from_gguf(&path, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        beside.encode(text).unwrap(),
+        reference.encode(text).unwrap()
+    );
+}

@@ -124,6 +124,9 @@ pub struct EngineArgs {
     /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// A `tokenizer.json` in place of the one the model's files describe.
+    #[arg(long)]
+    pub tokenizer: Option<std::path::PathBuf>,
     /// Chat template in place of the model's own (base models ship none): a built-in name
     /// (`chatml`, `gemma`, `llama3`) or a Jinja file.
     #[arg(long)]
@@ -141,6 +144,7 @@ impl EngineArgs {
                 Format::Quantized => WeightFormat::Quantized,
                 Format::Packed => WeightFormat::Packed,
             },
+            tokenizer: self.tokenizer.clone(),
         }
     }
 

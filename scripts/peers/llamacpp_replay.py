@@ -26,14 +26,17 @@ def main() -> None:
     ap.add_argument("--trace", required=True, help="JSON-lines trace (examples/replay --write-trace)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--chat-template", help="Jinja file, for models that ship no template")
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
     llm = Llama(model_path=a.model, n_ctx=a.n_ctx, n_threads=a.threads,
                 n_threads_batch=a.threads, n_batch=512, verbose=False)
-    template = jinja2.Environment().from_string(llm.metadata["tokenizer.chat_template"])
+    source = (open(a.chat_template).read() if a.chat_template
+              else llm.metadata["tokenizer.chat_template"])
+    template = jinja2.Environment().from_string(source)
     stops = {llm.token_eos()}
-    for name in ("<|im_end|>", "<|endoftext|>"):
+    for name in ("<|im_end|>", "<|endoftext|>", "<end_of_turn>"):
         ids = llm.tokenize(name.encode(), add_bos=False, special=True)
         if len(ids) == 1:
             stops.add(ids[0])

@@ -37,24 +37,16 @@ pub struct ChatTemplate {
 const TEMPLATE_NAME: &str = "chat";
 
 /// ChatML (`<|im_start|>role ... <|im_end|>`): Qwen, SmolLM and many fine-tunes.
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
-    {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+const CHATML: &str = include_str!("templates/chatml.jinja");
 
 /// Gemma's turns (`<start_of_turn>user ... <end_of_turn>`, the assistant named `model`, a
 /// system message put before the first user message), as Gemma's instruction-tuned models
 /// ship it, contents untrimmed so they are tokenized as plain text.
-const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0].role == 'system' %}\
-    {% set prefix = messages[0].content + '\n\n' %}{% set rest = messages[1:] %}\
-    {% else %}{% set prefix = '' %}{% set rest = messages %}{% endif %}\
-    {% for m in rest %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n\
-    {{ prefix if loop.first else '' }}{{ m.content }}<end_of_turn>\n{% endfor %}\
-    {% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+const GEMMA: &str = include_str!("templates/gemma.jinja");
 
 /// Llama 3's headers (`<|start_header_id|>role<|end_header_id|>`, turns ended by
 /// `<|eot_id|>`).
-const LLAMA3: &str = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}\
-    <|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}\
-    <|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+const LLAMA3: &str = include_str!("templates/llama3.jinja");
 
 /// Chat templates for models that ship none (base models), by name: the Jinja source, the
 /// special tokens its markup needs, and the token that ends a turn.

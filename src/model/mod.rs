@@ -40,6 +40,10 @@ pub struct LoadOptions {
     pub device: Device,
     /// In-memory weight format.
     pub format: WeightFormat,
+    /// A `tokenizer.json` to use in place of the one the model's files describe. Without it,
+    /// a GGUF file whose vocabulary cannot be rebuilt from its metadata falls back to a
+    /// `tokenizer.json` beside it, if there is one.
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +51,7 @@ impl Default for LoadOptions {
         Self {
             device: Device::Cpu,
             format: WeightFormat::default(),
+            tokenizer: None,
         }
     }
 }
@@ -198,7 +203,8 @@ impl Model {
                 let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::io(p, e));
                 let config_json = read(&config)?;
                 let config = LlamaConfig::from_hf_json(&config_json)?;
-                let tokenizer = tokenizer_from_file(&tokenizer)?;
+                let tokenizer =
+                    tokenizer_from_file(options.tokenizer.as_ref().unwrap_or(&tokenizer))?;
                 let llama =
                     Llama::from_safetensors(config, &weights, options.format, &options.device)?;
                 let tok_config = match tokenizer_config {
@@ -222,7 +228,13 @@ impl Model {
         let content = gguf_file::Content::read(&mut file)
             .map_err(|e| Error::invalid_model(path.display().to_string(), e))?;
         // Everything read from metadata is checked before the weights are.
-        let tokenizer = tokenizer_from_gguf(&content)?;
+        let beside = path.with_file_name("tokenizer.json");
+        let tokenizer = match (&options.tokenizer, tokenizer_from_gguf(&content)) {
+            (Some(file), _) => tokenizer_from_file(file)?,
+            (None, Ok(t)) => t,
+            (None, Err(_)) if beside.is_file() => tokenizer_from_file(&beside)?,
+            (None, Err(e)) => return Err(e),
+        };
         let llama = Llama::from_gguf(&content, &mut file, options.format, &options.device)?;
         let md = &content.metadata;
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
