@@ -101,10 +101,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
         },
     );
     eprintln!("tiered stats: {stats:?}");
-    assert!(stats.bytes_swapped_out > 0, "no swap-out");
-    assert!(stats.bytes_swapped_in > 0, "no swap-in");
-    assert!(stats.chunks_dropped_from_host > 0, "no host drop");
-    assert!(stats.recomputed_tokens > 0, "no recompute");
+    common::assert_pressure_exercised(&stats);
     assert!(stats.reused_host_tokens > 0, "no host hit");
     let (stateless, _) = run(
         &model,

@@ -83,10 +83,7 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
         },
     );
     eprintln!("tiered stats: {stats:?}");
-    assert!(stats.bytes_swapped_out > 0, "no swap-out");
-    assert!(stats.bytes_swapped_in > 0, "no swap-in");
-    assert!(stats.chunks_dropped_from_host > 0, "no host drop");
-    assert!(stats.recomputed_tokens > 0, "no recompute");
+    common::assert_pressure_exercised(&stats);
     let longest = tiered.iter().map(Vec::len).max().unwrap();
     assert!(
         longest > 700,

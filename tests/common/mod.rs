@@ -76,6 +76,15 @@ pub fn greedy(
     (out, all_logits)
 }
 
+/// Asserts that a run under pressure used every tier's mechanism: swap-out, swap-in, host
+/// drops and recompute.
+pub fn assert_pressure_exercised(stats: &pensieve::engine::EngineStats) {
+    assert!(stats.bytes_swapped_out > 0, "no swap-out");
+    assert!(stats.bytes_swapped_in > 0, "no swap-in");
+    assert!(stats.chunks_dropped_from_host > 0, "no host drop");
+    assert!(stats.recomputed_tokens > 0, "no recompute");
+}
+
 pub fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, v) in row.iter().enumerate() {
