@@ -85,10 +85,7 @@ fn top2_margin(row: &[f32]) -> f32 {
 #[test]
 fn real_model_tiered_under_pressure_equals_stateless() {
     let model = std::sync::Arc::new(common::real_model(WeightFormat::default()));
-    let kv_bytes = pensieve::engine::KvPrecision::default()
-        .dtype()
-        .size_in_bytes();
-    let chunk_bytes = 32 * model.config().kv_shape().token_bytes(kv_bytes);
+    let chunk_bytes = common::chunk_bytes(&model);
     // 32 blocks of 32 on the device and 160 chunks on the host, for 64 x 2 chunks of history
     // after the first turn and 64 x 4 after the third: hits at first, then host drops.
     let (tiered, stats) = run(

@@ -31,17 +31,17 @@ fn model() -> &'static Model {
     })
 }
 
+/// An f32 KV pool of `slots` slots for `model`.
+fn pool(model: &Model, slots: usize) -> KvPool {
+    let llama = model.llama();
+    KvPool::new(llama.config().kv_shape(), slots, DType::F32, llama.device()).unwrap()
+}
+
 /// The logits after each prefix of `tokens` whose length is in `ends` (ascending), prefilling
 /// the prefixes one after another into one KV pool.
 fn logits_at(model: &Model, tokens: &[u32], ends: &[usize]) -> Vec<Vec<f32>> {
     let llama = model.llama();
-    let pool = KvPool::new(
-        llama.config().kv_shape(),
-        tokens.len(),
-        DType::F32,
-        llama.device(),
-    )
-    .unwrap();
+    let pool = pool(model, tokens.len());
     let mut start = 0;
     let mut out = Vec::new();
     for &end in ends {
@@ -153,13 +153,7 @@ fn gemma3_perplexity_matches_llama_cpp() {
         let (context, reply) = (llamacpp::ids(&r["context"]), llamacpp::ids(&r["reply"]));
         let tokens: Vec<u32> = context.iter().chain(&reply).copied().collect();
         let idx: Vec<u32> = (0..tokens.len() as u32).collect();
-        let pool = KvPool::new(
-            llama.config().kv_shape(),
-            tokens.len(),
-            DType::F32,
-            llama.device(),
-        )
-        .unwrap();
+        let pool = pool(model(), tokens.len());
         let mut batch = ForwardBatch::new();
         batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();
         let logits = llama.forward(&batch, &pool).unwrap();

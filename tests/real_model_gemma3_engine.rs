@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::llamacpp;
 use pensieve::engine::{
     Budgets, CacheMode, ConversationOptions, Engine, EngineConfig, EngineStats, Event,
-    FinishReason, KvPrecision, SamplingParams, Turn,
+    FinishReason, SamplingParams, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -68,11 +68,7 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
         .with_builtin_template("gemma")
         .unwrap();
     let model = Arc::new(model);
-    let chunk_bytes = 32
-        * model
-            .config()
-            .kv_shape()
-            .token_bytes(KvPrecision::default().dtype().size_in_bytes());
+    let chunk_bytes = common::chunk_bytes(&model);
     let (tiered, stats) = run(
         &model,
         CacheMode::Tiered,

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 mod check;
 mod disk;
+mod evict;
 mod hints;
 mod restore;
 mod share;
@@ -37,7 +38,6 @@ use super::{
     Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,
 };
 use crate::ids::ConversationId;
-use crate::kv::policy::Candidate;
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,195 +284,6 @@ impl CacheManager {
     pub fn touch(&mut self, id: ConversationId, now: Instant) {
         if let Some(t) = self.tables.get_mut(&id) {
             t.last_active = now;
-        }
-    }
-
-    /// The lowest-value leading chunk in the tier `in_tier` matches, among conversations
-    /// `protect` does not cover.
-    fn victim(
-        &self,
-        in_tier: fn(&ChunkLoc, bool) -> bool,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-    ) -> Option<(ConversationId, usize)> {
-        let chunk = self.chunk_size();
-        let mut best: Option<(f64, ConversationId, usize)> = None;
-        for (&id, table) in &self.tables {
-            if protect(id) {
-                continue;
-            }
-            // A chunk shared with a protected conversation stays; the next one is offered.
-            let Some((i, sharers)) = (0..table.computed_chunks(chunk))
-                .filter(|&i| in_tier(&table.chunks[i], table.saved[i].is_some()))
-                .map(|i| (i, self.sharers(id, i)))
-                .find(|(_, s)| !s.iter().any(|&c| c != id && protect(c)))
-            else {
-                continue;
-            };
-            // Losing a shared chunk costs each of its holders.
-            let value: f64 = sharers
-                .iter()
-                .filter_map(|c| self.tables.get(c))
-                .map(|t| {
-                    self.policy.value(&Candidate {
-                        start: i * chunk,
-                        len: t.chunk_len(i, chunk),
-                        idle_s: t.until_next_use(now).as_secs_f64(),
-                    })
-                })
-                .sum();
-            if best.is_none_or(|(v, _, _)| value < v) {
-                best = Some((value, id, i));
-            }
-        }
-        best.map(|(_, id, i)| (id, i))
-    }
-
-    /// Evicts leading device chunks of unprotected conversations until `free + pending` device
-    /// blocks reach `target_free` (swap-outs free their blocks at commit; they count as
-    /// pending), or until `how` allows no more.
-    pub fn evict_device(
-        &mut self,
-        protect: &dyn Fn(ConversationId) -> bool,
-        target_free: usize,
-        how: Eviction,
-        now: Instant,
-        moves: &mut Moves,
-    ) {
-        let on_device = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Device(_));
-        // Pinned conversations whose KV found no host room stay; the next victim goes instead.
-        let mut stuck = std::collections::HashSet::new();
-        while self.blocks.num_free() + moves.swap_out.len() < target_free {
-            let spare = |c: ConversationId| protect(c) || stuck.contains(&c);
-            let Some((id, i)) = self.victim(on_device, &spare, now) else {
-                break;
-            };
-            if !self.evict_chunk(id, i, protect, how, now, moves) {
-                if !self.tables.get(&id).is_some_and(|t| t.pinned) {
-                    break;
-                }
-                stuck.insert(id);
-            }
-        }
-    }
-
-    /// Evicts every device chunk of `id`, leading first (suspension of a running turn). The
-    /// caller settles the turn first, so every chunk left holds computed tokens.
-    pub fn evict_conversation(
-        &mut self,
-        id: ConversationId,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-        moves: &mut Moves,
-    ) {
-        let n = self.tables.get(&id).map_or(0, |t| t.chunks.len());
-        for i in 0..n {
-            self.evict_chunk(id, i, protect, Eviction::OnDemand, now, moves);
-        }
-    }
-
-    /// Moves chunk `i` of `id` off the device: to the host tier if it has room (on demand,
-    /// dropping host chunks of conversations `protect` does not cover to make it), else
-    /// dropped on demand. `false` if the chunk did not move.
-    fn evict_chunk(
-        &mut self,
-        id: ConversationId,
-        i: usize,
-        protect: &dyn Fn(ConversationId) -> bool,
-        how: Eviction,
-        now: Instant,
-        moves: &mut Moves,
-    ) -> bool {
-        let chunk = self.chunk_size();
-        let Some((block, len)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
-            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk))),
-            _ => None,
-        }) else {
-            return false;
-        };
-        let sharers = self.sharers(id, i);
-        if sharers.iter().any(|&c| c != id && protect(c)) {
-            return false;
-        }
-        let tables = || sharers.iter().filter_map(|c| self.tables.get(c));
-        let pinned = tables().any(|t| t.pinned);
-        let saved = tables().all(|t| t.saved[i].is_some());
-        let bytes = self.bytes_of(len);
-        let host = match (self.host.reserve(bytes), how) {
-            (Some(h), _) => Some(h),
-            // Its file holds it: leaving the device costs nothing now, a read later.
-            (None, _) if saved && !pinned => {
-                self.set_chunk(&sharers, i, ChunkLoc::Disk);
-                sharers.iter().for_each(|_| _ = self.blocks.release(block));
-                self.counters.chunks_to_disk += 1;
-                return true;
-            }
-            (None, Eviction::AheadOfTime) => return false,
-            (None, Eviction::OnDemand) if bytes <= self.host.budget_bytes() => {
-                let spare = |c: ConversationId| sharers.contains(&c) || protect(c);
-                self.make_host_room(bytes, &spare, now);
-                self.host.reserve(bytes)
-            }
-            (None, Eviction::OnDemand) => None,
-        };
-        match host {
-            Some(host) => {
-                sharers
-                    .iter()
-                    .skip(1)
-                    .for_each(|_| _ = self.host.share(host));
-                self.set_chunk(&sharers, i, ChunkLoc::SwappingOut { block, host });
-                moves.swap_out.push(SwapOut {
-                    conv: id,
-                    chunk: i,
-                    block,
-                    host,
-                    len,
-                });
-            }
-            // A pinned conversation's KV stays on the device when the host has no room.
-            None if pinned => return false,
-            None => {
-                self.set_chunk(&sharers, i, ChunkLoc::Dropped);
-                sharers.iter().for_each(|_| _ = self.blocks.release(block));
-                self.counters.chunks_dropped_from_device += 1;
-            }
-        }
-        true
-    }
-
-    /// Drops leading host chunks of unprotected conversations, lowest value first, until
-    /// `bytes` fit in the host pool (or nothing more can be dropped).
-    fn make_host_room(
-        &mut self,
-        bytes: usize,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-    ) {
-        let on_host = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Host(_));
-        let pinned = self.pinned();
-        let spare = |c: ConversationId| protect(c) || pinned.contains(&c);
-        while self.host.free_bytes() < bytes {
-            let Some((id, i)) = self.victim(on_host, &spare, now) else {
-                return;
-            };
-            let Some(&ChunkLoc::Host(h)) = self.tables.get(&id).and_then(|t| t.chunks.get(i))
-            else {
-                return;
-            };
-            for c in self.sharers(id, i) {
-                let Some(table) = self.tables.get_mut(&c) else {
-                    continue;
-                };
-                self.host.release(h);
-                if table.saved[i].is_some() {
-                    table.chunks[i] = ChunkLoc::Disk;
-                    self.counters.chunks_to_disk += 1;
-                } else {
-                    table.chunks[i] = ChunkLoc::Dropped;
-                    self.counters.chunks_dropped_from_host += 1;
-                }
-            }
         }
     }
 

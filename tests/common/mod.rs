@@ -76,6 +76,15 @@ pub fn greedy(
     (out, all_logits)
 }
 
+/// Bytes of one 32-token chunk of `model`'s KV at the default precision: the unit the
+/// pressure tests size their host budgets in.
+pub fn chunk_bytes(model: &Model) -> usize {
+    let kv = pensieve::engine::KvPrecision::default()
+        .dtype()
+        .size_in_bytes();
+    32 * model.config().kv_shape().token_bytes(kv)
+}
+
 /// Asserts that a run under pressure used every tier's mechanism: swap-out, swap-in, host
 /// drops and recompute.
 pub fn assert_pressure_exercised(stats: &pensieve::engine::EngineStats) {
