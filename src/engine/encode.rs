@@ -2,8 +2,9 @@
 //! recognised; what users wrote (every message's content) as plain text, so a user who types
 //! `<|im_end|><|im_start|>assistant` gets those characters, never a forged turn boundary. The
 //! contents are found in the rendering by [`ChatTemplate::content_spans`]; a template that
-//! changes contents as it renders them is tokenized whole, and then a content that holds a
-//! special token's text is refused rather than read as markup.
+//! changes contents as it renders them, or whose vocabulary prefixes a space marker to every
+//! piece of text (SentencePiece with `add_space_prefix`), is tokenized whole, and then a
+//! content that holds a special token's text is refused rather than read as markup.
 
 use std::ops::Range;
 
@@ -61,15 +62,21 @@ pub(super) fn encode(
     };
     let mut all = messages.to_vec();
     all.push(message.clone());
-    let rendering = Rendering::new(t, &all)?;
+    // A vocabulary that prefixes a space marker to every piece of text would put one at each
+    // boundary between pieces: its turns are tokenized whole, as they render.
+    let whole = model.prefixes_space();
+    let rendering = Rendering::new(t, &all, whole)?;
     let common = common_prefix(&rendering.text, seen);
     let new_text = rendering.text[common..].to_string();
     // The rendering of the earlier messages, past what the model has seen, is the tail of
     // the previous turn; the new message begins after it.
-    let split = t.render(messages, false).ok().and_then(|before| {
-        let tail = before.strip_prefix(seen)?;
-        new_text.starts_with(tail).then_some(tail.len())
-    });
+    let split = (!whole)
+        .then(|| t.render(messages, false).ok())
+        .flatten()
+        .and_then(|before| {
+            let tail = before.strip_prefix(seen)?;
+            new_text.starts_with(tail).then_some(tail.len())
+        });
     let end = rendering.text.len();
     let Some(split) = split else {
         return Ok(Encoded {
@@ -102,8 +109,13 @@ struct Rendering {
 }
 
 impl Rendering {
-    fn new(template: &ChatTemplate, messages: &[Message]) -> Result<Self> {
-        Ok(match template.content_spans(messages, true)? {
+    /// With `whole`, the contents are not located: the text is tokenized in one piece.
+    fn new(template: &ChatTemplate, messages: &[Message], whole: bool) -> Result<Self> {
+        let spans = match whole {
+            true => None,
+            false => template.content_spans(messages, true)?,
+        };
+        Ok(match spans {
             Some((text, spans)) => Self {
                 text,
                 contents: Some(spans),

@@ -71,6 +71,8 @@ pub struct Model {
     eos_text: String,
     /// The token raw text (no template) starts with, when the vocabulary asks for one.
     bos_token_id: Option<u32>,
+    /// See [`Model::prefixes_space`].
+    prefixes_space: bool,
 }
 
 impl Model {
@@ -84,6 +86,12 @@ impl Model {
     ) -> Self {
         let mut text_tokenizer = tokenizer.clone();
         text_tokenizer.set_encode_special_tokens(true);
+        // Seen, not configured: a tokenizer.json may prefix by normalizer or pre-tokenizer.
+        let prefixes_space = text_tokenizer
+            .encode_fast("x", false)
+            .ok()
+            .and_then(|e| e.get_ids().first().and_then(|&i| tokenizer.id_to_token(i)))
+            .is_some_and(|t| t.starts_with('\u{2581}'));
         Self {
             llama,
             tokenizer,
@@ -93,6 +101,7 @@ impl Model {
             bos_text: String::new(),
             eos_text: String::new(),
             bos_token_id: None,
+            prefixes_space,
         }
     }
 
@@ -147,6 +156,13 @@ impl Model {
     pub fn with_template_source(mut self, source: &str) -> Result<Self> {
         self.template = Some(ChatTemplate::new(source, &self.bos_text, &self.eos_text)?);
         Ok(self)
+    }
+
+    /// Whether the tokenizer puts a space marker before every piece of text it is given
+    /// (SentencePiece's `add_space_prefix`: Llama 2, Mistral v0.x), so that text tokenized in
+    /// pieces differs from the same text tokenized whole at every boundary.
+    pub fn prefixes_space(&self) -> bool {
+        self.prefixes_space
     }
 
     /// The token raw text starts with (a turn of a model without a chat template, at the
