@@ -91,9 +91,9 @@ pub enum Overflow {
 /// Flags for the model and the engine's cache.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
-    /// Model: `default`, a .gguf file, a safetensors folder, an `org/name` hub repo, or
-    /// `tiny` (random weights with a byte tokenizer: no files needed, e.g. on a GPU machine
-    /// with `--model-shape`).
+    /// Model: `default`, a name `scripts/fetch-assets --model NAME` installs (`gemma3-270m`), a
+    /// .gguf file, a safetensors folder, an `org/name` hub repo, or `tiny` (random weights with
+    /// a byte tokenizer: no files needed, e.g. on a GPU machine with `--model-shape`).
     #[arg(long, default_value = "default")]
     pub model: String,
     /// Where weights, KV pool and compute live: `cpu`, or `cuda` / `cuda:N` (a build with
