@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use candle_core::DType;
 use common::llamacpp;
 use pensieve::attention::KvPool;
-use pensieve::model::{Architecture, ForwardBatch, LoadOptions, Model, ModelSource};
+use pensieve::model::{Architecture, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Our logits may differ from llama.cpp's by this much: llama.cpp multiplies every weight with
 /// activations quantized to 8 bits per block, and Gemma's activations have large outliers
@@ -134,26 +134,34 @@ fn gemma3_logits_match_llama_cpp() {
                 want_ids[0],
                 want[0] - want[1]
             );
-            assert!(overlap >= 4, "top-5 overlap {overlap}");
+            // Our top 5 are llama.cpp's top 5 up to near-ties at the fifth place: each is one
+            // llama.cpp scores no more than `NEAR_TIE` below its own fifth.
+            let near = ours
+                .iter()
+                .filter(|&&i| {
+                    let at = want_ids.iter().position(|&w| w == i);
+                    at.is_some_and(|a| want[a] >= want[4] - NEAR_TIE)
+                })
+                .count();
+            assert!(
+                near == 5,
+                "top-5 overlap {overlap}, {near} within {NEAR_TIE} of llama.cpp's fifth"
+            );
         }
     }
     println!("largest logit difference over llama.cpp's top 20: {worst:.4}");
     assert!(worst < MAX_LOGIT_DIFF, "logits differ by {worst}");
 }
 
-#[test]
-fn gemma3_perplexity_matches_llama_cpp() {
-    let fx = llamacpp::fixture("gemma3-270m.json");
-    let ppl = &fx["perplexity"];
-    let replies = ppl["replies"].as_array().unwrap();
-    assert!(replies.len() >= 100);
-    let llama = model().llama();
+/// Perplexity of `model` over the fixture's held-back replies, each after its context.
+fn perplexity(model: &Model, replies: &[serde_json::Value]) -> (f64, usize) {
+    let llama = model.llama();
     let (mut nll, mut count) = (0f64, 0usize);
     for r in replies {
         let (context, reply) = (llamacpp::ids(&r["context"]), llamacpp::ids(&r["reply"]));
         let tokens: Vec<u32> = context.iter().chain(&reply).copied().collect();
         let idx: Vec<u32> = (0..tokens.len() as u32).collect();
-        let pool = pool(model(), tokens.len());
+        let pool = pool(model, tokens.len());
         let mut batch = ForwardBatch::new();
         batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();
         let logits = llama.forward(&batch, &pool).unwrap();
@@ -169,13 +177,35 @@ fn gemma3_perplexity_matches_llama_cpp() {
         }
         count += reply.len();
     }
-    let ours = (nll / count as f64).exp();
+    ((nll / count as f64).exp(), count)
+}
+
+/// The default path (every tensor in its own codes, 8-bit activations) within 1% of
+/// llama.cpp's perplexity and of the same weights dequantized to f32.
+#[test]
+fn gemma3_perplexity_matches_llama_cpp() {
+    let fx = llamacpp::fixture("gemma3-270m.json");
+    let ppl = &fx["perplexity"];
+    let replies = ppl["replies"].as_array().unwrap();
+    assert!(replies.len() >= 100);
+    let (ours, count) = perplexity(model(), replies);
     let theirs = ppl["perplexity"].as_f64().unwrap();
-    println!("perplexity over {count} reply tokens: ours {ours:.4}, llama.cpp {theirs:.4}");
-    assert!(
-        ((ours - theirs) / theirs).abs() < 0.01,
-        "ours {ours}, llama.cpp {theirs}"
+    let options = LoadOptions {
+        format: WeightFormat::F32,
+        ..LoadOptions::default()
+    };
+    let f32_model = Model::load(&ModelSource::Gguf(llamacpp::gemma_path()), &options).unwrap();
+    let (dequantized, _) = perplexity(&f32_model, replies);
+    println!(
+        "perplexity over {count} reply tokens: ours {ours:.4}, dequantized f32 {dequantized:.4}, \
+         llama.cpp {theirs:.4}"
     );
+    for (what, reference) in [("llama.cpp", theirs), ("dequantized f32", dequantized)] {
+        assert!(
+            ((ours - reference) / reference).abs() < 0.01,
+            "ours {ours}, {what} {reference}"
+        );
+    }
 }
 
 /// Each of llama.cpp's greedy continuations, fed to ours token by token (prefill of the

@@ -9,8 +9,7 @@ mod common;
 
 use pensieve::attention::KvPool;
 use pensieve::engine::KvPrecision;
-use pensieve::model::{ForwardBatch, Message, Model, WeightFormat};
-use pensieve::workload::{default_sharegpt_path, read_sharegpt};
+use pensieve::model::{ForwardBatch, Model, WeightFormat};
 
 /// Logits of row `which` of a batch: the decode of sequence A (prefilled at slots 0..30)
 /// beside `others` fresh sequences of the given lengths, A's row placed at `at`.
@@ -86,57 +85,15 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
     }
 }
 
-/// Mean negative log-likelihood per token of each reply given its user turn.
-fn nll(model: &Model, samples: &[(String, String)], kv: KvPrecision) -> f64 {
-    let (mut total, mut count) = (0f64, 0usize);
-    for (user, reply) in samples {
-        let prompt = model
-            .render_chat(&[Message::new("user", user.clone())], true)
-            .unwrap();
-        let prompt_ids = model.encode(&prompt).unwrap();
-        let reply_ids = model.encode(&format!("{reply}<|im_end|>")).unwrap();
-        let ids: Vec<u32> = prompt_ids.iter().chain(&reply_ids).copied().collect();
-        let logits = common::score_all_with(model, &ids, kv);
-        for (i, &t) in reply_ids.iter().enumerate() {
-            let row = &logits[prompt_ids.len() + i - 1];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&v| (v as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            total += lse - row[t as usize] as f64;
-            count += 1;
-        }
-    }
-    total / count as f64
-}
-
 #[test]
 fn real_model_packed_perplexity_is_within_one_percent_of_f32() {
-    let found = read_sharegpt(&default_sharegpt_path(), 1).unwrap();
-    // Held back: the last conversations of the dump (the replay samples its front).
     let f32_model = common::real_model(WeightFormat::F32);
-    let cap = |text: &str| {
-        let ids = f32_model.encode(text).unwrap();
-        f32_model.decode(&ids[..ids.len().min(48)]).unwrap()
-    };
-    let samples: Vec<(String, String)> = found
-        .conversations
-        .iter()
-        .rev()
-        .filter_map(|c| c.turns.first())
-        .filter(|(u, r)| !u.trim().is_empty() && !r.trim().is_empty())
-        .take(100)
-        .map(|(u, r)| (cap(u), cap(r)))
-        .collect();
-    assert_eq!(samples.len(), 100);
+    let samples = common::held_back_replies(&f32_model, 100);
     // The reference computes and keeps everything in f32; the default keeps packed weights,
     // 8-bit activations and an f16 KV cache.
-    let reference = nll(&f32_model, &samples, KvPrecision::F32);
+    let reference = common::reply_nll(&f32_model, &samples, KvPrecision::F32);
     drop(f32_model);
-    let packed = nll(
+    let packed = common::reply_nll(
         &common::real_model(WeightFormat::Packed),
         &samples,
         KvPrecision::default(),

@@ -21,6 +21,7 @@ use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention_in_window, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
+mod gguf;
 mod load;
 mod names;
 
@@ -28,11 +29,12 @@ mod names;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightFormat {
     /// The default: pensieve's packed weights and its own matmul, one path for every pass
-    /// size, so a row's logits do not depend on the rest of its batch. GGUF `Q4_1`/`Q8_0`
-    /// weights keep their codes (0.75 / 1.25 bytes per weight with their scales) and multiply
-    /// activations quantized to 8 bits per 32 values with integer dot products (AVX-512 VNNI
-    /// or AVX2, chosen at run time); other weights are held as f32. On devices other than the
-    /// CPU it falls back to f32 weights on candle's matmul.
+    /// size, so a row's logits do not depend on the rest of its batch. GGUF quantizations
+    /// (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`) keep their codes and
+    /// scales (about the file's bytes) and multiply activations quantized to 8 bits per 32
+    /// values with integer dot products (AVX-512 VNNI or AVX2, chosen at run time); float
+    /// weights keep their type (f32, f16, bf16); `Q2_K`/`Q3_K` are held as f32. On devices
+    /// other than the CPU it falls back to f32 weights on candle's matmul.
     #[default]
     Packed,
     /// Dequantized to f32 on candle's GEMM: 4 bytes per weight. The reference the packed
@@ -104,7 +106,7 @@ struct Layer {
     post_ffn_norm: Option<Tensor>,
     /// The attention window, if the layer attends within one.
     window: Option<u32>,
-    /// Which of the model's rotary tables the layer uses.
+    /// Which of the model's rotary frequencies the layer uses.
     rope: usize,
 }
 
@@ -120,20 +122,32 @@ impl Layer {
     }
 }
 
+/// The token embedding table.
+#[derive(Debug)]
+enum Embedding {
+    /// A dense table in the activation type (the candle formats).
+    Table(Tensor),
+    /// Rows dequantized from packed weights as tokens are looked up, so the table takes no
+    /// second copy in f32: its own, or the output projection's where the two are tied.
+    Packed(Option<PackedLinear>),
+}
+
 /// A loaded Llama-family model.
 #[derive(Debug)]
 pub struct Llama {
     config: LlamaConfig,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
-    /// `[max_positions, head_dim / 2]` rotary tables (cos, sin): the global layers' first,
-    /// then the sliding-window layers' where their base differs.
-    ropes: Vec<(Tensor, Tensor)>,
+    /// `[1, head_dim / 2]` rotary frequencies (f32): the global layers' first, then the
+    /// sliding-window layers' where their base differs. The angles of a pass's positions are
+    /// computed from them (a table over every position would take as much memory as a small
+    /// model's weights).
+    inv_freqs: Vec<Tensor>,
     device: Device,
     /// The type of activations between the matmuls (and of the embeddings, norms and rotary
-    /// tables they meet).
+    /// angles they meet).
     act: DType,
     /// How the linear weights are held.
     format: WeightFormat,
@@ -253,6 +267,26 @@ impl Llama {
         layers + self.lm_head.bytes()
     }
 
+    /// The embeddings of `tokens`, `[tokens, hidden]` in the activation type.
+    fn embed_rows(&self, tokens: &[u32]) -> Result<Tensor> {
+        let packed = match (&self.embed, &self.lm_head) {
+            (Embedding::Table(t), _) => {
+                let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+                return Ok(t.index_select(&ids, 0)?);
+            }
+            (Embedding::Packed(Some(p)), _) | (Embedding::Packed(None), Linear::Packed(p, _)) => p,
+            (Embedding::Packed(None), Linear::Candle(_)) => {
+                return Err(Error::invalid_model(
+                    "token embedding",
+                    "tied to no packed output",
+                ))
+            }
+        };
+        let rows = packed.rows(tokens)?;
+        let x = Tensor::from_vec(rows, (tokens.len(), self.config.hidden_size), &self.device)?;
+        Ok(x.to_dtype(self.act)?)
+    }
+
     /// A digest of what this model computes KV with: its hyper-parameters, weight format,
     /// activation type and a sample of its weights (every 64th embedding row and the norm
     /// weights), so KV stored by another model or format is never taken for this one's.
@@ -264,11 +298,7 @@ impl Llama {
         h.update(format!("{:?}|{:?}|{:?}", self.config, self.format, self.act).as_bytes());
         h.update(&self.weight_bytes().to_le_bytes());
         let rows: Vec<u32> = (0..self.config.vocab_size as u32).step_by(64).collect();
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
-        let mut sample = vec![
-            self.embed.index_select(&rows, 0)?.flatten_all()?,
-            self.norm.clone(),
-        ];
+        let mut sample = vec![self.embed_rows(&rows)?.flatten_all()?, self.norm.clone()];
         sample.extend(self.layers.iter().map(|l| l.attn_norm.clone()));
         for t in sample {
             for x in t.to_dtype(DType::F32)?.to_vec1::<f32>()? {
@@ -329,25 +359,24 @@ impl Llama {
         let t = batch.num_tokens();
         let dev = &self.device;
         let write_index = pool.write_index(&batch.slots, dev)?;
-        let positions = Tensor::from_slice(&batch.positions, t, dev)?;
+        let positions: Vec<f32> = batch.positions.iter().map(|&p| p as f32).collect();
+        let positions = Tensor::from_vec(positions, (t, 1), dev)?;
         let ropes = self
-            .ropes
+            .inv_freqs
             .iter()
-            .map(|(cos, sin)| {
-                let at = |table: &Tensor| -> Result<Tensor> {
-                    Ok(table
-                        .index_select(&positions, 0)?
-                        .reshape((t, 1, c.head_dim / 2))?)
+            .map(|inv_freq| {
+                let angles = positions.broadcast_mul(inv_freq)?;
+                let at = |v: Tensor| -> Result<Tensor> {
+                    Ok(v.to_dtype(self.act)?.reshape((t, 1, c.head_dim / 2))?)
                 };
-                Ok((at(cos)?, at(sin)?))
+                Ok((at(angles.cos()?)?, at(angles.sin()?)?))
             })
             .collect::<Result<Vec<_>>>()?;
-        let tokens = Tensor::from_slice(&batch.tokens, t, dev)?;
         let scale = c.attention_scale();
         let eps = c.rms_norm_eps as f32;
         let arch = c.architecture;
 
-        let mut x = self.embed.index_select(&tokens, 0)?;
+        let mut x = self.embed_rows(&batch.tokens)?;
         if arch.scales_embedding() {
             // In the activation type, as the reference implementations round it.
             let s = Tensor::new(&[(c.hidden_size as f32).sqrt()], dev)?.to_dtype(self.act)?;

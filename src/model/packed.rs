@@ -1,10 +1,12 @@
 //! Packed linear weights and the one matmul every pass runs on the CPU, whatever its row count.
 //!
 //! `y = x · Wᵀ` for `x: [m, k]` (f32) and `W: [n, k]`. The weights are repacked at load into
-//! panels of [`NR`] output columns. GGUF `Q4_1` and `Q8_0` keep their codes (0.75 and 1.25
-//! bytes per weight with their f32 scales and offsets) and run the integer kernel of `quant`: activations quantized to 8 bits per
-//! 32 values, integer dot products per block (AVX-512 VNNI, AVX2, or scalar). Other weights are
-//! held as f32 and run the FMA kernel of `float`.
+//! panels of [`NR`] output columns, in about the bytes of the file. GGUF `Q4_0`, `Q4_1`,
+//! `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K` and `Q6_K` keep their codes and scales and run the
+//! integer kernel of `quant`: activations quantized to 8 bits per 32 values, integer dot
+//! products per block (AVX-512 VNNI, AVX2, or scalar). Float weights keep their type (f32,
+//! f16, bf16) and run the FMA kernel of `float`, widened as they load; the GGUF types neither
+//! kernel keeps (`Q2_K`, `Q3_K`) are dequantized to f32.
 //!
 //! **Batch invariance.** In both kernels an output `y[r][c]` depends on row `r` of `x` and the
 //! weights only, through a sequence of operations fixed by `k`: neither the row count, a row's
@@ -22,27 +24,29 @@ use crate::{Error, Result};
 /// `$tile::<R, P>(args)` for a register tile of `$rows` rows spanning `$panels` panels (the
 /// shapes [`tile_width`] hands out), in every kernel's vector paths.
 macro_rules! tile_shapes {
-    ($rows:expr, $panels:expr, $tile:ident($($arg:expr),*)) => {
+    ($rows:expr, $panels:expr, $tile:ident $(<$ty:ty>)? ($($arg:expr),*)) => {
         match ($rows, $panels) {
-            (1, 4) => $tile::<1, 4>($($arg),*),
-            (1, 2) => $tile::<1, 2>($($arg),*),
-            (2, 2) => $tile::<2, 2>($($arg),*),
-            (3, 2) => $tile::<3, 2>($($arg),*),
-            (1, _) => $tile::<1, 1>($($arg),*),
-            (2, _) => $tile::<2, 1>($($arg),*),
-            (3, _) => $tile::<3, 1>($($arg),*),
-            (4, _) => $tile::<4, 1>($($arg),*),
-            (5, _) => $tile::<5, 1>($($arg),*),
-            _ => $tile::<6, 1>($($arg),*),
+            (1, 4) => $tile::<$($ty,)? 1, 4>($($arg),*),
+            (1, 2) => $tile::<$($ty,)? 1, 2>($($arg),*),
+            (2, 2) => $tile::<$($ty,)? 2, 2>($($arg),*),
+            (3, 2) => $tile::<$($ty,)? 3, 2>($($arg),*),
+            (1, _) => $tile::<$($ty,)? 1, 1>($($arg),*),
+            (2, _) => $tile::<$($ty,)? 2, 1>($($arg),*),
+            (3, _) => $tile::<$($ty,)? 3, 1>($($arg),*),
+            (4, _) => $tile::<$($ty,)? 4, 1>($($arg),*),
+            (5, _) => $tile::<$($ty,)? 5, 1>($($arg),*),
+            _ => $tile::<$($ty,)? 6, 1>($($arg),*),
         }
     };
 }
 
 mod float;
+mod gguf;
 mod quant;
 
-use float::FloatWeights;
-use quant::{Bits, QuantRows, QuantWeights, QK};
+use float::{Elem, FloatWeights};
+use half::bf16;
+use quant::{QuantRows, QuantWeights};
 
 /// Output columns per panel: one 64-byte vector of f32 or of 32-bit dot products.
 pub(crate) const NR: usize = 16;
@@ -59,7 +63,7 @@ const ELEMENTS_PER_TASK: usize = 16 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     Scalar,
-    /// AVX2 and FMA: the baseline of every x86-64 machine we run on.
+    /// AVX2, FMA and F16C: the baseline of every x86-64 machine we run on.
     #[cfg(target_arch = "x86_64")]
     Avx2,
     /// AVX-512 F/BW with VNNI (`vpdpbusd`) for the integer kernel; AVX2 for the rest.
@@ -79,7 +83,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
+            if has!("avx2") && has!("fma") && has!("f16c") {
                 all.push(Isa::Avx2);
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     all.push(Isa::Avx512);
@@ -127,7 +131,35 @@ impl Tile<'_> {
 #[derive(Debug)]
 enum Weights {
     Quant(QuantWeights),
-    Float(FloatWeights),
+    F32(FloatWeights<f32>),
+    F16(FloatWeights<f16>),
+    Bf16(FloatWeights<bf16>),
+}
+
+/// Reads `len` bytes at `offset` of a tensor's data into the buffer (replacing what it held).
+pub type ReadBytes<'a> = dyn FnMut(usize, usize, &mut Vec<u8>) -> Result<()> + 'a;
+
+/// Float weights of `N`-byte values, read a panel of rows at a time.
+fn stream_floats<T: Elem, const N: usize>(
+    n: usize,
+    k: usize,
+    read: &mut ReadBytes,
+    from_le: fn([u8; N]) -> T,
+) -> Result<FloatWeights<T>> {
+    let mut packed = FloatWeights::zeros(n, k);
+    let mut bytes = Vec::new();
+    for first in (0..n).step_by(NR) {
+        let len = NR.min(n - first) * k * N;
+        read(first * k * N, len, &mut bytes)?;
+        let values: Vec<T> = bytes
+            .get(..len)
+            .ok_or_else(|| Error::invalid_model("packed weights", "tensor data short"))?
+            .chunks_exact(N)
+            .map(|b| from_le(b.try_into().unwrap_or([0; N])))
+            .collect();
+        packed.fill(first, &values);
+    }
+    Ok(packed)
 }
 
 /// The activations as a kernel takes them.
@@ -145,51 +177,55 @@ pub(crate) struct PackedLinear {
 }
 
 impl PackedLinear {
-    /// Packs a GGUF tensor of shape `[n, k]`: `Q4_1` and `Q8_0` keep their codes, other types
-    /// are dequantized to f32.
+    /// Whether [`Self::from_gguf`] takes GGUF type `dtype` (the quantizations the integer
+    /// kernel keeps, and the float types); the others are dequantized by
+    /// [`Self::from_qtensor`].
+    pub fn streams(dtype: GgmlDType) -> bool {
+        gguf::keeps(dtype) || matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+    }
+
+    /// Packs a GGUF matrix of type `dtype` and shape `[n, k]` in its own codes (or float
+    /// type), its bytes read through `read` a panel of rows at a time: the file is never held
+    /// whole a second time.
     ///
     /// # Errors
-    /// [`Error::InvalidModel`] for a tensor that is not 2-D or whose data is short.
-    pub fn from_qtensor(q: &QTensor) -> Result<Self> {
-        let (n, k) = q.shape().dims2()?;
-        let bytes = q.data()?;
-        let bad = |why: &str| Error::invalid_model("packed weights", why);
-        let blocks = k / QK;
-        let weights = match q.dtype() {
-            GgmlDType::Q4_1 if k % QK == 0 => {
-                if bytes.len() < n * blocks * 20 {
-                    return Err(bad("Q4_1 data shorter than its shape"));
-                }
-                QuantWeights::pack(n, k, Bits::Four, |row, b, out| {
-                    let blk = &bytes[(row * blocks + b) * 20..][..20];
-                    for j in 0..QK / 2 {
-                        out.codes[j] = blk[4 + j] & 0x0F;
-                        out.codes[j + QK / 2] = blk[4 + j] >> 4;
-                    }
-                    out.scale = f16_at(blk, 0);
-                    out.offset = f16_at(blk, 2);
-                })
-            }
-            GgmlDType::Q8_0 if k % QK == 0 => {
-                if bytes.len() < n * blocks * 34 {
-                    return Err(bad("Q8_0 data shorter than its shape"));
-                }
-                QuantWeights::pack(n, k, Bits::Eight, |row, b, out| {
-                    let blk = &bytes[(row * blocks + b) * 34..][..34];
-                    out.codes.copy_from_slice(&blk[2..]);
-                    out.scale = f16_at(blk, 0);
-                    out.offset = 0.0;
-                })
-            }
+    /// [`Error::InvalidModel`] for a type [`Self::streams`] refuses, or short or corrupt data;
+    /// `read`'s errors.
+    pub fn from_gguf(dtype: GgmlDType, n: usize, k: usize, read: &mut ReadBytes) -> Result<Self> {
+        let weights = match dtype {
+            dt if gguf::keeps(dt) => Weights::Quant(gguf::pack(dt, n, k, read)?),
+            GgmlDType::F32 => Weights::F32(stream_floats(n, k, read, f32::from_le_bytes)?),
+            GgmlDType::F16 => Weights::F16(stream_floats(n, k, read, f16::from_le_bytes)?),
+            GgmlDType::BF16 => Weights::Bf16(stream_floats(n, k, read, bf16::from_le_bytes)?),
             _ => {
-                let w = q.dequantize(&candle_core::Device::Cpu)?;
-                return Self::from_f32(&w.flatten_all()?.to_vec1::<f32>()?, n, k);
+                return Err(Error::invalid_model(
+                    "packed weights",
+                    format!("{dtype:?} is read whole and dequantized"),
+                ))
             }
         };
-        Ok(Self {
-            n,
-            k,
-            weights: Weights::Quant(weights),
+        Ok(Self { n, k, weights })
+    }
+
+    /// Packs a GGUF tensor of shape `[n, k]` held in memory: as [`Self::from_gguf`], other
+    /// types (`Q2_K`, `Q3_K`, ...) dequantized to f32.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for a tensor that is not 2-D or whose data is short or corrupt.
+    pub fn from_qtensor(q: &QTensor) -> Result<Self> {
+        let (n, k) = q.shape().dims2()?;
+        if !Self::streams(q.dtype()) {
+            let w = q.dequantize(&candle_core::Device::Cpu)?;
+            return Self::from_f32(&w.flatten_all()?.to_vec1::<f32>()?, n, k);
+        }
+        let data = q.data()?;
+        Self::from_gguf(q.dtype(), n, k, &mut |at, len, buf| {
+            let bytes = data.get(at..at + len).ok_or_else(|| {
+                Error::invalid_model("packed weights", "tensor data shorter than its shape")
+            })?;
+            buf.clear();
+            buf.extend_from_slice(bytes);
+            Ok(())
         })
     }
 
@@ -198,25 +234,79 @@ impl PackedLinear {
     /// # Errors
     /// [`Error::InvalidModel`] if `w` does not hold `n · k` values.
     pub fn from_f32(w: &[f32], n: usize, k: usize) -> Result<Self> {
-        if w.len() != n * k {
-            return Err(Error::invalid_model(
-                "packed weights",
-                format!("{} values for a [{n}, {k}] matrix", w.len()),
-            ));
-        }
+        Self::check_len(w.len(), n, k)?;
         Ok(Self {
             n,
             k,
-            weights: Weights::Float(FloatWeights::pack(w, n, k)),
+            weights: Weights::F32(FloatWeights::pack(w, n, k)),
         })
+    }
+
+    /// Packs a `[n, k]` CPU tensor in its own float type (f32, f16, bf16; others as f32), as a
+    /// checkpoint holds it.
+    ///
+    /// # Errors
+    /// [`Error::Candle`] for a tensor that is not 2-D or not readable on the CPU.
+    pub fn from_tensor(w: &Tensor) -> Result<Self> {
+        let (n, k) = w.dims2()?;
+        let flat = w.flatten_all()?;
+        let weights = match w.dtype() {
+            candle_core::DType::F16 => Weights::F16(FloatWeights::pack(&flat.to_vec1()?, n, k)),
+            candle_core::DType::BF16 => Weights::Bf16(FloatWeights::pack(&flat.to_vec1()?, n, k)),
+            _ => return Self::from_f32(&flat.to_dtype(candle_core::DType::F32)?.to_vec1()?, n, k),
+        };
+        Ok(Self { n, k, weights })
+    }
+
+    fn check_len(len: usize, n: usize, k: usize) -> Result<()> {
+        if len == n * k {
+            return Ok(());
+        }
+        Err(Error::invalid_model(
+            "packed weights",
+            format!("{len} values for a [{n}, {k}] matrix"),
+        ))
     }
 
     /// Bytes the weights take (what one pass reads).
     pub fn bytes(&self) -> usize {
         match &self.weights {
-            Weights::Quant(q) => q.codes.len() + 4 * (q.scales.len() + q.offsets.len()),
-            Weights::Float(f) => 4 * f.values.len(),
+            Weights::Quant(q) => q.bytes(),
+            Weights::F32(f) => 4 * f.values.len(),
+            Weights::F16(f) => 2 * f.values.len(),
+            Weights::Bf16(f) => 2 * f.values.len(),
         }
+    }
+
+    /// The matrix's shape `[n, k]`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Rows `rows` of the weights, dequantized: `[rows.len(), k]` row-major. An embedding
+    /// table held packed is looked up this way, so it takes no second copy in f32.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for a row past `n`.
+    pub fn rows(&self, rows: &[u32]) -> Result<Vec<f32>> {
+        let k = self.k;
+        let mut out = vec![0f32; rows.len() * k];
+        for (&r, dst) in rows.iter().zip(out.chunks_exact_mut(k.max(1))) {
+            let r = r as usize;
+            if r >= self.n {
+                return Err(Error::invalid_model(
+                    "packed weights",
+                    format!("row {r} of {}", self.n),
+                ));
+            }
+            match &self.weights {
+                Weights::Quant(q) => q.row(r, dst),
+                Weights::F32(f) => f.row(r, dst),
+                Weights::F16(f) => f.row(r, dst),
+                Weights::Bf16(f) => f.row(r, dst),
+            }
+        }
+        Ok(out)
     }
 
     /// `x · Wᵀ` for `x: [m, k]` row-major, plus `residual` (`[m, n]`) when given; returns
@@ -228,7 +318,7 @@ impl PackedLinear {
         }
         let rows = match &self.weights {
             Weights::Quant(_) => Rows::Quant(QuantRows::new(&x[..m * k], m, k, isa)),
-            Weights::Float(_) => Rows::Float(x),
+            _ => Rows::Float(x),
         };
         // Panel-major `[panel][row][NR]`, so each work item owns one contiguous chunk: a group
         // of panels, enough items to balance the threads, and each chunk of rows runs over all
@@ -252,7 +342,9 @@ impl PackedLinear {
                     };
                     match (&self.weights, &rows) {
                         (Weights::Quant(w), Rows::Quant(a)) => w.run(a, &mut tile, isa),
-                        (Weights::Float(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
+                        (Weights::F32(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
+                        (Weights::F16(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
+                        (Weights::Bf16(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
                         // `rows` was made to match `self.weights` above.
                         _ => {}
                     }
@@ -280,10 +372,6 @@ impl PackedLinear {
             });
         out
     }
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// [`PackedLinear::matmul`] as a candle op on `x: [m, k]` (f32, CPU).

@@ -261,3 +261,56 @@ pub fn run_turn(
         }
     }
 }
+
+/// `count` (user turn, reply) pairs from the end of the ShareGPT dump (the replay samples its
+/// front), each side cut to its first 48 tokens.
+pub fn held_back_replies(model: &Model, count: usize) -> Vec<(String, String)> {
+    let found =
+        pensieve::workload::read_sharegpt(&pensieve::workload::default_sharegpt_path(), 1).unwrap();
+    let cap = |text: &str| {
+        let ids = model.encode(text).unwrap();
+        model.decode(&ids[..ids.len().min(48)]).unwrap()
+    };
+    let samples: Vec<(String, String)> = found
+        .conversations
+        .iter()
+        .rev()
+        .filter_map(|c| c.turns.first())
+        .filter(|(u, r)| !u.trim().is_empty() && !r.trim().is_empty())
+        .take(count)
+        .map(|(u, r)| (cap(u), cap(r)))
+        .collect();
+    assert_eq!(samples.len(), count);
+    samples
+}
+
+/// Mean negative log-likelihood per token of each reply given its user turn.
+pub fn reply_nll(
+    model: &Model,
+    samples: &[(String, String)],
+    kv: pensieve::engine::KvPrecision,
+) -> f64 {
+    let (mut total, mut count) = (0f64, 0usize);
+    for (user, reply) in samples {
+        let prompt = model
+            .render_chat(&[pensieve::model::Message::new("user", user.clone())], true)
+            .unwrap();
+        let prompt_ids = model.encode(&prompt).unwrap();
+        let reply_ids = model.encode(&format!("{reply}<|im_end|>")).unwrap();
+        let ids: Vec<u32> = prompt_ids.iter().chain(&reply_ids).copied().collect();
+        let logits = score_all_with(model, &ids, kv);
+        for (i, &t) in reply_ids.iter().enumerate() {
+            let row = &logits[prompt_ids.len() + i - 1];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&v| (v as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            total += lse - row[t as usize] as f64;
+            count += 1;
+        }
+    }
+    total / count as f64
+}

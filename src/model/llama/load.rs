@@ -2,6 +2,7 @@
 //! shape; the weight format each linear layer is held in, and the activation type that goes
 //! with it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::path::Path;
@@ -9,8 +10,9 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::gguf::GgufTensors;
 use super::names::{check_tensors, Role, Scheme};
-use super::{Layer, Linear, Llama, WeightFormat};
+use super::{Embedding, Layer, Linear, Llama, WeightFormat};
 use crate::model::config::LlamaConfig;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
@@ -106,34 +108,40 @@ impl Llama {
             Scheme::Gguf,
             content.tensor_infos.keys().map(String::as_str),
         )?;
-        let mut get = |name: &str| -> Result<QTensor> {
-            content
-                .tensor(reader, name, device)
-                .map_err(|e| Error::invalid_model(name, e))
+        let file = GgufTensors {
+            content,
+            reader: RefCell::new(reader),
+            device,
+            packed: format == WeightFormat::Packed && device.is_cpu(),
         };
         if content.tensor_infos.contains_key(ROPE_FREQS) {
-            let factors = get(ROPE_FREQS)?.dequantize(&Device::Cpu)?;
+            let factors = file.qtensor(ROPE_FREQS)?.dequantize(&Device::Cpu)?;
             config.rope.freq_factors = Some(factors.flatten_all()?.to_vec1::<f32>()?);
             config.validate()?;
         }
         let g = Scheme::Gguf.globals();
-        let embed_q = get(g.embed)?;
-        let embed = embed_q.dequantize(device)?;
-        let lm_head = if config.tie_word_embeddings {
-            linear_from_q(embed_q, format, device)?
-        } else {
-            linear_from_q(get(g.output)?, format, device)?
+        let (embed, lm_head) = match (file.packed, config.tie_word_embeddings) {
+            (true, true) => (Embedding::Packed(None), file.linear(g.embed, format)?),
+            (true, false) => (
+                Embedding::Packed(Some(file.packed(g.embed)?)),
+                file.linear(g.output, format)?,
+            ),
+            (false, tied) => (
+                Embedding::Table(file.qtensor(g.embed)?.dequantize(device)?),
+                file.linear(if tied { g.embed } else { g.output }, format)?,
+            ),
         };
-        let norm = get(g.norm)?.dequantize(device)?;
+        let vector = |name: String| Ok(file.qtensor(&name)?.dequantize(device)?);
+        let norm = vector(g.norm.to_string())?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             layers.push(Layer::load(
                 &config,
                 Scheme::Gguf,
                 i,
-                &mut get,
-                |q| linear_from_q(q, format, device),
-                |q| Ok(q.dequantize(device)?),
+                |name| Ok(name.to_string()),
+                |name| file.linear(&name, format),
+                vector,
             )?);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
@@ -163,18 +171,13 @@ impl Llama {
         let files = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&paths) }
             .map_err(|e| Error::invalid_model(shown(&paths), e))?;
         let names: Vec<String> = files.tensors().into_iter().map(|(n, _)| n).collect();
-        let config = untie_if_present(config, &names);
-        check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
-        let tensors = names
-            .iter()
-            .map(|n| {
-                let t = files
-                    .load(n, device)
-                    .map_err(|e| Error::invalid_model(n.as_str(), e))?;
-                Ok((n.clone(), t))
-            })
-            .collect::<Result<HashMap<_, _>>>()?;
-        Self::from_hf_tensors(config, tensors, format, device)
+        // Tensor by tensor, each in its own type until it is packed: never the whole
+        // checkpoint in a second copy.
+        Self::from_hf(config, &names, format, device, |n| {
+            files
+                .load(n, device)
+                .map_err(|e| Error::invalid_model(n, e))
+        })
     }
 
     /// Builds the model from Hugging Face-named tensors (`model.layers.N.self_attn.q_proj.weight`
@@ -189,22 +192,43 @@ impl Llama {
         device: &Device,
     ) -> Result<Self> {
         let names: Vec<String> = tensors.keys().cloned().collect();
-        let config = untie_if_present(config, &names);
-        check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
-        let mut take = |name: &str| -> Result<Tensor> {
-            let t = tensors
+        Self::from_hf(config, &names, format, device, |name| {
+            tensors
                 .remove(name)
-                .ok_or_else(|| Error::invalid_model(name, "missing tensor"))?;
-            Ok(t.to_device(device)?.to_dtype(DType::F32)?)
-        };
+                .ok_or_else(|| Error::invalid_model(name, "missing tensor"))
+        })
+    }
+
+    /// Builds the model from the tensors `names`, each read once through `fetch`.
+    fn from_hf(
+        config: LlamaConfig,
+        names: &[String],
+        format: WeightFormat,
+        device: &Device,
+        mut fetch: impl FnMut(&str) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let config = untie_if_present(config, names);
+        check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
+        let mut take = |name: &str| Ok(fetch(name)?.to_device(device)?);
+        let f32 = |t: Tensor| Ok(t.to_dtype(DType::F32)?);
         let g = Scheme::Hf.globals();
         let embed = take(g.embed)?;
-        let lm_head = if config.tie_word_embeddings {
-            linear_from_tensor(embed.clone(), format)?
-        } else {
-            linear_from_tensor(take(g.output)?, format)?
+        let packed = format == WeightFormat::Packed && device.is_cpu();
+        let (embed, lm_head) = match (packed, config.tie_word_embeddings) {
+            (true, true) => (Embedding::Packed(None), linear_from_tensor(embed, format)?),
+            (true, false) => (
+                Embedding::Packed(Some(PackedLinear::from_tensor(&embed)?)),
+                linear_from_tensor(take(g.output)?, format)?,
+            ),
+            (false, tied) => {
+                let output = if tied { embed.clone() } else { take(g.output)? };
+                (
+                    Embedding::Table(f32(embed)?),
+                    linear_from_tensor(output, format)?,
+                )
+            }
         };
-        let mut norm = take(g.norm)?;
+        let mut norm = f32(take(g.norm)?)?;
         if config.architecture.hf_norm_offset() {
             norm = (norm + 1.0)?;
         }
@@ -216,7 +240,7 @@ impl Llama {
                 i,
                 &mut take,
                 |t| linear_from_tensor(t, format),
-                Ok,
+                f32,
             )?);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
@@ -310,17 +334,25 @@ impl Llama {
 
     fn assemble(
         config: LlamaConfig,
-        embed: Tensor,
+        embed: Embedding,
         layers: Vec<Layer>,
         norm: Tensor,
         lm_head: Linear,
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
+        let embed_dims = match (&embed, &lm_head) {
+            (Embedding::Table(t), _) => t.dims().to_vec(),
+            (Embedding::Packed(Some(p)), _) | (Embedding::Packed(None), Linear::Packed(p, _)) => {
+                let (n, k) = p.dims();
+                vec![n, k]
+            }
+            (Embedding::Packed(None), Linear::Candle(_)) => Vec::new(),
+        };
         let expect = [
             (
                 "token embedding",
-                embed.dims().to_vec(),
+                embed_dims,
                 vec![c.vocab_size, c.hidden_size],
             ),
             ("output norm", norm.dims().to_vec(), vec![c.hidden_size]),
@@ -333,28 +365,22 @@ impl Llama {
                 ));
             }
         }
-        // Table 0 serves the global layers; table 1, where there is one, the sliding-window
+        // Frequencies 0 serve the global layers; 1, where there are any, the sliding-window
         // layers with their own base (`Layer::rope` picks).
         let first_local = (0..c.num_layers).find(|&l| c.layer_windows[l].is_some());
         let sources = match first_local {
             Some(l) if !c.uniform_rope() => vec![c.global_inv_freq(), c.rope_inv_freq(l)],
             _ => vec![c.global_inv_freq()],
         };
-        let n = config.max_position_embeddings;
-        let pos = Tensor::arange(0u32, n as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((n, 1))?;
-        let ropes = sources
+        let inv_freqs = sources
             .into_iter()
-            .map(|inv_freq| {
-                let half = inv_freq.len();
-                let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-                let freqs = pos.broadcast_mul(&inv_freq)?;
-                Ok((freqs.cos()?.contiguous()?, freqs.sin()?.contiguous()?))
+            .map(|f| {
+                let half = f.len();
+                Ok(Tensor::from_vec(f, (1, half), device)?)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            ropes,
+            inv_freqs,
             embed,
             layers,
             norm,
@@ -374,18 +400,17 @@ impl Llama {
     }
 
     /// The same model computing its activations in `act`: the tensors activations meet
-    /// (embeddings, norm weights, rotary tables) are converted once here.
+    /// (embeddings held as a table, norm weights) are converted once here.
     fn with_activations(mut self, act: DType) -> Result<Self> {
         if act == self.act {
             return Ok(self);
         }
-        let tables = self.ropes.iter_mut().flat_map(|(c, s)| [c, s]);
         let layers = self.layers.iter_mut().flat_map(|l| l.vectors_mut());
-        for t in [&mut self.embed, &mut self.norm]
-            .into_iter()
-            .chain(tables)
-            .chain(layers)
-        {
+        let table = match &mut self.embed {
+            Embedding::Table(t) => Some(t),
+            Embedding::Packed(_) => None,
+        };
+        for t in [&mut self.norm].into_iter().chain(table).chain(layers) {
             *t = t.to_dtype(act)?;
         }
         self.act = act;
@@ -403,14 +428,9 @@ fn activation_dtype(format: WeightFormat, device: &Device) -> DType {
     }
 }
 
-fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear> {
+/// A candle linear layer of `q` in `format` (the packed format off the CPU: f32).
+pub(super) fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear> {
     let main = match (format, q.dtype()) {
-        (WeightFormat::Packed, _) if device.is_cpu() => {
-            return Ok(Linear::Packed(
-                PackedLinear::from_qtensor(&q)?,
-                Isa::detect(),
-            ));
-        }
         (WeightFormat::F16, _) => QMatMul::TensorF16(q.dequantize_f16(device)?),
         (WeightFormat::Quantized, dt) if !matches!(dt, GgmlDType::F32 | GgmlDType::F16) => {
             QMatMul::QTensor(std::sync::Arc::new(q))
@@ -421,12 +441,15 @@ fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Li
 }
 
 fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
+    // Packed weights keep the checkpoint's type; candle's paths start from f32.
+    let w = match format {
+        WeightFormat::Packed if w.device().is_cpu() => w,
+        _ => w.to_dtype(DType::F32)?,
+    };
     let main = match format {
         WeightFormat::Packed if w.device().is_cpu() => {
-            let (n, k) = w.dims2()?;
-            let values = w.flatten_all()?.to_vec1::<f32>()?;
             return Ok(Linear::Packed(
-                PackedLinear::from_f32(&values, n, k)?,
+                PackedLinear::from_tensor(&w)?,
                 Isa::detect(),
             ));
         }

@@ -1,5 +1,6 @@
-//! The f32 kernel, for weights the file holds in no quantization we keep (f32, f16, bf16 and
-//! the quantizations other than `Q4_1`/`Q8_0`): `[panel][k][NR]` f32 values.
+//! The float kernel, for weights held as floats (f32, f16, bf16 checkpoints, and the
+//! quantizations the integer kernel does not keep, dequantized): `[panel][k][NR]` values in
+//! the file's own type, widened to f32 as they are loaded (exactly).
 //!
 //! Each output is one chain of fused multiply-adds over `k = 0, 1, …` in order, from zero,
 //! whatever the tile's shape, so rows are batch-invariant and the scalar and AVX2 paths agree
@@ -7,30 +8,108 @@
 //! blocks; a tile keeps up to 6 rows × 16 columns of accumulators in registers and spans
 //! 2–4 panels when it has few rows, so that it still has enough independent chains.
 
+use half::{bf16, f16};
+
 use super::{tile_width, Isa, Tile, NR};
 
 /// Values per `k` block: a block of every panel in a work item stays in L1.
 const KB: usize = 32;
 
-/// `[panel][k][NR]` f32 weights.
-#[derive(Debug)]
-pub(super) struct FloatWeights {
-    pub(super) k: usize,
-    pub(super) values: Vec<f32>,
+/// A weight type the kernel widens to f32 as it loads it.
+pub(super) trait Elem: Copy + Default + Send + Sync + std::fmt::Debug {
+    fn widen(self) -> f32;
+    /// The 8 values at `p` as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; `p` points to 8 values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
-impl FloatWeights {
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+impl Elem for f32 {
+    fn widen(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: as the trait's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+impl Elem for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: as the trait's contract (F16C converts exactly, as `to_f32`).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+impl Elem for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: as the trait's contract. A bf16 is the high half of its f32.
+        unsafe {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+        }
+    }
+}
+
+/// `[panel][k][NR]` weights of type `T`.
+#[derive(Debug)]
+pub(super) struct FloatWeights<T> {
+    pub(super) k: usize,
+    pub(super) values: Vec<T>,
+}
+
+impl<T: Elem> FloatWeights<T> {
+    /// Zero weights of shape `[n, k]`, to [`Self::fill`].
+    pub(super) fn zeros(n: usize, k: usize) -> Self {
+        Self {
+            k,
+            values: vec![T::default(); n.div_ceil(NR) * k * NR],
+        }
+    }
+
     /// Packs row-major `[n, k]` values; `w` holds `n · k` values.
-    pub(super) fn pack(w: &[f32], n: usize, k: usize) -> Self {
-        let panels = n.div_ceil(NR);
-        let mut values = vec![0f32; panels * k * NR];
-        for (row, src) in w.chunks_exact(k.max(1)).enumerate().take(n) {
-            let (p, c) = (row / NR, row % NR);
+    pub(super) fn pack(w: &[T], n: usize, k: usize) -> Self {
+        let mut packed = Self::zeros(n, k);
+        packed.fill(0, w);
+        packed
+    }
+
+    /// Sets rows `first..` to the row-major values `w` (whole rows).
+    pub(super) fn fill(&mut self, first: usize, w: &[T]) {
+        let k = self.k;
+        for (i, src) in w.chunks_exact(k.max(1)).enumerate() {
+            let (p, c) = ((first + i) / NR, (first + i) % NR);
             for (kk, &v) in src.iter().enumerate() {
-                values[(p * k + kk) * NR + c] = v;
+                if let Some(dst) = self.values.get_mut((p * k + kk) * NR + c) {
+                    *dst = v;
+                }
             }
         }
-        Self { k, values }
+    }
+
+    /// Row `row` of the weights, widened.
+    pub(super) fn row(&self, row: usize, out: &mut [f32]) {
+        let (p, c) = (row / NR, row % NR);
+        for (kk, o) in out.iter_mut().enumerate().take(self.k) {
+            *o = self.values[(p * self.k + kk) * NR + c].widen();
+        }
     }
 
     /// One work item: its panels over rows `tile.row0..` of `x` (f32, `k` per row).
@@ -43,7 +122,7 @@ impl FloatWeights {
                 let mut j = 0;
                 while j < t.panels {
                     let wide = tile_width(rows, t.panels - j);
-                    let ws: [&[f32]; 4] = std::array::from_fn(|i| {
+                    let ws: [&[T]; 4] = std::array::from_fn(|i| {
                         let p = (t.first + j + i).min(t.first + t.panels - 1);
                         &self.values[(p * k + k0) * NR..][..kb * NR]
                     });
@@ -72,11 +151,11 @@ struct Block<'a> {
 /// For each of `ws.len()` panels `j` (from `first` on, within the item) and each row `r` of
 /// the block: `out[j][row + r][c] += Σ_kk x[r][kk] · w_j[kk][c]`, one fused multiply-add per
 /// term, in `kk` order, whatever the tile's shape.
-fn accumulate(isa: Isa, b: &Block, ws: &[&[f32]], t: &mut Tile, first: usize, row: usize) {
+fn accumulate<T: Elem>(isa: Isa, b: &Block, ws: &[&[T]], t: &mut Tile, first: usize, row: usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the AVX2 and AVX-512 paths are only chosen when the CPU has AVX2 and FMA
-        // (`Isa::detect`); the callee checks every length it relies on.
+        // SAFETY: the AVX2 and AVX-512 paths are only chosen when the CPU has AVX2, FMA and
+        // F16C (`Isa::detect`); the callee checks every length it relies on.
         Isa::Avx2 | Isa::Avx512 => unsafe { avx2::accumulate(b, ws, t, first, row) },
         Isa::Scalar => {
             for (j, w) in ws.iter().enumerate() {
@@ -86,7 +165,7 @@ fn accumulate(isa: Isa, b: &Block, ws: &[&[f32]], t: &mut Tile, first: usize, ro
                     let acc = &mut t.out[at..][..NR];
                     for (kk, &xv) in x.iter().enumerate() {
                         for (a, &wv) in acc.iter_mut().zip(&w[kk * NR..][..NR]) {
-                            *a = xv.mul_add(wv, *a);
+                            *a = xv.mul_add(wv.widen(), *a);
                         }
                     }
                 }
@@ -99,10 +178,16 @@ fn accumulate(isa: Isa, b: &Block, ws: &[&[f32]], t: &mut Tile, first: usize, ro
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Block, Tile, NR};
+    use super::{Block, Elem, Tile, NR};
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn accumulate(b: &Block, ws: &[&[f32]], t: &mut Tile, first: usize, row: usize) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn accumulate<T: Elem>(
+        b: &Block,
+        ws: &[&[T]],
+        t: &mut Tile,
+        first: usize,
+        row: usize,
+    ) {
         let (rows, wide) = (b.rows, ws.len());
         if rows == 0
             || wide == 0
@@ -112,16 +197,16 @@ mod avx2 {
         {
             return;
         }
-        tile_shapes!(rows, wide, tile(b, ws, t, first, row))
+        tile_shapes!(rows, wide, tile<T>(b, ws, t, first, row))
     }
 
     /// `R` rows × `P` panels × 16 columns of accumulators in registers. The caller checked
     /// that `x` holds `R` rows of `kb` values `stride` apart, each of the first `P` weight
     /// blocks `kb` rows of NR, and the output the `P` panels' rows `row..row + R`.
-    #[target_feature(enable = "avx2,fma")]
-    fn tile<const R: usize, const P: usize>(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tile<T: Elem, const R: usize, const P: usize>(
         b: &Block,
-        ws: &[&[f32]],
+        ws: &[&[T]],
         t: &mut Tile,
         first: usize,
         row: usize,
@@ -144,8 +229,8 @@ mod avx2 {
                 let mut w = [[_mm256_setzero_ps(); 2]; P];
                 for (p, wp) in w.iter_mut().enumerate() {
                     let src = ws[p].as_ptr().add(kk * NR);
-                    wp[0] = _mm256_loadu_ps(src);
-                    wp[1] = _mm256_loadu_ps(src.add(8));
+                    wp[0] = T::load8(src);
+                    wp[1] = T::load8(src.add(8));
                 }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     let xb = _mm256_broadcast_ss(&*xp.add(r * b.stride + kk));

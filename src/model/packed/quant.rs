@@ -1,44 +1,64 @@
-//! The integer kernel, for `Q4_1` and `Q8_0` weights: activations quantized to 8 bits per
-//! 32-value block (as llama.cpp and candle's quantized matmul do), integer dot products per
-//! block, f32 across blocks.
+//! The integer kernel, for weights kept in their GGUF codes: activations quantized to 8 bits
+//! per 32-value block (as llama.cpp and candle's quantized matmul do), integer dot products
+//! per block, f32 across blocks.
 //!
 //! For a row `x` with blocks `b` of scale `s_b = max|x_b| / 127` and codes
-//! `a = round(x / s_b)`, and a weight column with codes `q`, scale `d_b` and offset `m_b`
-//! (`w = q · d_b + m_b`):
+//! `a = round(x / s_b)`, and a weight column with codes `q`, every format is one of three
+//! forms ([`Factors`]):
 //!
-//! `y = Σ_b  (Σ_i q_i a_i) · (d_b · s_b)  +  m_b · (s_b · Σ_i a_i)`
+//! - per block, a scale `d_b` and an offset `m_b` (`w = q · d_b + m_b`; the K-quants compute
+//!   `d_b = D · sc_b`, `m_b = M · mn_b` from 6-bit integers and a super-block's `D`, `M`):
+//!   `y = Σ_b  (Σ_i q_i a_i) · (d_b · s_b)  +  m_b · (s_b · Σ_i a_i)`
+//! - `Q6_K`, an 8-bit scale per 16 values and codes centred on 32:
+//!   `y = Σ_b  (Σ_h sc_h · (Σ_{i∈h} q_i a_i − 32 Σ_{i∈h} a_i)) · (D · s_b)`
 //!
 //! The inner sums are integers, exact in any order and on any path (VNNI `vpdpbusd`, AVX2
-//! `vpmaddubsw`, scalar); the outer sum is two fused multiply-adds per block in block order
-//! from zero. A row's outputs therefore depend on nothing but its own activations: they are
-//! bit-identical alone or in any batch, and every instruction path gives the same bits.
+//! `vpmaddubsw`, scalar); the outer sum is one or two fused multiply-adds per block in block
+//! order from zero, and the products `D · sc` are exact in f32. A row's outputs therefore
+//! depend on nothing but its own activations: they are bit-identical alone or in any batch,
+//! and every instruction path gives the same bits.
 //!
-//! Cost per 32 × 16 block: 8 `vpdpbusd` on 64-byte vectors per row, against 64 f32 FMAs on
-//! 32-byte vectors; the weights are read as stored (4-bit codes plus an f32 scale and
-//! offset per 32: 0.75 bytes per `Q4_1` weight).
+//! Codes are kept at their own width: 4-bit codes as nibbles, a fifth and sixth bit in planes
+//! beside them, 8-bit codes as bytes; scales as the file has them (f16, or 6/8-bit integers
+//! with an f32 per super-block), so a packed matrix takes about the bytes of its file.
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::{Isa, Tile, NR};
+use crate::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Values per quantization block (GGUF `Q4_1` and `Q8_0`, and the activations).
+/// Values per quantization block (the activations', and the weights' unit of factors).
 pub(super) const QK: usize = 32;
+/// Blocks per K-quant super-block (256 values).
+pub(super) const SUPER: usize = 8;
 /// Bytes of one 4-`k` group of a panel: 16 columns × 4 codes, column-major within the group,
 /// so that one 32-bit lane holds one column's 4 codes (the `vpdpbusd` operand order).
 const GROUP: usize = NR * 4;
+/// Bytes of a block's low nibbles in a panel: 4 chunks of [`GROUP`] bytes; chunk `c` holds
+/// group `c` in its low nibbles and group `c + 4` in its high nibbles.
+const NIBBLES: usize = QK * NR / 2;
+/// Bytes of one plane of high code bits of a block in a panel: byte `i` holds the high bits
+/// of the codes at byte `i` of every chunk.
+const PLANE: usize = QK * NR / 8;
 
 /// The code widths we keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Bits {
-    /// Unsigned 4-bit codes (`Q4_1`). A block of a panel is 4 chunks of [`GROUP`] bytes;
-    /// chunk `c` holds group `c` in its low nibbles and group `c + 4` in its high nibbles.
+    /// Unsigned 4-bit codes: the nibbles only.
     Four,
-    /// Signed 8-bit codes (`Q8_0`), offset zero. A block is 8 groups of [`GROUP`] bytes.
+    /// Unsigned 5-bit codes: the nibbles, then one plane holding group `g`'s fifth bit at
+    /// bit `g`.
+    Five,
+    /// Unsigned 6-bit codes: the nibbles, then two planes; plane `g / 4` holds group `g`'s
+    /// two high bits at bits `2 (g % 4)`.
+    Six,
+    /// Signed 8-bit codes, offset zero: 8 groups of [`GROUP`] bytes.
     Eight,
 }
 
@@ -46,78 +66,188 @@ impl Bits {
     /// Bytes of one block of one panel.
     pub(super) const fn block_bytes(self) -> usize {
         match self {
-            Bits::Four => QK * NR / 2,
+            Bits::Four => NIBBLES,
+            Bits::Five => NIBBLES + PLANE,
+            Bits::Six => NIBBLES + 2 * PLANE,
             Bits::Eight => QK * NR,
+        }
+    }
+
+    /// Where group `g`'s high bits are: the plane's offset in the block, their lowest bit
+    /// there, and their mask once moved to bit 4 (above the nibble).
+    const fn plane(self, g: usize) -> (usize, i32, u8) {
+        match self {
+            Bits::Five => (NIBBLES, g as i32, 0x10),
+            Bits::Six => (NIBBLES + (g / 4) * PLANE, 2 * (g % 4) as i32, 0x30),
+            Bits::Four | Bits::Eight => (NIBBLES, 0, 0),
         }
     }
 }
 
-/// Quantized weights: `[panel][block]` code blocks, and per `[panel][block][column]` an f32
-/// scale and offset.
+/// How a block's codes become weights (see the module's formulas). Layouts: `[panel][block]
+/// [NR]` per block, `[panel][super-block][NR]` per super-block, `[panel][block][half][NR]`
+/// per half.
+#[derive(Debug)]
+pub(super) enum Factors {
+    /// `w = q · d + m`, f16 `d`, `m` per block (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`).
+    Block { d: Vec<f16>, m: Vec<f16> },
+    /// `w = q · (D · sc) + M · mn`, 6-bit `sc`, `mn` per block and f32 `D`, `M` per
+    /// super-block (`Q4_K`, `Q5_K`).
+    Super {
+        d: Vec<f32>,
+        m: Vec<f32>,
+        sc: Vec<u8>,
+        mn: Vec<u8>,
+    },
+    /// `w = D · sc_h · (q − 32)`, an 8-bit `sc_h` per 16 values and f32 `D` per super-block
+    /// (`Q6_K`).
+    Halves { d: Vec<f32>, sc: Vec<i8> },
+}
+
+/// Which of [`Factors`] a format packs into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Form {
+    Block,
+    Super,
+    Halves,
+}
+
+/// Quantized weights: `[panel][block]` code blocks and their factors.
 #[derive(Debug)]
 pub(super) struct QuantWeights {
     pub(super) k: usize,
     pub(super) bits: Bits,
     pub(super) codes: Vec<u8>,
-    pub(super) scales: Vec<f32>,
-    pub(super) offsets: Vec<f32>,
+    pub(super) factors: Factors,
 }
 
 /// One block of one weight row as read from the file.
 pub(super) struct RawBlock {
-    /// Codes in `k` order: 0..=15 for [`Bits::Four`], two's-complement bytes for
-    /// [`Bits::Eight`].
+    /// Codes in `k` order: `0..2^bits` unsigned, two's-complement bytes for [`Bits::Eight`].
     pub(super) codes: [u8; QK],
-    pub(super) scale: f32,
-    pub(super) offset: f32,
+    /// [`Form::Block`]: the block's `d` and `m`; the others: the super-block's `D` and `M`.
+    pub(super) d: f32,
+    pub(super) m: f32,
+    /// [`Form::Super`]: `sc` and `mn`; [`Form::Halves`]: the two halves' scales.
+    pub(super) sub: [i32; 2],
 }
 
 impl QuantWeights {
-    /// Packs `n` rows of `k / QK` blocks each, reading block `b` of row `row` through `read`.
+    /// Packs `n` rows of `k / QK` blocks each, reading block `b` of row `row` through `read`
+    /// (rows in order).
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] if `k` is not a whole number of blocks (super-blocks for the
+    /// K-quant forms) or a factor does not fit the form's type; `read`'s errors.
     pub(super) fn pack(
         n: usize,
         k: usize,
         bits: Bits,
-        mut read: impl FnMut(usize, usize, &mut RawBlock),
-    ) -> Self {
+        form: Form,
+        mut read: impl FnMut(usize, usize, &mut RawBlock) -> Result<()>,
+    ) -> Result<Self> {
+        let bad = |why: String| Error::invalid_model("packed weights", why);
+        let unit = if form == Form::Block { QK } else { QK * SUPER };
+        if !k.is_multiple_of(unit) {
+            return Err(bad(format!("{k} columns: not a multiple of {unit}")));
+        }
         let (panels, blocks) = (n.div_ceil(NR), k / QK);
         let per_block = bits.block_bytes();
         let mut codes = vec![0u8; panels * blocks * per_block];
-        let mut scales = vec![0f32; panels * blocks * NR];
-        let mut offsets = vec![0f32; panels * blocks * NR];
+        let (per_b, per_sb) = (panels * blocks * NR, panels * (blocks / SUPER) * NR);
+        let mut factors = match form {
+            Form::Block => Factors::Block {
+                d: vec![f16::ZERO; per_b],
+                m: vec![f16::ZERO; per_b],
+            },
+            Form::Super => Factors::Super {
+                d: vec![0.0; per_sb],
+                m: vec![0.0; per_sb],
+                sc: vec![0; per_b],
+                mn: vec![0; per_b],
+            },
+            Form::Halves => Factors::Halves {
+                d: vec![0.0; per_sb],
+                sc: vec![0; 2 * per_b],
+            },
+        };
         let mut raw = RawBlock {
             codes: [0; QK],
-            scale: 0.0,
-            offset: 0.0,
+            d: 0.0,
+            m: 0.0,
+            sub: [0; 2],
         };
         for row in 0..n {
             let (p, c) = (row / NR, row % NR);
             for b in 0..blocks {
-                read(row, b, &mut raw);
+                read(row, b, &mut raw)?;
                 let pb = p * blocks + b;
-                scales[pb * NR + c] = raw.scale;
-                offsets[pb * NR + c] = raw.offset;
+                let sb = (p * (blocks / SUPER).max(1) + b / SUPER) * NR + c;
+                match &mut factors {
+                    Factors::Block { d, m } => {
+                        let (hd, hm) = (f16::from_f32(raw.d), f16::from_f32(raw.m));
+                        if hd.to_f32() != raw.d || hm.to_f32() != raw.m {
+                            return Err(bad(format!(
+                                "block factors {} {} overflow f16",
+                                raw.d, raw.m
+                            )));
+                        }
+                        d[pb * NR + c] = hd;
+                        m[pb * NR + c] = hm;
+                    }
+                    Factors::Super { d, m, sc, mn } => {
+                        (d[sb], m[sb]) = (raw.d, raw.m);
+                        let six = |v: i32| u8::try_from(v).ok().filter(|&v| v < 64);
+                        match (six(raw.sub[0]), six(raw.sub[1])) {
+                            (Some(s), Some(n)) => (sc[pb * NR + c], mn[pb * NR + c]) = (s, n),
+                            _ => return Err(bad(format!("sub-scales {:?}", raw.sub))),
+                        }
+                    }
+                    Factors::Halves { d, sc } => {
+                        d[sb] = raw.d;
+                        for h in 0..2 {
+                            sc[(2 * pb + h) * NR + c] = i8::try_from(raw.sub[h])
+                                .map_err(|_| bad(format!("sub-scales {:?}", raw.sub)))?;
+                        }
+                    }
+                }
                 let dst = &mut codes[pb * per_block..][..per_block];
                 for (kk, &q) in raw.codes.iter().enumerate() {
                     let (g, t) = (kk / 4, kk % 4);
+                    let at = (g % 4) * GROUP + c * 4 + t;
                     match bits {
                         Bits::Eight => dst[g * GROUP + c * 4 + t] = q,
-                        Bits::Four => dst[(g % 4) * GROUP + c * 4 + t] |= q << (4 * (g / 4)),
+                        _ => {
+                            dst[at] |= (q & 0x0F) << (4 * (g / 4));
+                            let (plane, shift, _) = bits.plane(g);
+                            if bits != Bits::Four {
+                                dst[plane + c * 4 + t] |= (q >> 4) << shift;
+                            }
+                        }
                     }
                 }
             }
         }
-        Self {
+        Ok(Self {
             k,
             bits,
             codes,
-            scales,
-            offsets,
-        }
+            factors,
+        })
     }
 
     fn blocks(&self) -> usize {
         self.k / QK
+    }
+
+    /// Bytes the codes and factors take.
+    pub(super) fn bytes(&self) -> usize {
+        self.codes.len()
+            + match &self.factors {
+                Factors::Block { d, m } => 2 * (d.len() + m.len()),
+                Factors::Super { d, m, sc, mn } => 4 * (d.len() + m.len()) + sc.len() + mn.len(),
+                Factors::Halves { d, sc } => 4 * d.len() + sc.len(),
+            }
     }
 
     /// One work item: its panels over rows `tile.row0..` of the quantized activations.
@@ -145,13 +275,67 @@ impl QuantWeights {
 
     /// Code `kk` of column `c` in block `b` of panel `p`, as a signed integer.
     fn code(&self, p: usize, b: usize, kk: usize, c: usize) -> i32 {
-        let base = (p * self.blocks() + b) * self.bits.block_bytes();
+        let block = &self.codes[(p * self.blocks() + b) * self.bits.block_bytes()..];
         let (g, t) = (kk / 4, kk % 4);
-        match self.bits {
-            Bits::Eight => self.codes[base + g * GROUP + c * 4 + t] as i8 as i32,
-            Bits::Four => {
-                (self.codes[base + (g % 4) * GROUP + c * 4 + t] >> (4 * (g / 4)) & 0x0F) as i32
+        if self.bits == Bits::Eight {
+            return block[g * GROUP + c * 4 + t] as i8 as i32;
+        }
+        let low = block[(g % 4) * GROUP + c * 4 + t] >> (4 * (g / 4)) & 0x0F;
+        if self.bits == Bits::Four {
+            return low as i32;
+        }
+        let (plane, shift, mask) = self.bits.plane(g);
+        let high = (block[plane + c * 4 + t] >> shift) << 4 & mask;
+        (low | high) as i32
+    }
+
+    /// The super-block factor index of block `b` of panel `p`, column `c`.
+    fn super_at(&self, p: usize, b: usize, c: usize) -> usize {
+        (p * (self.blocks() / SUPER) + b / SUPER) * NR + c
+    }
+
+    /// `(d_b, m_b)` of a per-block form (`D · sc`, `M · mn` for the K-quants, exact in f32).
+    fn block_factors(&self, p: usize, b: usize, c: usize) -> (f32, f32) {
+        let at = (p * self.blocks() + b) * NR + c;
+        match &self.factors {
+            Factors::Block { d, m } => (d[at].to_f32(), m[at].to_f32()),
+            Factors::Super { d, m, sc, mn } => {
+                let sb = self.super_at(p, b, c);
+                (d[sb] * f32::from(sc[at]), m[sb] * f32::from(mn[at]))
             }
+            Factors::Halves { .. } => (0.0, 0.0),
+        }
+    }
+
+    /// Row `row` of the weights (`k` values), dequantized.
+    pub(super) fn row(&self, row: usize, out: &mut [f32]) {
+        let (p, c) = (row / NR, row % NR);
+        for (b, out) in out.chunks_exact_mut(QK).enumerate().take(self.blocks()) {
+            for (kk, w) in out.iter_mut().enumerate() {
+                let q = self.code(p, b, kk, c) as f32;
+                *w = match &self.factors {
+                    Factors::Halves { d, sc } => {
+                        let h = sc[(2 * (p * self.blocks() + b) + kk / 16) * NR + c];
+                        d[self.super_at(p, b, c)] * (f32::from(h) * (q - 32.0))
+                    }
+                    _ => {
+                        let (d, m) = self.block_factors(p, b, c);
+                        q.mul_add(d, m)
+                    }
+                };
+            }
+        }
+    }
+
+    /// Whether the factor arrays hold every panel below `end`.
+    fn factors_cover(&self, end: usize) -> bool {
+        let (per_b, per_sb) = (end * self.blocks() * NR, end * (self.blocks() / SUPER) * NR);
+        match &self.factors {
+            Factors::Block { d, m } => per_b <= d.len() && per_b <= m.len(),
+            Factors::Super { d, m, sc, mn } => {
+                per_sb <= d.len().min(m.len()) && per_b <= sc.len().min(mn.len())
+            }
+            Factors::Halves { d, sc } => per_sb <= d.len() && 2 * per_b <= sc.len(),
         }
     }
 }
@@ -168,6 +352,8 @@ pub(super) struct QuantRows {
     scaled_sums: Vec<f32>,
     /// `[row][block]`: `Σ codes`.
     sums: Vec<i32>,
+    /// `[row][block][half]`: `32 · Σ codes` over each 16 values (the centre of `Q6_K`).
+    halves: Vec<i32>,
 }
 
 impl QuantRows {
@@ -180,6 +366,7 @@ impl QuantRows {
             scales: vec![0.0; blocks],
             scaled_sums: vec![0.0; blocks],
             sums: vec![0; blocks],
+            halves: vec![0; 2 * blocks],
         };
         rows.codes
             .par_chunks_mut(QK)
@@ -187,12 +374,16 @@ impl QuantRows {
             .zip(rows.scales.par_iter_mut())
             .zip(rows.scaled_sums.par_iter_mut())
             .zip(rows.sums.par_iter_mut())
+            .zip(rows.halves.par_chunks_mut(2))
             .with_min_len(512)
-            .for_each(|((((codes, x), scale), scaled_sum), sum)| {
+            .for_each(|(((((codes, x), scale), scaled_sum), sum), halves)| {
                 let (s, total) = quantize_block(isa, x, codes);
                 *scale = s;
                 *sum = total;
                 *scaled_sum = s * total as f32;
+                for (h, half) in halves.iter_mut().zip(codes.chunks(16)) {
+                    *h = 32 * half.iter().map(|&q| i32::from(q)).sum::<i32>();
+                }
             });
         rows
     }
@@ -251,14 +442,15 @@ impl Out {
 /// `out`: the vector paths check this once and then read without bounds checks.
 fn in_bounds(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &[f32]) -> bool {
     let blocks = w.blocks();
+    let end = spot.panel + spot.panels;
     spot.rows > 0
         && spot.panels > 0
         && a.k == w.k
-        && (spot.panel + spot.panels) * blocks * w.bits.block_bytes() <= w.codes.len()
-        && (spot.panel + spot.panels) * blocks * NR <= w.scales.len()
-        && (spot.panel + spot.panels) * blocks * NR <= w.offsets.len()
+        && end * blocks * w.bits.block_bytes() <= w.codes.len()
+        && w.factors_cover(end)
         && (spot.row + spot.rows) * a.k <= a.codes.len()
         && (spot.row + spot.rows) * blocks <= a.sums.len()
+        && (spot.row + spot.rows) * blocks * 2 <= a.halves.len()
         && o.index(spot.panels - 1, spot.rows) <= out.len()
 }
 
@@ -273,7 +465,8 @@ fn kernel(isa: Isa, w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &m
         // and the bounds were checked above.
         Isa::Avx512 => unsafe { avx512::kernel(w, a, spot, o, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx2` is only chosen when the CPU has AVX2 and FMA; bounds checked above.
+        // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; bounds checked
+        // above.
         Isa::Avx2 => unsafe { avx2::kernel(w, a, spot, o, out) },
         Isa::Scalar => scalar_kernel(w, a, spot, o, out),
     }
@@ -289,13 +482,24 @@ fn scalar_kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut 
             let mut acc = [0f32; NR];
             for b in 0..blocks {
                 let x = &a.codes[row * a.k + b * QK..][..QK];
-                let (s, sa) = (a.scales[row * blocks + b], a.scaled_sums[row * blocks + b]);
-                let pb = (p * blocks + b) * NR;
+                let rb = row * blocks + b;
+                let (s, sa) = (a.scales[rb], a.scaled_sums[rb]);
                 for (c, acc) in acc.iter_mut().enumerate() {
-                    let dot: i32 = (0..QK).map(|kk| w.code(p, b, kk, c) * x[kk] as i32).sum();
-                    let ds = w.scales[pb + c] * s;
-                    *acc = (dot as f32).mul_add(ds, *acc);
-                    *acc = w.offsets[pb + c].mul_add(sa, *acc);
+                    let dot = |from: usize, to: usize| -> i32 {
+                        (from..to)
+                            .map(|kk| w.code(p, b, kk, c) * x[kk] as i32)
+                            .sum()
+                    };
+                    if let Factors::Halves { d, sc } = &w.factors {
+                        let h = (2 * (p * blocks + b)) * NR + c;
+                        let int = i32::from(sc[h]) * (dot(0, 16) - a.halves[2 * rb])
+                            + i32::from(sc[h + NR]) * (dot(16, QK) - a.halves[2 * rb + 1]);
+                        *acc = (int as f32).mul_add(d[w.super_at(p, b, c)] * s, *acc);
+                    } else {
+                        let (d, m) = w.block_factors(p, b, c);
+                        *acc = (dot(0, QK) as f32).mul_add(d * s, *acc);
+                        *acc = m.mul_add(sa, *acc);
+                    }
                 }
             }
             out[o.index(j, r)..][..NR].copy_from_slice(&acc);

@@ -4,6 +4,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
+use super::quant::QK;
 use super::*;
 
 /// Deterministic values in [-1, 1).
@@ -38,16 +39,52 @@ fn weights(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (PackedLinear, Ve
     }
 }
 
-const SHAPES: [(usize, usize, GgmlDType); 7] = [
+const SHAPES: [(usize, usize, GgmlDType); 18] = [
     // 19 panels: work items of several panels.
     (300, 64, GgmlDType::Q4_1),
     (33, 64, GgmlDType::Q4_1),
     (16, 96, GgmlDType::Q4_1),
     (40, 32, GgmlDType::Q8_0),
     (7, 64, GgmlDType::Q8_0),
+    (40, 64, GgmlDType::Q4_0),
+    (33, 96, GgmlDType::Q5_0),
+    (20, 64, GgmlDType::Q5_1),
+    (35, 256, GgmlDType::Q4K),
+    (17, 512, GgmlDType::Q5K),
+    (40, 256, GgmlDType::Q6K),
+    (3, 512, GgmlDType::Q6K),
     (17, 40, GgmlDType::F32),
     (5, 7, GgmlDType::F32),
+    (17, 40, GgmlDType::F16),
+    (21, 33, GgmlDType::BF16),
+    // Kept as f32 (dequantized): the K-quants the integer kernel has no form for.
+    (18, 256, GgmlDType::Q3K),
+    (18, 256, GgmlDType::Q2K),
 ];
+
+/// The formats, on shapes every one of them takes.
+const FORMATS: [GgmlDType; 12] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::BF16,
+    GgmlDType::Q3K,
+];
+
+/// Whether `dtype` runs on the float kernel (its only rounding is f32's).
+fn is_float(dtype: GgmlDType) -> bool {
+    matches!(
+        dtype,
+        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q2K | GgmlDType::Q3K
+    )
+}
 
 /// The activations the integer kernel sees: each 32-value block rounded to 255 levels of
 /// `max|x| / 127` (what `QuantRows` stores, written out independently here).
@@ -73,9 +110,10 @@ fn matches_the_f64_reference() {
                 let x = values(m * k, 100 + m as u64);
                 // The integer kernel's only approximation is its activations; the f32 kernel
                 // has none but rounding.
-                let xq = match dtype {
-                    GgmlDType::F32 => x.iter().map(|&v| v as f64).collect(),
-                    _ => quantized_activations(&x),
+                let xq = if is_float(dtype) {
+                    x.iter().map(|&v| v as f64).collect()
+                } else {
+                    quantized_activations(&x)
                 };
                 let y = lin.matmul(&x, m, None, isa);
                 assert_eq!(y.len(), m * n);
@@ -101,11 +139,12 @@ fn matches_the_f64_reference() {
 }
 
 #[test]
-fn f32_weights_are_used_bit_exact() {
-    // x = the identity: row j of y is column j of W, computed as 1 · w plus exact zeros.
+fn float_weights_are_used_bit_exact() {
+    // x = the identity: row j of y is column j of W, computed as 1 · w plus exact zeros (a
+    // weight of -0 comes out +0).
     for isa in Isa::available() {
         for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {
-            if dtype != GgmlDType::F32 {
+            if !is_float(dtype) {
                 continue;
             }
             let (lin, w) = weights(n, k, dtype, i as u64);
@@ -118,7 +157,7 @@ fn f32_weights_are_used_bit_exact() {
                 for c in 0..n {
                     assert_eq!(
                         y[j * n + c].to_bits(),
-                        w[c * k + j].to_bits(),
+                        (w[c * k + j] + 0.0).to_bits(),
                         "{isa:?} {dtype:?}"
                     );
                 }
@@ -130,10 +169,10 @@ fn f32_weights_are_used_bit_exact() {
 #[test]
 fn a_row_is_bit_identical_alone_and_in_any_batch() {
     // 200 rows: more than one chunk of rows per work item.
-    let (n, k, total) = (300, 96, 200);
+    let (n, k, total) = (300, 256, 200);
     let x = values(total * k, 7);
     for isa in Isa::available() {
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
+        for dtype in FORMATS {
             let (lin, _) = weights(n, k, dtype, 3);
             let all = lin.matmul(&x, total, None, isa);
             for size in [1, 2, 3, 6, 7, 13, 64, 97, 200] {
@@ -155,9 +194,9 @@ fn a_row_is_bit_identical_alone_and_in_any_batch() {
 
 #[test]
 fn every_instruction_path_gives_the_same_bits() {
-    let (n, k, m) = (50, 128, 11);
+    let (n, k, m) = (50, 512, 11);
     let x = values(m * k, 9);
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F32] {
+    for dtype in FORMATS {
         let (lin, _) = weights(n, k, dtype, 5);
         let scalar = lin.matmul(&x, m, None, Isa::Scalar);
         for isa in Isa::available() {
@@ -169,5 +208,45 @@ fn every_instruction_path_gives_the_same_bits() {
                 "{isa:?} {dtype:?} differs from the scalar path"
             );
         }
+    }
+}
+
+#[test]
+fn rows_are_the_dequantized_weights() {
+    for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {
+        let (lin, w) = weights(n, k, dtype, i as u64);
+        let picks: Vec<u32> = [0, n / 2, n - 1].map(|r| r as u32).to_vec();
+        let rows = lin.rows(&picks).unwrap();
+        for (j, &r) in picks.iter().enumerate() {
+            for c in 0..k {
+                let (got, want) = (rows[j * k + c], w[r as usize * k + c]);
+                // A fused multiply-add where candle rounds twice.
+                assert!(
+                    (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "{dtype:?} row {r} [{c}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+    let (lin, _) = weights(5, 32, GgmlDType::Q8_0, 1);
+    assert!(lin.rows(&[5]).is_err(), "a row past the matrix");
+}
+
+/// A packed matrix takes about the bytes of its file: codes at their own width, factors as
+/// the file keeps them.
+#[test]
+fn packed_bytes_are_about_the_file_bytes() {
+    let (n, k) = (64, 1024);
+    for dtype in FORMATS {
+        let (lin, _) = weights(n, k, dtype, 2);
+        let file = n * k / dtype.block_size() * dtype.type_size();
+        let ratio = lin.bytes() as f64 / file as f64;
+        let bound = match dtype {
+            GgmlDType::Q2K | GgmlDType::Q3K => 32.0 / 2.5,
+            // f16 factors of 32 values where the file has 16 bytes of codes: one f16 more.
+            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => 1.12,
+            _ => 1.06,
+        };
+        assert!(ratio <= bound, "{dtype:?}: {ratio:.3} of the file's bytes");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bits, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK};
+use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SUPER};
 
 /// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
 ///
@@ -42,18 +42,36 @@ pub(super) unsafe fn quantize(x: &[f32], inv: f32, codes: &mut [i8]) -> i32 {
 }
 
 /// # Safety
-/// The CPU has AVX2 and FMA, and `super::in_bounds` holds for the arguments.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU has AVX2, FMA and F16C, and `super::in_bounds` holds for the arguments.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
     // SAFETY: as this function's contract.
     unsafe { tile_shapes!(spot.rows, spot.panels, tile(w, a, spot, o, out)) }
 }
 
+/// Group `g`'s high code bits in the half block at `block`, moved above the nibbles.
+///
+/// # Safety
+/// The CPU has AVX2; `block` starts a block of `bits` codes, or its second half.
+#[target_feature(enable = "avx2")]
+unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m256i {
+    let (plane, shift, mask) = bits.plane(g);
+    // SAFETY: the plane lies inside the block (the caller's contract).
+    let v = unsafe { _mm256_loadu_si256(block.add(plane).cast()) };
+    // 16-bit shifts: the mask drops what crossed from the neighbouring byte.
+    let moved = if shift <= 4 {
+        _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - shift))
+    } else {
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift - 4))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(mask as i8))
+}
+
 /// `R` rows × `P` panels × 8 columns (half `h` of each panel), every block.
 ///
 /// # Safety
-/// As [`kernel`], with `R == spot.rows`, `P <= spot.panels` and `h < 2`.
-#[target_feature(enable = "avx2,fma")]
+/// As [`kernel`], with `R == spot.rows` and `P <= spot.panels`.
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const R: usize, const P: usize>(
     w: &QuantWeights,
     a: &QuantRows,
@@ -62,9 +80,11 @@ unsafe fn tile<const R: usize, const P: usize>(
     out: &mut [f32],
 ) {
     let blocks = a.blocks();
+    let supers = blocks / SUPER;
     let bytes = w.bits.block_bytes();
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    let split = matches!(w.factors, Factors::Halves { .. });
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
     unsafe {
@@ -80,6 +100,8 @@ unsafe fn tile<const R: usize, const P: usize>(
                     w.codes.as_ptr().add(at)
                 };
                 let mut dot = [[_mm256_setzero_si256(); P]; R];
+                // The second 16 values' dots, kept apart where their scale differs (`Q6_K`).
+                let mut dot1 = [[_mm256_setzero_si256(); P]; R];
                 match w.bits {
                     Bits::Four => {
                         // Each `vpmaddubsw` pair is at most 2 · 15 · 127; eight of them per
@@ -107,6 +129,41 @@ unsafe fn tile<const R: usize, const P: usize>(
                             *d = _mm256_madd_epi16(*d, ones);
                         }
                     }
+                    Bits::Five | Bits::Six => {
+                        // Pairs of up to 2 · 63 · 127 fit an i16 lane, two of them do not:
+                        // each `vpmaddubsw` is widened at once.
+                        for c in 0..4 {
+                            let mut lo = [low; P];
+                            let mut hi = [low; P];
+                            for j in 0..P {
+                                let v = _mm256_loadu_si256(codes(j).add(c * GROUP).cast());
+                                let (hl, hh) = (
+                                    high_bits(codes(j), w.bits, c),
+                                    high_bits(codes(j), w.bits, c + 4),
+                                );
+                                lo[j] = _mm256_or_si256(_mm256_and_si256(v, low), hl);
+                                hi[j] = _mm256_or_si256(
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+                                    hh,
+                                );
+                            }
+                            for r in 0..R {
+                                let (xl, xh) = (x_at(r, b, c), x_at(r, b, c + 4));
+                                for j in 0..P {
+                                    let pl =
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], xl), ones);
+                                    let ph =
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], xh), ones);
+                                    dot[r][j] = _mm256_add_epi32(dot[r][j], pl);
+                                    if split {
+                                        dot1[r][j] = _mm256_add_epi32(dot1[r][j], ph);
+                                    } else {
+                                        dot[r][j] = _mm256_add_epi32(dot[r][j], ph);
+                                    }
+                                }
+                            }
+                        }
+                    }
                     Bits::Eight => {
                         // `vpmaddubsw` takes unsigned × signed: |q| × (a · sign q), each pair
                         // at most 2 · 128 · 127, inside an i16.
@@ -129,15 +186,52 @@ unsafe fn tile<const R: usize, const P: usize>(
                 }
                 for j in 0..P {
                     let at = ((spot.panel + j) * blocks + b) * NR + 8 * h;
-                    let d = _mm256_loadu_ps(w.scales.as_ptr().add(at));
-                    let m = _mm256_loadu_ps(w.offsets.as_ptr().add(at));
+                    let sb = ((spot.panel + j) * supers + b / SUPER) * NR + 8 * h;
+                    let (dv, mv) = match &w.factors {
+                        Factors::Block { d, m } => (
+                            _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().add(at).cast())),
+                            _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().add(at).cast())),
+                        ),
+                        Factors::Super { d, m, sc, mn } => {
+                            let ints = |v: &[u8]| {
+                                let b = _mm_loadl_epi64(v.as_ptr().add(at).cast());
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b))
+                            };
+                            (
+                                _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(sb)), ints(sc)),
+                                _mm256_mul_ps(_mm256_loadu_ps(m.as_ptr().add(sb)), ints(mn)),
+                            )
+                        }
+                        Factors::Halves { d, sc } => {
+                            let dv = _mm256_loadu_ps(d.as_ptr().add(sb));
+                            let first = 2 * (at - 8 * h) + 8 * h;
+                            let scale = |half: usize| {
+                                let v = sc.as_ptr().add(first + half * NR);
+                                _mm256_cvtepi8_epi32(_mm_loadl_epi64(v.cast()))
+                            };
+                            let (s0, s1) = (scale(0), scale(1));
+                            for r in 0..R {
+                                let rb = (spot.row + r) * blocks + b;
+                                let c0 = _mm256_set1_epi32(*a.halves.get_unchecked(2 * rb));
+                                let c1 = _mm256_set1_epi32(*a.halves.get_unchecked(2 * rb + 1));
+                                let int = _mm256_add_epi32(
+                                    _mm256_mullo_epi32(s0, _mm256_sub_epi32(dot[r][j], c0)),
+                                    _mm256_mullo_epi32(s1, _mm256_sub_epi32(dot1[r][j], c1)),
+                                );
+                                let s = _mm256_set1_ps(*a.scales.get_unchecked(rb));
+                                let f = _mm256_cvtepi32_ps(int);
+                                acc[r][j] = _mm256_fmadd_ps(f, _mm256_mul_ps(dv, s), acc[r][j]);
+                            }
+                            continue;
+                        }
+                    };
                     for r in 0..R {
                         let rb = (spot.row + r) * blocks + b;
                         let s = _mm256_set1_ps(*a.scales.get_unchecked(rb));
                         let sa = _mm256_set1_ps(*a.scaled_sums.get_unchecked(rb));
                         let f = _mm256_cvtepi32_ps(dot[r][j]);
-                        acc[r][j] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, s), acc[r][j]);
-                        acc[r][j] = _mm256_fmadd_ps(m, sa, acc[r][j]);
+                        acc[r][j] = _mm256_fmadd_ps(f, _mm256_mul_ps(dv, s), acc[r][j]);
+                        acc[r][j] = _mm256_fmadd_ps(mv, sa, acc[r][j]);
                     }
                 }
             }
