@@ -5,8 +5,10 @@
 //! cargo run --release --example bench_model -- [--repeats 3] [--quick]
 //! ```
 //! Prefill: one prompt of N tokens, tokens/s. Decode: one sequence with C tokens of context,
-//! 16 greedy steps, tokens/s. Also prints the machine's f32 GEMM rate on a model-shaped
-//! matmul, the yardstick for prefill efficiency.
+//! 16 greedy steps, tokens/s. Decode steps of 1 and 8 rows against the time to stream the
+//! weights once at the measured copy bandwidth. `--gguf FILE,...` adds other files (formats)
+//! in the packed format. Also prints the machine's f32 GEMM rate on a model-shaped matmul,
+//! the yardstick for prefill efficiency.
 
 use std::time::Instant;
 
@@ -41,6 +43,13 @@ struct Args {
     /// Leave out candle-transformers' model.
     #[arg(long)]
     no_candle: bool,
+    /// Other GGUF files to measure in the packed format (e.g. the default model re-quantized
+    /// by `examples/requantize.rs`, or Gemma 3), named by file name.
+    #[arg(long, value_delimiter = ',')]
+    gguf: Vec<std::path::PathBuf>,
+    /// Only the decode-step table (skip prefill and single-sequence decode).
+    #[arg(long)]
+    steps_only: bool,
 }
 
 const DECODE_STEPS: usize = 16;
@@ -195,8 +204,32 @@ fn argmax(logits: &Tensor) -> candle_core::Result<u32> {
         .to_scalar::<u32>()
 }
 
+/// The CPU's model name and the matmul's vector path, for the tables.
+fn isa_name() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    #[cfg(target_arch = "x86_64")]
+    let path = if is_x86_feature_detected!("avx512vnni") {
+        "AVX-512 VNNI"
+    } else if is_x86_feature_detected!("avx2") {
+        "AVX2"
+    } else {
+        "scalar"
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let path = "scalar";
+    format!("{cpu}, matmul path {path}")
+}
+
 /// Our model in each of `formats`, with its row name.
-fn load_ours(formats: &[String]) -> Result<Vec<(&'static str, Model)>, Box<dyn std::error::Error>> {
+fn load_ours(formats: &[String]) -> Result<Vec<(String, Model)>, Box<dyn std::error::Error>> {
     let mut models = Vec::new();
     for f in formats {
         let (name, format) = match f.as_str() {
@@ -210,7 +243,10 @@ fn load_ours(formats: &[String]) -> Result<Vec<(&'static str, Model)>, Box<dyn s
             format,
             ..LoadOptions::default()
         };
-        models.push((name, Model::load(&ModelSource::Default, &options)?));
+        models.push((
+            name.to_string(),
+            Model::load(&ModelSource::Default, &options)?,
+        ));
     }
     Ok(models)
 }
@@ -248,7 +284,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let decode_ctx: &[usize] = if args.quick { &[64] } else { &[64, 1024] };
 
     eprintln!("loading models ...");
-    let ours_models = load_ours(&args.formats)?;
+    let mut ours_models = load_ours(&args.formats)?;
+    for path in &args.gguf {
+        let name = path
+            .file_name()
+            .map_or("gguf".into(), |n| n.to_string_lossy().into_owned());
+        let model = Model::load(&ModelSource::Gguf(path.clone()), &LoadOptions::default())?;
+        ours_models.push((name, model));
+    }
+    let (prefill_lens, decode_ctx) = if args.steps_only {
+        (&[][..], &[][..])
+    } else {
+        (prefill_lens, decode_ctx)
+    };
     let mut candle_models = if args.no_candle {
         Vec::new()
     } else {
@@ -289,7 +337,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let p = tokens(c);
             row.push(Some(measure(&mut || Ok(ours(m, &p, true)?), DECODE_STEPS)?));
         }
-        rows.push((name.to_string(), row));
+        rows.push((name.clone(), row));
     }
     for (name, m) in &mut candle_models {
         bar.set_message(name.to_string());
@@ -315,19 +363,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     bar.finish_and_clear();
 
-    print_rows(prefill_lens, decode_ctx, rows);
-    println!();
+    if !args.steps_only {
+        print_rows(prefill_lens, decode_ctx, rows);
+        println!();
+    }
     let gbps = copy_gbps();
     println!(
-        "Decode step of 8 sequences (median of {}); copy bandwidth {gbps:.1} GB/s (read + write):",
-        args.repeats.max(3)
+        "Decode steps (median of {}); copy bandwidth {gbps:.1} GB/s (read + write); {}:",
+        args.repeats.max(3),
+        isa_name()
     );
-    println!("| implementation | context | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for ((name, m), ctx) in ours_models.iter().flat_map(|m| [(m, 64), (m, 512)]) {
-        let step = decode_step(m, 8, ctx, args.repeats.max(3))?;
+    println!("| model | rows | context | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let shapes = [(1, 64), (8, 64), (8, 512)];
+    for ((name, m), (rows, ctx)) in ours_models
+        .iter()
+        .flat_map(|m| shapes.iter().map(move |&s| (m, s)))
+    {
+        let step = decode_step(m, rows, ctx, args.repeats.max(3))?;
         let bytes = m.llama().weight_bytes();
-        let kv = 8
+        let kv = rows
             * (ctx + 1)
             * m.config()
                 .kv_shape()
@@ -335,7 +390,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // Streaming bytes once reads them: half the copy traffic per byte.
         let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
         println!(
-            "| {name} | {ctx} | {:.1} | {:.0} MB | {:.1} | {:.2} | {:.0} MB | {:.1} |",
+            "| {name} | {rows} | {ctx} | {:.2} | {:.0} MB | {:.2} | {:.2} | {:.1} MB | {:.2} |",
             step * 1e3,
             bytes as f64 / 1e6,
             ms(bytes),
