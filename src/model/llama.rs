@@ -75,6 +75,30 @@ impl Linear {
         }
     }
 
+    /// `x · Wᵢᵀ` for each of `linears`: in one parallel region when all are packed for the
+    /// same instructions.
+    fn forward_many<const N: usize>(linears: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let packed: Vec<(&PackedLinear, Isa)> = linears
+            .iter()
+            .filter_map(|l| match l {
+                Linear::Packed(p, isa) => Some((p, *isa)),
+                Linear::Candle(_) => None,
+            })
+            .collect();
+        let outs = match packed.first() {
+            Some(&(_, isa)) if packed.len() == N && packed.iter().all(|p| p.1 == isa) => {
+                let ps: Vec<&PackedLinear> = packed.iter().map(|p| p.0).collect();
+                PackedLinear::forward_many(&ps, x, isa)?
+            }
+            _ => linears
+                .iter()
+                .map(|l| l.forward(x))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        outs.try_into()
+            .map_err(|_| Error::invalid_model("linear layers", "outputs lost"))
+    }
+
     /// `residual + x · Wᵀ`, in one pass where the kernel can add it.
     fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         match self {
@@ -385,19 +409,16 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             let (cos, sin) = &ropes[layer.rope.min(ropes.len() - 1)];
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let project = |w: &Linear, bias: usize, heads: usize| -> Result<Tensor> {
-                let y = w.forward(&h)?;
+            let [q, k, v] = Linear::forward_many([&layer.wq, &layer.wk, &layer.wv], &h)?;
+            let project = |y: Tensor, bias: usize, heads: usize| -> Result<Tensor> {
                 let y = match &layer.qkv_bias {
                     Some(b) => y.broadcast_add(&b[bias])?,
                     None => y,
                 };
                 Ok(y.reshape((t, heads, c.head_dim))?)
             };
-            let (mut q, mut k) = (
-                project(&layer.wq, 0, c.num_heads)?,
-                project(&layer.wk, 1, c.num_kv_heads)?,
-            );
-            let v = project(&layer.wv, 2, c.num_kv_heads)?;
+            let (mut q, mut k) = (project(q, 0, c.num_heads)?, project(k, 1, c.num_kv_heads)?);
+            let v = project(v, 2, c.num_kv_heads)?;
             if let Some([qn, kn]) = &layer.qk_norm {
                 q = candle_nn::ops::rms_norm(&q, qn, eps)?;
                 k = candle_nn::ops::rms_norm(&k, kn, eps)?;
@@ -413,8 +434,7 @@ impl Llama {
             };
 
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = layer.w_gate.forward(&h)?;
-            let up = layer.w_up.forward(&h)?;
+            let [gate, up] = Linear::forward_many([&layer.w_gate, &layer.w_up], &h)?;
             let act = gated(&gate, &up, arch.activation())?;
             x = match &layer.post_ffn_norm {
                 Some(n) => (&x + candle_nn::ops::rms_norm(&layer.w_down.forward(&act)?, n, eps)?)?,

@@ -15,7 +15,7 @@
 //! instruction path gives the same bits as the scalar one.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
@@ -35,13 +35,16 @@ macro_rules! tile_shapes {
             (3, _) => $tile::<$($ty,)? 3, 1>($($arg),*),
             (4, _) => $tile::<$($ty,)? 4, 1>($($arg),*),
             (5, _) => $tile::<$($ty,)? 5, 1>($($arg),*),
-            _ => $tile::<$($ty,)? 6, 1>($($arg),*),
+            (6, _) => $tile::<$($ty,)? 6, 1>($($arg),*),
+            (7, _) => $tile::<$($ty,)? 7, 1>($($arg),*),
+            _ => $tile::<$($ty,)? 8, 1>($($arg),*),
         }
     };
 }
 
 mod float;
 mod gguf;
+mod op;
 mod quant;
 
 use float::{Elem, FloatWeights};
@@ -50,10 +53,11 @@ use quant::{QuantRows, QuantWeights};
 
 /// Output columns per panel: one 64-byte vector of f32 or of 32-bit dot products.
 pub(crate) const NR: usize = 16;
-/// Rows per register tile.
+/// Rows per register tile (8 on AVX-512's integer path).
 const MR: usize = 6;
-/// Rows whose activations stay in L2 while a work item's panels run over them.
-const ROW_CHUNK: usize = 16 * MR;
+/// Rows whose activations stay in L2 while a work item's panels run over them (a multiple of
+/// every tile height).
+const ROW_CHUNK: usize = 96;
 /// Most panels per work item.
 const MAX_GROUP: usize = 8;
 /// Output elements per parallel task of the panels-to-rows copy: fewer is not worth a task.
@@ -160,12 +164,6 @@ fn stream_floats<T: Elem, const N: usize>(
         packed.fill(first, &values);
     }
     Ok(packed)
-}
-
-/// The activations as a kernel takes them.
-enum Rows<'a> {
-    Quant(QuantRows),
-    Float(&'a [f32]),
 }
 
 /// A linear layer's weights, packed for [`PackedLinear::matmul`].
@@ -312,154 +310,103 @@ impl PackedLinear {
     /// `x · Wᵀ` for `x: [m, k]` row-major, plus `residual` (`[m, n]`) when given; returns
     /// `[m, n]` row-major.
     pub fn matmul(&self, x: &[f32], m: usize, residual: Option<&[f32]>, isa: Isa) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
-        if m == 0 || n == 0 {
-            return Vec::new();
+        match panel_major(&[self], x, m, isa).pop() {
+            Some(out_t) => to_rows(&out_t, m, self.n, residual),
+            None => Vec::new(),
         }
-        let rows = match &self.weights {
-            Weights::Quant(_) => Rows::Quant(QuantRows::new(&x[..m * k], m, k, isa)),
-            _ => Rows::Float(x),
-        };
-        // Panel-major `[panel][row][NR]`, so each work item owns one contiguous chunk: a group
-        // of panels, enough items to balance the threads, and each chunk of rows runs over all
-        // of the group's panels while its activations are in cache.
-        let panels = n.div_ceil(NR);
-        let group = (panels / (4 * rayon::current_num_threads())).clamp(1, MAX_GROUP);
-        let mut out_t = vec![0f32; panels * m * NR];
-        out_t
-            .par_chunks_mut(group * m * NR)
-            .enumerate()
-            .for_each(|(g, out)| {
-                let panels = out.len() / (m * NR);
-                for row0 in (0..m).step_by(ROW_CHUNK) {
-                    let mut tile = Tile {
-                        out: &mut *out,
-                        panel_stride: m * NR,
-                        first: g * group,
-                        panels,
-                        row0,
-                        rows: ROW_CHUNK.min(m - row0),
-                    };
-                    match (&self.weights, &rows) {
-                        (Weights::Quant(w), Rows::Quant(a)) => w.run(a, &mut tile, isa),
-                        (Weights::F32(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
-                        (Weights::F16(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
-                        (Weights::Bf16(w), Rows::Float(x)) => w.run(x, &mut tile, isa),
-                        // `rows` was made to match `self.weights` above.
-                        _ => {}
-                    }
-                }
-            });
-        // Panels back to rows, in parallel (a serial copy here would idle the other cores),
-        // adding the residual where there is one: `x + W·h` in one pass.
-        let mut out = match residual {
-            Some(r) => r[..m * n].to_vec(),
-            None => vec![0f32; m * n],
-        };
-        let min_rows = (ELEMENTS_PER_TASK / n).max(1);
-        out.par_chunks_mut(n)
-            .with_min_len(min_rows)
-            .enumerate()
-            .for_each(|(r, row)| {
-                for (dst, tile) in row.chunks_mut(NR).zip(out_t.chunks_exact(m * NR)) {
-                    let src = &tile[r * NR..][..dst.len()];
-                    if residual.is_some() {
-                        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                    } else {
-                        dst.copy_from_slice(src);
-                    }
-                }
-            });
-        out
+    }
+
+    /// `x · Wᵢᵀ` for each of `linears` (all of `k` columns), in one parallel region over all
+    /// their panels with the activations quantized once: the projections that read the same
+    /// input (Q, K and V; gate and up) cost one fork and join, not one each.
+    pub fn matmul_many(linears: &[&Self], x: &[f32], m: usize, isa: Isa) -> Vec<Vec<f32>> {
+        panel_major(linears, x, m, isa)
+            .iter()
+            .zip(linears)
+            .map(|(out_t, l)| to_rows(out_t, m, l.n, None))
+            .collect()
     }
 }
 
-/// [`PackedLinear::matmul`] as a candle op on `x: [m, k]` (f32, CPU).
-pub(crate) struct PackedMatmul<'a> {
-    pub linear: &'a PackedLinear,
-    pub isa: Isa,
-}
-
-impl PackedMatmul<'_> {
-    /// The op on `x` (and `residual`), checked.
-    fn run(
-        &self,
-        x: &CpuStorage,
-        l: &Layout,
-        residual: Option<(&CpuStorage, &Layout)>,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k) = l.shape().dims2()?;
-        let n = self.linear.n;
-        if k != self.linear.k {
-            candle_core::bail!(
-                "packed matmul: x [{m}, {k}] for weights [{n}, {}]",
-                self.linear.k
-            )
-        }
-        let x = f32_rows(x, l, "activations")?;
-        let residual = match residual {
-            Some((r, rl)) if rl.shape().dims() == [m, n] => Some(f32_rows(r, rl, "residual")?),
-            Some((_, rl)) => {
-                candle_core::bail!("packed matmul: residual {:?} for [{m}, {n}]", rl.shape())
-            }
-            None => None,
-        };
-        let y = self.linear.matmul(x, m, residual, self.isa);
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
-    }
-}
-
-/// The contiguous f32 values of an operand.
-fn f32_rows<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("packed matmul takes f32 {what}")
+/// Each linear's output, panel-major `[panel][row][NR]`, from one parallel region: each work
+/// item is a group of one matrix's panels (enough items to balance the threads), and each
+/// chunk of rows runs over the group's panels while its activations are in cache.
+fn panel_major(linears: &[&PackedLinear], x: &[f32], m: usize, isa: Isa) -> Vec<Vec<f32>> {
+    let Some(k) = linears.first().map(|l| l.k) else {
+        return Vec::new();
     };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => candle_core::bail!("packed matmul takes contiguous {what}"),
+    if m == 0 || linears.iter().any(|l| l.k != k || l.n == 0) {
+        return linears.iter().map(|_| Vec::new()).collect();
     }
-}
-
-impl CustomOp1 for PackedMatmul<'_> {
-    fn name(&self) -> &'static str {
-        "pensieve-packed-matmul"
-    }
-
-    fn cpu_fwd(&self, x: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.run(x, l, None)
-    }
-}
-
-impl CustomOp2 for PackedMatmul<'_> {
-    fn name(&self) -> &'static str {
-        "pensieve-packed-matmul-residual"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        l: &Layout,
-        r: &CpuStorage,
-        rl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.run(x, l, Some((r, rl)))
-    }
-}
-
-impl PackedLinear {
-    /// `x · Wᵀ` for `x: [m, k]` on the CPU, plus `residual` (`[m, n]`) when given.
-    ///
-    /// # Errors
-    /// [`Error::Candle`] for another shape, dtype or device.
-    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>, isa: Isa) -> Result<Tensor> {
-        let f32_contiguous = |t: &Tensor| t.to_dtype(candle_core::DType::F32)?.contiguous();
-        let x = f32_contiguous(x)?;
-        let op = PackedMatmul { linear: self, isa };
-        Ok(match residual {
-            Some(r) => x.apply_op2_no_bwd(&f32_contiguous(r)?, &op)?,
-            None => x.apply_op1_no_bwd(&op)?,
+    let quant = linears
+        .iter()
+        .any(|l| matches!(l.weights, Weights::Quant(_)));
+    let quantized = quant.then(|| QuantRows::new(&x[..m * k], m, k, isa));
+    let panels: usize = linears.iter().map(|l| l.n.div_ceil(NR)).sum();
+    let group = (panels / (4 * rayon::current_num_threads())).clamp(1, MAX_GROUP);
+    let mut outs: Vec<Vec<f32>> = linears
+        .iter()
+        .map(|l| vec![0f32; l.n.div_ceil(NR) * m * NR])
+        .collect();
+    let items: Vec<(&PackedLinear, usize, &mut [f32])> = outs
+        .iter_mut()
+        .zip(linears)
+        .flat_map(|(out, &l)| {
+            out.chunks_mut(group * m * NR)
+                .enumerate()
+                .map(move |(g, chunk)| (l, g, chunk))
         })
+        .collect();
+    items.into_par_iter().for_each(|(l, g, out)| {
+        let panels = out.len() / (m * NR);
+        for row0 in (0..m).step_by(ROW_CHUNK) {
+            let mut tile = Tile {
+                out: &mut *out,
+                panel_stride: m * NR,
+                first: g * group,
+                panels,
+                row0,
+                rows: ROW_CHUNK.min(m - row0),
+            };
+            match (&l.weights, &quantized) {
+                (Weights::Quant(w), Some(a)) => w.run(a, &mut tile, isa),
+                (Weights::F32(w), _) => w.run(x, &mut tile, isa),
+                (Weights::F16(w), _) => w.run(x, &mut tile, isa),
+                (Weights::Bf16(w), _) => w.run(x, &mut tile, isa),
+                // Rows are quantized whenever a matrix is.
+                (Weights::Quant(_), None) => {}
+            }
+        }
+    });
+    outs
+}
+
+/// Panel-major `[panel][row][NR]` outputs back to `[m, n]` rows, in parallel (a serial copy
+/// here would idle the other cores), adding the residual where there is one: `x + W·h` in
+/// one pass.
+fn to_rows(out_t: &[f32], m: usize, n: usize, residual: Option<&[f32]>) -> Vec<f32> {
+    let mut out = match residual {
+        Some(r) => r[..m * n].to_vec(),
+        None => vec![0f32; m * n],
+    };
+    if out_t.len() < m * n {
+        return out;
     }
+    let min_rows = (ELEMENTS_PER_TASK / n.max(1)).max(1);
+    out.par_chunks_mut(n.max(1))
+        .with_min_len(min_rows)
+        .enumerate()
+        .for_each(|(r, row)| {
+            for (dst, tile) in row.chunks_mut(NR).zip(out_t.chunks_exact(m * NR)) {
+                let src = &tile[r * NR..][..dst.len()];
+                if residual.is_some() {
+                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+        });
+    out
 }
 
 #[cfg(test)]

@@ -252,8 +252,11 @@ impl QuantWeights {
 
     /// One work item: its panels over rows `tile.row0..` of the quantized activations.
     pub(super) fn run(&self, a: &QuantRows, t: &mut Tile, isa: Isa) {
-        for r in (0..t.rows).step_by(super::MR) {
-            let rows = super::MR.min(t.rows - r);
+        // AVX-512 has the registers for 8 rows (8 accumulators and 8 dots): a step of 8
+        // decode rows is one tile, not 6 and a tail of 2.
+        let mr = if isa == Isa::Avx512 { 8 } else { super::MR };
+        for r in (0..t.rows).step_by(mr) {
+            let rows = mr.min(t.rows - r);
             let mut j = 0;
             while j < t.panels {
                 let wide = super::tile_width(rows, t.panels - j);
