@@ -340,6 +340,7 @@ impl Llama {
         lm_head: Linear,
         device: &Device,
     ) -> Result<Self> {
+        pass_buffers_on_the_heap();
         let c = &config;
         let embed_dims = match (&embed, &lm_head) {
             (Embedding::Table(t), _) => t.dims().to_vec(),
@@ -460,6 +461,28 @@ fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
         }
     };
     Ok(Linear::Candle(main))
+}
+
+/// Sets glibc's allocator to serve the buffers of a pass (candle allocates each op's output,
+/// up to megabytes) from its heap, as it does by itself once a process has freed a large
+/// block: a threshold of 32 MiB for fresh mappings, and heap memory returned to the system
+/// only above 64 MiB free. Left at its start-up values (128 KiB), every such buffer is a new
+/// mapping whose pages fault in and are zeroed on every pass: measured 30% of a 256-token
+/// prefill on SmolLM2 once loading stopped freeing large blocks (docs/BENCHMARKS.md). Only
+/// glibc's `malloc` is touched (a host with its own global allocator is unaffected), once per
+/// process.
+fn pass_buffers_on_the_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes glibc's allocator parameters; it is thread-safe.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+            }
+        });
+    }
 }
 
 /// splitmix64: a uniform value in [0, 1) from a 64-bit state, fast enough for a billion

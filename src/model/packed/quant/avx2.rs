@@ -46,7 +46,45 @@ pub(super) unsafe fn quantize(x: &[f32], inv: f32, codes: &mut [i8]) -> i32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
     // SAFETY: as this function's contract.
-    unsafe { tile_shapes!(spot.rows, spot.panels, tile(w, a, spot, o, out)) }
+    unsafe {
+        if matches!(w.factors, Factors::Halves { .. }) {
+            tile_shapes!(spot.rows, spot.panels, tile_split(w, a, spot, o, out))
+        } else {
+            tile_shapes!(spot.rows, spot.panels, tile_whole(w, a, spot, o, out))
+        }
+    }
+}
+
+/// [`tile`] for factors per block: one dot per block.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_whole<const R: usize, const P: usize>(
+    w: &QuantWeights,
+    a: &QuantRows,
+    spot: Spot,
+    o: Out,
+    out: &mut [f32],
+) {
+    // SAFETY: as this function's contract.
+    unsafe { tile::<R, P, false>(w, a, spot, o, out) }
+}
+
+/// [`tile`] for `Q6_K`: a dot per 16 values.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_split<const R: usize, const P: usize>(
+    w: &QuantWeights,
+    a: &QuantRows,
+    spot: Spot,
+    o: Out,
+    out: &mut [f32],
+) {
+    // SAFETY: as this function's contract.
+    unsafe { tile::<R, P, true>(w, a, spot, o, out) }
 }
 
 /// Group `g`'s high code bits in the half block at `block`, moved above the nibbles.
@@ -70,9 +108,11 @@ unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m256i {
 /// `R` rows × `P` panels × 8 columns (half `h` of each panel), every block.
 ///
 /// # Safety
-/// As [`kernel`], with `R == spot.rows` and `P <= spot.panels`.
+/// As [`kernel`], with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
+/// factors (the second half's dots kept apart; a constant, so the other formats hold no
+/// registers for them).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const P: usize>(
+unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     w: &QuantWeights,
     a: &QuantRows,
     spot: Spot,
@@ -84,7 +124,6 @@ unsafe fn tile<const R: usize, const P: usize>(
     let bytes = w.bits.block_bytes();
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let split = matches!(w.factors, Factors::Halves { .. });
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
     unsafe {
@@ -155,7 +194,7 @@ unsafe fn tile<const R: usize, const P: usize>(
                                     let ph =
                                         _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], xh), ones);
                                     dot[r][j] = _mm256_add_epi32(dot[r][j], pl);
-                                    if split {
+                                    if SPLIT {
                                         dot1[r][j] = _mm256_add_epi32(dot1[r][j], ph);
                                     } else {
                                         dot[r][j] = _mm256_add_epi32(dot[r][j], ph);

@@ -9,7 +9,45 @@ use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SU
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
     // SAFETY: as this function's contract.
-    unsafe { tile_shapes!(spot.rows, spot.panels, tile(w, a, spot, o, out)) }
+    unsafe {
+        if matches!(w.factors, Factors::Halves { .. }) {
+            tile_shapes!(spot.rows, spot.panels, tile_split(w, a, spot, o, out))
+        } else {
+            tile_shapes!(spot.rows, spot.panels, tile_whole(w, a, spot, o, out))
+        }
+    }
+}
+
+/// [`tile`] for factors per block: one dot per block.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_whole<const R: usize, const P: usize>(
+    w: &QuantWeights,
+    a: &QuantRows,
+    spot: Spot,
+    o: Out,
+    out: &mut [f32],
+) {
+    // SAFETY: as this function's contract.
+    unsafe { tile::<R, P, false>(w, a, spot, o, out) }
+}
+
+/// [`tile`] for `Q6_K`: a dot per 16 values.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_split<const R: usize, const P: usize>(
+    w: &QuantWeights,
+    a: &QuantRows,
+    spot: Spot,
+    o: Out,
+    out: &mut [f32],
+) {
+    // SAFETY: as this function's contract.
+    unsafe { tile::<R, P, true>(w, a, spot, o, out) }
 }
 
 /// Group `g`'s high code bits in the block at `block`, moved above the nibbles.
@@ -33,9 +71,11 @@ unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m512i {
 /// `R` rows × `P` panels, every block; integer dots per block, f32 accumulators across blocks.
 ///
 /// # Safety
-/// As [`kernel`], with `R == spot.rows` and `P <= spot.panels`.
+/// As [`kernel`], with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
+/// factors (the second half's dots kept apart; a constant, so the other formats hold no
+/// registers for them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const R: usize, const P: usize>(
+unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     w: &QuantWeights,
     a: &QuantRows,
     spot: Spot,
@@ -47,7 +87,6 @@ unsafe fn tile<const R: usize, const P: usize>(
     let bytes = w.bits.block_bytes();
     let low = _mm512_set1_epi8(0x0F);
     let bias = _mm512_set1_epi8(i8::MIN);
-    let split = matches!(w.factors, Factors::Halves { .. });
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
@@ -107,7 +146,7 @@ unsafe fn tile<const R: usize, const P: usize>(
                             let (xl, xh) = (x_at(r, b, c), x_at(r, b, c + 4));
                             for j in 0..P {
                                 dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], lo[j], xl);
-                                if split {
+                                if SPLIT {
                                     dot1[r][j] = _mm512_dpbusd_epi32(dot1[r][j], hi[j], xh);
                                 } else {
                                     dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], hi[j], xh);
