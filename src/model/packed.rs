@@ -23,6 +23,7 @@ use crate::{Error, Result};
 
 /// `$tile::<R, P>(args)` for a register tile of `$rows` rows spanning `$panels` panels (the
 /// shapes [`tile_width`] hands out), in every kernel's vector paths.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
 macro_rules! tile_shapes {
     ($rows:expr, $panels:expr, $tile:ident $(<$ty:ty>)? ($($arg:expr),*)) => {
         match ($rows, $panels) {
@@ -82,6 +83,7 @@ impl Isa {
     }
 
     /// Every path this CPU can run, best last.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     pub(crate) fn available() -> Vec<Self> {
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
@@ -95,6 +97,16 @@ impl Isa {
             }
         }
         all
+    }
+
+    /// Rows per register tile of the integer kernel: AVX-512 has the registers for 8 (8
+    /// accumulators and 8 dots), so a step of 8 decode rows is one tile, not 6 and 2.
+    fn quant_tile_rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => 8,
+            _ => MR,
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::{Block, Dims, KvElem, Partial};
+use super::{Block, Dims, KvElem};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, mut state: u64) -> Vec<f32> {
@@ -16,7 +16,8 @@ fn values(n: usize, mut state: u64) -> Vec<f32> {
         .collect()
 }
 
-fn bits(p: &Partial) -> Vec<u32> {
+#[cfg(target_arch = "x86_64")]
+fn bits(p: &super::Partial) -> Vec<u32> {
     p.acc
         .iter()
         .chain(&p.m)

@@ -68,6 +68,7 @@ impl<T: KvElem> TileRows<'_, T> {
 
     /// Fills `vt[j * d..][..d]` with row `j`, as f32.
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub(super) fn gather_into(&self, vt: &mut [f32], simd: bool) {
         let d = self.d;
         for (j, dst) in vt.chunks_exact_mut(d).take(self.slots.len()).enumerate() {

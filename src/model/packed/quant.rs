@@ -252,9 +252,7 @@ impl QuantWeights {
 
     /// One work item: its panels over rows `tile.row0..` of the quantized activations.
     pub(super) fn run(&self, a: &QuantRows, t: &mut Tile, isa: Isa) {
-        // AVX-512 has the registers for 8 rows (8 accumulators and 8 dots): a step of 8
-        // decode rows is one tile, not 6 and a tail of 2.
-        let mr = if isa == Isa::Avx512 { 8 } else { super::MR };
+        let mr = isa.quant_tile_rows();
         for r in (0..t.rows).step_by(mr) {
             let rows = mr.min(t.rows - r);
             let mut j = 0;
@@ -391,6 +389,7 @@ impl QuantRows {
         rows
     }
 
+    #[cfg(target_arch = "x86_64")]
     fn blocks(&self) -> usize {
         self.k / QK
     }
