@@ -37,16 +37,9 @@ fn run(
     budgets: Budgets,
 ) -> (Vec<Vec<u32>>, EngineStats) {
     let config = EngineConfig {
-        budgets,
-        mode,
         step_token_budget: 256,
         cost_profile: CostProfile::Measure,
-        check_invariants: true,
-        // Each conversation keeps its own KV (Pensieve's model): the conversations share
-        // their openings, and sharing them would relieve the pressure this test is about
-        // (tests/sharing.rs covers shared chunks under pressure).
-        prefix_sharing: false,
-        ..EngineConfig::default()
+        ..common::pressure_config(mode, budgets)
     };
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<_> = (0..CONVERSATIONS)

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use common::llamacpp;
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, Engine, EngineConfig, EngineStats, Event,
-    FinishReason, SamplingParams, Turn,
+    Budgets, CacheMode, ConversationOptions, Engine, EngineStats, Event, FinishReason,
+    SamplingParams, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -22,13 +22,7 @@ const TURNS: usize = 3;
 const OUTPUT: usize = 64;
 
 fn run(model: &Arc<Model>, mode: CacheMode, budgets: Budgets) -> (Vec<Vec<u32>>, EngineStats) {
-    let config = EngineConfig {
-        budgets,
-        mode,
-        check_invariants: true,
-        prefix_sharing: false,
-        ..EngineConfig::default()
-    };
+    let config = common::pressure_config(mode, budgets);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let texts = llamacpp::texts();
     let convs: Vec<_> = (0..CONVERSATIONS)

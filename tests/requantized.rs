@@ -46,12 +46,8 @@ fn conversations(
     budgets: Budgets,
 ) -> (Vec<Vec<u32>>, EngineStats) {
     let config = EngineConfig {
-        budgets,
-        mode,
         step_token_budget: 256,
-        check_invariants: true,
-        prefix_sharing: false,
-        ..EngineConfig::default()
+        ..common::pressure_config(mode, budgets)
     };
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<_> = (0..12)

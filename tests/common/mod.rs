@@ -85,6 +85,23 @@ pub fn chunk_bytes(model: &Model) -> usize {
     32 * model.config().kv_shape().token_bytes(kv)
 }
 
+/// The engine of the pressure tests: `mode` under `budgets`, invariants checked after every
+/// step, and each conversation keeping its own KV (Pensieve's model): shared openings would
+/// relieve the pressure these tests are about (tests/sharing.rs covers shared chunks under
+/// pressure).
+pub fn pressure_config(
+    mode: pensieve::engine::CacheMode,
+    budgets: pensieve::engine::Budgets,
+) -> pensieve::engine::EngineConfig {
+    pensieve::engine::EngineConfig {
+        budgets,
+        mode,
+        check_invariants: true,
+        prefix_sharing: false,
+        ..pensieve::engine::EngineConfig::default()
+    }
+}
+
 /// Asserts that a run under pressure used every tier's mechanism: swap-out, swap-in, host
 /// drops and recompute.
 pub fn assert_pressure_exercised(stats: &pensieve::engine::EngineStats) {
