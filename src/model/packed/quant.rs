@@ -28,6 +28,65 @@ use rayon::prelude::*;
 use super::{Isa, Tile, NR};
 use crate::{Error, Result};
 
+/// A vector path's entry point `kernel` (for CPUs with `$features`, which `$cpu` names) and
+/// the two forms of its `tile`: with one dot per block, or with `Q6_K`'s dot per 16 values kept
+/// apart. `SPLIT` is a constant, so the other formats hold no registers for the second dots.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+macro_rules! kernel_entry {
+    ($features:literal, $cpu:literal) => {
+        #[doc = concat!("# Safety\nThe CPU has ", $cpu, ", and `super::in_bounds` holds for the arguments.")]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn kernel(
+            w: &QuantWeights,
+            a: &QuantRows,
+            spot: Spot,
+            o: Out,
+            out: &mut [f32],
+        ) {
+            // SAFETY: as this function's contract.
+            unsafe {
+                if matches!(w.factors, Factors::Halves { .. }) {
+                    tile_shapes!(spot.rows, spot.panels, tile_split(w, a, spot, o, out))
+                } else {
+                    tile_shapes!(spot.rows, spot.panels, tile_whole(w, a, spot, o, out))
+                }
+            }
+        }
+
+        /// [`tile`] for factors per block: one dot per block.
+        ///
+        /// # Safety
+        /// As [`tile`].
+        #[target_feature(enable = $features)]
+        unsafe fn tile_whole<const R: usize, const P: usize>(
+            w: &QuantWeights,
+            a: &QuantRows,
+            spot: Spot,
+            o: Out,
+            out: &mut [f32],
+        ) {
+            // SAFETY: as this function's contract.
+            unsafe { tile::<R, P, false>(w, a, spot, o, out) }
+        }
+
+        /// [`tile`] for `Q6_K`: a dot per 16 values.
+        ///
+        /// # Safety
+        /// As [`tile`].
+        #[target_feature(enable = $features)]
+        unsafe fn tile_split<const R: usize, const P: usize>(
+            w: &QuantWeights,
+            a: &QuantRows,
+            spot: Spot,
+            o: Out,
+            out: &mut [f32],
+        ) {
+            // SAFETY: as this function's contract.
+            unsafe { tile::<R, P, true>(w, a, spot, o, out) }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -41,51 +41,7 @@ pub(super) unsafe fn quantize(x: &[f32], inv: f32, codes: &mut [i8]) -> i32 {
     }
 }
 
-/// # Safety
-/// The CPU has AVX2, FMA and F16C, and `super::in_bounds` holds for the arguments.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
-    // SAFETY: as this function's contract.
-    unsafe {
-        if matches!(w.factors, Factors::Halves { .. }) {
-            tile_shapes!(spot.rows, spot.panels, tile_split(w, a, spot, o, out))
-        } else {
-            tile_shapes!(spot.rows, spot.panels, tile_whole(w, a, spot, o, out))
-        }
-    }
-}
-
-/// [`tile`] for factors per block: one dot per block.
-///
-/// # Safety
-/// As [`tile`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_whole<const R: usize, const P: usize>(
-    w: &QuantWeights,
-    a: &QuantRows,
-    spot: Spot,
-    o: Out,
-    out: &mut [f32],
-) {
-    // SAFETY: as this function's contract.
-    unsafe { tile::<R, P, false>(w, a, spot, o, out) }
-}
-
-/// [`tile`] for `Q6_K`: a dot per 16 values.
-///
-/// # Safety
-/// As [`tile`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_split<const R: usize, const P: usize>(
-    w: &QuantWeights,
-    a: &QuantRows,
-    spot: Spot,
-    o: Out,
-    out: &mut [f32],
-) {
-    // SAFETY: as this function's contract.
-    unsafe { tile::<R, P, true>(w, a, spot, o, out) }
-}
+kernel_entry!("avx2,fma,f16c", "AVX2, FMA and F16C");
 
 /// Group `g`'s high code bits in the half block at `block`, moved above the nibbles.
 ///
@@ -108,7 +64,7 @@ unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m256i {
 /// `R` rows × `P` panels × 8 columns (half `h` of each panel), every block.
 ///
 /// # Safety
-/// As [`kernel`], with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
+/// As `kernel`, with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
 /// factors (the second half's dots kept apart; a constant, so the other formats hold no
 /// registers for them).
 #[target_feature(enable = "avx2,fma,f16c")]

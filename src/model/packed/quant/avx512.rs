@@ -4,51 +4,7 @@ use std::arch::x86_64::*;
 
 use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SUPER};
 
-/// # Safety
-/// The CPU has AVX-512 F, BW and VNNI, and `super::in_bounds` holds for the arguments.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
-    // SAFETY: as this function's contract.
-    unsafe {
-        if matches!(w.factors, Factors::Halves { .. }) {
-            tile_shapes!(spot.rows, spot.panels, tile_split(w, a, spot, o, out))
-        } else {
-            tile_shapes!(spot.rows, spot.panels, tile_whole(w, a, spot, o, out))
-        }
-    }
-}
-
-/// [`tile`] for factors per block: one dot per block.
-///
-/// # Safety
-/// As [`tile`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_whole<const R: usize, const P: usize>(
-    w: &QuantWeights,
-    a: &QuantRows,
-    spot: Spot,
-    o: Out,
-    out: &mut [f32],
-) {
-    // SAFETY: as this function's contract.
-    unsafe { tile::<R, P, false>(w, a, spot, o, out) }
-}
-
-/// [`tile`] for `Q6_K`: a dot per 16 values.
-///
-/// # Safety
-/// As [`tile`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_split<const R: usize, const P: usize>(
-    w: &QuantWeights,
-    a: &QuantRows,
-    spot: Spot,
-    o: Out,
-    out: &mut [f32],
-) {
-    // SAFETY: as this function's contract.
-    unsafe { tile::<R, P, true>(w, a, spot, o, out) }
-}
+kernel_entry!("avx512f,avx512bw,avx512vnni", "AVX-512 F, BW and VNNI");
 
 /// Group `g`'s high code bits in the block at `block`, moved above the nibbles.
 ///
@@ -71,7 +27,7 @@ unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m512i {
 /// `R` rows × `P` panels, every block; integer dots per block, f32 accumulators across blocks.
 ///
 /// # Safety
-/// As [`kernel`], with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
+/// As `kernel`, with `R == spot.rows`, `P <= spot.panels`, and `SPLIT` set for `Q6_K`'s
 /// factors (the second half's dots kept apart; a constant, so the other formats hold no
 /// registers for them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
