@@ -25,7 +25,7 @@
 //! that every fast path is tested against.
 
 mod cpu;
-#[cfg(any(feature = "cuda", test))]
+#[cfg(any(feature = "cuda", feature = "cuda-emulator", test))]
 mod cuda;
 mod gather;
 mod pool;
@@ -36,6 +36,11 @@ use candle_core::{DType, Device, Tensor};
 pub use gather::attention_gather;
 pub use pool::{KeyRotation, KvPool, KvShape};
 pub use reference::attention_reference;
+
+/// The CUDA kernel run on the CPU (see `kernels/README.md`): how the tests check it without a
+/// GPU.
+#[cfg(feature = "cuda-emulator")]
+pub use cuda::emulator;
 
 use crate::{Error, Result};
 
@@ -52,6 +57,9 @@ pub struct AttentionBatch {
     q_positions: Vec<u32>,
     ctx_slots: Vec<u32>,
     ctx_positions: Vec<u32>,
+    /// The CUDA kernel's plan for this batch, uploaded once for every layer.
+    #[cfg(feature = "cuda")]
+    device_plan: cuda::PlanCache,
 }
 
 /// One sequence of an [`AttentionBatch`], borrowed.
@@ -82,6 +90,8 @@ impl AttentionBatch {
             q_positions: Vec::new(),
             ctx_slots: Vec::new(),
             ctx_positions: Vec::new(),
+            #[cfg(feature = "cuda")]
+            device_plan: cuda::PlanCache::default(),
         }
     }
 
@@ -113,6 +123,11 @@ impl AttentionBatch {
         self.ctx_positions.extend_from_slice(ctx_positions);
         self.q_offsets.push(self.q_positions.len());
         self.ctx_offsets.push(self.ctx_slots.len());
+        #[cfg(feature = "cuda")]
+        {
+            // A plan cut for the sequences before is not this batch's (nor a clone's).
+            self.device_plan = cuda::PlanCache::default();
+        }
         Ok(())
     }
 
@@ -170,7 +185,12 @@ pub(crate) struct Dims {
 }
 
 impl Dims {
-    fn check(q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, batch: &AttentionBatch) -> Result<Self> {
+    pub(crate) fn check(
+        q: &Tensor,
+        k_pool: &Tensor,
+        v_pool: &Tensor,
+        batch: &AttentionBatch,
+    ) -> Result<Self> {
         let (tokens, n_heads, head_dim) = q.dims3()?;
         let (n_slots, n_kv_heads, kd) = k_pool.dims3()?;
         if v_pool.dims() != k_pool.dims() || kd != head_dim {
@@ -265,14 +285,22 @@ pub fn attention_in_window(
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // The kernel is built for head dims 64 and 128 without windows; the rest take the
-        // gather path.
+        // The kernel is built for head dims 64, 128 and 256 and f32, f16 and bf16 pools; the
+        // rest take the gather path.
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if matches!(dims.head_dim, 64 | 128) && window.is_none() => {
+        Device::Cuda(_)
+            if matches!(dims.head_dim, 64 | 128 | 256)
+                && matches!(k_pool.dtype(), DType::F32 | DType::F16 | DType::BF16) =>
+        {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;
             let (k, v) = (k_pool.contiguous()?, v_pool.contiguous()?);
-            let op = cuda::CudaAttention { batch, dims, scale };
+            let op = cuda::CudaAttention {
+                batch,
+                dims,
+                scale,
+                window,
+            };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
         // Other devices run the device-agnostic gather path.

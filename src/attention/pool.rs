@@ -43,6 +43,11 @@ impl KvShape {
 /// Per-layer K and V tensors of a fixed number of slots.
 #[derive(Debug)]
 pub struct KvPool {
+    /// On a GPU: the copy stream that moves chunks while the compute stream runs. Declared
+    /// first so that it drops first: its drop waits for the copy stream, whose transfers may
+    /// still use the K/V memory freed when `k` and `v` drop.
+    #[cfg(feature = "cuda")]
+    mover: Option<cuda::Mover>,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     n_slots: usize,
@@ -50,9 +55,6 @@ pub struct KvPool {
     /// On the CPU: restores whose bytes arrive layer by layer from the disk tier, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
-    /// On a GPU: the copy stream that moves chunks while the compute stream runs.
-    #[cfg(feature = "cuda")]
-    mover: Option<cuda::Mover>,
 }
 
 impl KvPool {
@@ -76,13 +78,13 @@ impl KvPool {
             v.push(Tensor::zeros(dims, dtype, device)?);
         }
         Ok(Self {
+            #[cfg(feature = "cuda")]
+            mover,
             k,
             v,
             n_slots,
             row: shape.num_kv_heads * shape.head_dim,
             restoring: Mutex::new(Restoring::default()),
-            #[cfg(feature = "cuda")]
-            mover,
         })
     }
 
@@ -98,10 +100,7 @@ impl KvPool {
     /// [`Error::InvalidBatch`] for a layer the pool does not have; [`Error::Transfer`] if the
     /// device cannot order the wait.
     pub fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor)> {
-        #[cfg(feature = "cuda")]
-        if let Some(m) = &self.mover {
-            m.await_layer(layer)?;
-        }
+        self.await_copies(layer)?;
         self.restore_upto(layer + 1);
         match (self.k.get(layer), self.v.get(layer)) {
             (Some(k), Some(v)) => Ok((k, v)),
@@ -246,6 +245,18 @@ impl KvPool {
         (failed, std::mem::take(&mut r.waited))
     }
 
+    /// On a GPU, makes the compute stream (which every candle op on the pool uses) wait for
+    /// this step's copies of `layer`, in both directions: a swap-out still reading the layer,
+    /// a swap-in still writing it. Nothing to wait for on the CPU.
+    fn await_copies(&self, layer: usize) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(m) = &self.mover {
+            m.await_layer(layer)?;
+        }
+        let _ = layer;
+        Ok(())
+    }
+
     /// Bytes of one slot's row in one layer's K (or V).
     fn row_bytes(&self) -> usize {
         self.row * self.dtype().size_in_bytes()
@@ -267,7 +278,8 @@ impl KvPool {
         self.check_range(start, len)?;
         let width = self.dtype().size_in_bytes();
         let mut out = Vec::with_capacity(self.k.len() * 2 * len * self.row * width);
-        for (k, v) in self.k.iter().zip(&self.v) {
+        for (layer, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
+            self.await_copies(layer)?;
             for pool in [k, v] {
                 let rows = pool.narrow(0, start, len)?.flatten_all()?;
                 match rows.dtype() {
@@ -323,6 +335,7 @@ impl KvPool {
         let (Some(k), Some(v)) = (self.k.get(layer), self.v.get(layer)) else {
             return Err(Error::InvalidBatch(format!("no layer {layer}")));
         };
+        self.await_copies(layer)?;
         for (pool, part) in [k, v].into_iter().zip(data.chunks_exact(len * part_bytes)) {
             let shape = (len, self.row);
             let device = pool.device();

@@ -377,8 +377,11 @@ impl Llama {
                 window: c.max_position_embeddings,
             });
         }
+        // CUDA cannot allocate zero bytes (`cuMemAllocAsync` refuses them): a pass without
+        // logit rows returns its empty logits on the CPU.
+        let no_logits = || Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu);
         if batch.is_empty() {
-            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &self.device)?);
+            return Ok(no_logits()?);
         }
         let t = batch.num_tokens();
         let dev = &self.device;
@@ -440,6 +443,9 @@ impl Llama {
                 Some(n) => (&x + candle_nn::ops::rms_norm(&layer.w_down.forward(&act)?, n, eps)?)?,
                 None => layer.w_down.forward_residual(&act, &x)?,
             };
+        }
+        if batch.logit_rows.is_empty() {
+            return Ok(no_logits()?);
         }
         let rows = Tensor::from_slice(&batch.logit_rows, batch.logit_rows.len(), dev)?;
         let x = x.index_select(&rows, 0)?;

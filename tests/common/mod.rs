@@ -2,6 +2,7 @@
 //! `scripts/fetch-assets`, which the README's test command runs first).
 #![allow(dead_code)]
 
+pub mod attention_cases;
 pub mod llamacpp;
 pub mod redis_server;
 pub mod server;
@@ -220,6 +221,11 @@ pub fn cuda_device(what: &str) -> Option<candle_core::Device> {
     };
     match found {
         Ok(d) => Some(d),
+        // On the GPU machine (`scripts/gpu-tests` sets it) a missing GPU is a failure, not a
+        // skip.
+        Err(why) if std::env::var_os("PENSIEVE_REQUIRE_GPU").is_some() => {
+            panic!("{what}: PENSIEVE_REQUIRE_GPU is set but {why}")
+        }
         Err(why) => {
             SAID.call_once(|| eprintln!("{what} skipped: {why}"));
             None

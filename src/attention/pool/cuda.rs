@@ -114,6 +114,36 @@ impl Mover {
             .iter()
             .map(|&(_, len)| self.buffer(2 * layers * len * row_bytes))
             .collect::<Result<Vec<PinnedHostSlice<u8>>>>()?;
+        match self.enqueue(k, v, row_bytes, outs, &ins, &mut bufs, pipelined) {
+            Ok(chunks) => {
+                self.in_flight
+                    .lock()
+                    .extend(ins.into_iter().map(|(_, d)| d));
+                Ok(chunks)
+            }
+            Err(e) => {
+                // Copies already queued may still read `ins` and write the pinned buffers,
+                // which are freed on return: not before the stream has passed them.
+                let _ = self.copy.synchronize();
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Self::copy`] once its buffers are there; they become the returned chunks. On an error
+    /// copies may be in flight, and the buffers stay with the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        k: &[Tensor],
+        v: &[Tensor],
+        row_bytes: usize,
+        outs: &[(usize, usize)],
+        ins: &[(usize, Arc<ChunkBytes>)],
+        bufs: &mut Vec<PinnedHostSlice<u8>>,
+        pipelined: bool,
+    ) -> Result<Vec<ChunkBytes>> {
+        let layers = k.len();
         let mut hosts = bufs
             .iter_mut()
             .map(|b| b.as_mut_slice().map_err(transfer))
@@ -126,26 +156,29 @@ impl Mover {
         let mut ready = Vec::with_capacity(layers);
         for (layer, (kl, vl)) in k.iter().zip(v).enumerate() {
             for (part, pool) in [kl, vl].into_iter().enumerate() {
-                let base = device_ptr(pool, &self.copy)?;
-                for (&(start, len), host) in outs.iter().zip(hosts.iter_mut()) {
-                    let n = len * row_bytes;
-                    let at = (2 * layer + part) * n;
-                    let dst = &mut host[at..at + n];
-                    let src = base + (start * row_bytes) as u64;
-                    // SAFETY: `src..src + n` lies in the pool (ranges checked by the caller);
-                    // `dst` is pinned memory that outlives the copy (its chunk waits for the
-                    // copy's event before it is read or freed).
-                    unsafe { result::memcpy_dtoh_async(dst, src, stream) }.map_err(transfer)?;
-                }
-                for &(start, bytes) in &sources {
-                    let n = bytes.len() / (2 * layers);
-                    let at = (2 * layer + part) * n;
-                    let dst = base + (start * row_bytes) as u64;
-                    // SAFETY: as above; the source stays in `in_flight` until the stream has
-                    // passed it.
-                    unsafe { result::memcpy_htod_async(dst, &bytes[at..at + n], stream) }
-                        .map_err(transfer)?;
-                }
+                with_device_ptr(pool, &self.copy, |base| {
+                    for (&(start, len), host) in outs.iter().zip(hosts.iter_mut()) {
+                        let n = len * row_bytes;
+                        let at = (2 * layer + part) * n;
+                        let dst = &mut host[at..at + n];
+                        let src = base + (start * row_bytes) as u64;
+                        // SAFETY: `src..src + n` lies in the pool (ranges checked by the
+                        // caller); `dst` is pinned memory that outlives the copy (its chunk
+                        // waits for the copy's event before it is read or freed; on an error
+                        // `copy` waits for the stream).
+                        unsafe { result::memcpy_dtoh_async(dst, src, stream) }.map_err(transfer)?;
+                    }
+                    for &(start, bytes) in &sources {
+                        let n = bytes.len() / (2 * layers);
+                        let at = (2 * layer + part) * n;
+                        let dst = base + (start * row_bytes) as u64;
+                        // SAFETY: as above; the source stays in `in_flight` until the stream
+                        // has passed it.
+                        unsafe { result::memcpy_htod_async(dst, &bytes[at..at + n], stream) }
+                            .map_err(transfer)?;
+                    }
+                    Ok(())
+                })?;
             }
             ready.push(self.copy.record_event(None).map_err(transfer)?);
         }
@@ -155,23 +188,24 @@ impl Mover {
         } else {
             self.copy.synchronize().map_err(transfer)?;
         }
-        self.in_flight
-            .lock()
-            .extend(ins.into_iter().map(|(_, d)| d));
-        bufs.into_iter()
+        let done = outs
+            .iter()
+            .map(|_| self.copy.record_event(None).map_err(transfer))
+            .collect::<Result<Vec<CudaEvent>>>()?;
+        let chunks = std::mem::take(bufs)
+            .into_iter()
             .zip(outs)
-            .map(|(buf, &(_, len))| {
-                let done = self.copy.record_event(None).map_err(transfer)?;
-                let len = 2 * layers * len * row_bytes;
-                let spare = Arc::clone(&self.spare);
-                Ok(ChunkBytes::device(Box::new(Pinned {
+            .zip(done)
+            .map(|((buf, &(_, len)), done)| {
+                ChunkBytes::device(Box::new(Pinned {
                     buf: Some(buf),
-                    len,
+                    len: 2 * layers * len * row_bytes,
                     done,
-                    spare,
-                })))
+                    spare: Arc::clone(&self.spare),
+                }))
             })
-            .collect()
+            .collect::<Vec<_>>();
+        Ok(chunks)
     }
 }
 
@@ -182,19 +216,36 @@ impl Drop for Mover {
     }
 }
 
-/// The device address of `pool`'s first element, ordered after its last write on `stream`.
-fn device_ptr(pool: &Tensor, stream: &Arc<CudaStream>) -> Result<sys::CUdeviceptr> {
+/// Runs `f` with the device address of `pool`'s first element, ordered after the pool's last
+/// write on `stream`; the pool's read event is recorded on `stream` after `f` has queued its
+/// copies (cudarc's tracking then sees them: a later writer on another stream waits, and the
+/// memory is not freed under them). Writes into the pool through this address are ordered for
+/// the compute stream by the mover's per-layer events instead.
+fn with_device_ptr(
+    pool: &Tensor,
+    stream: &Arc<CudaStream>,
+    f: impl FnOnce(sys::CUdeviceptr) -> Result<()>,
+) -> Result<()> {
     let (storage, layout) = pool.storage_and_layout();
     let Storage::Cuda(cs) = &*storage else {
         return Err(Error::Transfer("the pool is not on the GPU".into()));
     };
-    let ptr = match &cs.slice {
-        CudaStorageSlice::F32(s) => s.device_ptr(stream).0,
-        CudaStorageSlice::F16(s) => s.device_ptr(stream).0,
-        CudaStorageSlice::BF16(s) => s.device_ptr(stream).0,
-        _ => return Err(Error::Transfer(format!("a {:?} pool", pool.dtype()))),
-    };
-    Ok(ptr + (layout.start_offset() * pool.dtype().size_in_bytes()) as u64)
+    let offset = (layout.start_offset() * pool.dtype().size_in_bytes()) as u64;
+    match &cs.slice {
+        CudaStorageSlice::F32(s) => {
+            let (ptr, _recorded_on_drop) = s.device_ptr(stream);
+            f(ptr + offset)
+        }
+        CudaStorageSlice::F16(s) => {
+            let (ptr, _recorded_on_drop) = s.device_ptr(stream);
+            f(ptr + offset)
+        }
+        CudaStorageSlice::BF16(s) => {
+            let (ptr, _recorded_on_drop) = s.device_ptr(stream);
+            f(ptr + offset)
+        }
+        _ => Err(Error::Transfer(format!("a {:?} pool", pool.dtype()))),
+    }
 }
 
 /// A chunk's bytes, the first `len` of a pinned buffer, valid once `done` has passed; the

@@ -1,0 +1,212 @@
+// The emulator's build step, included by the crate's `build.rs` under the `cuda-emulator`
+// feature (see `kernels/README.md`).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One compiled copy of a kernel source: the original (`prefix` empty) or a mutant.
+struct Variant {
+    name: String,
+    why: String,
+    source: PathBuf,
+    /// Prepended to every entry point's name, so that all variants link side by side.
+    prefix: String,
+}
+
+/// Builds the static library and the Rust table of entry points.
+pub fn build() -> Result<(), String> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
+    let sanitize = std::env::var("PENSIEVE_EMU_SANITIZE").is_ok_and(|v| v == "1");
+    let sources = super::kernel_sources()?;
+    let mut variants = Vec::new();
+    let mut names = BTreeSet::new();
+    for src in &sources {
+        let text = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
+        names.extend(entry_points(&text));
+        variants.push(Variant {
+            name: "kernel".into(),
+            why: "the kernel as it ships".into(),
+            source: src.clone(),
+            prefix: String::new(),
+        });
+        variants.extend(mutants(src, &text, &out)?);
+    }
+
+    let mut objects = Vec::new();
+    for v in &variants {
+        let mut b = compiler(sanitize);
+        b.file(&v.source)
+            .flag("-x")
+            .flag("c++")
+            .flag("-include")
+            .flag("kernels/emu/cuda_emu.h")
+            .include("kernels/emu/include")
+            // Shared memory is the object's .bss as one section (renamed below).
+            .flag("-fno-data-sections");
+        for n in &names {
+            if !v.prefix.is_empty() {
+                b.define(n, Some(format!("{}{n}", v.prefix).as_str()));
+            }
+        }
+        let objs = b.try_compile_intermediates().map_err(|e| e.to_string())?;
+        for obj in objs {
+            // A kernel's `__shared__` arrays are its translation unit's only mutable statics:
+            // one named section, so that the runtime finds them (`__start_pensieve_emu_shared`)
+            // and poisons them before every block.
+            let status = Command::new(objcopy())
+                .arg("--rename-section")
+                .arg(".bss=pensieve_emu_shared")
+                .arg(&obj)
+                .status()
+                .map_err(|e| format!("objcopy did not start: {e}"))?;
+            if !status.success() {
+                return Err(format!("objcopy failed on {}", obj.display()));
+            }
+            objects.push(obj);
+        }
+    }
+    let mut runtime = compiler(sanitize);
+    runtime.file("kernels/emu/runtime.cc").include("kernels/emu");
+    for o in &objects {
+        runtime.object(o);
+    }
+    runtime
+        .try_compile("pensieve_emu")
+        .map_err(|e| e.to_string())?;
+    if sanitize {
+        println!("cargo::rustc-link-arg=-fsanitize=address,undefined");
+    }
+    std::fs::write(out.join("emu_kernels.rs"), rust_table(&variants, &names))
+        .map_err(|e| format!("emu_kernels.rs: {e}"))
+}
+
+fn compiler(sanitize: bool) -> cc::Build {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("gnu++17")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        .flag("-Wno-unknown-pragmas")
+        // The kernels read f16 and f32 arrays through 16-byte vector types, as CUDA code does.
+        .flag("-fno-strict-aliasing");
+    if sanitize {
+        b.opt_level(1)
+            .flag("-fsanitize=address,undefined")
+            .flag("-fno-sanitize-recover=all")
+            .flag("-fno-omit-frame-pointer");
+    }
+    b
+}
+
+fn objcopy() -> String {
+    std::env::var("OBJCOPY").unwrap_or_else(|_| "objcopy".into())
+}
+
+/// The kernels' entry points: every `pensieve_attention...` identifier of the source.
+fn entry_points(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("pensieve_") {
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let preceded = rest[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !preceded {
+            names.insert(tail[..len].to_string());
+        }
+        rest = &tail[len..];
+    }
+    names
+}
+
+/// The mutants of `src` listed in `kernels/emu/mutants`, written to `out`.
+fn mutants(src: &Path, text: &str, out: &Path) -> Result<Vec<Variant>, String> {
+    let list = std::fs::read_to_string("kernels/emu/mutants")
+        .map_err(|e| format!("kernels/emu/mutants: {e}"))?;
+    let file = src.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+    let mut found = Vec::new();
+    let mut current: Option<(String, String, String, Option<String>)> = None;
+    let unescape = |s: &str| s.replace("\\n", "\n");
+    for line in list.lines().chain(std::iter::once("mutant end-of-list")) {
+        if let Some(rest) = line.strip_prefix("mutant ") {
+            if let Some((name, why, find, Some(replace))) = current.take() {
+                found.push((name, why, find, replace));
+            }
+            let (head, why) = rest.split_once(':').unwrap_or((rest, ""));
+            let (source, name) = head.trim().split_once('/').unwrap_or(("", head.trim()));
+            if source == file {
+                current = Some((name.into(), why.trim().into(), String::new(), None));
+            }
+        } else if let Some((_, _, find, replace)) = current.as_mut() {
+            if let Some(t) = line.strip_prefix("- ") {
+                *find = unescape(t);
+            } else if let Some(t) = line.strip_prefix("+ ") {
+                *replace = Some(unescape(t));
+            } else if line == "+" {
+                *replace = Some(String::new());
+            }
+        }
+    }
+    let mut variants = Vec::new();
+    for (name, why, find, replace) in found {
+        if text.matches(&find).count() != 1 {
+            return Err(format!(
+                "kernels/emu/mutants: the text of mutant {name} must occur exactly once in {file}"
+            ));
+        }
+        let path = out.join(format!("mutant_{name}.cu"));
+        std::fs::write(&path, text.replacen(&find, &replace, 1))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        variants.push(Variant {
+            prefix: format!("mutant_{name}_"),
+            name,
+            why,
+            source: path,
+        });
+    }
+    Ok(variants)
+}
+
+/// `extern "C"` declarations and the table `VARIANTS` for `src/attention/cuda/emulator.rs`.
+fn rust_table(variants: &[Variant], names: &BTreeSet<String>) -> String {
+    let mut s = String::from("// Generated by kernels/emu/build.rs.\nextern \"C\" {\n");
+    for v in variants {
+        for n in names {
+            let sig = if n.ends_with("merge") {
+                "(plan: *const u32, part_acc: *const f32, part_ml: *const f32, out: *mut f32, \
+                 p: Params, d: i32)"
+            } else {
+                "(q: *const f32, k: *const c_void, v: *const c_void, plan: *const u32, \
+                 out: *mut f32, part_acc: *mut f32, part_ml: *mut f32, p: Params)"
+            };
+            let _ = writeln!(s, "    fn {}{n}{sig};", v.prefix);
+        }
+    }
+    s.push_str("}\n\n/// The kernel and its mutants, as compiled for the emulator.\n");
+    s.push_str("pub(super) static VARIANTS: &[Variant] = &[\n");
+    for v in variants {
+        let p = &v.prefix;
+        let _ = writeln!(
+            s,
+            "    Variant {{ name: {:?}, why: {:?}, merge: {p}pensieve_attention_merge, attend: [",
+            v.name, v.why
+        );
+        for dtype in ["f32", "f16", "bf16"] {
+            let _ = write!(s, "        [");
+            for d in [64, 128, 256] {
+                let _ = write!(s, "{p}pensieve_attention_{dtype}_d{d}, ");
+            }
+            s.push_str("],\n");
+        }
+        s.push_str("    ] },\n");
+    }
+    s.push_str("];\n");
+    s
+}

@@ -1,0 +1,280 @@
+//! The CUDA kernel of `kernels/attention.cu` run on the CPU by the emulator (feature
+//! `cuda-emulator`, which the tests turn on; see `kernels/README.md`): the same planner, the
+//! same launches in the same order with the same arguments as on a GPU, each block's threads as
+//! fibers under a chosen schedule. Buffers the GPU would leave uninitialized (the output, the
+//! partials) are filled with NaN first, so a query no block writes shows.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use candle_core::{DType, Device, Tensor};
+
+use super::plan::{Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use crate::attention::{AttentionBatch, Dims};
+
+/// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
+const ATTEND_THREADS: u32 = 128;
+const MERGE_THREADS: u32 = 256;
+
+type AttendFn = unsafe extern "C" fn(
+    *const f32,
+    *const c_void,
+    *const c_void,
+    *const u32,
+    *mut f32,
+    *mut f32,
+    *mut f32,
+    Params,
+);
+type MergeFn = unsafe extern "C" fn(*const u32, *const f32, *const f32, *mut f32, Params, i32);
+
+/// One compiled copy of the kernels: the shipped one or a deliberately broken one.
+pub(super) struct Variant {
+    name: &'static str,
+    why: &'static str,
+    /// By pool type (f32, f16, bf16), then head dim (64, 128, 256).
+    attend: [[AttendFn; 3]; 3],
+    merge: MergeFn,
+}
+
+include!(concat!(env!("OUT_DIR"), "/emu_kernels.rs"));
+
+extern "C" {
+    fn pensieve_emu_launch(
+        grid: *const u32,
+        block: *const u32,
+        schedule: c_int,
+        seed: u64,
+        body: extern "C" fn(*mut c_void),
+        ctx: *mut c_void,
+        report: *mut c_char,
+        report_len: usize,
+    ) -> c_int;
+}
+
+/// The order in which the emulator resumes a block's threads between sync points. A kernel
+/// without races gives bit-identical outputs under all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Thread order, every ready thread once per round: warps in lockstep.
+    Lockstep,
+    /// Reverse thread order.
+    Reverse,
+    /// The last warp runs as far as it can before the others start.
+    WarpAhead,
+    /// A fresh random order every round, from this seed.
+    Shuffled(u64),
+}
+
+impl Schedule {
+    /// One of each kind.
+    pub const ALL: [Schedule; 4] = [
+        Schedule::Lockstep,
+        Schedule::Reverse,
+        Schedule::WarpAhead,
+        Schedule::Shuffled(0x5eed),
+    ];
+
+    fn code(self) -> (c_int, u64) {
+        match self {
+            Schedule::Lockstep => (0, 0),
+            Schedule::Reverse => (1, 0),
+            Schedule::WarpAhead => (2, 0),
+            Schedule::Shuffled(seed) => (3, seed),
+        }
+    }
+}
+
+/// How to run one emulated call.
+#[derive(Clone, Copy, Debug)]
+pub struct Emulation {
+    /// Which compiled copy of the kernels: 0 is the kernel as it ships, the others its
+    /// deliberate breakages ([`variants`]).
+    pub variant: usize,
+    pub schedule: Schedule,
+    /// The streaming multiprocessors the planner fills (few: decode rows are split).
+    pub sms: usize,
+}
+
+impl Default for Emulation {
+    fn default() -> Self {
+        Self {
+            variant: 0,
+            schedule: Schedule::Lockstep,
+            sms: 132,
+        }
+    }
+}
+
+/// Names and descriptions of the compiled kernel copies, in [`Emulation::variant`] order.
+pub fn variants() -> Vec<(&'static str, &'static str)> {
+    VARIANTS.iter().map(|v| (v.name, v.why)).collect()
+}
+
+/// Why an emulated call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulationError {
+    /// The threads disagreed about a barrier or a warp collective (the report says where).
+    #[error("the emulator stopped the kernel: {0}")]
+    Divergence(String),
+    /// The call itself was invalid.
+    #[error(transparent)]
+    Call(#[from] crate::Error),
+}
+
+fn candle(e: candle_core::Error) -> EmulationError {
+    EmulationError::Call(e.into())
+}
+
+/// [`crate::attention::attention_in_window`] computed by the CUDA kernel under the emulator:
+/// CPU tensors in (q `[tokens, n_heads, head_dim]`, pools `[n_slots, n_kv_heads, head_dim]` of
+/// f32, f16 or bf16, head dims 64, 128 or 256), f32 out.
+///
+/// # Errors
+/// [`EmulationError::Divergence`] when the kernel's threads disagree about a sync point;
+/// [`EmulationError::Call`] for shapes the kernel does not take.
+pub fn attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    scale: f32,
+    window: Option<u32>,
+    how: Emulation,
+) -> Result<Tensor, EmulationError> {
+    let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    let dtype = k_pool.dtype();
+    let (Some(t), Some(d)) = (
+        [DType::F32, DType::F16, DType::BF16]
+            .iter()
+            .position(|&x| x == dtype),
+        [64, 128, 256].iter().position(|&x| x == dims.head_dim),
+    ) else {
+        return Err(crate::Error::InvalidBatch(format!(
+            "the CUDA kernel takes f32, f16 or bf16 pools of head dim 64, 128 or 256, not {dtype:?} of {}",
+            dims.head_dim
+        ))
+        .into());
+    };
+    let variant = VARIANTS
+        .get(how.variant)
+        .ok_or_else(|| crate::Error::InvalidBatch(format!("no kernel variant {}", how.variant)))?;
+    let shape = PlanShape {
+        n_heads: dims.n_heads,
+        n_kv_heads: dims.n_kv_heads,
+        head_dim: dims.head_dim,
+        dtype_bytes: dtype.size_in_bytes(),
+        sms: how.sms,
+    };
+    let plan = Plan::new(batch, shape)?;
+    let params = Params {
+        scale,
+        window: window.unwrap_or(NO_WINDOW),
+        ..plan.params
+    };
+
+    let q = q.to_dtype(DType::F32).map_err(candle)?;
+    let q = q
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(candle)?;
+    let (k, v) = (pool_bytes(k_pool)?, pool_bytes(v_pool)?);
+    let n_out = dims.tokens * dims.n_heads * dims.head_dim;
+    let mut out = vec![f32::NAN; n_out];
+    let mut part_acc = vec![f32::NAN; plan.parts.max(1) * MAX_Q * dims.head_dim];
+    let mut part_ml = vec![f32::NAN; plan.parts.max(1) * MAX_Q * 2];
+
+    let attend = variant.attend[t][d];
+    let (qp, kp, vp, wp) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), plan.words.as_ptr());
+    let (op, ap, mp) = (
+        out.as_mut_ptr(),
+        part_acc.as_mut_ptr(),
+        part_ml.as_mut_ptr(),
+    );
+    if plan.items > 0 {
+        // SAFETY: the arguments are the kernel's, in order and type; every buffer outlives the
+        // launch, which returns when the grid has run; the kernel indexes them through the
+        // plan, which `Dims::check` checked against the pool.
+        launch(plan.items, ATTEND_THREADS, how.schedule, &|| unsafe {
+            attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params)
+        })?;
+    }
+    if plan.merges > 0 {
+        let merge = variant.merge;
+        let head_dim = dims.head_dim as i32;
+        // SAFETY: as above, for `pensieve_attention_merge`; the partials were written above.
+        launch(plan.merges, MERGE_THREADS, how.schedule, &|| unsafe {
+            merge(wp, ap, mp, op, params, head_dim)
+        })?;
+    }
+    let shape = (dims.tokens, dims.n_heads, dims.head_dim);
+    Tensor::from_vec(out, shape, &Device::Cpu).map_err(candle)
+}
+
+/// The pool's values as stored, contiguous, in a 16-byte aligned buffer (the kernel loads
+/// rows 16 bytes at a time, as from a GPU allocation).
+fn pool_bytes(pool: &Tensor) -> Result<Vec<u128>, EmulationError> {
+    let flat = pool.flatten_all().map_err(candle)?;
+    Ok(match pool.dtype() {
+        DType::F32 => aligned(&flat.to_vec1::<f32>().map_err(candle)?, f32::to_ne_bytes),
+        DType::F16 => aligned(
+            &flat.to_vec1::<half::f16>().map_err(candle)?,
+            half::f16::to_ne_bytes,
+        ),
+        _ => aligned(
+            &flat.to_vec1::<half::bf16>().map_err(candle)?,
+            half::bf16::to_ne_bytes,
+        ),
+    })
+}
+
+fn aligned<T: Copy, const N: usize>(values: &[T], to: fn(T) -> [u8; N]) -> Vec<u128> {
+    let mut words = vec![0u128; (values.len() * N).div_ceil(16)];
+    let len = words.len() * 16;
+    // SAFETY: the u128s are `len` initialized bytes, and u8 has no alignment requirement.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), len) };
+    for (dst, &x) in bytes.chunks_exact_mut(N).zip(values) {
+        dst.copy_from_slice(&to(x));
+    }
+    words
+}
+
+/// Runs `body` as every thread of a grid of `blocks` blocks of `threads` threads.
+fn launch(
+    blocks: usize,
+    threads: u32,
+    schedule: Schedule,
+    body: &dyn Fn(),
+) -> Result<(), EmulationError> {
+    extern "C" fn trampoline(ctx: *mut c_void) {
+        // SAFETY: `ctx` is the `&&dyn Fn()` below, alive for the whole launch.
+        let body = unsafe { &*ctx.cast::<&dyn Fn()>() };
+        body();
+    }
+    let grid = [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1];
+    let block = [threads, 1, 1];
+    let (code, seed) = schedule.code();
+    let mut report = vec![0u8; 1024];
+    let mut body = body;
+    // SAFETY: the pointers are valid for the call; the runtime calls `trampoline` with `ctx`
+    // only while it runs, and writes at most `report.len()` bytes NUL-terminated.
+    let rc = unsafe {
+        pensieve_emu_launch(
+            grid.as_ptr(),
+            block.as_ptr(),
+            code,
+            seed,
+            trampoline,
+            (&mut body as *mut &dyn Fn()).cast(),
+            report.as_mut_ptr().cast(),
+            report.len(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let end = report.iter().position(|&b| b == 0).unwrap_or(report.len());
+    Err(EmulationError::Divergence(
+        String::from_utf8_lossy(&report[..end]).into_owned(),
+    ))
+}

@@ -1,0 +1,282 @@
+//! The kernels launched on a GPU: the module loaded once per context from the fatbin
+//! `build.rs` made, the step's plan uploaded once (one copy) and reused by every layer.
+
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    sys, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, Layout, Shape};
+use parking_lot::Mutex;
+
+use super::plan::{Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use crate::attention::{AttentionBatch, Dims};
+
+/// The kernels: machine code for sm_80 and sm_90, PTX for newer GPUs.
+const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
+/// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
+const ATTEND_THREADS: u32 = 128;
+const MERGE_THREADS: u32 = 256;
+
+// SAFETY: `Params` is `repr(C)` of 4-byte plain values, laid out as the kernel's struct.
+unsafe impl DeviceRepr for Params {}
+
+/// A step's plan on the device.
+struct DevicePlan {
+    /// The context and shapes it was cut for.
+    key: (usize, PlanShape),
+    params: Params,
+    items: usize,
+    merges: usize,
+    words: CudaSlice<u32>,
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+}
+
+/// The device plan of the [`AttentionBatch`] that holds it, uploaded by the first layer that
+/// needs it; a clone of the batch shares it (same sequences), a pushed sequence resets it.
+#[derive(Clone, Default)]
+pub(crate) struct PlanCache(Arc<Mutex<Option<Arc<DevicePlan>>>>);
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlanCache")
+    }
+}
+
+/// Modules loaded, one per CUDA context.
+static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+
+fn function(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
+    let ctx = dev.cuda_stream().context().clone();
+    let id = ctx.cu_ctx() as usize;
+    let module = {
+        let mut modules = MODULES.lock();
+        match modules.iter().find(|(c, _)| *c == id) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let m = ctx.load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
+                modules.push((id, m.clone()));
+                m
+            }
+        }
+    };
+    module.load_function(name).w()
+}
+
+fn device_plan(
+    batch: &AttentionBatch,
+    dev: &CudaDevice,
+    shape: PlanShape,
+) -> candle_core::Result<Arc<DevicePlan>> {
+    let ctx = dev.cuda_stream().context().clone();
+    let key = (ctx.cu_ctx() as usize, shape);
+    let mut cached = batch.device_plan.0.lock();
+    if let Some(p) = cached.as_ref().filter(|p| p.key == key) {
+        return Ok(p.clone());
+    }
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    let plan = Plan::new(
+        batch,
+        PlanShape {
+            sms: sms.max(1) as usize,
+            ..shape
+        },
+    )
+    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    let parts = plan.parts.max(1);
+    let p = Arc::new(DevicePlan {
+        key,
+        params: plan.params,
+        items: plan.items,
+        merges: plan.merges,
+        words: dev.clone_htod(&plan.words)?,
+        // SAFETY (both): a merge reads only the partials its items wrote before it, earlier
+        // on the same stream.
+        part_acc: unsafe { dev.alloc::<f32>(parts * MAX_Q * shape.head_dim)? },
+        part_ml: unsafe { dev.alloc::<f32>(parts * MAX_Q * 2)? },
+    });
+    *cached = Some(p.clone());
+    Ok(p)
+}
+
+/// The op as candle sees it on a CUDA device.
+pub(crate) struct CudaAttention<'a> {
+    pub batch: &'a AttentionBatch,
+    pub dims: Dims,
+    pub scale: f32,
+    pub window: Option<u32>,
+}
+
+impl CustomOp3 for CudaAttention<'_> {
+    fn name(&self) -> &'static str {
+        "pensieve-paged-attention-cuda"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the CUDA attention op runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &CudaStorage,
+        q_l: &Layout,
+        k: &CudaStorage,
+        k_l: &Layout,
+        v: &CudaStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let dev = &q.device;
+        let d = self.dims;
+        let CudaStorageSlice::F32(q_s) = &q.slice else {
+            candle_core::bail!("q must be f32 for the CUDA attention kernel")
+        };
+        let q = view(q_s, q_l, "q", 4)?;
+        let (dtype, bytes) = match (&k.slice, &v.slice) {
+            (CudaStorageSlice::F32(_), CudaStorageSlice::F32(_)) => ("f32", 4),
+            (CudaStorageSlice::F16(_), CudaStorageSlice::F16(_)) => ("f16", 2),
+            (CudaStorageSlice::BF16(_), CudaStorageSlice::BF16(_)) => ("bf16", 2),
+            _ => candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools"),
+        };
+        if !matches!(d.head_dim, 64 | 128 | 256) {
+            candle_core::bail!(
+                "the CUDA attention kernel takes head dim 64, 128 or 256, not {}",
+                d.head_dim
+            )
+        }
+        let shape = PlanShape {
+            n_heads: d.n_heads,
+            n_kv_heads: d.n_kv_heads,
+            head_dim: d.head_dim,
+            dtype_bytes: bytes,
+            sms: 0,
+        };
+        let plan = device_plan(self.batch, dev, shape)?;
+        let params = Params {
+            scale: self.scale,
+            window: self.window.unwrap_or(NO_WINDOW),
+            ..plan.params
+        };
+        // SAFETY: every output is written by exactly one item or merge (the emulator's tests
+        // check this on a NaN-filled output).
+        let out = unsafe { dev.alloc::<f32>(d.tokens * d.n_heads * d.head_dim)? };
+        if plan.items > 0 {
+            let func = function(dev, &format!("pensieve_attention_{dtype}_d{}", d.head_dim))?;
+            let run = Launch {
+                dev,
+                func: &func,
+                q: &q,
+                plan: &plan,
+                out: &out,
+                params: &params,
+            };
+            match (&k.slice, &v.slice) {
+                (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => {
+                    run.attend(view(ks, k_l, "k", 4)?, view(vs, v_l, "v", 4)?)?
+                }
+                (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => {
+                    run.attend(view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)?
+                }
+                (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
+                    run.attend(view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)?
+                }
+                _ => {
+                    candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools")
+                }
+            }
+        }
+        if plan.merges > 0 {
+            let func = function(dev, "pensieve_attention_merge")?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            let head_dim = d.head_dim as i32;
+            b.arg(&plan.words);
+            b.arg(&plan.part_acc);
+            b.arg(&plan.part_ml);
+            b.arg(&out);
+            b.arg(&params);
+            b.arg(&head_dim);
+            // SAFETY: as above, for `pensieve_attention_merge`; the partials were written by
+            // the attention launch before it on the same stream.
+            unsafe { b.launch(blocks(plan.merges, MERGE_THREADS)) }.w()?;
+        }
+        let storage = CudaStorage {
+            slice: CudaStorageSlice::F32(out),
+            device: dev.clone(),
+        };
+        Ok((storage, Shape::from((d.tokens, d.n_heads, d.head_dim))))
+    }
+}
+
+/// One attention launch's arguments but the pools.
+struct Launch<'a> {
+    dev: &'a CudaDevice,
+    func: &'a CudaFunction,
+    q: &'a CudaView<'a, f32>,
+    plan: &'a DevicePlan,
+    out: &'a CudaSlice<f32>,
+    params: &'a Params,
+}
+
+impl Launch<'_> {
+    /// One block of `ATTEND_THREADS` per item.
+    fn attend<T: DeviceRepr>(
+        &self,
+        k: CudaView<'_, T>,
+        v: CudaView<'_, T>,
+    ) -> candle_core::Result<()> {
+        let stream = self.dev.cuda_stream();
+        let mut b = stream.launch_builder(self.func);
+        b.arg(self.q);
+        b.arg(&k);
+        b.arg(&v);
+        b.arg(&self.plan.words);
+        b.arg(self.out);
+        b.arg(&self.plan.part_acc);
+        b.arg(&self.plan.part_ml);
+        b.arg(self.params);
+        // SAFETY: the arguments match the attention kernels' parameters in order and type;
+        // every index the kernel forms comes from the plan and the batch, whose slots
+        // `Dims::check` checked against the pool.
+        unsafe { b.launch(blocks(self.plan.items, ATTEND_THREADS)) }.w()?;
+        Ok(())
+    }
+}
+
+/// The contiguous part of `s` that `l` covers, starting 16-byte aligned (the kernel loads K/V
+/// rows 16 bytes at a time).
+fn view<'a, T: DeviceRepr>(
+    s: &'a CudaSlice<T>,
+    l: &Layout,
+    what: &str,
+    bytes: usize,
+) -> candle_core::Result<CudaView<'a, T>> {
+    match l.contiguous_offsets() {
+        Some((a, b)) if (a * bytes).is_multiple_of(16) => Ok(s.slice(a..b)),
+        Some(_) => {
+            candle_core::bail!("{what} must start 16-byte aligned for the CUDA attention kernel")
+        }
+        None => candle_core::bail!("{what} must be contiguous for the CUDA attention kernel"),
+    }
+}
+
+/// A 1-D grid of `n` blocks of `threads` threads, static shared memory only.
+fn blocks(n: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
