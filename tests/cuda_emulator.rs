@@ -232,3 +232,64 @@ fn broken_kernels_are_caught() {
         }
     }
 }
+
+/// The engine's own batches (mixed prefill and decode, swaps, drops and recompute under a
+/// tight budget) through the emulated kernel in place of the CPU op, on the shape of
+/// `tests/gpu_engine.rs` (head dim 64, two query heads per kv head): the tiered engine's tokens
+/// are the stateless recompute's, exactly (no context here is long enough to be split, so the
+/// kernel is batch-invariant).
+#[test]
+fn the_engine_runs_on_the_emulated_kernel() {
+    use candle_core::Device;
+    use pensieve::engine::{Budgets, CacheMode, ConversationOptions, Engine, SamplingParams, Turn};
+    use pensieve::model::{Llama, LlamaConfig, Model, WeightFormat};
+
+    std::env::set_var("PENSIEVE_EMULATE_CUDA", "1");
+    assert!(emulator::replaces_the_cpu_op(64, DType::F16));
+    let run = |mode: CacheMode, device_tokens: usize, host_bytes: usize| {
+        let config = LlamaConfig::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":256,
+                "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,
+                "num_key_value_heads":2,"rms_norm_eps":1e-5,"rope_theta":10000.0,
+                "max_position_embeddings":2048,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        let llama = Llama::random(config, 11, WeightFormat::F32, &Device::Cpu).unwrap();
+        let model = Model::tiny(7).unwrap().with_llama(llama);
+        let budgets = Budgets {
+            device_bytes: None,
+            device_tokens,
+            host_bytes,
+        };
+        let mut config = common::pressure_config(mode, budgets);
+        config.chunk_size = 8;
+        config.step_token_budget = 64;
+        let mut e = Engine::with_model(model, config).unwrap();
+        let convs: Vec<_> = (0..8)
+            .map(|_| e.open(ConversationOptions::default()).unwrap())
+            .collect();
+        let params = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy().with_max_tokens(5)
+        };
+        for turn in 0..3 {
+            for (i, &c) in convs.iter().enumerate() {
+                let text = format!("turn {turn} of conversation {i}");
+                e.submit(c, Turn::user(text), params.clone()).unwrap();
+            }
+            while e.has_work() {
+                e.step().unwrap();
+            }
+        }
+        let histories: Vec<Vec<u32>> = convs
+            .iter()
+            .map(|&c| e.tokens(c).unwrap().to_vec())
+            .collect();
+        (histories, e.stats())
+    };
+    let token_bytes = 2 * 2 * 2 * 64 * 2; // layers x (k, v) x kv heads x head dim x f16
+    let (tiered, stats) = run(CacheMode::Tiered, 160, 24 * 8 * token_bytes);
+    common::assert_pressure_exercised(&stats);
+    let (stateless, _) = run(CacheMode::Stateless, 4096, 0);
+    assert_eq!(tiered, stateless);
+}

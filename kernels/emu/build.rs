@@ -76,7 +76,12 @@ pub fn build() -> Result<(), String> {
         .try_compile("pensieve_emu")
         .map_err(|e| e.to_string())?;
     if sanitize {
-        println!("cargo::rustc-link-arg=-fsanitize=address,undefined");
+        // The sanitizers' runtimes travel with the library to whatever links it (a link
+        // argument would reach only this package's own binaries). Loaded after the C
+        // library, ASan must be told not to insist on coming first (`.ci/run` sets
+        // `verify_asan_link_order=0`).
+        println!("cargo::rustc-link-lib=dylib=asan");
+        println!("cargo::rustc-link-lib=dylib=ubsan");
     }
     std::fs::write(out.join("emu_kernels.rs"), rust_table(&variants, &names))
         .map_err(|e| format!("emu_kernels.rs: {e}"))

@@ -268,6 +268,16 @@ pub fn attention_in_window(
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     match q.device() {
+        #[cfg(feature = "cuda-emulator")]
+        Device::Cpu if emulator::replaces_the_cpu_op(dims.head_dim, k_pool.dtype()) => {
+            let how = emulator::Emulation {
+                sms: 1,
+                ..Default::default()
+            };
+            let out = emulator::attention(q, k_pool, v_pool, batch, scale, window, how)
+                .map_err(|e| Error::Candle(candle_core::Error::Msg(e.to_string())))?;
+            Ok(out.to_dtype(q.dtype())?)
+        }
         Device::Cpu => {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;

@@ -105,6 +105,16 @@ impl Default for Emulation {
     }
 }
 
+/// Whether the CPU device runs attention through the emulated CUDA kernel instead of the CPU
+/// op: with `PENSIEVE_EMULATE_CUDA=1` in the environment, for the shapes the kernel takes. It
+/// lets the engine's own batches (swaps, drops, recompute) run through the kernel in a test.
+pub fn replaces_the_cpu_op(head_dim: usize, dtype: DType) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PENSIEVE_EMULATE_CUDA").is_ok_and(|v| v == "1"))
+        && matches!(head_dim, 64 | 128 | 256)
+        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
 /// Names and descriptions of the compiled kernel copies, in [`Emulation::variant`] order.
 pub fn variants() -> Vec<(&'static str, &'static str)> {
     VARIANTS.iter().map(|v| (v.name, v.why)).collect()
