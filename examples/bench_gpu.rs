@@ -1,11 +1,12 @@
 //! The CUDA path's measurements (build with `--features cuda`; needs a GPU):
 //!
 //! 1. **Attention** in the Pensieve paper's Figure 10 setting: 32 sequences, 1-16 queries
-//!    each, contexts 256-8192, head dim 128 with 32 query heads over 8 KV heads, f16 KV. Our
-//!    kernel over interleaved (non-contiguous) slots, the same kernel over contiguous slots,
-//!    the gather path (context copied out, then candle ops), and candle's attention over
-//!    contiguous per-sequence K/V (matmul, mask, softmax, matmul in f16), the contiguous
-//!    kernel our target compares against.
+//!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 with 32 query heads over
+//!    8 KV heads, f16 KV. Our kernel over interleaved (non-contiguous) slots, the same with the
+//!    tensor-core kernel off (`PENSIEVE_CUDA_MMA=0`: every item on the kernel of one query per
+//!    warp), our kernel over contiguous slots, the gather path (context copied out, then
+//!    candle ops), and candle's attention over contiguous per-sequence K/V (matmul, mask,
+//!    softmax, matmul in f16), the contiguous kernel our target compares against.
 //! 2. **Pipelined restore**: one decode step of a random-weight Llama 3.2 1B shape (32 rows
 //!    at context 1024) after swapping in `--chunks` chunks, with the copies serial (the step
 //!    waits for the whole restore) or pipelined (layer `l` waits for layer `l`'s copies),
@@ -96,7 +97,7 @@ fn contiguous(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
 
 fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
     let contexts = [256, 1024, 4096, 8192];
-    let queries = [1, 4, 16];
+    let queries = [1, 4, 16, 64];
     let bar = ProgressBar::new((contexts.len() * queries.len()) as u64);
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}]",
@@ -127,6 +128,13 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 attention(&q, &kd, &vd, &ours, scale as f32)?;
                 Ok(())
             })?;
+            std::env::set_var("PENSIEVE_CUDA_MMA", "0");
+            let t_scalar = median(gpu, args.repeats, || {
+                attention(&q, &kd, &vd, &ours, scale as f32)?;
+                Ok(())
+            });
+            std::env::remove_var("PENSIEVE_CUDA_MMA");
+            let t_scalar = t_scalar?;
             let t_ideal = median(gpu, args.repeats, || {
                 attention(&q, &kd, &vd, &ideal, scale as f32)?;
                 Ok(())
@@ -157,8 +165,9 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 Ok(())
             })?;
             lines.push(format!(
-                "{ctx:>7} {nq:>3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.2}x {:>9.2}x",
+                "{ctx:>7} {nq:>3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.2}x {:>9.2}x",
                 t_ours * 1e3,
+                t_scalar * 1e3,
                 t_ideal * 1e3,
                 t_gather * 1e3,
                 t_candle * 1e3,
@@ -171,8 +180,16 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
     bar.finish_and_clear();
     println!("attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, f16 KV; median ms");
     println!(
-        "{:>7} {:>3} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "context", "q", "pensieve", "contig.", "gather", "candle", "ours/cndl", "gath/ours"
+        "{:>7} {:>3} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "context",
+        "q",
+        "pensieve",
+        "no MMA",
+        "contig.",
+        "gather",
+        "candle",
+        "ours/cndl",
+        "gath/ours"
     );
     for l in lines {
         println!("{l}");

@@ -25,6 +25,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 #include <stdint.h>
 
 namespace {
@@ -55,6 +56,7 @@ struct Params {
     int32_t tile_bounds;    // [tiles * 2]: lowest and highest position in each tile
     int32_t items;          // [items * ITEM_WORDS]
     int32_t merges;         // [merges * MERGE_WORDS]
+    int32_t mma_items;      // [mma items * ITEM_WORDS]: the items for `attend_mma`
     int32_t n_heads;
     int32_t n_kv_heads;
     float scale;
@@ -104,6 +106,47 @@ __device__ __forceinline__ bool visible(uint32_t key, uint32_t query, uint32_t w
 template <typename T, int D>
 __host__ __device__ constexpr int k_tile() { return TILE_BYTES / (D * (int)sizeof(T)); }
 
+// One block's item (see the file's comment) and where its sequence lies in the batch.
+struct Item {
+    int g, q0, t0, t1, part, nq, group, n_kv_heads, first_row, ctx_len;
+    uint32_t q_lo, q_hi;        // the lowest and highest position of its queries
+    const uint32_t* slots;      // its sequence's context: slots
+    const uint32_t* positions;  // ... and positions
+    const uint32_t* bounds;     // ... and each tile's lowest and highest position
+
+    // Item `index` of the list at word `list` of the plan.
+    __device__ Item(const uint32_t* plan, const Params& p, int32_t list, int index) {
+        const int32_t* it = reinterpret_cast<const int32_t*>(plan + list) + ITEM_WORDS * index;
+        const int seq = it[0];
+        g = it[1];
+        q0 = it[2];
+        nq = it[3] - it[2];
+        t0 = it[4];
+        t1 = it[5];
+        part = it[6];
+        q_lo = (uint32_t)it[7];
+        q_hi = (uint32_t)it[8];
+        group = p.n_heads / p.n_kv_heads;
+        n_kv_heads = p.n_kv_heads;
+        first_row = (int)plan[p.q_offsets + seq];
+        const int ctx0 = (int)plan[p.ctx_offsets + seq];
+        ctx_len = (int)plan[p.ctx_offsets + seq + 1] - ctx0;
+        slots = plan + p.ctx_slots + ctx0;
+        positions = plan + p.ctx_positions + ctx0;
+        bounds = plan + p.tile_bounds + 2 * plan[p.tile_offsets + seq];
+    }
+
+    // The row of q and out that holds the item's query i, and that query's head.
+    __device__ int row(int i) const { return first_row + (q0 + i) / group; }
+    __device__ int head(int i) const { return g * group + (q0 + i) % group; }
+
+    // Whether no query of the item sees any entry of tile t (the same for the whole block).
+    __device__ bool skips(int t, uint32_t window) const {
+        const uint32_t lo = bounds[2 * t], hi = bounds[2 * t + 1];
+        return lo > q_hi || (q_lo >= hi && q_lo - hi >= window);
+    }
+};
+
 // One item: see the file's comment. q: [tokens, n_heads, D] f32; k, v: [n_slots, n_kv_heads, D]
 // of T; out: [tokens, n_heads, D]; part_acc: [parts, MAX_Q, D]; part_ml: [parts, MAX_Q, 2].
 template <typename T, int D>
@@ -125,21 +168,8 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
     __shared__ __align__(16) float qs[WARPS][D];  // the query a warp is scoring, scaled
     __shared__ float ps[WARPS][K_TILE];           // its probabilities over the tile
 
-    const int32_t* it = reinterpret_cast<const int32_t*>(plan + p.items) + ITEM_WORDS * blockIdx.x;
-    const int seq = it[0], g = it[1], q0 = it[2], q1 = it[3], t0 = it[4], t1 = it[5];
-    const int part = it[6];
-    const uint32_t q_lo = (uint32_t)it[7], q_hi = (uint32_t)it[8];
-    const int32_t* q_offsets = reinterpret_cast<const int32_t*>(plan + p.q_offsets);
-    const int32_t* ctx_offsets = reinterpret_cast<const int32_t*>(plan + p.ctx_offsets);
-    const uint32_t* slots = plan + p.ctx_slots;
-    const uint32_t* positions = plan + p.ctx_positions;
-    const uint32_t* bounds = plan + p.tile_bounds + 2 * plan[p.tile_offsets + seq];
-    const int group = p.n_heads / p.n_kv_heads;
-    const int nq = q1 - q0;
+    const Item it(plan, p, p.items, blockIdx.x);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int first_row = q_offsets[seq];
-    const int ctx0 = ctx_offsets[seq];
-    const int ctx_len = ctx_offsets[seq + 1] - ctx0;
     const size_t kv_row = (size_t)p.n_kv_heads * D;
 
     // The warp's s-th query is the item's query `warp + s * WARPS`.
@@ -153,32 +183,29 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
         l[s] = 0.f;
 #pragma unroll
         for (int c = 0; c < DL; ++c) acc[s][c] = 0.f;
-        const int i = q0 + min(warp + s * WARPS, nq - 1);
-        const int row = first_row + i / group, h = g * group + i % group;
-        qrow[s] = q + ((size_t)row * p.n_heads + h) * D;
-        qpos[s] = plan[p.q_positions + row];
+        const int i = min(warp + s * WARPS, it.nq - 1);
+        qrow[s] = q + ((size_t)it.row(i) * p.n_heads + it.head(i)) * D;
+        qpos[s] = plan[p.q_positions + it.row(i)];
     }
 
-    for (int t = t0; t < t1; ++t) {
-        // The same for the whole block: no query of the item sees any entry of this tile.
-        const uint32_t lo = bounds[2 * t], hi = bounds[2 * t + 1];
-        if (lo > q_hi || (q_lo >= hi && q_lo - hi >= p.window)) continue;
+    for (int t = it.t0; t < it.t1; ++t) {
+        if (it.skips(t, p.window)) continue;
         const int base = t * K_TILE;
-        const int n = min(K_TILE, ctx_len - base);
+        const int n = min(K_TILE, it.ctx_len - base);
         __syncthreads();  // the previous tile is no longer read
         for (int e = threadIdx.x; e < n * VPR; e += THREADS) {
             const int j = e / VPR, c = (e % VPR) * VEC;
-            const size_t at = (size_t)slots[ctx0 + base + j] * kv_row + (size_t)g * D + c;
+            const size_t at = (size_t)it.slots[base + j] * kv_row + (size_t)it.g * D + c;
             *reinterpret_cast<uint4*>(ks + j * KSTRIDE + c) = *reinterpret_cast<const uint4*>(k + at);
             *reinterpret_cast<uint4*>(vs + j * D + c) = *reinterpret_cast<const uint4*>(v + at);
         }
         for (int j = threadIdx.x; j < K_TILE; j += THREADS)
-            pos[j] = j < n ? positions[ctx0 + base + j] : 0xffffffffu;
+            pos[j] = j < n ? it.positions[base + j] : 0xffffffffu;
         __syncthreads();
 
 #pragma unroll
         for (int s = 0; s < Q_PER_WARP; ++s) {
-            if (warp + s * WARPS >= nq) break;  // the same for the whole warp
+            if (warp + s * WARPS >= it.nq) break;  // the same for the whole warp
             for (int c = lane; c < D; c += 32) qs[warp][c] = qrow[s][c] * p.scale;
             __syncwarp();
             // Scores of keys lane, lane + 32, ...; a key past the tile's end is never read.
@@ -235,15 +262,13 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
 #pragma unroll
     for (int s = 0; s < Q_PER_WARP; ++s) {
         const int local = warp + s * WARPS;
-        if (local >= nq) break;
-        if (part < 0) {
-            const int i = q0 + local;
-            const int row = first_row + i / group, h = g * group + i % group;
-            float* o = out + ((size_t)row * p.n_heads + h) * D + lane * DL;
+        if (local >= it.nq) break;
+        if (it.part < 0) {
+            float* o = out + ((size_t)it.row(local) * p.n_heads + it.head(local)) * D + lane * DL;
 #pragma unroll
             for (int c = 0; c < DL; ++c) o[c] = l[s] > 0.f ? acc[s][c] / l[s] : 0.f;
         } else {
-            const size_t at = (size_t)part * MAX_Q + local;
+            const size_t at = (size_t)it.part * MAX_Q + local;
 #pragma unroll
             for (int c = 0; c < DL; ++c) part_acc[at * D + lane * DL + c] = acc[s][c];
             if (lane == 0) {
@@ -254,24 +279,280 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
     }
 }
 
+// Items of many queries (prefill and recompute rows; the host sends those of at least MMA_MIN_Q
+// queries of f16 or bf16 pools at head dims 64 and 128 here) on the tensor cores, through CUDA's
+// warp matrix functions: S = Q K^T and O += P V as 16x16x16 tile products with f32
+// accumulators, the softmax between them a warp per query row as above.
+//
+// A tensor core multiplies half or bfloat16 values. K and V are exact in their storage type;
+// Q and P are f32, so each is split into a sum of parts in that type, each part multiplied in
+// turn: 2 parts of half or 3 of bfloat16, which keep ~22 bits of the scores and of the weights.
+//
+// Shared memory stays under 48 KiB: each host tile is taken in sub-tiles of 4096 / D entries,
+// the scores' f32 rows are overwritten in place by P's first two parts, and P V is formed 64
+// output columns at a time in the bytes of the sub-tile's K (read by then), then folded into
+// each warp's registers (rescaled by the softmax).
+constexpr int MMA_COLS = 64;
+
+template <typename T> __device__ __forceinline__ T narrow(float x);
+template <> __device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// x as the sum of N values of T, `stride` apart from `out`: each the rounding of what the
+// ones before it left.
+template <typename T, int N>
+__device__ __forceinline__ void split(float x, T* out, int stride) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const T h = narrow<T>(x);
+        out[i * stride] = h;
+        x -= to_f32(h);
+    }
+}
+
+// Parts of Q and of P: enough for ~22 bits of mantissa (bfloat16 keeps 8 per part, half 11).
+template <typename T> struct Parts { static constexpr int value = 2; };
+template <> struct Parts<__nv_bfloat16> { static constexpr int value = 3; };
+
+// Row strides (in elements) of the tensor-core kernel's shared arrays, padded where room allows
+// so that the 16 rows a warp matrix function reads fall on different banks.
+template <typename T, int D>
+struct MmaLayout {
+    static constexpr int KT = 4096 / D;  // context entries per sub-tile
+    static constexpr int QP = Parts<T>::value;
+    static constexpr int KS = D + 8;           // K and V rows
+    static constexpr int SS = KT + 4;          // score rows (f32); P's first two parts as T
+    static constexpr int OS = MMA_COLS + 4;    // P V rows (f32)
+    static constexpr int fixed = 2 * KT * KS * (int)sizeof(T) + MAX_Q * SS * 4 +
+                                 (QP > 2 ? MAX_Q * KT * (int)sizeof(T) : 32) + KT * 4;
+    // Query rows: padded if the whole still fits the 48 KiB of static shared memory.
+    static constexpr int QS =
+        fixed + QP * MAX_Q * (D + 8) * (int)sizeof(T) <= 48 * 1024 ? D + 8 : D;
+    static_assert(fixed + QP * MAX_Q * QS * (int)sizeof(T) <= 48 * 1024, "shared memory");
+    static_assert(KT * KS * sizeof(T) >= MAX_Q * OS * sizeof(float), "P V fits in K's bytes");
+};
+
+template <typename T, int D>
+__device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
+                           const T* __restrict__ v, const uint32_t* __restrict__ plan,
+                           float* __restrict__ out, float* __restrict__ part_acc,
+                           float* __restrict__ part_ml, const Params& p) {
+    namespace wmma = nvcuda::wmma;
+    using L = MmaLayout<T, D>;
+    constexpr int HOST_TILE = k_tile<T, D>();
+    constexpr int KT = L::KT, QP = L::QP, KS = L::KS, SS = L::SS, OS = L::OS, QS = L::QS;
+    constexpr int KQ = KT / 4;                // keys per lane in the softmax (4 lanes a row)
+    constexpr int DL = D / 32;                // output dimensions per lane: c * 32 + lane
+    constexpr int ROWS = MAX_Q / WARPS;       // a warp's query rows: warp * ROWS + s
+    constexpr int VEC = 16 / (int)sizeof(T);  // values per 16-byte load
+    constexpr int VPR = D / VEC;              // 16-byte loads per row
+    static_assert(HOST_TILE % KT == 0 && KT % 16 == 0 && D % MMA_COLS == 0, "tile shapes");
+    static_assert(ROWS * 4 == 32, "4 lanes per row in the softmax");
+    __shared__ __align__(32) T qs[QP * MAX_Q * QS];  // part i of query r at [i][r][0..D)
+    __shared__ __align__(32) T ks[KT * KS];
+    __shared__ __align__(32) T vs[KT * KS];
+    // Row r: KT scores; then, in the same bytes, KT values of P's first part and KT of its
+    // second.
+    __shared__ __align__(32) float sp[MAX_Q * SS];
+    // P's third part, for bfloat16.
+    __shared__ __align__(32) T p3[QP > 2 ? MAX_Q * KT : 16];
+    __shared__ uint32_t pos[KT];
+    T* const ps = reinterpret_cast<T*>(sp);
+    float* const os = reinterpret_cast<float*>(ks);  // MAX_Q x MMA_COLS of P V, after S
+
+    const Item it(plan, p, p.mma_items, blockIdx.x);
+    const int nq = it.nq;
+    const int row_tiles = (nq + 15) / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t kv_row = (size_t)p.n_kv_heads * D;
+
+    // The item's queries, scaled, in parts; rows past the last query are zero.
+    for (int e = threadIdx.x; e < MAX_Q * D; e += THREADS) {
+        const int r = e / D, c = e % D;
+        float x = 0.f;
+        if (r < nq) x = q[((size_t)it.row(r) * p.n_heads + it.head(r)) * D + c] * p.scale;
+        split<T, QP>(x, qs + r * QS + c, MAX_Q * QS);
+    }
+    // The softmax state of the lane's row (`sr`: the 4 lanes of a row hold it alike); the
+    // output of the warp's rows, dimensions c * 32 + lane.
+    const int sr = warp * ROWS + lane / 4, quarter = lane % 4;
+    const uint32_t sr_pos = plan[p.q_positions + it.row(min(sr, nq - 1))];
+    float m = -INFINITY, l = 0.f;
+    float acc[ROWS][DL];
+#pragma unroll
+    for (int s = 0; s < ROWS; ++s)
+#pragma unroll
+        for (int c = 0; c < DL; ++c) acc[s][c] = 0.f;
+
+    for (int t = it.t0; t < it.t1; ++t) {
+        if (it.skips(t, p.window)) continue;
+        for (int base = t * HOST_TILE; base < min((t + 1) * HOST_TILE, it.ctx_len); base += KT) {
+            const int n = min(KT, it.ctx_len - base);
+            __syncthreads();  // the previous sub-tile (and the queries) are written and read
+            // Rows past the context are zero: P is zero there, and 0 * NaN would not be.
+            for (int e = threadIdx.x; e < KT * VPR; e += THREADS) {
+                const int j = e / VPR, c = (e % VPR) * VEC;
+                uint4 kx = {0u, 0u, 0u, 0u}, vx = {0u, 0u, 0u, 0u};
+                if (j < n) {
+                    const size_t at = (size_t)it.slots[base + j] * kv_row + (size_t)it.g * D + c;
+                    kx = *reinterpret_cast<const uint4*>(k + at);
+                    vx = *reinterpret_cast<const uint4*>(v + at);
+                }
+                *reinterpret_cast<uint4*>(ks + j * KS + c) = kx;
+                *reinterpret_cast<uint4*>(vs + j * KS + c) = vx;
+            }
+            for (int j = threadIdx.x; j < KT; j += THREADS)
+                pos[j] = j < n ? it.positions[base + j] : 0xffffffffu;
+            __syncthreads();
+
+            // S = Q K^T, one 16x16 tile per warp at a time.
+            for (int tile = warp; tile < row_tiles * (KT / 16); tile += WARPS) {
+                const int rt = tile / (KT / 16), ct = tile % (KT / 16);
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> sc;
+                wmma::fill_fragment(sc, 0.f);
+#pragma unroll 2
+                for (int kk = 0; kk < D; kk += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, ks + ct * 16 * KS + kk, KS);
+#pragma unroll
+                    for (int i = 0; i < QP; ++i) {
+                        wmma::load_matrix_sync(a, qs + (i * MAX_Q + rt * 16) * QS + kk, QS);
+                        wmma::mma_sync(sc, a, b, sc);
+                    }
+                }
+                wmma::store_matrix_sync(sp + rt * 16 * SS + ct * 16, sc, SS, wmma::mem_row_major);
+            }
+            __syncthreads();  // S is written; K is no longer read (its bytes take P V)
+
+            // The online softmax, 4 lanes a row (keys quarter, quarter + 4, ...); P replaces
+            // the row's scores.
+            float e[KQ];
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < KQ; ++i) {
+                const int j = quarter + 4 * i;
+                const bool seen = sr < nq && j < n && visible(pos[j], sr_pos, p.window);
+                e[i] = seen ? sp[sr * SS + j] : -INFINITY;
+                tile_max = fmaxf(tile_max, e[i]);
+            }
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            float alpha = 1.f, sum = 0.f;
+            if (tile_max != -INFINITY) {
+                const float m_new = fmaxf(m, tile_max);
+                alpha = __expf(m - m_new);  // 0 while m is -inf
+                m = m_new;
+            }
+#pragma unroll
+            for (int i = 0; i < KQ; ++i) {
+                e[i] = tile_max == -INFINITY ? 0.f : __expf(e[i] - m);
+                sum += e[i];
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l = l * alpha + sum;
+            __syncwarp();  // the rows' scores are read before their P overwrites them
+            if (sr < nq) {
+#pragma unroll
+                for (int i = 0; i < KQ; ++i) {
+                    const int j = quarter + 4 * i;
+                    T* two = ps + sr * 2 * SS + j;
+                    split<T, 2>(e[i], two, KT);
+                    if (QP > 2)  // what the first two parts left
+                        p3[sr * KT + j] = narrow<T>(e[i] - to_f32(two[0]) - to_f32(two[KT]));
+                }
+            }
+            float row_alpha[ROWS];
+#pragma unroll
+            for (int s = 0; s < ROWS; ++s) row_alpha[s] = __shfl_sync(0xffffffffu, alpha, 4 * s);
+            __syncthreads();
+
+            // O = O * alpha + P V, MMA_COLS output columns at a time.
+#pragma unroll
+            for (int oc = 0; oc < D; oc += MMA_COLS) {
+                for (int tile = warp; tile < row_tiles * (MMA_COLS / 16); tile += WARPS) {
+                    const int rt = tile / (MMA_COLS / 16), ct = tile % (MMA_COLS / 16);
+                    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+                    wmma::fill_fragment(o, 0.f);
+#pragma unroll
+                    for (int kk = 0; kk < KT; kk += 16) {
+                        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+                        wmma::load_matrix_sync(b, vs + kk * KS + oc + ct * 16, KS);
+                        wmma::load_matrix_sync(a, ps + rt * 16 * 2 * SS + kk, 2 * SS);
+                        wmma::mma_sync(o, a, b, o);
+                        wmma::load_matrix_sync(a, ps + rt * 16 * 2 * SS + KT + kk, 2 * SS);
+                        wmma::mma_sync(o, a, b, o);
+                        if (QP > 2) {
+                            wmma::load_matrix_sync(a, p3 + rt * 16 * KT + kk, KT);
+                            wmma::mma_sync(o, a, b, o);
+                        }
+                    }
+                    wmma::store_matrix_sync(os + rt * 16 * OS + ct * 16, o, OS,
+                                            wmma::mem_row_major);
+                }
+                __syncthreads();
+#pragma unroll
+                for (int s = 0; s < ROWS; ++s) {
+                    const int r = warp * ROWS + s;
+                    if (r >= nq) break;
+#pragma unroll
+                    for (int c = oc / 32; c < (oc + MMA_COLS) / 32; ++c)
+                        acc[s][c] = fmaf(acc[s][c], row_alpha[s], os[r * OS + c * 32 - oc + lane]);
+                }
+                if (oc + MMA_COLS < D) __syncthreads();  // os is rewritten by the next columns
+            }
+        }
+    }
+
+#pragma unroll
+    for (int s = 0; s < ROWS; ++s) {
+        const float row_m = __shfl_sync(0xffffffffu, m, 4 * s);
+        const float row_l = __shfl_sync(0xffffffffu, l, 4 * s);
+        const int r = warp * ROWS + s;
+        if (r >= nq) continue;  // the same for the whole warp
+        if (it.part < 0) {
+            float* o = out + ((size_t)it.row(r) * p.n_heads + it.head(r)) * D;
+#pragma unroll
+            for (int c = 0; c < DL; ++c) o[c * 32 + lane] = row_l > 0.f ? acc[s][c] / row_l : 0.f;
+        } else {
+            const size_t at = (size_t)it.part * MAX_Q + r;
+#pragma unroll
+            for (int c = 0; c < DL; ++c) part_acc[at * D + c * 32 + lane] = acc[s][c];
+            if (lane == 0) {
+                part_ml[2 * at] = row_m;
+                part_ml[2 * at + 1] = row_l;
+            }
+        }
+    }
+}
+
 }  // namespace
 
-#define ATTEND(NAME, T, D)                                                                    \
+// The entry points: `BODY` (attend or attend_mma) for storage type T and head dim D.
+#define ATTEND(NAME, BODY, T, D)                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS)                                     \
         NAME(const float* q, const T* k, const T* v, const uint32_t* plan, float* out,        \
              float* part_acc, float* part_ml, Params p) {                                     \
-        attend<T, D>(q, k, v, plan, out, part_acc, part_ml, p);                               \
+        BODY<T, D>(q, k, v, plan, out, part_acc, part_ml, p);                                 \
     }
 
-ATTEND(pensieve_attention_f32_d64, float, 64)
-ATTEND(pensieve_attention_f32_d128, float, 128)
-ATTEND(pensieve_attention_f32_d256, float, 256)
-ATTEND(pensieve_attention_f16_d64, __half, 64)
-ATTEND(pensieve_attention_f16_d128, __half, 128)
-ATTEND(pensieve_attention_f16_d256, __half, 256)
-ATTEND(pensieve_attention_bf16_d64, __nv_bfloat16, 64)
-ATTEND(pensieve_attention_bf16_d128, __nv_bfloat16, 128)
-ATTEND(pensieve_attention_bf16_d256, __nv_bfloat16, 256)
+ATTEND(pensieve_attention_f32_d64, attend, float, 64)
+ATTEND(pensieve_attention_f32_d128, attend, float, 128)
+ATTEND(pensieve_attention_f32_d256, attend, float, 256)
+ATTEND(pensieve_attention_f16_d64, attend, __half, 64)
+ATTEND(pensieve_attention_f16_d128, attend, __half, 128)
+ATTEND(pensieve_attention_f16_d256, attend, __half, 256)
+ATTEND(pensieve_attention_bf16_d64, attend, __nv_bfloat16, 64)
+ATTEND(pensieve_attention_bf16_d128, attend, __nv_bfloat16, 128)
+ATTEND(pensieve_attention_bf16_d256, attend, __nv_bfloat16, 256)
+ATTEND(pensieve_attention_mma_f16_d64, attend_mma, __half, 64)
+ATTEND(pensieve_attention_mma_f16_d128, attend_mma, __half, 128)
+ATTEND(pensieve_attention_mma_bf16_d64, attend_mma, __nv_bfloat16, 64)
+ATTEND(pensieve_attention_mma_bf16_d128, attend_mma, __nv_bfloat16, 128)
 
 // Folds the partials of each split decode row (`merges` holds its first part and part count,
 // the parts being its segments in context order) and writes `acc / l` (zero for a query that

@@ -37,7 +37,7 @@ enum Outcome {
     Stopped(String),
 }
 
-fn run(c: &Case, dtype: DType, sms: usize, variant: usize) -> Outcome {
+fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
@@ -48,6 +48,7 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize) -> Outcome {
             variant,
             schedule,
             sms,
+            mma,
         };
         let out = match emulator::attention(&q, &k, &v, &batch, scale, c.window, how) {
             Ok(out) => out,
@@ -67,7 +68,7 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize) -> Outcome {
 }
 
 fn check(c: &Case, dtype: DType, sms: usize) -> Result<(), TestCaseError> {
-    match run(c, dtype, sms, 0) {
+    match run(c, dtype, sms, 0, true) {
         Outcome::Agreed(err) => {
             prop_assert!(err < EMU_TOL, "{:?}: err {}", dtype, err);
             Ok(())
@@ -140,9 +141,10 @@ fn edge_cases_match_the_reference() {
         .all(|&x| x == 0.0));
 }
 
-/// Each deliberately broken copy of the kernel (`kernels/emu/mutants`) is caught on at least
+/// Each deliberately broken copy of the kernels (`kernels/emu/mutants`) is caught on at least
 /// one of a few cases, by a stop, a difference between schedules or a wrong output, while the
-/// kernel as it ships passes all of them.
+/// kernels as they ship pass all of them. The cases of many queries in f16 or bf16 run once
+/// through the tensor-core kernel and once through the other.
 #[test]
 fn broken_kernels_are_caught() {
     let case = |n_kv_heads, group, head_dim, seqs: Vec<SeqCase>, window| Case {
@@ -190,6 +192,32 @@ fn broken_kernels_are_caught() {
             DType::F16,
             8,
         ),
+        // Prefill rows in bf16 at head dim 128 under a window, a context shorter than a tile,
+        // and a decode row.
+        (
+            case(
+                2,
+                4,
+                128,
+                vec![
+                    SeqCase {
+                        ctx_len: 170,
+                        queries: (130..170).collect(),
+                    },
+                    SeqCase {
+                        ctx_len: 20,
+                        queries: (0..20).collect(),
+                    },
+                    SeqCase {
+                        ctx_len: 90,
+                        queries: vec![89],
+                    },
+                ],
+                Some(100),
+            ),
+            DType::BF16,
+            132,
+        ),
         // A window whose oldest visible entry is the newest of a tile.
         (
             case(
@@ -207,16 +235,22 @@ fn broken_kernels_are_caught() {
         ),
     ];
     let variants = emulator::variants();
-    assert!(variants.len() >= 7, "{variants:?}");
+    assert!(variants.len() >= 11, "{variants:?}");
     for (i, (name, why)) in variants.iter().enumerate() {
         let mut verdicts = Vec::new();
         for (c, dtype, sms) in &cases {
-            verdicts.push(match run(c, *dtype, *sms, i) {
-                Outcome::Agreed(err) if err < EMU_TOL => None,
-                Outcome::Agreed(err) => Some(format!("error {err}")),
-                Outcome::Differed(a, b) => Some(format!("{a:?} and {b:?} differ")),
-                Outcome::Stopped(why) => Some(why),
-            });
+            let kernels: &[bool] = match dtype {
+                DType::F32 => &[true],
+                _ => &[true, false],
+            };
+            for &mma in kernels {
+                verdicts.push(match run(c, *dtype, *sms, i, mma) {
+                    Outcome::Agreed(err) if err < EMU_TOL => None,
+                    Outcome::Agreed(err) => Some(format!("error {err}")),
+                    Outcome::Differed(a, b) => Some(format!("{a:?} and {b:?} differ")),
+                    Outcome::Stopped(why) => Some(why),
+                });
+            }
         }
         eprintln!("{name} ({why}): {verdicts:?}");
         if i == 0 {
@@ -236,8 +270,10 @@ fn broken_kernels_are_caught() {
 /// The engine's own batches (mixed prefill and decode, swaps, drops and recompute under a
 /// tight budget) through the emulated kernel in place of the CPU op, on the shape of
 /// `tests/gpu_engine.rs` (head dim 64, two query heads per kv head): the tiered engine's tokens
-/// are the stateless recompute's, exactly (no context here is long enough to be split, so the
-/// kernel is batch-invariant).
+/// are the stateless recompute's, exactly. No context here is long enough to be split, so each
+/// query's output depends only on which kernel took it: decode rows the one of a query per
+/// warp, prefill runs of 16 queries or more the tensor-core one, whose results differ in the
+/// last bits.
 #[test]
 fn the_engine_runs_on_the_emulated_kernel() {
     use candle_core::Device;

@@ -210,6 +210,14 @@ fn rust_table(variants: &[Variant], names: &BTreeSet<String>) -> String {
             }
             s.push_str("],\n");
         }
+        s.push_str("    ], mma: [\n");
+        for dtype in ["f16", "bf16"] {
+            let _ = write!(s, "        [");
+            for d in [64, 128] {
+                let _ = write!(s, "{p}pensieve_attention_mma_{dtype}_d{d}, ");
+            }
+            s.push_str("],\n");
+        }
         s.push_str("    ] },\n");
     }
     s.push_str("];\n");

@@ -54,9 +54,27 @@ dim3 grid_dim();
 void syncthreads(const char* file, int line);
 
 // The warp collectives; `kind` selects the exchange, `arg` its lane or lane mask.
-enum class Collective : int { SyncWarp, ShflXor, ShflIdx, ShflDown, ShflUp, Ballot, Any, All };
+enum class Collective : int {
+    SyncWarp,
+    ShflXor,
+    ShflIdx,
+    ShflDown,
+    ShflUp,
+    Ballot,
+    Any,
+    All,
+    Matrix
+};
 uint32_t collective(Collective kind, unsigned mask, uint32_t value, int arg, const char* file,
                     int line);
+
+// A warp matrix operation (`include/mma.h`): each lane parks with its own descriptor; once all
+// 32 lanes of the warp are there, the runtime calls `run` once with every lane's descriptor, in
+// lane order. `run` returns nullptr, or why the call breaks CUDA's rules (the run stops).
+struct MatrixOp {
+    const char* (*run)(MatrixOp* const* lanes);
+};
+void matrix_collective(MatrixOp* op, const char* file, int line);
 
 template <typename T>
 inline T exchange(Collective kind, unsigned mask, T value, int arg, const char* file, int line) {

@@ -137,6 +137,7 @@ struct Fiber {
     unsigned mask = 0;
     uint32_t value = 0, result = 0;
     int arg = 0;
+    MatrixOp* op = nullptr;
 };
 
 // The run in progress: one at a time in the process (shared memory is one section).
@@ -222,6 +223,7 @@ uint32_t lane_result(const std::vector<Fiber*>& lanes, int lane) {
     const Fiber& f = *lanes[lane];
     switch (f.kind) {
         case Collective::SyncWarp:
+        case Collective::Matrix:
             return 0;
         case Collective::ShflXor:
             return lanes[(lane ^ f.arg) & 31]->value;
@@ -266,6 +268,14 @@ bool settle_warps(bool& progressed) {
             if (f->kind != waiting->kind || f->line != waiting->line ||
                 f->file != waiting->file || f->collectives != waiting->collectives)
                 return fail("lanes of a warp at different collectives", *waiting, *f);
+        }
+        if (waiting->kind == Collective::Matrix) {
+            MatrixOp* ops[32];
+            for (int l = 0; l < 32; ++l) ops[l] = lanes[l]->op;
+            for (int l = 0; l < 32; ++l)
+                if (ops[l]->run != ops[0]->run)
+                    return fail("lanes of a warp at different matrix operations", *lanes[0], *lanes[l]);
+            if (const char* why = ops[0]->run(ops)) return fail(why, *waiting, *waiting);
         }
         std::vector<uint32_t> results(32);
         for (int l = 0; l < 32; ++l) results[l] = lane_result(lanes, l);
@@ -390,6 +400,11 @@ uint32_t collective(Collective kind, unsigned mask, uint32_t value, int arg, con
     f.line = line;
     park(f);
     return f.result;
+}
+
+void matrix_collective(MatrixOp* op, const char* file, int line) {
+    self().op = op;
+    collective(Collective::Matrix, 0xffffffffu, 0, 0, file, line);
 }
 
 }  // namespace pensieve_emu

@@ -8,6 +8,8 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(test)]
+mod ordering_tests;
 mod shift;
 
 pub use shift::KeyRotation;
@@ -40,14 +42,33 @@ impl KvShape {
     }
 }
 
+/// Chunk copies that run beside the compute (a GPU's copy stream), so that the pool must wait
+/// for a layer's copies before it touches that layer.
+pub(crate) trait Copier: Send + Sync + std::fmt::Debug {
+    /// Starts one step's copies (as [`KvPool::copy_chunks`] describes them); `row_bytes` is one
+    /// slot's row in one layer's K or V.
+    fn copy(
+        &self,
+        k: &[Tensor],
+        v: &[Tensor],
+        row_bytes: usize,
+        outs: &[(usize, usize)],
+        ins: Vec<(usize, Arc<ChunkBytes>)>,
+        pipelined: bool,
+    ) -> Result<Vec<ChunkBytes>>;
+
+    /// Orders everything that follows on `layer` (whose tensors are `k` and `v`) after this
+    /// step's copies of it.
+    fn await_layer(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()>;
+}
+
 /// Per-layer K and V tensors of a fixed number of slots.
 #[derive(Debug)]
 pub struct KvPool {
     /// On a GPU: the copy stream that moves chunks while the compute stream runs. Declared
     /// first so that it drops first: its drop waits for the copy stream, whose transfers may
     /// still use the K/V memory freed when `k` and `v` drop.
-    #[cfg(feature = "cuda")]
-    mover: Option<cuda::Mover>,
+    copier: Option<Box<dyn Copier>>,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     n_slots: usize,
@@ -68,9 +89,9 @@ impl KvPool {
         let mut v = Vec::with_capacity(shape.num_layers);
         // The copy stream exists before the pool's tensors, so that the device tracks their
         // uses across both streams.
-        #[cfg(feature = "cuda")]
-        let mover = match device {
-            Device::Cuda(dev) => Some(cuda::Mover::new(dev, shape.num_layers)?),
+        let copier: Option<Box<dyn Copier>> = match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => Some(Box::new(cuda::Mover::new(dev, shape.num_layers)?)),
             _ => None,
         };
         for _ in 0..shape.num_layers {
@@ -78,8 +99,7 @@ impl KvPool {
             v.push(Tensor::zeros(dims, dtype, device)?);
         }
         Ok(Self {
-            #[cfg(feature = "cuda")]
-            mover,
+            copier,
             k,
             v,
             n_slots,
@@ -170,8 +190,7 @@ impl KvPool {
         for &(start, len) in outs {
             self.check_range(start, len)?;
         }
-        #[cfg(feature = "cuda")]
-        if let Some(m) = &self.mover {
+        if let Some(m) = &self.copier {
             let per = self.token_bytes().max(1);
             for (start, data) in &ins {
                 if !data.len().is_multiple_of(per) {
@@ -206,11 +225,7 @@ impl KvPool {
     /// Whether [`Self::copy_chunks`] takes bytes arriving layer by layer without waiting for
     /// them whole (on the CPU; a GPU's copy stream takes whole chunks).
     pub fn restores_by_layer(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        if self.mover.is_some() {
-            return false;
-        }
-        true
+        self.copier.is_none()
     }
 
     /// Writes the layers below `upto` of every restore arriving layer by layer, waiting for
@@ -249,12 +264,10 @@ impl KvPool {
     /// this step's copies of `layer`, in both directions: a swap-out still reading the layer,
     /// a swap-in still writing it. Nothing to wait for on the CPU.
     fn await_copies(&self, layer: usize) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(m) = &self.mover {
-            m.await_layer(layer)?;
+        match (&self.copier, self.k.get(layer), self.v.get(layer)) {
+            (Some(m), Some(k), Some(v)) => m.await_layer(layer, k, v),
+            _ => Ok(()),
         }
-        let _ = layer;
-        Ok(())
     }
 
     /// Bytes of one slot's row in one layer's K (or V).

@@ -134,13 +134,18 @@ pub fn build(c: &Case) -> (Tensor, Tensor, Tensor, AttentionBatch) {
 /// 1e-2 or more.
 pub const REL_FLOOR: f32 = 0.1;
 
+/// The largest error of `a` against `b`, relative to `b` (floored at [`REL_FLOOR`]); infinite
+/// where `a` holds a NaN or an infinity (`f32::max` would pass over a NaN).
 pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(&b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(REL_FLOOR))
+        .map(|(x, y)| match x.is_finite() {
+            true => (x - y).abs() / y.abs().max(REL_FLOOR),
+            false => f32::INFINITY,
+        })
         .fold(0.0, f32::max)
 }
 

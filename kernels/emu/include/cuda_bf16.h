@@ -26,6 +26,8 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
     return __nv_bfloat16{(uint16_t)(x >> 16)};
 }
 
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+
 inline float2 __bfloat1622float2(__nv_bfloat162 h) {
     return float2{__bfloat162float(h.x), __bfloat162float(h.y)};
 }

@@ -47,4 +47,6 @@ inline __half __float2half(float f) {
     return __half{(uint16_t)(sign | ((rounded - 0x38000000u) >> 13))};
 }
 
+inline __half __float2half_rn(float f) { return __float2half(f); }
+
 inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }

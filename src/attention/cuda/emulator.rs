@@ -33,6 +33,8 @@ pub(super) struct Variant {
     why: &'static str,
     /// By pool type (f32, f16, bf16), then head dim (64, 128, 256).
     attend: [[AttendFn; 3]; 3],
+    /// The tensor-core kernel, by pool type (f16, bf16), then head dim (64, 128).
+    mma: [[AttendFn; 2]; 2],
     merge: MergeFn,
 }
 
@@ -93,6 +95,8 @@ pub struct Emulation {
     pub schedule: Schedule,
     /// The streaming multiprocessors the planner fills (few: decode rows are split).
     pub sms: usize,
+    /// Whether items of many queries go to the tensor-core kernel where it exists.
+    pub mma: bool,
 }
 
 impl Default for Emulation {
@@ -101,6 +105,7 @@ impl Default for Emulation {
             variant: 0,
             schedule: Schedule::Lockstep,
             sms: 132,
+            mma: true,
         }
     }
 }
@@ -174,6 +179,7 @@ pub fn attention(
         head_dim: dims.head_dim,
         dtype_bytes: dtype.size_in_bytes(),
         sms: how.sms,
+        mma: how.mma,
     };
     let plan = Plan::new(batch, shape)?;
     let params = Params {
@@ -205,6 +211,14 @@ pub fn attention(
         // launch, which returns when the grid has run; the kernel indexes them through the
         // plan, which `Dims::check` checked against the pool.
         launch(plan.items, ATTEND_THREADS, how.schedule, &|| unsafe {
+            attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params)
+        })?;
+    }
+    if plan.mma_items > 0 {
+        // The planner sends items here only for f16 and bf16 pools of head dim 64 or 128.
+        let attend = variant.mma[t - 1][d];
+        // SAFETY: as above, for the tensor-core kernel.
+        launch(plan.mma_items, ATTEND_THREADS, how.schedule, &|| unsafe {
             attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params)
         })?;
     }

@@ -29,6 +29,7 @@ struct DevicePlan {
     key: (usize, PlanShape),
     params: Params,
     items: usize,
+    mma_items: usize,
     merges: usize,
     words: CudaSlice<u32>,
     part_acc: CudaSlice<f32>,
@@ -93,6 +94,7 @@ fn device_plan(
         key,
         params: plan.params,
         items: plan.items,
+        mma_items: plan.mma_items,
         merges: plan.merges,
         words: dev.clone_htod(&plan.words)?,
         // SAFETY (both): a merge reads only the partials its items wrote before it, earlier
@@ -162,6 +164,8 @@ impl CustomOp3 for CudaAttention<'_> {
             head_dim: d.head_dim,
             dtype_bytes: bytes,
             sms: 0,
+            // A switch for comparing the two kernels (`examples/bench_gpu.rs`).
+            mma: std::env::var("PENSIEVE_CUDA_MMA").map_or(true, |v| v != "0"),
         };
         let plan = device_plan(self.batch, dev, shape)?;
         let params = Params {
@@ -172,26 +176,40 @@ impl CustomOp3 for CudaAttention<'_> {
         // SAFETY: every output is written by exactly one item or merge (the emulator's tests
         // check this on a NaN-filled output).
         let out = unsafe { dev.alloc::<f32>(d.tokens * d.n_heads * d.head_dim)? };
-        if plan.items > 0 {
-            let func = function(dev, &format!("pensieve_attention_{dtype}_d{}", d.head_dim))?;
-            let run = Launch {
+        let run = Launch {
+            dev,
+            q: &q,
+            plan: &plan,
+            out: &out,
+            params: &params,
+        };
+        for (blocks, kernel) in [(plan.items, ""), (plan.mma_items, "mma_")] {
+            if blocks == 0 {
+                continue;
+            }
+            let func = function(
                 dev,
-                func: &func,
-                q: &q,
-                plan: &plan,
-                out: &out,
-                params: &params,
-            };
+                &format!("pensieve_attention_{kernel}{dtype}_d{}", d.head_dim),
+            )?;
             match (&k.slice, &v.slice) {
-                (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => {
-                    run.attend(view(ks, k_l, "k", 4)?, view(vs, v_l, "v", 4)?)?
-                }
-                (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => {
-                    run.attend(view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)?
-                }
-                (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
-                    run.attend(view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)?
-                }
+                (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => run.attend(
+                    &func,
+                    blocks,
+                    view(ks, k_l, "k", 4)?,
+                    view(vs, v_l, "v", 4)?,
+                )?,
+                (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => run.attend(
+                    &func,
+                    blocks,
+                    view(ks, k_l, "k", 2)?,
+                    view(vs, v_l, "v", 2)?,
+                )?,
+                (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => run.attend(
+                    &func,
+                    blocks,
+                    view(ks, k_l, "k", 2)?,
+                    view(vs, v_l, "v", 2)?,
+                )?,
                 _ => {
                     candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools")
                 }
@@ -209,8 +227,8 @@ impl CustomOp3 for CudaAttention<'_> {
             b.arg(&params);
             b.arg(&head_dim);
             // SAFETY: as above, for `pensieve_attention_merge`; the partials were written by
-            // the attention launch before it on the same stream.
-            unsafe { b.launch(blocks(plan.merges, MERGE_THREADS)) }.w()?;
+            // the attention launches before it on the same stream.
+            unsafe { b.launch(grid(plan.merges, MERGE_THREADS)) }.w()?;
         }
         let storage = CudaStorage {
             slice: CudaStorageSlice::F32(out),
@@ -220,10 +238,9 @@ impl CustomOp3 for CudaAttention<'_> {
     }
 }
 
-/// One attention launch's arguments but the pools.
+/// The attention launches' arguments but the kernel and the pools.
 struct Launch<'a> {
     dev: &'a CudaDevice,
-    func: &'a CudaFunction,
     q: &'a CudaView<'a, f32>,
     plan: &'a DevicePlan,
     out: &'a CudaSlice<f32>,
@@ -231,14 +248,16 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    /// One block of `ATTEND_THREADS` per item.
+    /// `blocks` items of `func` (one attention kernel), a block of `ATTEND_THREADS` each.
     fn attend<T: DeviceRepr>(
         &self,
+        func: &CudaFunction,
+        blocks: usize,
         k: CudaView<'_, T>,
         v: CudaView<'_, T>,
     ) -> candle_core::Result<()> {
         let stream = self.dev.cuda_stream();
-        let mut b = stream.launch_builder(self.func);
+        let mut b = stream.launch_builder(func);
         b.arg(self.q);
         b.arg(&k);
         b.arg(&v);
@@ -250,7 +269,7 @@ impl Launch<'_> {
         // SAFETY: the arguments match the attention kernels' parameters in order and type;
         // every index the kernel forms comes from the plan and the batch, whose slots
         // `Dims::check` checked against the pool.
-        unsafe { b.launch(blocks(self.plan.items, ATTEND_THREADS)) }.w()?;
+        unsafe { b.launch(grid(blocks, ATTEND_THREADS)) }.w()?;
         Ok(())
     }
 }
@@ -273,7 +292,7 @@ fn view<'a, T: DeviceRepr>(
 }
 
 /// A 1-D grid of `n` blocks of `threads` threads, static shared memory only.
-fn blocks(n: usize, threads: u32) -> LaunchConfig {
+fn grid(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (threads, 1, 1),

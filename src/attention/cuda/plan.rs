@@ -20,6 +20,9 @@ const MIN_SEGMENT_ENTRIES: usize = 256;
 /// Blocks per streaming multiprocessor below which decode rows are split (FlashDecoding's
 /// rule: split the context only when the grid would not fill the GPU).
 const WAVES: usize = 2;
+/// Items of at least this many queries go to the tensor-core kernel (`attend_mma`), when it
+/// exists for the shape: one 16-row tile of its products is then at least full.
+pub(crate) const MMA_MIN_Q: usize = 16;
 /// The kernel's `window` for a layer without one.
 pub(crate) const NO_WINDOW: u32 = u32::MAX;
 
@@ -42,6 +45,7 @@ pub(crate) struct Params {
     pub tile_bounds: i32,
     pub items: i32,
     pub merges: i32,
+    pub mma_items: i32,
     pub n_heads: i32,
     pub n_kv_heads: i32,
     pub scale: f32,
@@ -58,6 +62,16 @@ pub(crate) struct PlanShape {
     pub dtype_bytes: usize,
     /// The GPU's streaming multiprocessors.
     pub sms: usize,
+    /// Whether items of many queries may go to the tensor-core kernel (which exists for f16 and
+    /// bf16 pools at head dims 64 and 128); off only to compare the two kernels.
+    pub mma: bool,
+}
+
+impl PlanShape {
+    /// Whether the tensor-core kernel takes this shape's items of many queries.
+    pub(crate) fn uses_mma(&self) -> bool {
+        self.mma && self.dtype_bytes == 2 && matches!(self.head_dim, 64 | 128)
+    }
 }
 
 /// One batch's work list.
@@ -66,7 +80,9 @@ pub(crate) struct Plan {
     pub words: Vec<u32>,
     /// Offsets and head counts; `scale` and `window` are the layer's, set per launch.
     pub params: Params,
+    /// Items for the kernel of one query per warp, then items for the tensor-core kernel.
     pub items: usize,
+    pub mma_items: usize,
     pub merges: usize,
     /// Partial results the split rows write, each `MAX_Q` queries of `head_dim` plus (m, l).
     pub parts: usize,
@@ -87,7 +103,8 @@ struct Item {
 impl Plan {
     /// Cuts `batch` into items: each kv head's queries in runs of at most [`MAX_Q`], each over
     /// its sequence's whole context, except that decode rows are split into segments of
-    /// context when the grid would not fill `shape.sms` processors.
+    /// context when the grid would not fill `shape.sms` processors. Items of at least
+    /// [`MMA_MIN_Q`] queries go to the tensor-core kernel where the shape has one.
     ///
     /// # Errors
     /// [`Error::InvalidBatch`] if the batch does not fit 32-bit offsets.
@@ -124,6 +141,7 @@ impl Plan {
         let min_tiles = MIN_SEGMENT_ENTRIES.div_ceil(tile);
 
         let mut items = Vec::with_capacity(base.len() * ITEM_WORDS);
+        let mut mma_items = Vec::new();
         let mut merges = Vec::new();
         let mut parts = 0usize;
         for it in &base {
@@ -133,17 +151,21 @@ impl Plan {
                 1
             };
             let head = [it.seq, it.g, it.q0, it.q1].map(|x| x as u32);
+            let list = match shape.uses_mma() && it.q1 - it.q0 >= MMA_MIN_Q {
+                true => &mut mma_items,
+                false => &mut items,
+            };
             if segments == 1 {
-                items.extend(head);
-                items.extend([0, it.tiles as u32, u32::MAX, it.q_lo, it.q_hi]);
+                list.extend(head);
+                list.extend([0, it.tiles as u32, u32::MAX, it.q_lo, it.q_hi]);
                 continue;
             }
             merges.extend([parts as u32, segments as u32]);
             merges.extend(head);
             for s in 0..segments {
                 let (t0, t1) = (it.tiles * s / segments, it.tiles * (s + 1) / segments);
-                items.extend(head);
-                items.extend([t0 as u32, t1 as u32, parts as u32, it.q_lo, it.q_hi]);
+                list.extend(head);
+                list.extend([t0 as u32, t1 as u32, parts as u32, it.q_lo, it.q_hi]);
                 parts += 1;
             }
         }
@@ -174,6 +196,7 @@ impl Plan {
             tile_bounds: place(&mut words, &tile_bounds)?,
             items: place(&mut words, &items)?,
             merges: place(&mut words, &merges)?,
+            mma_items: place(&mut words, &mma_items)?,
             n_heads: shape.n_heads as i32,
             n_kv_heads: shape.n_kv_heads as i32,
             scale: 1.0,
@@ -188,16 +211,21 @@ impl Plan {
         Ok(Self {
             params,
             items: items.len() / ITEM_WORDS,
+            mma_items: mma_items.len() / ITEM_WORDS,
             merges: merges.len() / MERGE_WORDS,
             parts,
             words,
         })
     }
 
-    /// The words of item `i`.
+    /// The words of item `i`, counting the tensor-core kernel's after the others.
     #[cfg(test)]
     pub(crate) fn item(&self, i: usize) -> &[u32] {
-        &self.words[self.params.items as usize + i * ITEM_WORDS..][..ITEM_WORDS]
+        let at = match i.checked_sub(self.items) {
+            None => self.params.items as usize + i * ITEM_WORDS,
+            Some(j) => self.params.mma_items as usize + j * ITEM_WORDS,
+        };
+        &self.words[at..][..ITEM_WORDS]
     }
 
     /// The words of merge `i`.
@@ -218,6 +246,7 @@ mod tests {
             head_dim,
             dtype_bytes: 2,
             sms,
+            mma: true,
         }
     }
 
@@ -255,8 +284,13 @@ mod tests {
                 }
             };
             let mut split = 0;
-            for i in 0..plan.items {
+            for i in 0..plan.items + plan.mma_items {
                 let it = plan.item(i);
+                assert_eq!(
+                    i >= plan.items,
+                    matches!(head_dim, 64 | 128) && it[3] - it[2] >= MMA_MIN_Q as u32,
+                    "the tensor-core kernel takes the items of many queries it has a build for"
+                );
                 let tiles = ctx_len[it[0] as usize].div_ceil(tile) as u32;
                 if it[6] == u32::MAX {
                     assert_eq!((it[4], it[5]), (0, tiles));
@@ -270,7 +304,7 @@ mod tests {
                 let mg = plan.merge(m);
                 let (first, count) = (mg[0], mg[1]);
                 let (mut next, mut k) = (0, 0);
-                for i in 0..plan.items {
+                for i in 0..plan.items + plan.mma_items {
                     let it = plan.item(i);
                     if it[6] != u32::MAX && (first..first + count).contains(&it[6]) {
                         assert_eq!(&it[..4], &mg[2..6]);

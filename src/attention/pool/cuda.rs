@@ -24,6 +24,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::{Storage, Tensor};
 use parking_lot::Mutex;
 
+use super::Copier;
 use crate::kv::{ChunkBytes, HostBuffer};
 use crate::{Error, Result};
 
@@ -81,9 +82,11 @@ impl Mover {
                 .map_err(transfer),
         }
     }
+}
 
+impl Copier for Mover {
     /// Makes the compute stream wait for this step's copies of `layer` (once per step).
-    pub(super) fn await_layer(&self, layer: usize) -> Result<()> {
+    fn await_layer(&self, layer: usize, _: &Tensor, _: &Tensor) -> Result<()> {
         let event = self.ready.lock().get_mut(layer).and_then(Option::take);
         match event {
             Some(e) => self.compute.wait(&e).map_err(transfer),
@@ -91,9 +94,9 @@ impl Mover {
         }
     }
 
-    /// Enqueues one step's copies (see the module comment); `row_bytes` is one slot's row in
-    /// one layer's K or V. Without `pipelined`, returns only when every copy is done.
-    pub(super) fn copy(
+    /// Enqueues one step's copies (see the module comment). Without `pipelined`, returns only
+    /// when every copy is done.
+    fn copy(
         &self,
         k: &[Tensor],
         v: &[Tensor],
@@ -129,8 +132,10 @@ impl Mover {
             }
         }
     }
+}
 
-    /// [`Self::copy`] once its buffers are there; they become the returned chunks. On an error
+impl Mover {
+    /// [`Copier::copy`] once its buffers are there; they become the returned chunks. On an error
     /// copies may be in flight, and the buffers stay with the caller.
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
