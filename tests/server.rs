@@ -113,6 +113,14 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
             400,
         ),
         (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 3}"#.into(),
+            400,
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 0}"#.into(),
+            400,
+        ),
+        (
             r#"{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}"#.into(),
             404,
         ),
@@ -129,6 +137,22 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
     }
     let (status, _) = post(b, "/v1/completions", r#"{"prompt": [999999999]}"#);
     assert_eq!(status, 400);
+    // A field the server does not implement is refused by name, never ignored.
+    for (field, value) in [
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+        ("response_format", json!({"type": "json_object"})),
+        ("logprobs", json!(true)),
+    ] {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        body[field] = value;
+        let (status, answer) = post(b, chat, &body.to_string());
+        assert_eq!(status, 400, "{field}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{answer}");
+    }
     // Served on: a good request after all of them, with the vLLM length controls: a question
     // answered in a few tokens runs to `min_tokens` when asked.
     let ask = |extra: Value| {
@@ -162,6 +186,26 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
     let ids = model.encode(&top).unwrap();
     assert_eq!(ids.len(), 1, "{top:?}");
     assert_ne!(first(json!({ ids[0].to_string(): -100 })), top);
+    // The penalties reach the sampler: greedy text that repeats itself stops doing so.
+    let continued = |extra: Value| {
+        let mut body = json!({"prompt": "hello hello hello hello hello hello", "max_tokens": 8,
+            "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = post(b, "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let repeated = continued(json!({}));
+    assert!(repeated.contains("hello hello"), "{repeated:?}");
+    for penalty in [
+        json!({"repetition_penalty": 3.0}),
+        json!({"frequency_penalty": 2.0, "presence_penalty": 2.0, "user": "someone"}),
+    ] {
+        let text = continued(penalty.clone());
+        assert!(!text.contains("hello hello"), "{penalty}: {text:?}");
+    }
     let models = ureq::get(&format!("{b}/v1/models"))
         .call()
         .unwrap()

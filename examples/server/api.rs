@@ -131,8 +131,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// The fields `/v1/chat/completions` and `/v1/completions` share. Unknown fields are
-/// ignored; known ones of the wrong type are a 400.
+/// The fields `/v1/chat/completions` and `/v1/completions` share. A field of the wrong type,
+/// or one the server does not implement ([`parse`]), is a 400.
 #[derive(Deserialize, Debug, Default)]
 pub struct Common {
     pub model: Option<String>,
@@ -151,7 +151,47 @@ pub struct Common {
     pub ignore_eos: bool,
     pub min_tokens: Option<usize>,
     pub logit_bias: Option<HashMap<String, f64>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_p: Option<f64>,
 }
+
+/// The request fields both endpoints take, [`Common`]'s.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "ignore_eos",
+    "min_tokens",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    // OpenAI's end-user id, for its abuse monitoring: accepted, without effect here.
+    "user",
+];
+
+/// The fields of `/v1/chat/completions` beside [`COMMON_FIELDS`].
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "conversation_id",
+    "pin",
+    "expect_resume_s",
+    "end_conversation",
+];
+
+/// The fields of `/v1/completions` beside [`COMMON_FIELDS`].
+pub const COMPLETION_FIELDS: &[&str] = &["prompt"];
 
 /// Message content: a string, or parts of which the text ones are joined.
 #[derive(Deserialize, Debug)]
@@ -214,9 +254,21 @@ pub struct Hints {
     pub end: bool,
 }
 
-/// Parses a JSON body into `T`, or a 400 saying what is wrong.
-pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+/// Parses a JSON body into `T`, or a 400 saying what is wrong: malformed JSON, a field of the
+/// wrong type, or a field outside [`COMMON_FIELDS`] and `fields` (one this server does not
+/// implement, such as `tools` or `response_format`, is refused by name rather than ignored).
+pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str]) -> Result<T, ApiError> {
+    let invalid = |e: serde_json::Error| ApiError::bad(format!("invalid request body: {e}"));
+    let value: Value = serde_json::from_slice(body).map_err(invalid)?;
+    if let Some(object) = value.as_object() {
+        let known = |k: &str| COMMON_FIELDS.contains(&k) || fields.contains(&k);
+        if let Some(k) = object.keys().find(|k| !known(k)) {
+            return Err(ApiError::bad(format!(
+                "unsupported field {k:?}: this server does not implement it"
+            )));
+        }
+    }
+    serde_json::from_value(value).map_err(invalid)
 }
 
 impl ChatMessage {
@@ -317,6 +369,11 @@ impl Common {
             ignore_eos: self.ignore_eos,
             min_tokens: self.min_tokens.unwrap_or(0),
             logit_bias,
+            // Out-of-range values are the engine's 400.
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
             ..SamplingParams::greedy()
         })
     }

@@ -12,9 +12,11 @@
 //! with `"stream": true`, `stream_options.include_usage` adding a usage chunk), `GET
 //! /v1/models`, `GET /health`, `GET /metrics` (Prometheus). `usage.prompt_tokens_details
 //! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
-//! vLLM's `ignore_eos`, `min_tokens` and OpenAI's `logit_bias` are honoured. Extensions of the
-//! chat request: `conversation_id` (or the `X-Conversation-Id` header) names a conversation
-//! to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
+//! OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and vLLM's `ignore_eos`,
+//! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
+//! effect; any other field (`tools`, `response_format`, `logprobs`, ...) is a 400 naming it.
+//! Extensions of the chat request: `conversation_id` (or the `X-Conversation-Id` header) names
+//! a conversation to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
 //!
 //! One thread owns the engine and drives `step()` (see `driver`); handlers talk to it over
 //! channels. A client that disconnects cancels its turn; past `--max-queue` requests in
@@ -248,7 +250,7 @@ fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let request: ChatRequest = match api::parse(&body) {
+    let request: ChatRequest = match api::parse(&body, api::CHAT_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -288,7 +290,7 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
 }
 
 async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
-    let request: CompletionRequest = match api::parse(&body) {
+    let request: CompletionRequest = match api::parse(&body, api::COMPLETION_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };

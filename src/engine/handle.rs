@@ -18,7 +18,8 @@ pub(super) enum Command {
         id: RequestId,
         conv: ConversationId,
         turn: Turn,
-        params: SamplingParams,
+        /// Boxed: parameters are most of a command's size, and cancels are frequent.
+        params: Box<SamplingParams>,
     },
     Cancel(RequestId),
 }
@@ -61,7 +62,7 @@ impl EngineHandle {
             id,
             conv,
             turn,
-            params,
+            params: Box::new(params),
         });
         id
     }

@@ -502,7 +502,8 @@ impl Engine {
             .ok_or_else(|| Error::InvalidBatch("no logits for a sampled row".into()))?
             .get(index)?;
         let req = self.sched.get_mut(id).ok_or(Error::UnknownRequest(id))?;
-        let token = req.payload.sampler().sample(&row)?;
+        let context = self.convs.get(&req.conv()).map_or(&[][..], |c| c.tokens());
+        let token = req.payload.sampler().sample(&row, context)?;
         if let Some(top) = req.payload.params().logprobs {
             let lp = sampler::logprobs(&row, token, top)?;
             req.payload.set_logprobs(lp);
@@ -554,7 +555,7 @@ impl Engine {
                     turn,
                     params,
                 } => {
-                    if let Err(e) = self.submit_as(id, conv, turn, params, now) {
+                    if let Err(e) = self.submit_as(id, conv, turn, *params, now) {
                         self.backlog.push(Event::Finished {
                             request: id,
                             conversation: conv,

@@ -1,5 +1,11 @@
 //! Token selection for one turn: validated sampling parameters turned into candle's logits
 //! processor, seeded per request so a turn's samples do not depend on its batch.
+//!
+//! Before the processor sees a row, in this order (vLLM's): the repetition, presence and
+//! frequency penalties and `logit_bias` on the model's logits, the end-of-turn mask of
+//! `min_tokens`, then `min_p` against the most likely token at the turn's temperature.
+
+use std::collections::{HashMap, HashSet};
 
 use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
@@ -34,6 +40,20 @@ pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
     if p.top_k == Some(0) {
         return bad("top_k must be at least 1");
     }
+    if !(p.min_p.is_finite() && (0.0..=1.0).contains(&p.min_p)) {
+        return bad("min_p must be in [0, 1]");
+    }
+    for (name, x) in [
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ] {
+        if !(x.is_finite() && (-2.0..=2.0).contains(&x)) {
+            return bad(&format!("{name} must be in [-2, 2]"));
+        }
+    }
+    if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
+        return bad("repetition_penalty must be a finite number > 0");
+    }
     Ok(())
 }
 
@@ -45,6 +65,17 @@ pub(crate) struct Sampler {
     stops: Vec<u32>,
     min_tokens: usize,
     sampled: usize,
+    presence: f32,
+    frequency: f32,
+    repetition: f32,
+    /// `ln(min_p) * temperature`: how far below the best logit a token may lie; None when
+    /// `min_p` keeps everything (0) or decoding is greedy.
+    min_p_gap: Option<f32>,
+    /// How often the turn generated each token (presence and frequency penalties).
+    counts: HashMap<u32, u32>,
+    /// Every token of the conversation and the turn so far (repetition penalty), filled from
+    /// the conversation at the first sample.
+    seen: Option<HashSet<u32>>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -68,26 +99,66 @@ impl Sampler {
             true => Vec::new(),
             false => eos.iter().chain(&params.stop_token_ids).copied().collect(),
         };
+        let min_p_gap = (params.min_p > 0.0 && params.temperature > 0.0)
+            .then(|| (params.min_p.ln() * params.temperature) as f32);
         Self {
             processor: LogitsProcessor::from_sampling(params.seed, sampling),
             bias: params.logit_bias.clone(),
             stops,
             min_tokens: params.min_tokens,
             sampled: 0,
+            presence: params.presence_penalty,
+            frequency: params.frequency_penalty,
+            repetition: params.repetition_penalty,
+            min_p_gap,
+            counts: HashMap::new(),
+            seen: None,
         }
     }
 
-    /// The next token from one row of logits (`[vocab]`).
+    /// The next token from one row of logits (`[vocab]`); `context` is the conversation's
+    /// tokens so far (read at the first sample, for the repetition penalty).
     ///
     /// # Errors
     /// [`Error::Candle`] if the logits cannot be read.
-    pub fn sample(&mut self, logits: &Tensor) -> Result<u32> {
+    pub fn sample(&mut self, logits: &Tensor, context: &[u32]) -> Result<u32> {
         let masked = self.sampled < self.min_tokens && !self.stops.is_empty();
         self.sampled += 1;
-        if !masked && self.bias.is_empty() {
-            return Ok(self.processor.sample(logits)?);
+        let penalized = self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0;
+        let token = if !masked && !penalized && self.bias.is_empty() && self.min_p_gap.is_none() {
+            self.processor.sample(logits)?
+        } else {
+            let mut v: Vec<f32> = logits.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+            self.adjust(&mut v, masked, context);
+            let n = v.len();
+            self.processor
+                .sample(&Tensor::from_vec(v, n, logits.device())?)?
+        };
+        *self.counts.entry(token).or_default() += 1;
+        if let Some(seen) = &mut self.seen {
+            seen.insert(token);
         }
-        let mut v: Vec<f32> = logits.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+        Ok(token)
+    }
+
+    /// Penalties, biases, the end-of-turn mask and `min_p` on one row of logits.
+    fn adjust(&mut self, v: &mut [f32], masked: bool, context: &[u32]) {
+        if self.repetition != 1.0 {
+            let r = self.repetition;
+            let seen = self
+                .seen
+                .get_or_insert_with(|| context.iter().copied().collect());
+            for &t in seen.iter() {
+                if let Some(x) = v.get_mut(t as usize) {
+                    *x = if *x > 0.0 { *x / r } else { *x * r };
+                }
+            }
+        }
+        for (&t, &n) in &self.counts {
+            if let Some(x) = v.get_mut(t as usize) {
+                *x -= self.presence + self.frequency * n as f32;
+            }
+        }
         for &(t, b) in &self.bias {
             if let Some(x) = v.get_mut(t as usize) {
                 *x += b;
@@ -100,10 +171,12 @@ impl Sampler {
                 }
             }
         }
-        let n = v.len();
-        Ok(self
-            .processor
-            .sample(&Tensor::from_vec(v, n, logits.device())?)?)
+        if let Some(gap) = self.min_p_gap {
+            let floor = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) + gap;
+            for x in v.iter_mut().filter(|x| **x < floor) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
     }
 }
 
@@ -127,4 +200,115 @@ pub(crate) fn logprobs(logits: &Tensor, token: u32, top: usize) -> Result<TokenL
         logprob: lp(token as usize),
         top: order.into_iter().map(|i| (i as u32, lp(i))).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    fn row(v: &[f32]) -> Tensor {
+        Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap()
+    }
+
+    fn sampler(p: SamplingParams) -> Sampler {
+        validate(&p, 4).unwrap();
+        Sampler::new(&p, &[])
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_the_turns_own_tokens() {
+        let logits = row(&[2.0, 1.5, 0.0, 0.0]);
+        // Presence: token 0 once generated loses 1, so token 1 wins next.
+        let mut s = sampler(SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(s.sample(&logits, &[]).unwrap(), 0);
+        assert_eq!(s.sample(&logits, &[]).unwrap(), 1);
+        // Then both were generated once: token 0 is ahead again.
+        assert_eq!(s.sample(&logits, &[]).unwrap(), 0);
+        // Frequency: each use costs 0.3; token 0 leads by 0.5, so it wins twice in a row.
+        let mut s = sampler(SamplingParams {
+            frequency_penalty: 0.3,
+            ..SamplingParams::greedy()
+        });
+        let picks: Vec<u32> = (0..3).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+        assert_eq!(picks, [0, 0, 1]);
+    }
+
+    #[test]
+    fn repetition_penalty_covers_the_conversation_before_the_turn() {
+        let logits = row(&[2.0, 1.5, -1.0, -1.2]);
+        let mut s = sampler(SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        });
+        // Token 0 is in the conversation: 2.0 / 2 falls behind token 1.
+        assert_eq!(s.sample(&logits, &[0, 2]).unwrap(), 1);
+        // Now 1 was generated too: 0.75 against 1.0 for token 0.
+        assert_eq!(s.sample(&logits, &[0, 2, 1]).unwrap(), 0);
+        // Negative logits are multiplied: token 2 (seen) drops below token 3.
+        let mut s = sampler(SamplingParams {
+            repetition_penalty: 2.0,
+            logit_bias: vec![(0, -100.0), (1, -100.0)],
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(s.sample(&logits, &[2]).unwrap(), 3);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_far_below_the_best_at_the_turns_temperature() {
+        // At temperature 1, token 2 has e^-5 of token 0's probability (below 0.1), token 1
+        // e^-1 (above).
+        let logits = row(&[0.0, -1.0, -5.0, -5.0]);
+        let mut seen = [0usize; 4];
+        for seed in 0..400 {
+            let mut s = sampler(SamplingParams {
+                temperature: 1.0,
+                min_p: 0.1,
+                seed,
+                ..SamplingParams::greedy()
+            });
+            seen[s.sample(&logits, &[]).unwrap() as usize] += 1;
+        }
+        assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
+        assert!(seen[1] > 40, "{seen:?}");
+        // Without it, the far tokens come up now and then (e^-5 / (1 + e^-1 + 2e^-5) each).
+        let mut far = 0;
+        for seed in 0..2000 {
+            let mut s = sampler(SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..SamplingParams::greedy()
+            });
+            far += usize::from(s.sample(&logits, &[]).unwrap() >= 2);
+        }
+        assert!(far > 0);
+    }
+
+    #[test]
+    fn out_of_range_penalties_and_min_p_are_refused() {
+        for p in [
+            SamplingParams {
+                presence_penalty: 2.5,
+                ..SamplingParams::greedy()
+            },
+            SamplingParams {
+                frequency_penalty: f32::NAN,
+                ..SamplingParams::greedy()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..SamplingParams::greedy()
+            },
+            SamplingParams {
+                min_p: 1.5,
+                ..SamplingParams::greedy()
+            },
+        ] {
+            assert!(matches!(validate(&p, 4), Err(Error::InvalidParams(_))));
+        }
+    }
 }

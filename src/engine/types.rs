@@ -54,6 +54,19 @@ pub struct SamplingParams {
     /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`: -100 bans
     /// a token, +100 all but forces it).
     pub logit_bias: Vec<(u32, f32)>,
+    /// Subtracted from the logit of every token this turn has generated (OpenAI's
+    /// `presence_penalty`, -2 to 2; 0 is off).
+    pub presence_penalty: f32,
+    /// Subtracted from each token's logit once for every time this turn generated it
+    /// (OpenAI's `frequency_penalty`, -2 to 2; 0 is off).
+    pub frequency_penalty: f32,
+    /// Divides the positive logits, and multiplies the negative ones, of every token in the
+    /// conversation so far or generated (vLLM's and Hugging Face's `repetition_penalty`; 1 is
+    /// off, above 1 discourages repeats).
+    pub repetition_penalty: f32,
+    /// Drops the tokens whose probability, at the turn's temperature, is below `min_p` times
+    /// the most likely one's (vLLM's `min_p`; 0 is off, no effect on greedy decoding).
+    pub min_p: f64,
 }
 
 impl SamplingParams {
@@ -71,6 +84,10 @@ impl SamplingParams {
             logprobs: None,
             min_tokens: 0,
             logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            min_p: 0.0,
         }
     }
 
