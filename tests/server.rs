@@ -75,6 +75,23 @@ fn streamed_and_whole_replies_agree() {
             p["whole_completion_tokens"], p["streamed_completion_tokens"],
             "{p}"
         );
+        // One log-probability per generated token, the same streamed and whole; greedy
+        // picks the most likely token; the tokens spell the reply (and the stop string the
+        // reply leaves out).
+        let entries = p["whole_logprobs"].as_array().unwrap();
+        assert_eq!(p["whole_logprobs"], p["streamed_logprobs"], "{p}");
+        assert_eq!(
+            entries.len() as u64,
+            p["whole_completion_tokens"].as_u64().unwrap(),
+            "{p}"
+        );
+        let mut spelled = String::new();
+        for e in entries {
+            let (logprob, best) = (e[1].as_f64().unwrap(), e[2].as_f64().unwrap());
+            assert!(logprob <= 0.0 && (logprob - best).abs() < 1e-4, "{e}");
+            spelled.push_str(e[0].as_str().unwrap());
+        }
+        assert!(spelled.starts_with(p["whole"].as_str().unwrap()), "{p}");
     }
 }
 
@@ -117,6 +134,16 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
             400,
         ),
         (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}"#.into(),
+            400,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                "top_logprobs": 21})
+            .to_string(),
+            400,
+        ),
+        (
             r#"{"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 0}"#.into(),
             400,
         ),
@@ -144,7 +171,7 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
         ("response_format", json!({"type": "json_object"})),
-        ("logprobs", json!(true)),
+        ("tool_choice", json!("auto")),
     ] {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
         body[field] = value;

@@ -45,14 +45,31 @@ def resend(base, path, max_tokens):
     return {"turns": turns}
 
 
+def logprob_entries(kind, logprobs):
+    """A choice's log-probabilities as (token, logprob, best alternative's logprob) triples."""
+    if logprobs is None:
+        return []
+    if kind == "chat":
+        return [
+            (e.token, e.logprob, max((t.logprob for t in e.top_logprobs), default=None))
+            for e in logprobs.content or []
+        ]
+    return [
+        (tok, lp, max(top.values(), default=None))
+        for tok, lp, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs)
+    ]
+
+
 def stream(base):
-    """The same requests streamed and whole: the texts and the usage must agree."""
+    """The same requests streamed and whole: the texts, the usage and the log-probabilities
+    must agree."""
     c = client(base)
     out = []
     for kind in ("chat", "completion"):
         args = dict(model=MODEL, temperature=0, max_tokens=24, stop=["\n\n"], seed=7)
         if kind == "chat":
             msgs = [{"role": "user", "content": "List three colours of the rainbow."}]
+            args.update(logprobs=True, top_logprobs=3)
             whole = c.chat.completions.create(messages=msgs, **args)
             chunks = c.chat.completions.create(
                 messages=msgs, stream=True, stream_options={"include_usage": True}, **args
@@ -60,12 +77,14 @@ def stream(base):
             whole_text = whole.choices[0].message.content
         else:
             prompt = "The three primary colours are"
+            args.update(logprobs=3)
             whole = c.completions.create(prompt=prompt, **args)
             chunks = c.completions.create(
                 prompt=prompt, stream=True, stream_options={"include_usage": True}, **args
             )
             whole_text = whole.choices[0].text
-        text, reasons, usage = "", [], None
+        whole_lp = logprob_entries(kind, whole.choices[0].logprobs)
+        text, reasons, usage, streamed_lp = "", [], None, []
         for ch in chunks:
             if ch.usage is not None:
                 usage = ch.usage
@@ -74,6 +93,7 @@ def stream(base):
                     text += choice.delta.content or ""
                 else:
                     text += choice.text or ""
+                streamed_lp += logprob_entries(kind, choice.logprobs)
                 if choice.finish_reason:
                     reasons.append(choice.finish_reason)
         out.append(
@@ -85,6 +105,8 @@ def stream(base):
                 "streamed_reasons": reasons,
                 "whole_completion_tokens": whole.usage.completion_tokens,
                 "streamed_completion_tokens": usage.completion_tokens if usage else None,
+                "whole_logprobs": whole_lp,
+                "streamed_logprobs": streamed_lp,
             }
         )
     return {"pairs": out}

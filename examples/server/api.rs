@@ -9,6 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::SamplingParams;
+
+use crate::driver::Logprob;
 use pensieve::model::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -184,6 +186,8 @@ const COMMON_FIELDS: &[&str] = &[
 /// The fields of `/v1/chat/completions` beside [`COMMON_FIELDS`].
 pub const CHAT_FIELDS: &[&str] = &[
     "messages",
+    "logprobs",
+    "top_logprobs",
     "conversation_id",
     "pin",
     "expect_resume_s",
@@ -191,7 +195,10 @@ pub const CHAT_FIELDS: &[&str] = &[
 ];
 
 /// The fields of `/v1/completions` beside [`COMMON_FIELDS`].
-pub const COMPLETION_FIELDS: &[&str] = &["prompt"];
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
+
+/// Most alternatives a request may ask for per token (vLLM's default `max_logprobs`).
+const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Message content: a string, or parts of which the text ones are joined.
 #[derive(Deserialize, Debug)]
@@ -228,6 +235,11 @@ pub struct ChatRequest {
     /// Extension (with a conversation id): the conversation ends with this turn; free it.
     #[serde(default)]
     pub end_conversation: bool,
+    /// Report each token's log-probability ...
+    #[serde(default)]
+    pub logprobs: bool,
+    /// ... and this many most likely alternatives (0 to 20).
+    pub top_logprobs: Option<usize>,
 }
 
 /// `prompt` of `/v1/completions`: text, or token ids (one prompt only).
@@ -244,6 +256,20 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     #[serde(flatten)]
     pub common: Common,
+    /// Report each token's log-probability and this many most likely alternatives (0 to 20).
+    pub logprobs: Option<usize>,
+}
+
+impl CompletionRequest {
+    /// `logprobs` as the engine takes it.
+    pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad(format!(
+                "logprobs must be at most {MAX_TOP_LOGPROBS}"
+            ))),
+            n => Ok(n),
+        }
+    }
 }
 
 /// Session hints of a chat request.
@@ -308,6 +334,18 @@ pub const MAX_RESUME_S: f64 = 30.0 * 24.0 * 3600.0;
 pub const MAX_NAME_BYTES: usize = 1024;
 
 impl ChatRequest {
+    /// `logprobs` and `top_logprobs` as the engine takes them.
+    pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (false, Some(_)) => Err(ApiError::bad("top_logprobs needs logprobs: true")),
+            (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+            ))),
+            (true, n) => Ok(Some(n.unwrap_or(0))),
+            (false, None) => Ok(None),
+        }
+    }
+
     /// The session hints; `named` says the request names its conversation, which pins and
     /// resume hints need (an unnamed conversation is closed when nobody continues it).
     pub fn hints(&self, named: bool) -> Result<Hints, ApiError> {
@@ -470,4 +508,46 @@ impl Emitter {
         }
         out
     }
+}
+
+/// One token as OpenAI's chat logprobs give it: text, log-probability and UTF-8 bytes.
+fn token_json(token: &str, logprob: f32) -> Value {
+    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+}
+
+/// The `logprobs` of a chat choice (or chunk) for these tokens.
+pub fn chat_logprobs(tokens: &[Logprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut entry = token_json(&t.token, t.logprob);
+            entry["top_logprobs"] = t.top.iter().map(|(s, lp)| token_json(s, *lp)).collect();
+            entry
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// The `logprobs` of a completion choice (or chunk) for these tokens, the first of which
+/// starts `offset` bytes into the completion's text.
+pub fn completion_logprobs(tokens: &[Logprob], mut offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        text_offset.push(offset);
+        offset += t.token.len();
+    }
+    let top: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let map: serde_json::Map<String, Value> =
+                t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect();
+            Value::Object(map)
+        })
+        .collect();
+    json!({
+        "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
 }

@@ -69,11 +69,24 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
+/// One generated token's log-probability and the most likely alternatives, each token as the
+/// text it decodes to alone (a piece of a character decodes to U+FFFD).
+#[derive(Debug, Clone)]
+pub struct Logprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
 /// What the engine thread sends back for one request.
 #[derive(Debug)]
 pub enum Update {
-    /// A text delta.
-    Token(String),
+    /// A text delta (possibly empty mid-character), with the token's log-probabilities when
+    /// the request asked for them.
+    Token {
+        text: String,
+        logprob: Option<Logprob>,
+    },
     /// The end: OpenAI's finish reason and the usage.
     Done { reason: &'static str, usage: Usage },
     /// The turn failed after it was accepted.
@@ -405,11 +418,24 @@ impl Driver {
 
     fn route(&mut self, e: Event) {
         match e {
-            Event::Token { request, text, .. } => {
+            Event::Token {
+                request,
+                token,
+                text,
+                logprobs,
+                ..
+            } => {
                 if let Some(r) = self.running.get_mut(&request) {
                     r.reply.push_str(&text);
-                    if !text.is_empty() {
-                        let _ = r.updates.send(Update::Token(text));
+                    let model = self.engine.model();
+                    let piece = |id: u32| model.decode(&[id]).unwrap_or_default();
+                    let logprob = logprobs.map(|l| Logprob {
+                        token: piece(token),
+                        logprob: l.logprob,
+                        top: l.top.iter().map(|&(id, lp)| (piece(id), lp)).collect(),
+                    });
+                    if !text.is_empty() || logprob.is_some() {
+                        let _ = r.updates.send(Update::Token { text, logprob });
                     }
                 }
             }

@@ -14,7 +14,9 @@
 //! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
 //! OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and vLLM's `ignore_eos`,
 //! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
-//! effect; any other field (`tools`, `response_format`, `logprobs`, ...) is a 400 naming it.
+//! effect; `logprobs` (chat: with `top_logprobs`) reports each generated token's
+//! log-probability and up to 20 alternatives, each token as the text it decodes to alone; any
+//! other field (`tools`, `response_format`, ...) is a 400 naming it.
 //! Extensions of the chat request: `conversation_id` (or the `X-Conversation-Id` header) names
 //! a conversation to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
 //!
@@ -55,7 +57,7 @@ mod shutdown;
 
 use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
 use common::{positive, EngineArgs, StoreArgs};
-use driver::{CancelOnDrop, Handle, Job, PromptInput, Update};
+use driver::{CancelOnDrop, Handle, Job, Logprob, PromptInput, Update};
 
 #[derive(Parser, Debug)]
 #[command(about = "OpenAI-compatible HTTP server over a stateful pensieve engine")]
@@ -256,7 +258,8 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
     };
     let prepared = (|| {
         check_model(&s, &request.common)?;
-        let params = request.common.params(s.default_max_tokens)?;
+        let mut params = request.common.params(s.default_max_tokens)?;
+        params.logprobs = request.top_logprobs()?;
         let messages = request
             .messages
             .iter()
@@ -296,7 +299,8 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
     };
     let prepared = (|| {
         check_model(&s, &request.common)?;
-        let params = request.common.params(16)?;
+        let mut params = request.common.params(16)?;
+        params.logprobs = request.top_logprobs()?;
         let prompt = match &request.prompt {
             Prompt::Text(t) => PromptInput::Text(t.clone()),
             Prompt::Tokens(t) => PromptInput::Tokens(t.clone()),
@@ -323,10 +327,12 @@ struct Framing {
     id: String,
     created: u64,
     model: Arc<str>,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
 }
 
 impl Framing {
-    fn new(kind: Kind, model: Arc<str>, request: u64) -> Self {
+    fn new(kind: Kind, model: Arc<str>, request: u64, logprobs: bool) -> Self {
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
             Kind::Completion => "cmpl",
@@ -336,6 +342,17 @@ impl Framing {
             id: format!("{prefix}-{request}"),
             created: now_s(),
             model,
+            logprobs,
+        }
+    }
+
+    /// A choice's `logprobs` for these tokens (the first `offset` bytes into the reply), or
+    /// null when the request did not ask.
+    fn logprobs(&self, tokens: &[Logprob], offset: usize) -> Value {
+        match (self.logprobs, self.kind) {
+            (false, _) => Value::Null,
+            (true, Kind::Chat) => api::chat_logprobs(tokens),
+            (true, Kind::Completion) => api::completion_logprobs(tokens, offset),
         }
     }
 
@@ -348,20 +365,22 @@ impl Framing {
     }
 
     /// A whole response.
-    fn whole(&self, text: String, reason: &str, usage: &Usage) -> Value {
+    fn whole(&self, text: String, reason: &str, usage: &Usage, tokens: &[Logprob]) -> Value {
+        let logprobs = self.logprobs(tokens, 0);
         let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "logprobs": null, "finish_reason": reason,
+            Kind::Chat => json!({"index": 0, "logprobs": logprobs, "finish_reason": reason,
                 "message": {"role": "assistant", "content": text}}),
             Kind::Completion => {
-                json!({"index": 0, "logprobs": null, "finish_reason": reason, "text": text})
+                json!({"index": 0, "logprobs": logprobs, "finish_reason": reason, "text": text})
             }
         };
         json!({"id": self.id, "object": self.object(false), "created": self.created,
             "model": &*self.model, "choices": [choice], "usage": usage.json()})
     }
 
-    /// A stream chunk carrying `text` (and `reason` at the end), or the role on the first.
-    fn chunk(&self, text: Option<&str>, reason: Option<&str>) -> Value {
+    /// A stream chunk carrying `text` (and `reason` at the end), or the role on the first;
+    /// `logprobs` for the tokens it completes.
+    fn chunk(&self, text: Option<&str>, reason: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match text {
@@ -369,10 +388,10 @@ impl Framing {
                     None if reason.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
             Kind::Completion => json!({"index": 0, "text": text.unwrap_or(""),
-                "logprobs": null, "finish_reason": reason}),
+                "logprobs": logprobs, "finish_reason": reason}),
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created,
             "model": &*self.model, "choices": [choice], "usage": null})
@@ -392,11 +411,12 @@ async fn serve(
     kind: Kind,
 ) -> Response {
     let emitter = Emitter::new(params.stop_strings.clone());
+    let logprobs = params.logprobs.is_some();
     let (guard, updates) = match s.engine.submit(job, params).await {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    let framing = Framing::new(kind, s.model.clone(), guard.request().0);
+    let framing = Framing::new(kind, s.model.clone(), guard.request().0, logprobs);
     if common.stream {
         stream(framing, guard, updates, emitter, common.include_usage()).into_response()
     } else {
@@ -413,13 +433,17 @@ async fn whole(
     mut emitter: Emitter,
 ) -> Response {
     let mut text = String::new();
+    let mut tokens = Vec::new();
     while let Some(u) = updates.recv().await {
         match u {
-            Update::Token(t) => text.push_str(&emitter.push(&t)),
+            Update::Token { text: t, logprob } => {
+                text.push_str(&emitter.push(&t));
+                tokens.extend(logprob);
+            }
             Update::Done { reason, usage } => {
                 guard.disarm();
                 text.push_str(&emitter.finish(reason == "stop"));
-                return Json(framing.whole(text, reason, &usage)).into_response();
+                return Json(framing.whole(text, reason, &usage, &tokens)).into_response();
             }
             Update::Failed(e) => {
                 guard.disarm();
@@ -447,10 +471,24 @@ fn stream(
         include_usage: bool,
         out: std::collections::VecDeque<String>,
         done: bool,
+        /// Log-probabilities of tokens whose text has not gone out yet.
+        tokens: Vec<Logprob>,
+        /// Bytes of text sent so far.
+        sent: usize,
+    }
+    impl St {
+        /// A chunk of `text` (and `reason`), with the tokens it completes.
+        fn send(&mut self, text: Option<&str>, reason: Option<&str>) {
+            let logprobs = self.framing.logprobs(&self.tokens, self.sent);
+            self.sent += self.tokens.iter().map(|t| t.token.len()).sum::<usize>();
+            self.tokens.clear();
+            let chunk = self.framing.chunk(text, reason, logprobs);
+            self.out.push_back(chunk.to_string());
+        }
     }
     let mut first = std::collections::VecDeque::new();
     if let Kind::Chat = framing.kind {
-        first.push_back(framing.chunk(None, None).to_string());
+        first.push_back(framing.chunk(None, None, Value::Null).to_string());
     }
     let state = St {
         framing,
@@ -460,6 +498,8 @@ fn stream(
         include_usage,
         out: first,
         done: false,
+        tokens: Vec::new(),
+        sent: 0,
     };
     let events = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -470,22 +510,20 @@ fn stream(
                 return None;
             }
             match st.updates.recv().await {
-                Some(Update::Token(t)) => {
-                    let text = st.emitter.push(&t);
+                Some(Update::Token { text, logprob }) => {
+                    st.tokens.extend(logprob);
+                    let text = st.emitter.push(&text);
                     if !text.is_empty() {
-                        st.out
-                            .push_back(st.framing.chunk(Some(&text), None).to_string());
+                        st.send(Some(&text), None);
                     }
                 }
                 Some(Update::Done { reason, usage }) => {
                     st.guard.disarm();
                     let text = st.emitter.finish(reason == "stop");
                     if !text.is_empty() {
-                        st.out
-                            .push_back(st.framing.chunk(Some(&text), None).to_string());
+                        st.send(Some(&text), None);
                     }
-                    st.out
-                        .push_back(st.framing.chunk(None, Some(reason)).to_string());
+                    st.send(None, Some(reason));
                     if st.include_usage {
                         st.out.push_back(st.framing.usage_chunk(&usage).to_string());
                     }
