@@ -233,6 +233,40 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
         let text = continued(penalty.clone());
         assert!(!text.contains("hello hello"), "{penalty}: {text:?}");
     }
+    // vLLM's /tokenize and /detokenize: the model's own ids and text, and the same refusals.
+    let text = "Hello world, in plain words.";
+    let (status, tokenized) = post(b, "/tokenize", &json!({ "prompt": text }).to_string());
+    assert_eq!(status, 200, "{tokenized}");
+    assert_eq!(tokenized["tokens"], json!(model.encode(text).unwrap()));
+    assert_eq!(tokenized["count"], json!(model.encode(text).unwrap().len()));
+    let (status, back) = post(
+        b,
+        "/detokenize",
+        &json!({ "tokens": tokenized["tokens"] }).to_string(),
+    );
+    assert_eq!(
+        (status, back["prompt"].as_str()),
+        (200, Some(text)),
+        "{back}"
+    );
+    let chat_body = json!({"messages": [{"role": "user", "content": text}]}).to_string();
+    let (status, templated) = post(b, "/tokenize", &chat_body);
+    assert_eq!(status, 200, "{templated}");
+    let ids: Vec<u32> = serde_json::from_value(templated["tokens"].clone()).unwrap();
+    let rendered = model.decode(&ids).unwrap();
+    assert!(
+        rendered.contains(text) && ids.len() > tokenized["tokens"].as_array().unwrap().len(),
+        "{rendered:?}"
+    );
+    for (path, body) in [
+        ("/tokenize", json!({"prompt": "x", "max_tokens": 3})),
+        ("/tokenize", json!({"model": "pensieve"})),
+        ("/detokenize", json!({"tokens": [999_999_999u32]})),
+        ("/detokenize", json!({"tokens": [1], "model": "gpt-9"})),
+    ] {
+        let (status, answer) = post(b, path, &body.to_string());
+        assert!(matches!(status, 400 | 404), "{path} {body}: {answer}");
+    }
     let models = ureq::get(&format!("{b}/v1/models"))
         .call()
         .unwrap()

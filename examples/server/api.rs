@@ -197,6 +197,34 @@ pub const CHAT_FIELDS: &[&str] = &[
 /// The fields of `/v1/completions` beside [`COMMON_FIELDS`].
 pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
 
+/// vLLM's `/tokenize`: a prompt, or chat messages rendered with the model's template.
+#[derive(Deserialize, Debug)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    /// With messages: end with the assistant's turn opening, as a chat request does.
+    #[serde(default = "yes")]
+    pub add_generation_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The fields of [`TokenizeRequest`].
+pub const TOKENIZE_FIELDS: &[&str] = &["model", "prompt", "messages", "add_generation_prompt"];
+
+/// vLLM's `/detokenize`.
+#[derive(Deserialize, Debug)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+/// The fields of [`DetokenizeRequest`].
+pub const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
+
 /// Most alternatives a request may ask for per token (vLLM's default `max_logprobs`).
 const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -280,14 +308,29 @@ pub struct Hints {
     pub end: bool,
 }
 
-/// Parses a JSON body into `T`, or a 400 saying what is wrong: malformed JSON, a field of the
-/// wrong type, or a field outside [`COMMON_FIELDS`] and `fields` (one this server does not
-/// implement, such as `tools` or `response_format`, is refused by name rather than ignored).
+/// Parses a JSON body of a generation endpoint into `T`, or a 400 saying what is wrong:
+/// malformed JSON, a field of the wrong type, or a field outside [`COMMON_FIELDS`] and
+/// `fields` (one this server does not implement, such as `tools` or `response_format`, is
+/// refused by name rather than ignored).
 pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str]) -> Result<T, ApiError> {
+    parse_fields(body, |k| COMMON_FIELDS.contains(&k) || fields.contains(&k))
+}
+
+/// [`parse`] for a body of exactly `fields`.
+pub fn parse_only<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    fields: &[&str],
+) -> Result<T, ApiError> {
+    parse_fields(body, |k| fields.contains(&k))
+}
+
+fn parse_fields<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    known: impl Fn(&str) -> bool,
+) -> Result<T, ApiError> {
     let invalid = |e: serde_json::Error| ApiError::bad(format!("invalid request body: {e}"));
     let value: Value = serde_json::from_slice(body).map_err(invalid)?;
     if let Some(object) = value.as_object() {
-        let known = |k: &str| COMMON_FIELDS.contains(&k) || fields.contains(&k);
         if let Some(k) = object.keys().find(|k| !known(k)) {
             return Err(ApiError::bad(format!(
                 "unsupported field {k:?}: this server does not implement it"

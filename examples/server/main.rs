@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as server-sent events
-//! with `"stream": true`, `stream_options.include_usage` adding a usage chunk), `GET
-//! /v1/models`, `GET /health`, `GET /metrics` (Prometheus). `usage.prompt_tokens_details
+//! with `"stream": true`, `stream_options.include_usage` adding a usage chunk), vLLM's `POST
+//! /tokenize` and `/detokenize`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). `usage.prompt_tokens_details
 //! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
 //! OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and vLLM's `ignore_eos`,
 //! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
@@ -54,6 +54,7 @@ mod driver;
 mod listen;
 mod metrics;
 mod shutdown;
+mod tokens;
 
 use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
 use common::{positive, EngineArgs, StoreArgs};
@@ -109,6 +110,8 @@ struct AppState {
     engine: Handle,
     model: Arc<str>,
     default_max_tokens: usize,
+    /// The model's tokenizer and chat template, for `/tokenize` and `/detokenize`.
+    tokens: Arc<pensieve::model::Model>,
 }
 
 fn main() -> ExitCode {
@@ -118,7 +121,7 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
-    let engine = Engine::with_model(model, config)?;
+    let engine = Engine::with_model(model.clone(), config)?;
     let died = Arc::new(Notify::new());
     let (handle, engine_thread) = driver::spawn(
         engine,
@@ -131,11 +134,14 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         engine: handle.clone(),
         model: args.served_model_name.into(),
         default_max_tokens: args.default_max_tokens,
+        tokens: model,
     };
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .layer(RequestBodyTimeoutLayer::new(Duration::from_secs_f64(
@@ -239,7 +245,12 @@ fn now_s() -> u64 {
 
 /// Checks the requested model name.
 fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
-    match &c.model {
+    check_model_name(s, c.model.as_deref())
+}
+
+/// A request naming a model must name the one served.
+fn check_model_name(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
         Some(m) if m != &*s.model => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
