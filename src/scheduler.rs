@@ -62,6 +62,8 @@ pub(crate) struct Request<T> {
     /// One past the highest position computed for this turn.
     progress: usize,
     admitted: bool,
+    /// When a step first ran it.
+    first_run: Option<Instant>,
     /// Its KV could not be restored (a refused chunk): what it reuses is counted again at its
     /// next admission, the rest as recomputed.
     recount: bool,
@@ -79,6 +81,13 @@ impl<T> Request<T> {
     /// Whether the turn was ever admitted (its prompt entered the conversation).
     pub fn admitted(&self) -> bool {
         self.admitted
+    }
+
+    /// How long it waited before a step first ran it (until `now`, if none has).
+    pub fn queue_time(&self, now: Instant) -> std::time::Duration {
+        self.first_run
+            .unwrap_or(now)
+            .saturating_duration_since(self.arrival)
     }
 
     pub fn counts(&self) -> TurnCounts {
@@ -146,12 +155,18 @@ impl<T> Scheduler<T> {
                 work: VecDeque::new(),
                 progress: 0,
                 admitted: false,
+                first_run: None,
                 recount: false,
                 generated: 0,
                 counts: TurnCounts::default(),
                 payload,
             },
         );
+    }
+
+    /// Turns waiting to be admitted, and turns running.
+    pub fn queue_lengths(&self) -> (usize, usize) {
+        (self.waiting.len(), self.running.len())
     }
 
     /// The prompts of the first `n` waiting turns that were never admitted (a late lookup by

@@ -60,7 +60,43 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
         .collect();
     let served: Vec<&str> = turns.iter().map(|t| t["reply"].as_str().unwrap()).collect();
     assert_eq!(served, replies);
-    assert!(metric(&server.base, "pensieve_reused_device_tokens_total") > 0.0);
+    // The metrics saw the four turns: each one's latencies, tokens and reason, and the
+    // history the cache served (vLLM's names beside, in examples/server/metrics.rs).
+    let b = &server.base;
+    assert!(metric(b, "pensieve_reused_device_tokens_total") > 0.0);
+    assert!(
+        metric(b, "pensieve_history_tokens_total")
+            >= metric(b, "pensieve_reused_device_tokens_total")
+    );
+    let generated: u64 = turns
+        .iter()
+        .map(|t| t["completion_tokens"].as_u64().unwrap())
+        .sum();
+    for (name, count) in [
+        ("pensieve_time_to_first_token_seconds_count", 4),
+        ("pensieve_e2e_request_latency_seconds_count", 4),
+        ("pensieve_request_queue_time_seconds_count", 4),
+        ("pensieve_inter_token_latency_seconds_count", generated - 4),
+        ("pensieve_generation_tokens_total", generated),
+    ] {
+        assert_eq!(metric(b, name), count as f64, "{name}");
+    }
+    let text = ureq::get(&format!("{b}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let by_reason: f64 = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("pensieve_request_success_total{finished_reason="))
+        .filter_map(|l| l.split_once("} ")?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_reason, 4.0, "{text}");
+    assert!(metric(b, "pensieve_time_to_first_token_seconds_sum") > 0.0);
+    assert!(metric(b, "pensieve_prompt_tokens_total") > 0.0);
+    let usage = metric(b, "pensieve_kv_cache_usage_perc");
+    assert!(usage > 0.0 && usage <= 1.0, "{usage}");
+    assert_eq!(metric(b, "pensieve_num_requests_running"), 0.0);
 }
 
 #[test]

@@ -44,6 +44,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{oneshot, Notify};
 
 use crate::api::{ApiError, Hints, Usage};
+use crate::metrics::{finished_reason, Metrics};
 
 mod handle;
 mod sessions;
@@ -112,8 +113,6 @@ enum Command {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub stats: EngineStats,
-    /// Requests accepted and not answered (queued, running, or waiting for the store).
-    pub in_flight: usize,
     /// Conversations open.
     pub conversations: usize,
     pub steps: u64,
@@ -141,6 +140,7 @@ struct Running {
     slot: Slot,
     reply: String,
     hints: Hints,
+    last_token: Option<Instant>,
 }
 
 /// What a turn's answer waits for.
@@ -176,8 +176,8 @@ struct Driver {
     held: Vec<Held>,
     /// Refusing new requests (the server is stopping).
     draining: bool,
-    in_flight: Arc<AtomicUsize>,
     snapshot: Arc<Mutex<Snapshot>>,
+    metrics: Arc<Metrics>,
     /// Testing only: a chat whose last message is this text panics the engine thread.
     panic_on: Option<String>,
 }
@@ -194,6 +194,7 @@ pub fn spawn(
     let (tx, rx) = std::sync::mpsc::channel();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let metrics = Arc::new(Metrics::new(snapshot.clone(), in_flight.clone()));
     let healthy = Arc::new(AtomicBool::new(true));
     let disk = engine.config().disk.as_ref();
     let fleet = disk.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_)));
@@ -208,8 +209,8 @@ pub fn spawn(
         by_name: HashMap::new(),
         running: HashMap::new(),
         max_sessions,
-        in_flight: in_flight.clone(),
         snapshot: snapshot.clone(),
+        metrics: metrics.clone(),
         panic_on,
     };
     let alive = healthy.clone();
@@ -226,6 +227,7 @@ pub fn spawn(
         in_flight,
         max_in_flight,
         snapshot,
+        metrics,
         healthy,
     };
     Ok((handle, thread))
@@ -384,6 +386,7 @@ impl Driver {
                     slot,
                     reply: String::new(),
                     hints,
+                    last_token: None,
                 };
                 self.running.insert(request, running);
                 Ok(request)
@@ -410,7 +413,6 @@ impl Driver {
         }
         let mut snap = self.snapshot.lock();
         snap.stats = self.engine.stats();
-        snap.in_flight = self.in_flight.load(Ordering::SeqCst);
         snap.conversations = self.sessions.len();
         snap.steps += 1;
         snap.step_seconds += took.as_secs_f64();
@@ -426,6 +428,10 @@ impl Driver {
                 ..
             } => {
                 if let Some(r) = self.running.get_mut(&request) {
+                    let now = Instant::now();
+                    if let Some(last) = r.last_token.replace(now) {
+                        self.metrics.next_token(now - last);
+                    }
                     r.reply.push_str(&text);
                     let model = self.engine.model();
                     let piece = |id: u32| model.decode(&[id]).unwrap_or_default();
@@ -454,6 +460,7 @@ impl Driver {
                     cached_tokens: stats.reused_tokens,
                     completion_tokens: stats.output_tokens,
                 };
+                self.metrics.finished(finished_reason(&reason), &stats);
                 let update = match &reason {
                     FinishReason::Stop | FinishReason::StopString => Update::Done {
                         reason: "stop",
@@ -478,11 +485,7 @@ impl Driver {
                     _ => None,
                 };
                 // What a client has been answered, `/metrics` already shows.
-                {
-                    let mut snap = self.snapshot.lock();
-                    snap.in_flight = self.in_flight.load(Ordering::SeqCst);
-                    snap.conversations = self.sessions.len();
-                }
+                self.snapshot.lock().conversations = self.sessions.len();
                 match wait {
                     Some(wait) => self.held.push(Held {
                         wait,

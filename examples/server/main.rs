@@ -10,7 +10,8 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as server-sent events
 //! with `"stream": true`, `stream_options.include_usage` adding a usage chunk), vLLM's `POST
-//! /tokenize` and `/detokenize`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). `usage.prompt_tokens_details
+//! /tokenize` and `/detokenize`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus,
+//! see `metrics`). `usage.prompt_tokens_details
 //! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
 //! OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and vLLM's `ignore_eos`,
 //! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
@@ -221,10 +222,7 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
-    let mut snapshot = s.engine.snapshot.lock().clone();
-    // Live, not as of the last step: a refusal changes it without a step.
-    snapshot.in_flight = s.engine.in_flight();
-    match metrics::render(&snapshot) {
+    match s.engine.metrics.render() {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

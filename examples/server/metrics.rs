@@ -1,178 +1,364 @@
-//! `/metrics` in the Prometheus text format, from the engine thread's latest snapshot:
-//! history hit rates per tier, tokens reused / prefilled / shared / recomputed, queue depth,
-//! memory, step time, and the store below host (bytes written and read, chunks found from
-//! other engines, refusals).
+//! `/metrics` in the Prometheus text format, from one registry that lives as long as the
+//! server. The engine thread observes each turn into histograms and counters as it runs; the
+//! engine's own totals and gauges are read from its latest snapshot at each scrape.
+//!
+//! Every name carries the `pensieve_` prefix. Beside each, what a dashboard or router built
+//! for vLLM reads instead:
+//!
+//! | pensieve | vLLM |
+//! |---|---|
+//! | `time_to_first_token_seconds` (histogram) | `vllm:time_to_first_token_seconds` |
+//! | `inter_token_latency_seconds` (histogram) | `vllm:inter_token_latency_seconds` |
+//! | `e2e_request_latency_seconds` (histogram) | `vllm:e2e_request_latency_seconds` |
+//! | `request_queue_time_seconds` (histogram) | `vllm:request_queue_time_seconds` |
+//! | `prompt_tokens_total` | `vllm:prompt_tokens_total` |
+//! | `generation_tokens_total` | `vllm:generation_tokens_total` |
+//! | `request_success_total{finished_reason}` | `vllm:request_success_total{finished_reason}` |
+//! | `history_tokens_total` | `vllm:prefix_cache_queries_total` |
+//! | `reused_{device,host,disk}_tokens_total` | `vllm:prefix_cache_hits_total` (one tier) |
+//! | `kv_cache_usage_perc` | `vllm:kv_cache_usage_perc` |
+//! | `num_requests_running`, `num_requests_waiting` | the same names |
+//!
+//! A hit rate is a ratio of two counters over a window
+//! (`rate(pensieve_reused_device_tokens_total[5m]) / rate(pensieve_history_tokens_total[5m])`),
+//! not a gauge averaged since the start.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pensieve::engine::{FinishReason, TurnStats};
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::driver::Snapshot;
 
-/// The snapshot as Prometheus text.
-pub fn render(s: &Snapshot) -> Result<String, std::fmt::Error> {
-    let st = &s.stats;
-    let mut r = Registry::with_prefix("pensieve");
-    let counters: [(&str, &str, u64); 14] = [
-        ("steps", "Engine steps that ran a batch", st.steps),
-        ("turns", "Turns finished", st.turns_finished),
-        (
-            "prefilled_tokens",
-            "Tokens run through the model other than decode steps",
-            st.prefilled_tokens,
-        ),
-        (
-            "reused_device_tokens",
-            "History tokens reused from the device tier",
-            st.reused_device_tokens,
-        ),
-        (
-            "reused_host_tokens",
-            "History tokens reused from the host tier",
-            st.reused_host_tokens,
-        ),
-        (
-            "reused_disk_tokens",
-            "History tokens reused from the disk tier",
-            st.reused_disk_tokens,
-        ),
-        (
-            "shared_tokens",
-            "Prompt tokens whose KV was shared by content",
-            st.shared_tokens,
-        ),
-        (
-            "recomputed_tokens",
-            "History tokens recomputed after a drop",
-            st.recomputed_tokens,
-        ),
-        ("generated_tokens", "Tokens generated", st.generated_tokens),
-        (
-            "swapped_out_bytes",
-            "Bytes copied device to host",
-            st.bytes_swapped_out,
-        ),
-        (
-            "swapped_in_bytes",
-            "Bytes copied host to device",
-            st.bytes_swapped_in,
-        ),
-        (
-            "suspensions",
-            "Running turns suspended for lack of device slots",
-            st.suspensions,
-        ),
-        ("engine_steps", "step() calls the server timed", s.steps),
-        (
-            "requests_rejected",
-            "Requests refused with 429 (queue full)",
-            s.requests_rejected,
-        ),
-    ];
-    for (name, help, v) in counters {
-        r.register(name, help, ConstCounter::new(v));
-    }
-    // The tier below host (a folder, or the fleet's Redis), when there is one.
-    if let Some(d) = &st.disk {
-        let store: [(&str, &str, u64); 6] = [
-            ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
+/// vLLM's buckets, so that the same dashboards read the same resolution.
+const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const TOKEN_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const REQUEST_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    ttft: Histogram,
+    inter_token: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    finished: Family<Vec<(&'static str, &'static str)>, Counter>,
+}
+
+impl Metrics {
+    /// The registry, reading the engine's totals from `snapshot` and the requests in flight
+    /// from `in_flight` at each scrape.
+    pub fn new(snapshot: Arc<Mutex<Snapshot>>, in_flight: Arc<AtomicUsize>) -> Self {
+        let mut r = Registry::with_prefix("pensieve");
+        let histogram = |b: &[f64]| Histogram::new(b.iter().copied());
+        let m = Self {
+            ttft: histogram(&TTFT_BUCKETS),
+            inter_token: histogram(&TOKEN_BUCKETS),
+            e2e: histogram(&REQUEST_BUCKETS),
+            queue: histogram(&REQUEST_BUCKETS),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            finished: Family::default(),
+            registry: Registry::default(),
+        };
+        let histograms = [
             (
-                "store_bytes_read",
-                "Chunk bytes read back (on demand and ahead)",
-                d.bytes_read,
+                "time_to_first_token_seconds",
+                "From a turn's submission to its first token",
+                &m.ttft,
             ),
             (
-                "store_chunks_discovered",
-                "Chunks found that other engines stored",
-                d.chunks_discovered,
+                "inter_token_latency_seconds",
+                "Between two tokens of a turn",
+                &m.inter_token,
             ),
             (
-                "store_faults",
-                "Chunks refused (missing, damaged, foreign, unreadable) and recomputed",
-                d.faults.total(),
+                "e2e_request_latency_seconds",
+                "From a turn's submission to its end",
+                &m.e2e,
             ),
             (
-                "store_save_failures",
-                "Chunk writes the store failed",
-                d.save_failures,
-            ),
-            (
-                "store_connects",
-                "Connections opened to a shared store",
-                d.connects,
+                "request_queue_time_seconds",
+                "From a turn's submission to the first step that ran it",
+                &m.queue,
             ),
         ];
-        for (name, help, v) in store {
-            r.register(name, help, ConstCounter::new(v));
+        for (name, help, h) in histograms {
+            r.register(name, help, h.clone());
         }
+        let tokens = [
+            (
+                "prompt_tokens",
+                "Tokens of finished turns' prompts (the new turn as templated)",
+                &m.prompt_tokens,
+            ),
+            (
+                "generation_tokens",
+                "Tokens finished turns generated",
+                &m.generation_tokens,
+            ),
+        ];
+        for (name, help, c) in tokens {
+            r.register(name, help, c.clone());
+        }
+        r.register(
+            "request_success",
+            "Turns finished, by reason (stop, length, abort, error)",
+            m.finished.clone(),
+        );
+        r.register_collector(Box::new(Totals {
+            snapshot,
+            in_flight,
+        }));
+        Self { registry: r, ..m }
     }
-    let gauges: [(&str, &str, f64); 12] = [
-        (
-            "hit_rate_device",
-            "Fraction of history tokens found on the device",
-            st.hit_rate_device(),
-        ),
-        (
-            "hit_rate_host",
-            "Fraction of history tokens found in host memory",
-            st.hit_rate_host(),
-        ),
-        (
-            "hit_rate_disk",
-            "Fraction of history tokens found in the disk tier",
-            st.hit_rate_disk(),
-        ),
-        (
-            "queue_depth",
-            "Requests queued or running",
-            s.in_flight as f64,
-        ),
-        (
-            "conversations",
-            "Conversations open",
-            s.conversations as f64,
-        ),
-        (
-            "store_turn_failures",
-            "Named turns generated but not stored (answered with an error)",
-            s.store_failures as f64,
-        ),
-        (
-            "store_turn_conflicts",
-            "Named turns generated but not stored: another server stored the conversation meanwhile (answered 409)",
-            s.store_conflicts as f64,
-        ),
-        (
-            "device_slots_used",
-            "Device KV slots in use",
-            st.device_slots_used as f64,
-        ),
-        (
-            "device_slots_total",
-            "Device KV slots in all",
-            st.device_slots_total as f64,
-        ),
-        (
-            "host_bytes_used",
-            "Host tier bytes in use",
-            st.host_bytes_used as f64,
-        ),
-        (
-            "shared_bytes_saved",
-            "KV bytes that prefix sharing saves now",
-            st.shared_bytes_saved as f64,
-        ),
-        (
-            "step_seconds_total",
+
+    /// A token `since` the previous one of the same turn.
+    pub fn next_token(&self, since: Duration) {
+        self.inter_token.observe(since.as_secs_f64());
+    }
+
+    /// A turn that ended for `reason` (`stop`, `length`, `abort` or `error`).
+    pub fn finished(&self, reason: &'static str, stats: &TurnStats) {
+        if stats.output_tokens > 0 {
+            self.ttft.observe(stats.ttft.as_secs_f64());
+        }
+        self.e2e.observe(stats.latency.as_secs_f64());
+        self.queue.observe(stats.queue_time.as_secs_f64());
+        self.prompt_tokens.inc_by(stats.prompt_tokens as u64);
+        self.generation_tokens.inc_by(stats.output_tokens as u64);
+        self.finished
+            .get_or_create(&vec![("finished_reason", reason)])
+            .inc();
+    }
+
+    /// The text a scrape gets.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// vLLM's `finished_reason` label of a turn's end.
+pub fn finished_reason(reason: &FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop | FinishReason::StopString => "stop",
+        FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::Cancelled => "abort",
+        FinishReason::Failed(_) => "error",
+    }
+}
+
+/// The engine's totals and gauges, as of its latest step.
+#[derive(Debug)]
+struct Totals {
+    snapshot: Arc<Mutex<Snapshot>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+impl Collector for Totals {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let s = self.snapshot.lock().clone();
+        let st = &s.stats;
+        let counters: [(&str, &str, u64); 17] = [
+            ("steps", "Engine steps that ran a batch", st.steps),
+            ("engine_steps", "step() calls the server timed", s.steps),
+            ("turns", "Turns finished", st.turns_finished),
+            (
+                "prefilled_tokens",
+                "Tokens run through the model other than decode steps",
+                st.prefilled_tokens,
+            ),
+            (
+                "history_tokens",
+                "History tokens admitted turns looked up (reused from a tier or recomputed)",
+                st.history_tokens(),
+            ),
+            (
+                "reused_device_tokens",
+                "History tokens reused from the device tier",
+                st.reused_device_tokens,
+            ),
+            (
+                "reused_host_tokens",
+                "History tokens reused from the host tier",
+                st.reused_host_tokens,
+            ),
+            (
+                "reused_disk_tokens",
+                "History tokens reused from the store below host",
+                st.reused_disk_tokens,
+            ),
+            (
+                "shared_tokens",
+                "Prompt tokens whose KV was shared by content",
+                st.shared_tokens,
+            ),
+            (
+                "recomputed_tokens",
+                "History tokens recomputed after a drop",
+                st.recomputed_tokens,
+            ),
+            ("generated_tokens", "Tokens generated", st.generated_tokens),
+            (
+                "swapped_out_bytes",
+                "Bytes copied device to host",
+                st.bytes_swapped_out,
+            ),
+            (
+                "swapped_in_bytes",
+                "Bytes copied host to device",
+                st.bytes_swapped_in,
+            ),
+            (
+                "suspensions",
+                "Running turns suspended for lack of device slots",
+                st.suspensions,
+            ),
+            (
+                "requests_rejected",
+                "Requests refused with 429 (queue full)",
+                s.requests_rejected,
+            ),
+            (
+                "store_turn_failures",
+                "Named turns generated but not stored (answered with an error)",
+                s.store_failures,
+            ),
+            (
+                "store_turn_conflicts",
+                "Named turns not stored: another server stored the conversation meanwhile (409)",
+                s.store_conflicts,
+            ),
+        ];
+        for (name, help, v) in counters {
+            counter(&mut e, name, help, v)?;
+        }
+        let step = ConstCounter::new(s.step_seconds);
+        step.encode(e.encode_descriptor(
+            "step_seconds",
             "Seconds spent in step()",
-            s.step_seconds,
-        ),
-    ];
-    for (name, help, v) in gauges {
-        r.register(name, help, ConstGauge::new(v));
+            None,
+            step.metric_type(),
+        )?)?;
+        // The tier below host (a folder, or the fleet's Redis), when there is one.
+        if let Some(d) = &st.disk {
+            let store: [(&str, &str, u64); 6] = [
+                ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
+                (
+                    "store_bytes_read",
+                    "Chunk bytes read back (on demand and ahead)",
+                    d.bytes_read,
+                ),
+                (
+                    "store_chunks_discovered",
+                    "Chunks found that other engines stored",
+                    d.chunks_discovered,
+                ),
+                (
+                    "store_faults",
+                    "Chunks refused (missing, damaged, foreign, unreadable) and recomputed",
+                    d.faults.total(),
+                ),
+                (
+                    "store_save_failures",
+                    "Chunk writes the store failed",
+                    d.save_failures,
+                ),
+                (
+                    "store_connects",
+                    "Connections opened to a shared store",
+                    d.connects,
+                ),
+            ];
+            for (name, help, v) in store {
+                counter(&mut e, name, help, v)?;
+            }
+        }
+        let usage = st.device_slots_used as f64 / st.device_slots_total.max(1) as f64;
+        let gauges: [(&str, &str, f64); 9] = [
+            (
+                "num_requests_running",
+                "Turns running in the engine",
+                st.requests_running as f64,
+            ),
+            (
+                "num_requests_waiting",
+                "Turns waiting for the engine to admit them",
+                st.requests_waiting as f64,
+            ),
+            (
+                "queue_depth",
+                "Requests accepted and not answered (queued, running, or waiting for the store)",
+                self.in_flight.load(Ordering::SeqCst) as f64,
+            ),
+            (
+                "conversations",
+                "Conversations open",
+                s.conversations as f64,
+            ),
+            (
+                "kv_cache_usage_perc",
+                "Fraction of the device KV slots in use",
+                usage,
+            ),
+            (
+                "device_slots_used",
+                "Device KV slots in use",
+                st.device_slots_used as f64,
+            ),
+            (
+                "device_slots_total",
+                "Device KV slots in all",
+                st.device_slots_total as f64,
+            ),
+            (
+                "host_bytes_used",
+                "Host tier bytes in use",
+                st.host_bytes_used as f64,
+            ),
+            (
+                "shared_bytes_saved",
+                "KV bytes that prefix sharing saves now",
+                st.shared_bytes_saved as f64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            gauge(&mut e, name, help, v)?;
+        }
+        Ok(())
     }
-    let mut out = String::new();
-    encode(&mut out, &r)?;
-    Ok(out)
 }

@@ -48,6 +48,7 @@ impl Engine {
         let conv_id = req.conv();
         let counts = req.counts();
         let admitted = req.admitted();
+        let queue_time = req.queue_time(now);
         let turn = req.payload;
         let history = turn.history_tokens();
         let stats = TurnStats {
@@ -58,6 +59,7 @@ impl Engine {
                 .map(|t| t - turn.submitted())
                 .unwrap_or_default(),
             latency: now.saturating_duration_since(turn.submitted()),
+            queue_time,
             reused_tokens: counts.reused_device + counts.reused_host + counts.reused_disk,
             reused_from_host_tokens: counts.reused_host,
             reused_from_disk_tokens: counts.reused_disk,

@@ -352,6 +352,8 @@ impl Engine {
             swap_out_failures: c.swap_out_failures,
             swap_in_failures: c.swap_in_failures,
             suspensions: self.sched.suspensions(),
+            requests_waiting: self.sched.queue_lengths().0,
+            requests_running: self.sched.queue_lengths().1,
             device_slots_used: (self.cache.num_blocks() - self.cache.num_free_blocks())
                 * self.config.chunk_size,
             host_bytes_used: self.cache.host_used_bytes(),
@@ -392,7 +394,7 @@ impl Engine {
             let (outcome, done) = self.execute(&plan, now, &mut failed);
             let t3 = Instant::now();
             self.sched
-                .commit(&plan, &outcome, &mut self.convs, &mut self.cache);
+                .commit(&plan, &outcome, &mut self.convs, &mut self.cache, now);
             self.index_prefilled(&plan.rows);
             for &(id, token) in &outcome.sampled {
                 self.accept_token(id, token, done);

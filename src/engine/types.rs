@@ -156,6 +156,8 @@ pub struct TurnStats {
     pub ttft: Duration,
     /// Time from submission to the end of the turn.
     pub latency: Duration,
+    /// From submission to the first step that ran the turn (vLLM's queue time).
+    pub queue_time: Duration,
 }
 
 /// A generated token's log-probability under the model, and the most likely tokens there.
@@ -240,6 +242,10 @@ pub struct EngineStats {
     pub swap_in_failures: u64,
     /// Running turns suspended (swapped out and requeued) for lack of device slots.
     pub suspensions: u64,
+    /// Turns waiting to be admitted now.
+    pub requests_waiting: usize,
+    /// Turns running now (admitted, not finished; suspended ones wait again).
+    pub requests_running: usize,
     /// Times the oldest turns of a conversation were dropped for a turn to fit the window
     /// ([`super::OverflowPolicy::DropOldest`]).
     pub context_cuts: u64,
@@ -287,7 +293,9 @@ impl EngineStats {
         self.reused_disk_tokens as f64 / self.history_tokens().max(1) as f64
     }
 
-    fn history_tokens(&self) -> u64 {
+    /// History tokens admitted turns looked up: reused from a tier or recomputed (the
+    /// denominator of the hit rates).
+    pub fn history_tokens(&self) -> u64 {
         self.reused_device_tokens
             + self.reused_host_tokens
             + self.reused_disk_tokens

@@ -1,6 +1,8 @@
 //! Applying a step's outcome (`Scheduler::commit`): the only place a turn's tokens, remaining
 //! work and counters change, from the plan and what actually ran.
 
+use std::time::Instant;
+
 use super::plan::{Outcome, RowPlan, Run, RunKind, StepPlan};
 use super::Scheduler;
 use crate::conversation::Conversations;
@@ -16,9 +18,11 @@ impl<T> Scheduler<T> {
         outcome: &Outcome,
         convs: &mut Conversations,
         cache: &mut CacheManager,
+        now: Instant,
     ) {
         for a in &plan.admitted {
             if let Some(req) = self.requests.get_mut(&a.request) {
+                req.first_run.get_or_insert(now);
                 req.work = a.work.clone();
                 req.progress = 0;
                 if let Some(r) = a.first_reuse {

@@ -69,8 +69,9 @@ impl World {
                 .collect(),
             requeue: Vec::new(),
         };
+        let now = Instant::now();
         self.s
-            .commit(plan, &outcome, &mut self.convs, &mut self.cache);
+            .commit(plan, &outcome, &mut self.convs, &mut self.cache, now);
         self.check();
     }
 

@@ -33,6 +33,7 @@ pub struct Handle {
     pub(super) in_flight: Arc<AtomicUsize>,
     pub(super) max_in_flight: usize,
     pub snapshot: Arc<Mutex<Snapshot>>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// False once the engine thread has died (a bug): `/health` then fails.
     pub healthy: Arc<AtomicBool>,
 }
