@@ -494,3 +494,47 @@ fn two_servers_on_one_redis_serve_a_conversation_wherever_its_turns_land() {
         .unwrap();
     assert!(cached >= 32, "{usage}");
 }
+
+/// `--api-key` (here from its environment variable, as every flag can be given) guards the
+/// generation and tokenizer routes; probes and scrapers need no key.
+#[test]
+fn an_api_key_guards_the_generation_routes_and_flags_read_the_environment() {
+    let server = common::server::start_with_env(
+        &[],
+        &[
+            ("PENSIEVE_API_KEY", "s3cret"),
+            ("PENSIEVE_SERVED_MODEL_NAME", "house-model"),
+        ],
+    );
+    let b = &server.base;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let chat = |auth: Option<&str>| {
+        let mut r = ureq::post(&format!("{b}/v1/chat/completions"));
+        if let Some(a) = auth {
+            r = r.set("authorization", a);
+        }
+        match r.send_string(&body.to_string()) {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(s, _)) => s,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(chat(None), 401);
+    assert_eq!(chat(Some("Bearer wrong")), 401);
+    assert_eq!(chat(Some("Bearer s3cret")), 200);
+    let (status, _) = post(b, "/tokenize", r#"{"prompt": "hi"}"#);
+    assert_eq!(status, 401);
+    for open in ["/health", "/metrics"] {
+        assert_eq!(
+            ureq::get(&format!("{b}{open}")).call().unwrap().status(),
+            200
+        );
+    }
+    let models = ureq::get(&format!("{b}/v1/models"))
+        .set("authorization", "Bearer s3cret")
+        .call()
+        .unwrap()
+        .into_json::<Value>()
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "house-model");
+}

@@ -94,42 +94,47 @@ pub struct EngineArgs {
     /// Model: `default`, a name `scripts/fetch-assets --model NAME` installs (`gemma3-270m`), a
     /// .gguf file, a safetensors folder, an `org/name` hub repo, or `tiny` (random weights with
     /// a byte tokenizer: no files needed, e.g. on a GPU machine with `--model-shape`).
-    #[arg(long, default_value = "default")]
+    #[arg(long, env = "PENSIEVE_MODEL", default_value = "default")]
     pub model: String,
     /// Where weights, KV pool and compute live: `cpu`, or `cuda` / `cuda:N` (a build with
     /// `--features cuda`).
-    #[arg(long, default_value = "cpu", value_parser = device)]
+    #[arg(long, env = "PENSIEVE_DEVICE", default_value = "cpu", value_parser = device)]
     pub device: Device,
     /// Weight format.
-    #[arg(long, value_enum, default_value = "packed")]
+    #[arg(long, env = "PENSIEVE_FORMAT", value_enum, default_value = "packed")]
     pub format: Format,
     /// Cache mode.
-    #[arg(long, value_enum, default_value = "tiered")]
+    #[arg(long, env = "PENSIEVE_MODE", value_enum, default_value = "tiered")]
     pub mode: Mode,
     /// Device KV pool in tokens.
-    #[arg(long, default_value_t = 8192, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_DEVICE_TOKENS", default_value_t = 8192, value_parser = positive)]
     pub device_tokens: usize,
     /// Host KV tier in MiB.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "PENSIEVE_HOST_MIB", default_value_t = 1024)]
     pub host_mib: usize,
     /// KV cache precision.
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, env = "PENSIEVE_KV", value_enum, default_value = "f16")]
     pub kv: Kv,
     /// What a turn that would pass the context window does.
-    #[arg(long, value_enum, default_value = "drop-oldest")]
+    #[arg(
+        long,
+        env = "PENSIEVE_OVERFLOW",
+        value_enum,
+        default_value = "drop-oldest"
+    )]
     pub overflow: Overflow,
     /// Context window in tokens, when shorter than the model's.
-    #[arg(long, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_MAX_CONTEXT", value_parser = positive)]
     pub max_context: Option<usize>,
     /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
-    #[arg(long)]
+    #[arg(long, env = "PENSIEVE_NO_PREFIX_SHARING")]
     pub no_prefix_sharing: bool,
     /// A `tokenizer.json` in place of the one the model's files describe.
-    #[arg(long)]
+    #[arg(long, env = "PENSIEVE_TOKENIZER")]
     pub tokenizer: Option<std::path::PathBuf>,
     /// Chat template in place of the model's own (base models ship none): a built-in name
     /// (`chatml`, `gemma`, `llama3`) or a Jinja file.
-    #[arg(long)]
+    #[arg(long, env = "PENSIEVE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
 }
 
@@ -235,24 +240,34 @@ impl EngineArgs {
 #[allow(dead_code)] // used by chat and server
 pub struct StoreArgs {
     /// Folder of a disk tier: KV and named conversations persist there across runs.
-    #[arg(long, conflicts_with = "redis")]
+    #[arg(long, env = "PENSIEVE_STORE", conflicts_with = "redis")]
     pub store: Option<std::path::PathBuf>,
     /// A Redis (or Valkey) shared by several engines: `redis://[user:password@]host:port`,
     /// `rediss://` for TLS. Conversations continue on any engine attached to it.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "PENSIEVE_REDIS", value_name = "URL")]
     pub redis: Option<String>,
     /// Key prefix of this deployment in Redis.
-    #[arg(long, default_value = "pensieve", requires = "redis")]
+    #[arg(
+        long,
+        env = "PENSIEVE_REDIS_PREFIX",
+        default_value = "pensieve",
+        requires = "redis"
+    )]
     pub redis_prefix: String,
     /// PEM file of the CA that signed the Redis server's certificate (`rediss://` with a
     /// private CA).
-    #[arg(long, requires = "redis")]
+    #[arg(long, env = "PENSIEVE_REDIS_CA", requires = "redis")]
     pub redis_ca: Option<std::path::PathBuf>,
     /// Seconds an unused chunk or conversation stays in Redis (0: until deleted or evicted).
-    #[arg(long, default_value_t = 86400, requires = "redis")]
+    #[arg(
+        long,
+        env = "PENSIEVE_REDIS_TTL_S",
+        default_value_t = 86400,
+        requires = "redis"
+    )]
     pub redis_ttl_s: u64,
     /// Budget in GiB of the chunks this engine stores (in the folder or in Redis).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, env = "PENSIEVE_DISK_GIB", default_value_t = 4.0)]
     pub disk_gib: f64,
 }
 

@@ -49,6 +49,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 mod api;
+mod auth;
 #[path = "../common/mod.rs"]
 mod common;
 mod driver;
@@ -67,38 +68,42 @@ struct Args {
     #[command(flatten)]
     engine: EngineArgs,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, env = "PENSIEVE_HOST", default_value = "127.0.0.1")]
     host: String,
     /// Port (0: any free port; the address is printed on start).
-    #[arg(long, default_value_t = 8000)]
+    #[arg(long, env = "PENSIEVE_PORT", default_value_t = 8000)]
     port: u16,
     /// The model name clients pass (`GET /v1/models` lists it).
-    #[arg(long, default_value = "pensieve")]
+    #[arg(long, env = "PENSIEVE_SERVED_MODEL_NAME", default_value = "pensieve")]
     served_model_name: String,
     /// Requests queued or running at most; more get 429.
-    #[arg(long, default_value_t = 256, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_MAX_QUEUE", default_value_t = 256, value_parser = positive)]
     max_queue: usize,
     /// Conversations kept for clients to continue; the least recently used close beyond.
-    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_MAX_CONVERSATIONS", default_value_t = 1024, value_parser = positive)]
     max_conversations: usize,
     /// Reply length when a request names none.
-    #[arg(long, default_value_t = 256, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_DEFAULT_MAX_TOKENS", default_value_t = 256, value_parser = positive)]
     default_max_tokens: usize,
     /// On SIGINT or SIGTERM, seconds turns in flight get to finish before they are cancelled
     /// (a second signal cancels them at once).
-    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    #[arg(long, env = "PENSIEVE_DRAIN_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     drain_timeout_s: f64,
     /// Seconds a client may take to send the next part of a request body (a client that
     /// stalls mid-request fails its request and holds nothing).
-    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    #[arg(long, env = "PENSIEVE_BODY_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     body_timeout_s: f64,
     /// Seconds a client may take to send a request's head (and a kept-alive connection may
     /// stay idle before its next request begins).
-    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    #[arg(long, env = "PENSIEVE_HEADER_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     header_timeout_s: f64,
     /// Connections open at once; past it, new ones wait until one closes.
-    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    #[arg(long, env = "PENSIEVE_MAX_CONNECTIONS", default_value_t = 1024, value_parser = positive)]
     max_connections: usize,
+    /// Clients must send `Authorization: Bearer KEY` to the `/v1` routes, `/tokenize` and
+    /// `/detokenize` (`/health` and `/metrics` stay open).
+    #[arg(long, env = "PENSIEVE_API_KEY")]
+    api_key: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
     /// Testing only: the engine thread panics on a chat whose last message is this text.
@@ -137,12 +142,17 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         default_max_tokens: args.default_max_tokens,
         tokens: model,
     };
-    let app = Router::new()
+    let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize))
+        .route("/detokenize", post(tokens::detokenize));
+    if let Some(key) = args.api_key.as_deref() {
+        let key: Arc<str> = key.into();
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(key, auth::require_key));
+    }
+    let app = guarded
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .layer(RequestBodyTimeoutLayer::new(Duration::from_secs_f64(

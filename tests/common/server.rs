@@ -28,9 +28,15 @@ pub fn example(name: &str) -> PathBuf {
 }
 
 pub fn start(extra: &[&str]) -> Server {
+    start_with_env(extra, &[])
+}
+
+/// [`start`] with these environment variables set for the server.
+pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(example("server"))
         .args(["--port", "0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
