@@ -276,9 +276,24 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
         prefetch_window: 0,
         ..config(CacheMode::Tiered, Some((dir.path(), 1 << 30)), budgets)
     };
-    let mut b = Engine::with_model(model.clone(), config).unwrap();
-    let convs: Vec<_> = names.iter().map(|n| b.find(n).unwrap()).collect();
-    let third = turn(&mut b, &convs, 2);
+    // Each refusal is also a warning for the host's logs (here captured from this thread).
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .finish();
+    let (b, third) = tracing::subscriber::with_default(subscriber, || {
+        let mut b = Engine::with_model(model.clone(), config).unwrap();
+        let convs: Vec<_> = names.iter().map(|n| b.find(n).unwrap()).collect();
+        let third = turn(&mut b, &convs, 2);
+        (b, third)
+    });
+    let warned = log.text();
+    let refusals = warned
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refused"))
+        .count();
+    assert!(refusals >= 5, "{warned}");
     for (i, (out, stats)) in third.iter().enumerate() {
         assert_eq!(out, &reference[2][i], "conversation {i}: {stats:?}");
         if i < 5 {
@@ -380,4 +395,33 @@ fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn
     assert!(d.chunks_prefetched > 0, "{d:?}");
     assert!(from_disk > 0 || s.reused_host_tokens > 0, "{s:?}");
     assert_eq!(d.faults.total(), 0, "{d:?}");
+}
+
+/// Log lines written by a `tracing` subscriber, kept in memory.
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
 }

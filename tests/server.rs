@@ -538,3 +538,51 @@ fn an_api_key_guards_the_generation_routes_and_flags_read_the_environment() {
         .unwrap();
     assert_eq!(models["data"][0]["id"], "house-model");
 }
+
+/// Each request is logged when it ends (method, path, status), on stderr through `tracing`.
+#[test]
+fn requests_are_logged() {
+    use std::io::BufRead;
+    let mut child = Command::new(example("server"))
+        .args(["--port", "0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    let (status, _) = post(
+        &base,
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 2}"#,
+    );
+    assert_eq!(status, 200);
+    let (status, _) = post(&base, "/v1/completions", r#"{"prompt": 7}"#);
+    assert_eq!(status, 400);
+    child.kill().unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    child.wait().unwrap();
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("uri=/v1/completions") && l.contains("finished processing"))
+        .collect();
+    assert_eq!(requests.len(), 2, "{log}");
+    assert!(
+        requests[0].contains("status=200") && requests[1].contains("status=400"),
+        "{log}"
+    );
+}

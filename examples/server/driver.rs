@@ -409,7 +409,7 @@ impl Driver {
             Ok(events) => events.into_iter().for_each(|e| self.route(e)),
             // A step that fails has failed its turns (they come back as `Failed` events);
             // the engine itself goes on serving.
-            Err(e) => eprintln!("step failed: {e}"),
+            Err(e) => tracing::error!(error = %e, "step failed"),
         }
         let mut snap = self.snapshot.lock();
         snap.stats = self.engine.stats();
@@ -527,7 +527,7 @@ impl Driver {
             let held = self.held.swap_remove(i);
             let update = match (outcome, held.wait) {
                 (Durability::Failed(why), Wait::Durable(conv)) => {
-                    eprintln!("a named conversation's turn could not be stored: {why}");
+                    tracing::warn!(%why, "a named conversation's turn could not be stored");
                     self.snapshot.lock().store_failures += 1;
                     self.forget(conv, false);
                     Update::Failed(ApiError::busy(
@@ -537,7 +537,7 @@ impl Driver {
                     ))
                 }
                 (Durability::Conflict(why), Wait::Durable(conv)) => {
-                    eprintln!("a named conversation's turn was not stored: {why}");
+                    tracing::warn!(%why, "a named conversation's turn was not stored");
                     self.snapshot.lock().store_conflicts += 1;
                     self.forget(conv, false);
                     Update::Failed(ApiError::new(

@@ -47,6 +47,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 mod api;
 mod auth;
@@ -125,6 +127,15 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
+    // Request lines and the library's warnings on stderr; `RUST_LOG` filters (default info).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model.clone(), config)?;
@@ -155,6 +166,12 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let app = guarded
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        // One line per request at its end: method, path, status, latency.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+        )
         .layer(RequestBodyTimeoutLayer::new(Duration::from_secs_f64(
             args.body_timeout_s,
         )))
@@ -176,10 +193,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
             let (handle, began) = (handle.clone(), began.clone());
             async move {
                 let cause = shutdown::cause(died).await;
-                eprintln!(
-                    "stopping ({cause:?}): draining {} requests",
-                    handle.in_flight()
-                );
+                tracing::info!(?cause, in_flight = handle.in_flight(), "stopping: draining");
                 handle.drain();
                 began.notify_one();
             }

@@ -52,7 +52,9 @@ pub async fn cause(died: Arc<Notify>) -> Cause {
 pub async fn deadline(began: Arc<Notify>, drain: Duration) {
     began.notified().await;
     tokio::select! {
-        () = tokio::time::sleep(drain) => eprintln!("drain deadline passed: cancelling the turns still running"),
-        () = signal() => eprintln!("second signal: cancelling the turns still running"),
+        () = tokio::time::sleep(drain) => {
+            tracing::warn!("drain deadline passed: cancelling the turns still running")
+        }
+        () = signal() => tracing::warn!("second signal: cancelling the turns still running"),
     }
 }

@@ -380,6 +380,7 @@ impl Engine {
     /// [`Error::Invariant`] when [`EngineConfig::check_invariants`] is on and the engine's
     /// bookkeeping is broken.
     pub fn step_at(&mut self, now: Instant) -> Result<Vec<Event>> {
+        let _step = tracing::debug_span!("step", n = self.stats.steps).entered();
         let t0 = Instant::now();
         self.drain_commands(now);
         self.cache.poll_disk();

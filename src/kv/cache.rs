@@ -310,6 +310,7 @@ impl CacheManager {
             self.host.release(s.host);
         }
         self.set_chunk(&holders, s.chunk, ChunkLoc::Dropped);
+        tracing::warn!("a swap-out failed: its chunk is dropped and will be recomputed");
         self.counters.swap_out_failures += 1;
         self.counters.chunks_dropped_from_device += 1;
     }
@@ -346,6 +347,7 @@ impl CacheManager {
     /// A swap-in whose copy failed: the chunk is dropped (recomputed when next needed).
     /// Returns the conversations that lost it (every holder of a shared host chunk).
     pub fn abort_swap_in(&mut self, s: &SwapIn) -> Vec<ConversationId> {
+        tracing::warn!("a swap-in failed: its chunk is dropped and will be recomputed");
         self.counters.swap_in_failures += 1;
         let holders = match s.from {
             Source::Host(host) => {

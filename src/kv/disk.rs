@@ -188,6 +188,7 @@ impl DiskStore {
                     self.entries.insert(a, entry);
                 }
                 Err(fault) => {
+                    tracing::warn!(%fault, "a stored chunk was refused and deleted; it will be recomputed");
                     self.refused.insert(a);
                     self.stats.faults.count(fault);
                     self.medium.remove_chunk(&a);
@@ -298,6 +299,9 @@ impl DiskStore {
     pub fn claim(&mut self, address: &Address) -> bool {
         let found = self.retain(address);
         if !found && !self.refused.contains(address) {
+            tracing::warn!(
+                "a chunk a manifest names is missing from the store; it will be recomputed"
+            );
             self.stats.faults.count(Fault::Missing);
         }
         found
@@ -346,6 +350,7 @@ impl DiskStore {
             write: self.next_write,
         };
         if !self.worker.send(job) {
+            tracing::warn!("the store's writer is gone: a chunk was not stored");
             self.stats.save_failures += 1;
             return Saved::NoRoom;
         }
@@ -465,6 +470,7 @@ impl DiskStore {
     /// A stored file was refused when read: counted, never read again, and deleted if its bytes
     /// are bad.
     fn refuse(&mut self, address: &Address, fault: Fault) {
+        tracing::warn!(%fault, "a stored chunk was refused when read; it will be recomputed");
         self.stats.faults.count(fault);
         if let Some(e) = self.entries.get_mut(address) {
             if matches!(e.state, State::Stored) {
@@ -544,7 +550,8 @@ impl DiskStore {
                     self.stats.chunks_written += 1;
                     self.stats.bytes_written += (e.bytes - self.format.head_bytes()) as u64;
                 }
-                Err(_) => {
+                Err(why) => {
+                    tracing::warn!(%why, "a chunk could not be stored");
                     e.state = State::Failed;
                     self.stats.save_failures += 1;
                     failed.push(address);

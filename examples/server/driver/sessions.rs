@@ -156,7 +156,7 @@ impl Driver {
             Err(pensieve::Error::NotStored(_)) => Ok(()),
             Err(e) => {
                 if matches!(e, pensieve::Error::StoreDamaged { .. }) {
-                    eprintln!("refused a turn: {e}");
+                    tracing::warn!(error = %e, "refused a turn: the stored conversation is damaged");
                 }
                 Err(ApiError::from_engine(&e))
             }

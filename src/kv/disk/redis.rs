@@ -192,7 +192,9 @@ impl Redis {
                 medium.connects.fetch_add(1, Ordering::Relaxed);
                 medium.idle.lock().push(c);
             }
-            Err(e) if e.is_connection_refusal() || e.is_timeout() => {}
+            Err(e) if e.is_connection_refusal() || e.is_timeout() => {
+                tracing::warn!(error = %why(&e), "the shared store is not reachable yet; chunks are recomputed until it is");
+            }
             Err(e) => return Err(format!("{}: {}", config.redacted_url(), why(&e))),
         }
         Ok(medium)
@@ -234,6 +236,7 @@ impl Redis {
             }
             Err(e) => {
                 Self::back_off(&mut backoff);
+                tracing::warn!(error = %why(&e), retry_in = ?backoff.delay, "the shared store is unreachable; chunks are recomputed until it is back");
                 Err(why(&e))
             }
         }
@@ -263,6 +266,7 @@ impl Redis {
             Err(e) => {
                 if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
                     Self::back_off(&mut self.backoff.lock());
+                    tracing::warn!(error = %why(&e), "a request to the shared store failed; backing off");
                 }
                 Err(why(&e))
             }
