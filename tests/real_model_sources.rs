@@ -103,6 +103,12 @@ fn real_model_safetensors_folder_equals_gguf() {
     .unwrap();
     std::fs::write(dir.path().join("config.json"), SMOL_CONFIG).unwrap();
     write_tokenizer_files(&gguf_model, &read_gguf().1, dir.path());
+    // Sampling defaults and one more end of generation (<|endoftext|>), as checkpoints ship.
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"eos_token_id": [2, 0], "temperature": 0.3, "top_p": 0.8}"#,
+    )
+    .unwrap();
 
     let source: ModelSource = dir.path().to_str().unwrap().parse().unwrap();
     assert_eq!(source, ModelSource::Safetensors(dir.path().to_path_buf()));
@@ -114,7 +120,13 @@ fn real_model_safetensors_folder_equals_gguf() {
         },
     )
     .unwrap();
-    assert_eq!(st_model.eos_token_ids(), vec![2]);
+    assert_eq!(st_model.eos_token_ids(), vec![2, 0]);
+    let defaults = st_model.generation_defaults();
+    assert_eq!(
+        (defaults.temperature, defaults.top_p),
+        (Some(0.3), Some(0.8))
+    );
+    assert_eq!(gguf_model.generation_defaults(), &Default::default());
     let prompt = chat_prompt(&st_model, PROMPTS[1]);
     assert_eq!(prompt, chat_prompt(&gguf_model, PROMPTS[1]));
     let (a, la) = greedy(&gguf_model, &prompt, 16, usize::MAX, |i| i as u32, 256);
@@ -143,6 +155,7 @@ fn tiny_hub_cache(root: &Path, repo_dir: &str, commit: &str) {
         .replace("\"num_hidden_layers\":30", "\"num_hidden_layers\":2")
         .replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":2");
     std::fs::write(snap.join("config.json"), config).unwrap();
+    std::fs::write(snap.join("generation_config.json"), r#"{"temperature": 0.7}"#).unwrap();
     let dev = Device::Cpu;
     let mut t = HashMap::new();
     let mut rand = |name: String, shape: &[usize]| {
@@ -195,6 +208,7 @@ fn real_model_hub_repo_loads_from_a_populated_cache_without_network() {
     hub.cache_dir = Some(cache.path().to_path_buf());
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
     assert_eq!(model.llama().config().num_layers, 2);
+    assert_eq!(model.generation_defaults().temperature, Some(0.7));
     let prompt = chat_prompt(&model, "hi");
     let (ids, logits) = greedy(&model, &prompt, 4, usize::MAX, |i| i as u32, 64);
     assert_eq!(ids.len(), 4);

@@ -11,7 +11,7 @@ use axum::Json;
 use pensieve::engine::SamplingParams;
 
 use crate::driver::Logprob;
-use pensieve::model::Message;
+use pensieve::model::{GenerationDefaults, Message};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -415,8 +415,14 @@ impl ChatRequest {
 }
 
 impl Common {
-    /// The engine's sampling parameters; `default_max` when the request names none.
-    pub fn params(&self, default_max: usize) -> Result<SamplingParams, ApiError> {
+    /// The engine's sampling parameters; `default_max` when the request names none, and the
+    /// model's `defaults` (its `generation_config.json`) for the sampling fields it leaves
+    /// unset, as vLLM applies them.
+    pub fn params(
+        &self,
+        default_max: usize,
+        defaults: &GenerationDefaults,
+    ) -> Result<SamplingParams, ApiError> {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad("only n = 1 is supported"));
         }
@@ -425,7 +431,8 @@ impl Common {
             .or(self.max_tokens)
             .unwrap_or(default_max);
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => None,
+            None => defaults.top_k,
+            Some(-1) | Some(0) => None,
             Some(k) if k > 0 => Some(k as usize),
             Some(_) => return Err(ApiError::bad("top_k must be -1 or positive")),
         };
@@ -440,10 +447,10 @@ impl Common {
             logit_bias.push((id, v as f32));
         }
         Ok(SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
+            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
             top_k,
             // 1 keeps every token: no truncation. Anything outside (0, 1] is the engine's 400.
-            top_p: self.top_p.filter(|&p| p != 1.0),
+            top_p: self.top_p.or(defaults.top_p).filter(|&p| p != 1.0),
             seed: self.seed.unwrap_or_else(rand_seed),
             max_tokens,
             stop_strings: self.stop_strings(),
@@ -453,8 +460,11 @@ impl Common {
             // Out-of-range values are the engine's 400.
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self
+                .repetition_penalty
+                .or(defaults.repetition_penalty)
+                .unwrap_or(1.0),
+            min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
             ..SamplingParams::greedy()
         })
     }

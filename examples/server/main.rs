@@ -291,7 +291,8 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
     };
     let prepared = (|| {
         check_model(&s, &request.common)?;
-        let mut params = request.common.params(s.default_max_tokens)?;
+        let defaults = s.tokens.generation_defaults();
+        let mut params = request.common.params(s.default_max_tokens, defaults)?;
         params.logprobs = request.top_logprobs()?;
         let messages = request
             .messages
@@ -332,7 +333,7 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
     };
     let prepared = (|| {
         check_model(&s, &request.common)?;
-        let mut params = request.common.params(16)?;
+        let mut params = request.common.params(16, s.tokens.generation_defaults())?;
         params.logprobs = request.top_logprobs()?;
         let prompt = match &request.prompt {
             Prompt::Text(t) => PromptInput::Text(t.clone()),

@@ -8,6 +8,7 @@ mod arch;
 mod chat_template;
 mod config;
 mod detokenize;
+mod generation;
 mod llama;
 mod ops;
 mod packed;
@@ -25,6 +26,7 @@ pub use arch::{Activation, Architecture, ARCHITECTURES};
 pub use chat_template::{common_prefix, ChatTemplate, Message, BUILTIN_TEMPLATES};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
+pub use generation::GenerationDefaults;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
 pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
@@ -73,6 +75,8 @@ pub struct Model {
     bos_token_id: Option<u32>,
     /// See [`Model::prefixes_space`].
     prefixes_space: bool,
+    /// See [`Model::generation_defaults`].
+    generation: GenerationDefaults,
 }
 
 impl Model {
@@ -102,7 +106,26 @@ impl Model {
             eos_text: String::new(),
             bos_token_id: None,
             prefixes_space,
+            generation: GenerationDefaults::default(),
         }
+    }
+
+    /// The same model with the sampling defaults its checkpoint ships; the ends of generation
+    /// they list join the model's.
+    pub fn with_generation_defaults(mut self, defaults: GenerationDefaults) -> Self {
+        for &t in &defaults.eos_token_ids {
+            if !self.eos_token_ids.contains(&t) {
+                self.eos_token_ids.push(t);
+            }
+        }
+        self.generation = defaults;
+        self
+    }
+
+    /// The sampling defaults of the checkpoint's `generation_config.json` (none for a GGUF),
+    /// for a server to apply to requests that leave a field unset.
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.generation
     }
 
     /// The same model with its begin and end tokens named (`bos`, `eos`: ids in the
@@ -214,6 +237,7 @@ impl Model {
                 config,
                 tokenizer,
                 tokenizer_config,
+                generation_config,
                 weights,
             } => {
                 let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::io(p, e));
@@ -230,7 +254,14 @@ impl Model {
                 };
                 let config_value: serde_json::Value = serde_json::from_str(&config_json)
                     .map_err(|e| Error::invalid_model("config.json", e))?;
-                Self::from_hf_parts(llama, tokenizer, &tok_config, &config_value)
+                let generation = match generation_config {
+                    Some(p) => GenerationDefaults::from_json(&read(&p)?)?,
+                    None => GenerationDefaults::default(),
+                };
+                Ok(
+                    Self::from_hf_parts(llama, tokenizer, &tok_config, &config_value)?
+                        .with_generation_defaults(generation),
+                )
             }
         }
     }

@@ -137,6 +137,8 @@ pub enum ResolvedFiles {
         tokenizer: PathBuf,
         /// `tokenizer_config.json`, if present (chat template, special tokens).
         tokenizer_config: Option<PathBuf>,
+        /// `generation_config.json`, if present (sampling defaults, ends of generation).
+        generation_config: Option<PathBuf>,
         /// The weight shards.
         weights: Vec<PathBuf>,
     },
@@ -220,6 +222,15 @@ fn resolve_folder(fetch: impl Fn(&str) -> Result<Option<PathBuf>>) -> Result<Res
         config: required("config.json")?,
         tokenizer: required("tokenizer.json")?,
         tokenizer_config: fetch("tokenizer_config.json")?,
+        // Sampling defaults are a nicety: a hub that cannot say whether the repo has them
+        // (offline with a populated cache) leaves them out rather than failing the load.
+        generation_config: match fetch("generation_config.json") {
+            Err(e @ Error::Hub { .. }) => {
+                tracing::warn!(error = %e, "generation_config.json unavailable: no sampling defaults");
+                None
+            }
+            other => other?,
+        },
         weights,
     })
 }
