@@ -397,6 +397,55 @@ fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn
     assert_eq!(d.faults.total(), 0, "{d:?}");
 }
 
+/// An idle engine says when its next read-ahead is due (`poll_timeout`), and a step at that
+/// moment reads a conversation's disk-only KV back before its turn: a host loop that sleeps
+/// until then needs no polling.
+#[test]
+fn an_idle_engine_says_when_a_read_ahead_is_due() {
+    use std::time::{Duration, Instant};
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let budgets = Budgets {
+        device_tokens: 512,
+        device_bytes: None,
+        host_bytes: 3 << 20,
+    };
+    let mut e = engine_with(
+        &model,
+        CacheMode::Tiered,
+        Some((dir.path(), 1 << 30)),
+        budgets,
+    );
+    let convs: Vec<_> = (0..12)
+        .map(|_| e.open(ConversationOptions::default()).unwrap())
+        .collect();
+    for t in 0..2 {
+        turn(&mut e, &convs, t);
+    }
+    // The first conversation's KV is on disk only by now; the others are done with, which
+    // leaves the host tier room to read it into. Nothing is timed.
+    for &c in &convs[1..] {
+        e.release(c).unwrap();
+    }
+    assert_eq!(e.poll_timeout(), None);
+    let prefetched = |e: &Engine| e.stats().disk.unwrap().chunks_prefetched;
+    let before = prefetched(&e);
+    let lead = e.config().prefetch_lead;
+    e.expect_resume(convs[0], lead + Duration::from_millis(300))
+        .unwrap();
+    let due = e.poll_timeout().expect("a read-ahead is timed");
+    let now = Instant::now();
+    assert!(
+        due > now && due <= now + Duration::from_millis(300),
+        "{due:?}"
+    );
+    assert_eq!(prefetched(&e), before, "not before it is due");
+    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    e.step().unwrap();
+    assert!(prefetched(&e) > before, "read ahead when due");
+    assert_eq!(e.poll_timeout(), None, "nothing more is timed");
+}
+
 /// Log lines written by a `tracing` subscriber, kept in memory.
 #[derive(Clone, Default)]
 struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

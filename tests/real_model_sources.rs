@@ -155,7 +155,11 @@ fn tiny_hub_cache(root: &Path, repo_dir: &str, commit: &str) {
         .replace("\"num_hidden_layers\":30", "\"num_hidden_layers\":2")
         .replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":2");
     std::fs::write(snap.join("config.json"), config).unwrap();
-    std::fs::write(snap.join("generation_config.json"), r#"{"temperature": 0.7}"#).unwrap();
+    std::fs::write(
+        snap.join("generation_config.json"),
+        r#"{"temperature": 0.7}"#,
+    )
+    .unwrap();
     let dev = Device::Cpu;
     let mut t = HashMap::new();
     let mut rand = |name: String, shape: &[usize]| {

@@ -245,17 +245,27 @@ fn transcript_key(messages: &[Message]) -> u64 {
 impl Driver {
     fn run(&mut self, rx: &Receiver<Command>) {
         'serve: loop {
-            // Idle: wait for work (polling the store while turn ends wait for it). Busy: take
-            // what arrived and step.
+            // Idle: wait for work until the engine's next timed work (a read-ahead due), polling
+            // the store while turn ends wait for it. Busy: take what arrived and step.
             self.release_held();
             if !self.engine.has_work() {
-                let next = match self.held.is_empty() {
-                    true => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                    false => rx.recv_timeout(Duration::from_millis(1)),
+                let due = self.engine.poll_timeout();
+                let next = match (self.held.is_empty(), due) {
+                    (false, _) => rx.recv_timeout(Duration::from_millis(1)),
+                    (true, Some(at)) => {
+                        rx.recv_timeout(at.saturating_duration_since(Instant::now()))
+                    }
+                    (true, None) => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 };
                 match next {
                     Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => break 'serve,
                     Ok(c) => self.handle(c),
+                    Err(RecvTimeoutError::Timeout)
+                        if due.is_some_and(|at| at <= Instant::now()) =>
+                    {
+                        self.step();
+                        continue;
+                    }
                     Err(RecvTimeoutError::Timeout) => continue,
                 }
             }

@@ -50,7 +50,25 @@ impl Engine {
             ))
         })?;
         self.cache.expect_resume(conv, at);
+        // Already within the lead: read ahead now, not at the next step that may be long away.
+        if after <= self.config.prefetch_lead {
+            self.cache.prefetch(conv);
+        }
         Ok(())
+    }
+
+    /// When the engine next has work of its own, in the manner of quinn-proto's
+    /// `poll_timeout`: now while it has turns or commands; else the moment a conversation's
+    /// expected resume comes within [`super::EngineConfig::prefetch_lead`] (its KV is then
+    /// read ahead); `None` when nothing is timed. A host loop sleeps until this instant or a
+    /// new submission, whichever is first, then calls [`Engine::step`]; it never needs to
+    /// poll.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let now = Instant::now();
+        if self.has_work() {
+            return Some(now);
+        }
+        self.cache.next_resume_lead(now, self.config.prefetch_lead)
     }
 
     /// Frees `conv`'s KV in every tier now (the conversation is finished for a while, or for

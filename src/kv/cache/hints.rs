@@ -73,4 +73,13 @@ impl CacheManager {
             .map(|(&id, _)| id)
             .collect()
     }
+
+    /// The next moment, after `now`, when a conversation's expected resume comes within
+    /// `lead` (its read-ahead is then due).
+    pub fn next_resume_lead(&self, now: Instant, lead: Duration) -> Option<Instant> {
+        (self.tables.values())
+            .filter_map(|t| t.resume_at?.checked_sub(lead))
+            .filter(|&at| at > now)
+            .min()
+    }
 }
