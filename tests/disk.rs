@@ -358,24 +358,24 @@ fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() 
     assert_eq!(d.chunks_written, 0, "{d:?}");
 }
 
+/// An engine whose device and host tiers hold a few conversations' KV, and whose store in
+/// `dir` holds everyone's.
+fn pressured(model: &Arc<Model>, dir: &Path) -> Engine {
+    let budgets = Budgets {
+        device_tokens: 512,
+        device_bytes: None,
+        host_bytes: 3 << 20,
+    };
+    engine_with(model, CacheMode::Tiered, Some((dir, 1 << 30)), budgets)
+}
+
 #[test]
 fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn() {
     let model = model();
     let n = 12;
     let reference = stateless(&model, n, 3);
     let dir = tempfile::tempdir().unwrap();
-    // Device and host hold a few conversations' KV; the disk holds everyone's.
-    let budgets = Budgets {
-        device_tokens: 512,
-        device_bytes: None,
-        host_bytes: 3 << 20,
-    };
-    let mut e = engine_with(
-        &model,
-        CacheMode::Tiered,
-        Some((dir.path(), 1 << 30)),
-        budgets,
-    );
+    let mut e = pressured(&model, dir.path());
     let convs: Vec<_> = (0..n)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
@@ -405,17 +405,7 @@ fn an_idle_engine_says_when_a_read_ahead_is_due() {
     use std::time::{Duration, Instant};
     let model = model();
     let dir = tempfile::tempdir().unwrap();
-    let budgets = Budgets {
-        device_tokens: 512,
-        device_bytes: None,
-        host_bytes: 3 << 20,
-    };
-    let mut e = engine_with(
-        &model,
-        CacheMode::Tiered,
-        Some((dir.path(), 1 << 30)),
-        budgets,
-    );
+    let mut e = pressured(&model, dir.path());
     let convs: Vec<_> = (0..12)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
