@@ -436,6 +436,34 @@ fn an_idle_engine_says_when_a_read_ahead_is_due() {
     assert_eq!(e.poll_timeout(), None, "nothing more is timed");
 }
 
+/// The store's threads wake a host loop when they finish a job, so a host that waits for a
+/// write (`store_reached`) sleeps on its own channel instead of polling.
+#[test]
+fn the_store_wakes_the_host_when_its_writes_finish() {
+    use std::time::Duration;
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = pressured(&model, dir.path());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    e.set_store_waker(Arc::new(move || {
+        let _ = tx.lock().unwrap().send(());
+    }));
+    let conv = e.open(ConversationOptions::default()).unwrap();
+    turn(&mut e, &[conv], 0);
+    let mark = e.store_mark().unwrap();
+    // Woken (never more than a few seconds away on a local disk) until the mark is reached;
+    // each write that reached it woke the host once.
+    let mut wakes = 0;
+    while !e.store_reached(mark) {
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the store wakes the host when a write finishes");
+        wakes += 1;
+    }
+    wakes += rx.try_iter().count();
+    assert!(wakes > 0, "no wake for the turn's writes");
+}
+
 /// Log lines written by a `tracing` subscriber, kept in memory.
 #[derive(Clone, Default)]
 struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

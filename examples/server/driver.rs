@@ -25,13 +25,12 @@
 //! answers the held turn ends, and ends the thread.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use parking_lot::Mutex;
@@ -107,6 +106,8 @@ enum Command {
     Cancel(RequestId),
     Drain,
     Stop,
+    /// The store finished a job: turn ends held for it may be answered.
+    Wake,
 }
 
 /// Numbers the engine thread publishes after every step, for `/metrics`.
@@ -192,6 +193,10 @@ pub fn spawn(
     panic_on: Option<String>,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let wake = tx.clone();
+    engine.set_store_waker(Arc::new(move || {
+        let _ = wake.send(Command::Wake);
+    }));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let snapshot = Arc::new(Mutex::new(Snapshot::default()));
     let metrics = Arc::new(Metrics::new(snapshot.clone(), in_flight.clone()));
@@ -233,29 +238,18 @@ pub fn spawn(
     Ok((handle, thread))
 }
 
-fn transcript_key(messages: &[Message]) -> u64 {
-    let mut h = DefaultHasher::new();
-    for m in messages {
-        m.role.hash(&mut h);
-        m.content.hash(&mut h);
-    }
-    h.finish()
-}
-
 impl Driver {
     fn run(&mut self, rx: &Receiver<Command>) {
         'serve: loop {
-            // Idle: wait for work until the engine's next timed work (a read-ahead due), polling
-            // the store while turn ends wait for it. Busy: take what arrived and step.
+            // Idle: sleep until a command (a request, or the store's wake while turn ends wait
+            // for it) or the engine's next timed work (a read-ahead due). Busy: take what
+            // arrived and step.
             self.release_held();
             if !self.engine.has_work() {
                 let due = self.engine.poll_timeout();
-                let next = match (self.held.is_empty(), due) {
-                    (false, _) => rx.recv_timeout(Duration::from_millis(1)),
-                    (true, Some(at)) => {
-                        rx.recv_timeout(at.saturating_duration_since(Instant::now()))
-                    }
-                    (true, None) => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                let next = match due {
+                    Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 };
                 match next {
                     Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => break 'serve,
@@ -343,6 +337,8 @@ impl Driver {
                 let _ = self.engine.cancel(request);
             }
             Command::Drain => self.draining = true,
+            // `run` checks the held turn ends at the top of every round.
+            Command::Wake => {}
             // Taken by `run`.
             Command::Stop => {}
         }
@@ -582,7 +578,7 @@ impl Driver {
         if let Some(m) = &mut s.messages {
             m.push(Message::new("assistant", reply));
             if !named {
-                self.by_content.insert(transcript_key(m), conv);
+                self.by_content.insert(sessions::transcript_key(m), conv);
             }
         }
         if hints.end {

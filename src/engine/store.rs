@@ -393,6 +393,15 @@ impl Engine {
         self.cache.flush_disk();
     }
 
+    /// Registers `wake`, called on the store's own threads whenever its writer or reader
+    /// finishes a job: how a host loop that sleeps until its next submission or
+    /// [`Engine::poll_timeout`] learns, without polling, that a write it waits for
+    /// ([`Engine::store_reached`], [`Engine::durability`]) may be done. It must not block:
+    /// send on a channel, notify a condition variable. Nothing is called without a store.
+    pub fn set_store_waker(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
+        self.cache.set_disk_waker(wake);
+    }
+
     /// A mark of what has been queued for the store so far (the chunks and manifests of
     /// every turn that has finished), to ask [`Engine::store_reached`] later without waiting;
     /// `None` without a store. A server of a fleet answers a turn's end once its mark is

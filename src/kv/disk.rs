@@ -43,7 +43,7 @@ pub(crate) use medium::Refused;
 use medium::{Folder, Medium};
 pub use redis::RedisConfig;
 pub use stats::{DiskStats, FaultCounts};
-pub(crate) use worker::BuildManifest;
+pub(crate) use worker::{BuildManifest, Waker};
 use worker::{Job, Worker};
 
 use super::{ChunkBytes, LayerCells};
@@ -512,6 +512,12 @@ impl DiskStore {
             }
             State::Failed => None,
         }
+    }
+
+    /// Calls `waker` whenever the store's writer or reader finishes a job.
+    pub fn set_waker(&self, waker: Waker) {
+        self.worker.set_waker(Arc::clone(&waker));
+        self.reader.set_waker(waker);
     }
 
     /// Takes the reports of finished writes: returns the addresses whose write failed (their

@@ -16,7 +16,7 @@ pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, DiskTier, Eviction, Held, Moves};
 pub(crate) use disk::format::hex;
 pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, FORMAT_VERSION};
-pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved};
+pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved, Waker};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;

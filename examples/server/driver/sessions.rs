@@ -2,12 +2,13 @@
 //! by token prefix (completions), or by name (checked against the store when there is one);
 //! and which conversations close when there are too many.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
 
 use pensieve::engine::{ConversationId, ConversationOptions, Turn};
 use pensieve::model::Message;
 
-use super::{transcript_key, Driver, Session};
+use super::{Driver, Session};
 use crate::api::ApiError;
 
 impl Driver {
@@ -220,4 +221,14 @@ impl Driver {
             }
         }
     }
+}
+
+/// The key of a chat transcript in `Driver::by_content`.
+pub(super) fn transcript_key(messages: &[Message]) -> u64 {
+    let mut h = DefaultHasher::new();
+    for m in messages {
+        m.role.hash(&mut h);
+        m.content.hash(&mut h);
+    }
+    h.finish()
 }

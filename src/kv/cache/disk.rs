@@ -306,6 +306,13 @@ impl CacheManager {
         self.forget_files(failed.unwrap_or_default());
     }
 
+    /// Calls `waker` whenever the disk tier's writer or reader finishes a job.
+    pub fn set_disk_waker(&self, waker: crate::kv::Waker) {
+        if let Some(d) = &self.disk {
+            d.store.set_waker(waker);
+        }
+    }
+
     /// Waits until every queued write has reached the disk.
     pub fn flush_disk(&mut self) {
         let failed = self.disk.as_mut().map(|d| d.store.flush());

@@ -78,8 +78,11 @@ pub(super) enum Done {
     Refused { address: Address, fault: Fault },
 }
 
+/// Called on a worker's thread after each job it runs: how a host loop waiting on the store
+/// learns, without polling, that a write is done. It must not block.
+pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
+
 /// The thread and its queues.
-#[derive(Debug)]
 pub(super) struct Worker {
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
@@ -90,6 +93,17 @@ pub(super) struct Worker {
     /// Manifest writes that failed, by job number (1-based, in queue order), with why; the
     /// latest [`FAILURES_KEPT`] only.
     failures: Arc<Mutex<BTreeMap<u64, Refused>>>,
+    waker: Arc<Mutex<Option<Waker>>>,
+}
+
+impl std::fmt::Debug for Worker {
+    // The waker is a closure: what a worker is, is its counts.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("queued", &self.queued)
+            .field("ran", &self.ran)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How many failed manifest (and chunk) writes the worker remembers: enough for every turn
@@ -107,10 +121,11 @@ impl Worker {
         let (report, done) = channel();
         let ran = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(Mutex::new(BTreeMap::new()));
-        let (counter, failed) = (Arc::clone(&ran), Arc::clone(&failures));
+        let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
+        let (counter, failed, wake) = (Arc::clone(&ran), Arc::clone(&failures), Arc::clone(&waker));
         let thread = std::thread::Builder::new()
             .name("pensieve-disk".into())
-            .spawn(move || run(&*medium, &queue, &report, &counter, &failed))?;
+            .spawn(move || run(&*medium, &queue, &report, &counter, &failed, &wake))?;
         Ok(Self {
             jobs: Some(jobs),
             done,
@@ -118,7 +133,13 @@ impl Worker {
             queued: AtomicU64::new(0),
             ran,
             failures,
+            waker,
         })
+    }
+
+    /// Calls `waker` after each job from now on.
+    pub fn set_waker(&self, waker: Waker) {
+        *self.waker.lock() = Some(waker);
     }
 
     /// Queues a job; `false` if the thread is gone (it never exits while the worker lives,
@@ -188,6 +209,7 @@ fn run(
     report: &Sender<Done>,
     ran: &AtomicU64,
     failures: &Mutex<BTreeMap<u64, Refused>>,
+    waker: &Mutex<Option<Waker>>,
 ) {
     let mut failed_chunks = BTreeSet::new();
     for job in queue {
@@ -201,6 +223,11 @@ fn run(
             }
         }
         ran.fetch_add(1, Ordering::SeqCst);
+        // Called outside the lock: a waker may take its time (it must not block for long).
+        let wake = waker.lock().clone();
+        if let Some(wake) = wake {
+            wake();
+        }
     }
 }
 
