@@ -586,3 +586,33 @@ fn requests_are_logged() {
         "{log}"
     );
 }
+
+/// With nothing to do, the server sleeps: no thread polls (the engine thread waits on its
+/// channel, the store wakes it, timed work has a deadline), so an idle server uses no CPU
+/// to speak of, after a turn that went through the store as much as before any.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_idle_server_uses_no_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&["--store", dir.path().to_str().unwrap()]);
+    // Clock ticks (utime + stime) the server's process has used.
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.child.id())).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let idle = |what: &str| {
+        std::thread::sleep(Duration::from_millis(300));
+        let before = ticks();
+        std::thread::sleep(Duration::from_secs(2));
+        let used = ticks() - before;
+        // 100 ticks a second: at most 2.5% of one core over the two seconds.
+        assert!(used <= 5, "{used} ticks in 2 s idle {what}");
+    };
+    idle("after start");
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "conversation_id": "idle-check"});
+    let (status, answer) = post(&server.base, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    idle("after a stored turn");
+}
