@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::SamplingParams;
 
-use crate::driver::Logprob;
 use pensieve::model::{GenerationDefaults, Message};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -561,46 +560,4 @@ impl Emitter {
         }
         out
     }
-}
-
-/// One token as OpenAI's chat logprobs give it: text, log-probability and UTF-8 bytes.
-fn token_json(token: &str, logprob: f32) -> Value {
-    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
-}
-
-/// The `logprobs` of a chat choice (or chunk) for these tokens.
-pub fn chat_logprobs(tokens: &[Logprob]) -> Value {
-    let content: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            let mut entry = token_json(&t.token, t.logprob);
-            entry["top_logprobs"] = t.top.iter().map(|(s, lp)| token_json(s, *lp)).collect();
-            entry
-        })
-        .collect();
-    json!({ "content": content })
-}
-
-/// The `logprobs` of a completion choice (or chunk) for these tokens, the first of which
-/// starts `offset` bytes into the completion's text.
-pub fn completion_logprobs(tokens: &[Logprob], mut offset: usize) -> Value {
-    let mut text_offset = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        text_offset.push(offset);
-        offset += t.token.len();
-    }
-    let top: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            let map: serde_json::Map<String, Value> =
-                t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect();
-            Value::Object(map)
-        })
-        .collect();
-    json!({
-        "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": text_offset,
-    })
 }

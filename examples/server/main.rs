@@ -56,6 +56,7 @@ mod auth;
 mod common;
 mod driver;
 mod listen;
+mod logprobs;
 mod metrics;
 mod shutdown;
 mod tokens;
@@ -385,8 +386,8 @@ impl Framing {
     fn logprobs(&self, tokens: &[Logprob], offset: usize) -> Value {
         match (self.logprobs, self.kind) {
             (false, _) => Value::Null,
-            (true, Kind::Chat) => api::chat_logprobs(tokens),
-            (true, Kind::Completion) => api::completion_logprobs(tokens, offset),
+            (true, Kind::Chat) => logprobs::chat(tokens),
+            (true, Kind::Completion) => logprobs::completion(tokens, offset),
         }
     }
 

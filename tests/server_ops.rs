@@ -1,0 +1,137 @@
+//! The server example's operation (`examples/server`), on the real SmolLM2 weights: the API
+//! key and the environment forms of its flags, its request log, and its idleness (no thread
+//! polls when there is nothing to do).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Read;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+mod common;
+
+use common::server::{example, post, start};
+
+/// `--api-key` (here from its environment variable, as every flag can be given) guards the
+/// generation and tokenizer routes; probes and scrapers need no key.
+#[test]
+fn an_api_key_guards_the_generation_routes_and_flags_read_the_environment() {
+    let server = common::server::start_with_env(
+        &[],
+        &[
+            ("PENSIEVE_API_KEY", "s3cret"),
+            ("PENSIEVE_SERVED_MODEL_NAME", "house-model"),
+        ],
+    );
+    let b = &server.base;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let chat = |auth: Option<&str>| {
+        let mut r = ureq::post(&format!("{b}/v1/chat/completions"));
+        if let Some(a) = auth {
+            r = r.set("authorization", a);
+        }
+        match r.send_string(&body.to_string()) {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(s, _)) => s,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(chat(None), 401);
+    assert_eq!(chat(Some("Bearer wrong")), 401);
+    assert_eq!(chat(Some("Bearer s3cret")), 200);
+    let (status, _) = post(b, "/tokenize", r#"{"prompt": "hi"}"#);
+    assert_eq!(status, 401);
+    for open in ["/health", "/metrics"] {
+        assert_eq!(
+            ureq::get(&format!("{b}{open}")).call().unwrap().status(),
+            200
+        );
+    }
+    let models = ureq::get(&format!("{b}/v1/models"))
+        .set("authorization", "Bearer s3cret")
+        .call()
+        .unwrap()
+        .into_json::<Value>()
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "house-model");
+}
+
+/// Each request is logged when it ends (method, path, status), on stderr through `tracing`.
+#[test]
+fn requests_are_logged() {
+    use std::io::BufRead;
+    let mut child = Command::new(example("server"))
+        .args(["--port", "0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    let (status, _) = post(
+        &base,
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 2}"#,
+    );
+    assert_eq!(status, 200);
+    let (status, _) = post(&base, "/v1/completions", r#"{"prompt": 7}"#);
+    assert_eq!(status, 400);
+    child.kill().unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    child.wait().unwrap();
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("uri=/v1/completions") && l.contains("finished processing"))
+        .collect();
+    assert_eq!(requests.len(), 2, "{log}");
+    assert!(
+        requests[0].contains("status=200") && requests[1].contains("status=400"),
+        "{log}"
+    );
+}
+
+/// With nothing to do, the server sleeps: no thread polls (the engine thread waits on its
+/// channel, the store wakes it, timed work has a deadline), so an idle server uses no CPU
+/// to speak of, after a turn that went through the store as much as before any.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_idle_server_uses_no_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&["--store", dir.path().to_str().unwrap()]);
+    // Clock ticks (utime + stime) the server's process has used.
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.child.id())).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let idle = |what: &str| {
+        std::thread::sleep(Duration::from_millis(300));
+        let before = ticks();
+        std::thread::sleep(Duration::from_secs(2));
+        let used = ticks() - before;
+        // 100 ticks a second: at most 2.5% of one core over the two seconds.
+        assert!(used <= 5, "{used} ticks in 2 s idle {what}");
+    };
+    idle("after start");
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "conversation_id": "idle-check"});
+    let (status, answer) = post(&server.base, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    idle("after a stored turn");
+}
