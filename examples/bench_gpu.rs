@@ -2,11 +2,12 @@
 //!
 //! 1. **Attention** in the Pensieve paper's Figure 10 setting: 32 sequences, 1-16 queries
 //!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 with 32 query heads over
-//!    8 KV heads, f16 KV. Our kernel over interleaved (non-contiguous) slots, the same with the
-//!    tensor-core kernel off (`PENSIEVE_CUDA_MMA=0`: every item on the kernel of one query per
-//!    warp), our kernel over contiguous slots, the gather path (context copied out, then
-//!    candle ops), and candle's attention over contiguous per-sequence K/V (matmul, mask,
-//!    softmax, matmul in f16), the contiguous kernel our target compares against.
+//!    8 KV heads, f16 KV (`--kv bf16`: bf16). Our kernel over interleaved (non-contiguous)
+//!    slots, the same with the tensor-core kernel off (`PENSIEVE_CUDA_MMA=0`: every item on
+//!    the kernel of one query per warp), our kernel over contiguous slots, the gather path
+//!    (context copied out, then candle ops), and candle's attention over contiguous
+//!    per-sequence K/V (matmul, mask, softmax, matmul in the KV type), the contiguous kernel
+//!    our target compares against.
 //! 2. **Pipelined restore**: one decode step of a random-weight Llama 3.2 1B shape (32 rows
 //!    at context 1024) after swapping in `--chunks` chunks, with the copies serial (the step
 //!    waits for the whole restore) or pipelined (layer `l` waits for layer `l`'s copies),
@@ -15,7 +16,7 @@
 //! Medians of `--repeats` synchronized runs.
 //!
 //! ```text
-//! cargo run --release --features cuda --example bench_gpu -- [--repeats 20] [--chunks 64]
+//! cargo run --release --features cuda --example bench_gpu -- [--repeats 20] [--chunks 64] [--kv bf16]
 //! ```
 
 // The flag checks and error report of the other examples; their engine flags go unused.
@@ -45,6 +46,25 @@ struct Args {
     /// Chunks of 32 tokens swapped in before the measured decode step.
     #[arg(long, default_value_t = 64, value_parser = common::positive)]
     chunks: usize,
+    /// The KV precision of the attention table (bf16 runs the tensor-core kernel with three
+    /// parts of Q and P instead of two).
+    #[arg(long, value_enum, default_value = "f16")]
+    kv: Kv,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Kv {
+    F16,
+    Bf16,
+}
+
+impl Kv {
+    fn dtype(self) -> DType {
+        match self {
+            Kv::F16 => DType::F16,
+            Kv::Bf16 => DType::BF16,
+        }
+    }
 }
 
 const SEQS: usize = 32;
@@ -87,12 +107,13 @@ fn batch(ctx: usize, nq: usize, interleaved: bool) -> AnyResult<AttentionBatch> 
 /// candle's attention over contiguous `[SEQS, KV_HEADS, ctx, d]` K/V, causal for the last
 /// `nq` positions: the contiguous-KV kernel a paged layout is measured against.
 fn contiguous(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> AnyResult<Tensor> {
+    let dtype = k.dtype();
     let rep = HEADS / KV_HEADS;
     let k = candle_transformers::utils::repeat_kv(k.clone(), rep)?;
     let v = candle_transformers::utils::repeat_kv(v.clone(), rep)?;
     let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
     let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(mask)?)?;
-    Ok(p.to_dtype(DType::F16)?.matmul(&v)?)
+    Ok(p.to_dtype(dtype)?.matmul(&v)?)
 }
 
 fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
@@ -107,7 +128,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
     for &ctx in &contexts {
         let pool = |mean: f32| -> AnyResult<Tensor> {
             let t = Tensor::randn(mean, 1.0f32, (SEQS * ctx, KV_HEADS, HEAD_DIM), gpu)?;
-            Ok(t.to_dtype(DType::F16)?)
+            Ok(t.to_dtype(args.kv.dtype())?)
         };
         let (k, v) = (pool(0.0)?, pool(0.1)?);
         // The same values per sequence, contiguous: [SEQS, KV_HEADS, ctx, d].
@@ -147,7 +168,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 .reshape((SEQS, nq, HEADS, HEAD_DIM))?
                 .transpose(1, 2)?
                 .contiguous()?
-                .to_dtype(DType::F16)?;
+                .to_dtype(args.kv.dtype())?;
             let mask: Vec<f32> = (0..nq)
                 .flat_map(|j| {
                     (0..ctx).map(move |p| {
@@ -178,7 +199,10 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
         }
     }
     bar.finish_and_clear();
-    println!("attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, f16 KV; median ms");
+    println!(
+        "attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, {:?} KV; median ms",
+        args.kv
+    );
     println!(
         "{:>7} {:>3} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "context",
