@@ -106,70 +106,69 @@ impl Copier for LateCopier {
     }
 }
 
-fn late_pool() -> KvPool {
-    let mut pool = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
+fn late_pool() -> Result<KvPool> {
+    let mut pool = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu)?;
     pool.copier = Some(Box::new(LateCopier::default()));
-    pool
+    Ok(pool)
 }
 
 /// Three tokens of KV, `base` and up, in every layer of `pool` at slots `slots`.
-fn write_tokens(pool: &KvPool, slots: &[u32], base: f32) {
-    let k = Tensor::arange(base, base + (3 * ROW) as f32, &Device::Cpu).unwrap();
-    let k = k.reshape((3, SHAPE.num_kv_heads, SHAPE.head_dim)).unwrap();
-    let v = (&k * -1.0).unwrap();
-    let index = pool.write_index(slots, &Device::Cpu).unwrap();
+fn write_tokens(pool: &KvPool, slots: &[u32], base: f32) -> Result<()> {
+    let k = Tensor::arange(base, base + (3 * ROW) as f32, &Device::Cpu)?;
+    let k = k.reshape((3, SHAPE.num_kv_heads, SHAPE.head_dim))?;
+    let v = (&k * -1.0)?;
+    let index = pool.write_index(slots, &Device::Cpu)?;
     for layer in 0..SHAPE.num_layers {
-        pool.write(layer, &index, &k, &v).unwrap();
+        pool.write(layer, &index, &k, &v)?;
     }
+    Ok(())
 }
 
 /// The bytes of three tokens written from `base`, as a chunk holds them.
-fn token_bytes(base: f32) -> Vec<u8> {
-    let plain = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
-    write_tokens(&plain, &[0, 1, 2], base);
-    plain.read_slots(0, 3).unwrap()
+fn token_bytes(base: f32) -> Result<Vec<u8>> {
+    let plain = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu)?;
+    write_tokens(&plain, &[0, 1, 2], base)?;
+    plain.read_slots(0, 3)
 }
 
 /// Every layer as a forward pass would ask for it.
-fn pass(pool: &KvPool) {
+fn pass(pool: &KvPool) -> Result<()> {
     for layer in 0..SHAPE.num_layers {
-        pool.layer(layer).unwrap();
+        pool.layer(layer)?;
     }
+    Ok(())
 }
 
 #[test]
-fn reads_and_writes_of_slots_wait_for_the_swap_ins_of_their_layer() {
-    let (a, b) = (token_bytes(1.0), token_bytes(100.0));
-    let pool = late_pool();
-    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a.clone())))], true)
-        .unwrap();
-    assert_eq!(
-        pool.read_slots(4, 3).unwrap(),
-        a,
-        "read before the swap-in landed"
-    );
+fn reads_and_writes_of_slots_wait_for_the_swap_ins_of_their_layer() -> Result<()> {
+    let (a, b) = (token_bytes(1.0)?, token_bytes(100.0)?);
+    let pool = late_pool()?;
+    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a.clone())))], true)?;
+    assert_eq!(pool.read_slots(4, 3)?, a, "read before the swap-in landed");
     // The overflow path writes slots directly: after a swap-in of the same slots, its bytes
     // must be the ones that stay.
-    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a)))], true)
-        .unwrap();
-    pool.write_slots(4, &b).unwrap();
-    pass(&pool);
+    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a)))], true)?;
+    pool.write_slots(4, &b)?;
+    pass(&pool)?;
     assert_eq!(
-        pool.read_slots(4, 3).unwrap(),
+        pool.read_slots(4, 3)?,
         b,
         "a late swap-in overwrote a write"
     );
+    Ok(())
 }
 
 #[test]
-fn new_tokens_do_not_overwrite_kv_that_a_swap_out_has_not_read() {
-    let pool = late_pool();
-    write_tokens(&pool, &[0, 1, 2], 1.0);
-    let out = pool.copy_chunks(&[(0, 3)], vec![], true).unwrap();
+fn new_tokens_do_not_overwrite_kv_that_a_swap_out_has_not_read() -> Result<()> {
+    let pool = late_pool()?;
+    write_tokens(&pool, &[0, 1, 2], 1.0)?;
+    let out = pool.copy_chunks(&[(0, 3)], vec![], true)?;
     // The swapped-out slots are free: this step's new tokens take them.
-    write_tokens(&pool, &[0, 1, 2], 100.0);
-    pass(&pool);
+    write_tokens(&pool, &[0, 1, 2], 100.0)?;
+    pass(&pool)?;
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].bytes().unwrap(), token_bytes(1.0).as_slice());
-    assert_eq!(pool.read_slots(0, 3).unwrap(), token_bytes(100.0));
+    let swapped = out[0].bytes().map_err(crate::Error::Transfer)?;
+    assert_eq!(swapped, token_bytes(1.0)?.as_slice());
+    assert_eq!(pool.read_slots(0, 3)?, token_bytes(100.0)?);
+    Ok(())
 }
