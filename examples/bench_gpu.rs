@@ -19,10 +19,6 @@
 //! cargo run --release --features cuda --example bench_gpu -- [--repeats 20] [--chunks 64] [--kv bf16]
 //! ```
 
-// The flag checks and error report of the other examples; their engine flags go unused.
-#[allow(dead_code)]
-mod common;
-
 use std::error::Error;
 use std::time::Instant;
 
@@ -41,10 +37,10 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     gpu: usize,
     /// Timed runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 20, value_parser = common::positive)]
+    #[arg(long, default_value_t = 20, value_parser = pensieve::cli::positive)]
     repeats: usize,
     /// Chunks of 32 tokens swapped in before the measured decode step.
-    #[arg(long, default_value_t = 64, value_parser = common::positive)]
+    #[arg(long, default_value_t = 64, value_parser = pensieve::cli::positive)]
     chunks: usize,
     /// The KV precision of the attention table (bf16 runs the tensor-core kernel with three
     /// parts of Q and P instead of two).
@@ -327,5 +323,5 @@ fn main() -> std::process::ExitCode {
         restore_overlap(&gpu, &args)?;
         Ok(())
     };
-    common::exit_code(run())
+    pensieve::cli::exit_code(run())
 }

@@ -23,9 +23,6 @@ use pensieve::model::{
     default_model_path, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat,
 };
 
-#[path = "common/exit.rs"]
-mod exit;
-
 #[derive(Parser, Debug)]
 struct Args {
     /// Measurements per cell; the median is reported.
@@ -275,7 +272,7 @@ fn print_rows(prefill_lens: &[usize], decode_ctx: &[usize], rows: Vec<(String, V
 }
 
 fn main() -> std::process::ExitCode {
-    exit::exit_code(run())
+    pensieve::cli::exit_code(run())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -30,9 +30,6 @@ use pensieve::engine::{
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
-#[path = "common/exit.rs"]
-mod exit;
-
 #[derive(Parser, Debug)]
 struct Args {
     /// Tokens of stored history the resumed turn reads back.
@@ -125,7 +122,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> std::process::ExitCode {
-    exit::exit_code(run())
+    pensieve::cli::exit_code(run())
 }
 
 fn run() -> Result<(), Box<dyn Error>> {

@@ -30,8 +30,7 @@ use pensieve::engine::{
     Turn, TurnStats,
 };
 
-mod common;
-use common::{positive, EngineArgs, StoreArgs};
+use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
 
 #[derive(Parser, Debug)]
 #[command(about = "Multi-turn chat with a KV cache kept across turns")]
@@ -70,7 +69,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::exit_code(run(Args::parse()))
+    exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {

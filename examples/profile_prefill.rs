@@ -11,11 +11,8 @@ use std::time::Instant;
 use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource};
 
-#[path = "common/exit.rs"]
-mod exit;
-
 fn main() -> std::process::ExitCode {
-    exit::exit_code(run())
+    pensieve::cli::exit_code(run())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -11,8 +11,6 @@ use std::path::PathBuf;
 use clap::Parser;
 use pensieve::model::default_model_path;
 
-#[path = "common/exit.rs"]
-mod exit;
 #[path = "common/requantize.rs"]
 mod requantize;
 
@@ -29,7 +27,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    exit::exit_code(run())
+    pensieve::cli::exit_code(run())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -188,6 +188,39 @@ pub enum Error {
     #[error("internal invariant violated: {0}")]
     Invariant(#[from] Violation),
 
+    /// A request to the service that names no valid turn: an empty message list, a last
+    /// message that is not the user's, a system message past the first, an empty prompt.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+
+    /// The service already has its limit of turns queued or running: a capacity condition,
+    /// to retry later.
+    #[error("the queue is full ({in_flight} turns in flight); retry later")]
+    QueueFull {
+        /// Turns queued or running.
+        in_flight: usize,
+    },
+
+    /// The service is stopping (or its engine thread has ended) and takes no new work.
+    #[error("the service is stopping")]
+    ServiceStopped,
+
+    /// The engine thread panicked (a bug in pensieve, never the caller's doing); its log
+    /// line says where.
+    #[error("the engine thread died (a bug in pensieve); see the log")]
+    EngineDied,
+
+    /// A named conversation's turn was generated but the store did not confirm its state
+    /// (disk full, Redis unreachable): the engine dropped its copy, so the next turn resumes
+    /// what the store holds. Resend the turn.
+    #[error("the reply was generated but the store did not confirm it ({0}); resend the turn")]
+    NotDurable(String),
+
+    /// A named conversation's turn was generated but not stored, because another engine
+    /// stored a turn of it meanwhile. Resend the turn to continue the stored conversation.
+    #[error("the reply was generated but not stored: {0}; resend the turn to continue the stored conversation")]
+    StoreConflict(String),
+
     /// The operation needs a feature this build or device does not have.
     #[error("unsupported: {0}")]
     Unsupported(String),

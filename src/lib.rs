@@ -11,11 +11,19 @@
 //! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
 //!   their tokenizer and chat template;
 //! - [`engine`]: the stateful engine that hosts drive with `step()`;
-//! - [`workload`]: multi-turn workloads (ShareGPT, traces) for replay benchmarks.
+//! - [`workload`]: multi-turn workloads (ShareGPT, traces) for replay benchmarks;
+//! - `service` (feature `service`): the engine on its own thread behind an async, cloneable
+//!   handle, each turn a stream of events, and chats continued by their content;
+//! - `cli` (feature `cli`): the flags pensieve's tools share.
+//!
+//! The `server` feature builds `pensieve-server`, an OpenAI-compatible HTTP server over
+//! `service`.
 //!
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
 
 pub mod attention;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod conversation;
 pub mod engine;
 mod error;
@@ -23,6 +31,8 @@ mod ids;
 pub mod kv;
 pub mod model;
 mod scheduler;
+#[cfg(feature = "service")]
+pub mod service;
 pub mod workload;
 
 pub use error::{Error, Result};

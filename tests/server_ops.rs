@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::server::{example, post, start};
+use common::server::{post, server_exe, start};
 
 /// `--api-key` (here from its environment variable, as every flag can be given) guards the
 /// generation and tokenizer routes; probes and scrapers need no key.
@@ -62,7 +62,7 @@ fn an_api_key_guards_the_generation_routes_and_flags_read_the_environment() {
 #[test]
 fn requests_are_logged() {
     use std::io::BufRead;
-    let mut child = Command::new(example("server"))
+    let mut child = Command::new(server_exe())
         .args(["--port", "0"])
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::piped())

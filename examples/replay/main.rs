@@ -19,8 +19,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
-use common::{positive, positive_f64, EngineArgs, Mode};
 use indicatif::{ProgressBar, ProgressStyle};
+use pensieve::cli::{exit_code, gib_bytes, positive, positive_f64, EngineArgs, Mode};
 use pensieve::engine::{CostProfile, DiskConfig, Engine, EngineConfig};
 use pensieve::model::{Llama, LlamaConfig, Model};
 use pensieve::workload::{
@@ -30,8 +30,6 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-#[path = "../common/mod.rs"]
-mod common;
 mod driver;
 mod plot;
 mod report;
@@ -162,7 +160,7 @@ impl Load {
 }
 
 fn main() -> ExitCode {
-    common::exit_code(run(Args::parse()))
+    exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> AnyResult<()> {
@@ -346,7 +344,7 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         // Every run starts from an empty tier; a missing folder is fine.
         let _ = std::fs::remove_dir_all(&dir);
         DiskConfig {
-            budget_bytes: common::gib_bytes(args.disk_gib),
+            budget_bytes: gib_bytes(args.disk_gib),
             ..DiskConfig::new(dir)
         }
     });

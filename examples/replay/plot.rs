@@ -5,9 +5,9 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::common::Mode;
 use crate::report::{Summary, CSV_COLUMNS};
 use crate::AnyResult;
+use pensieve::cli::Mode;
 
 /// What the plot needs of one run; from a [`Summary`] or read back from the CSV files.
 pub(crate) struct PlotPoint {

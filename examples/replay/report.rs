@@ -6,9 +6,9 @@ use std::time::Duration;
 use pensieve::engine::EngineStats;
 use serde::Serialize;
 
-use crate::common::Mode;
 use crate::driver::Run;
 use crate::{AnyResult, Load};
+use pensieve::cli::Mode;
 
 /// One run's results; `--json` prints it.
 #[derive(Debug, Serialize)]

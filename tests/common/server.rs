@@ -1,4 +1,4 @@
-//! The server example as a child process, and the clients the server tests drive it with:
+//! The server (`pensieve-server`) as a child process, and the clients the server tests drive it with:
 //! the official `openai` Python package (`tests/server_client.py`) and raw HTTP.
 
 use std::io::{BufRead, BufReader};
@@ -27,20 +27,25 @@ pub fn example(name: &str) -> PathBuf {
     dir.join("examples").join(name)
 }
 
+/// The server binary `cargo test` built.
+pub fn server_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pensieve-server"))
+}
+
 pub fn start(extra: &[&str]) -> Server {
     start_with_env(extra, &[])
 }
 
 /// [`start`] with these environment variables set for the server.
 pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(example("server"))
+    let mut child = Command::new(server_exe())
         .args(["--port", "0"])
         .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("the server example is built by `cargo test`");
+        .expect("the server binary is built by `cargo test`");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pensieve::service::Service;
 use tokio::sync::Notify;
 
 /// Why the server began to stop.
@@ -40,10 +41,10 @@ pub async fn signal() {
 }
 
 /// Waits for a signal or the engine thread's death.
-pub async fn cause(died: Arc<Notify>) -> Cause {
+pub async fn cause(service: Service) -> Cause {
     tokio::select! {
         () = signal() => Cause::Signal,
-        () = died.notified() => Cause::EngineDied,
+        () = service.died() => Cause::EngineDied,
     }
 }
 

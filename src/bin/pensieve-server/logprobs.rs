@@ -1,9 +1,30 @@
 //! Log-probabilities in OpenAI's two formats: chat's `content` entries and the completions
 //! API's parallel lists.
 
+use pensieve::engine::TokenLogprobs;
+use pensieve::model::Model;
 use serde_json::{json, Value};
 
-use crate::driver::Logprob;
+/// One generated token's log-probability and the most likely alternatives, each token as the
+/// text it decodes to alone (a piece of a character decodes to U+FFFD).
+#[derive(Debug, Clone)]
+pub struct Logprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
+impl Logprob {
+    /// `token`'s entry, its alternatives decoded by `model`.
+    pub fn of(model: &Model, token: u32, l: &TokenLogprobs) -> Self {
+        let piece = |id: u32| model.decode(&[id]).unwrap_or_default();
+        Self {
+            token: piece(token),
+            logprob: l.logprob,
+            top: l.top.iter().map(|&(id, lp)| (piece(id), lp)).collect(),
+        }
+    }
+}
 
 /// One token as OpenAI's chat logprobs give it: text, log-probability and UTF-8 bytes.
 fn token_json(token: &str, logprob: f32) -> Value {

@@ -3,27 +3,27 @@
 //! and which conversations close when there are too many.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::time::Instant;
 
-use pensieve::engine::{ConversationId, ConversationOptions, Turn};
-use pensieve::model::Message;
-
-use super::{Driver, Session};
-use crate::api::ApiError;
+use super::driver::{Driver, Session};
+use crate::engine::{ConversationId, ConversationOptions, Durability, Turn};
+use crate::model::Message;
+use crate::{Error, Result};
 
 impl Driver {
-    /// The conversation a chat request continues (or a new one with its history), and its
-    /// turn; `true` if it was opened for this request.
+    /// The conversation a chat continues (or a new one with its history), and its turn;
+    /// `true` if it was opened for this turn.
     pub(super) fn chat_conversation(
         &mut self,
         messages: Vec<Message>,
         name: Option<String>,
-    ) -> Result<(ConversationId, Turn, bool), ApiError> {
+    ) -> Result<(ConversationId, Turn, bool)> {
         let Some((last, history)) = messages.split_last() else {
-            return Err(ApiError::bad("messages must not be empty"));
+            return Err(Error::InvalidRequest("messages must not be empty".into()));
         };
         if last.role != "user" {
-            return Err(ApiError::bad("the last message must be the user's"));
+            return Err(Error::InvalidRequest(
+                "the last message must be the user's".into(),
+            ));
         }
         let turn = Turn::user(last.content.clone());
         if let (Some(n), true) = (&name, self.stored) {
@@ -37,23 +37,13 @@ impl Driver {
             None => self.by_content.get(&transcript_key(history)).copied(),
         };
         if let Some(conv) = found {
-            match self.sessions.get(&conv) {
-                Some(s) if s.busy => {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::CONFLICT,
-                        "the conversation has a turn running",
-                    ))
-                }
+            match self.sessions.get_mut(&conv) {
+                Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
                 Some(s) if continues(s) => {
-                    if let Some(key) = s.messages.as_deref().map(transcript_key) {
-                        self.by_content.remove(&key);
-                    }
-                    if let Some(m) = self
-                        .sessions
-                        .get_mut(&conv)
-                        .and_then(|s| s.messages.as_mut())
-                    {
+                    if let Some(m) = &mut s.messages {
+                        let key = transcript_key(m);
                         m.push(last.clone());
+                        self.by_content.remove(&key);
                     }
                     return Ok((conv, turn, false));
                 }
@@ -66,28 +56,19 @@ impl Driver {
             _ => (None, history),
         };
         if rest.iter().any(|m| m.role == "system") {
-            return Err(ApiError::bad("a system message may only come first"));
+            return Err(Error::InvalidRequest(
+                "a system message may only come first".into(),
+            ));
         }
-        let conv = self
-            .engine
-            .open(ConversationOptions {
-                system,
-                history: rest.to_vec(),
-                name: name.clone().filter(|_| self.stored),
-            })
-            .map_err(|e| ApiError::from_engine(&e))?;
+        let conv = self.engine.open(ConversationOptions {
+            system,
+            history: rest.to_vec(),
+            name: name.clone().filter(|_| self.stored),
+        })?;
         if let Some(n) = &name {
             self.by_name.insert(n.clone(), conv);
         }
-        self.sessions.insert(
-            conv,
-            Session {
-                messages: Some(messages.clone()),
-                name,
-                last_used: Instant::now(),
-                busy: false,
-            },
-        );
+        self.add_session(conv, Some(messages), name);
         Ok((conv, turn, true))
     }
 
@@ -96,9 +77,9 @@ impl Driver {
     pub(super) fn completion_conversation(
         &mut self,
         tokens: Vec<u32>,
-    ) -> Result<(ConversationId, Vec<u32>, bool), ApiError> {
+    ) -> Result<(ConversationId, Vec<u32>, bool)> {
         if tokens.is_empty() {
-            return Err(ApiError::bad("the prompt is empty"));
+            return Err(Error::InvalidRequest("the prompt is empty".into()));
         }
         let best = self
             .sessions
@@ -112,56 +93,78 @@ impl Driver {
         if let Some((conv, n)) = best {
             return Ok((conv, tokens[n..].to_vec(), false));
         }
-        let conv = self
-            .engine
-            .open(ConversationOptions::default())
-            .map_err(|e| ApiError::from_engine(&e))?;
-        self.sessions.insert(
-            conv,
-            Session {
-                messages: None,
-                name: None,
-                last_used: Instant::now(),
-                busy: false,
-            },
-        );
+        let conv = self.engine.open(ConversationOptions::default())?;
+        self.add_session(conv, None, None);
         Ok((conv, tokens, true))
     }
 
+    fn add_session(
+        &mut self,
+        conv: ConversationId,
+        messages: Option<Vec<Message>>,
+        name: Option<String>,
+    ) {
+        self.tick += 1;
+        let session = Session {
+            messages,
+            name,
+            last_used: self.tick,
+            busy: false,
+        };
+        self.idle.insert((self.tick, conv));
+        self.sessions.insert(conv, session);
+    }
+
+    pub(super) fn mark_busy(&mut self, conv: ConversationId) {
+        if let Some(s) = self.sessions.get_mut(&conv) {
+            s.busy = true;
+            self.idle.remove(&(s.last_used, conv));
+        }
+    }
+
+    pub(super) fn mark_idle(&mut self, conv: ConversationId) {
+        if let Some(s) = self.sessions.get_mut(&conv) {
+            self.idle.remove(&(s.last_used, conv));
+            self.tick += 1;
+            s.busy = false;
+            s.last_used = self.tick;
+            self.idle.insert((self.tick, conv));
+        }
+    }
+
     /// Brings the session of the stored conversation `name` up to date: the engine checks
-    /// its copy against the store (another server may have served a turn since) or loads it
-    /// from there if this server holds none.
-    fn sync_named(&mut self, name: &str) -> Result<(), ApiError> {
+    /// its copy against the store (another engine may have served a turn since) or loads it
+    /// from there if this one holds none.
+    fn sync_named(&mut self, name: &str) -> Result<()> {
         let held = self.by_name.get(name).copied();
         if held.is_some_and(|c| self.sessions.get(&c).is_some_and(|s| s.busy)) {
             return Ok(());
         }
-        match self.engine.resume(name) {
-            Ok(conv) if Some(conv) == held => Ok(()),
-            Ok(conv) => {
-                // The engine replaced (or never had) this server's copy.
-                if let Some(old) = held {
-                    self.unlink(old);
-                }
-                let messages = self.engine.messages(conv).map(<[_]>::to_vec).ok();
-                self.by_name.insert(name.to_string(), conv);
-                let session = Session {
-                    messages,
-                    name: Some(name.to_string()),
-                    last_used: Instant::now(),
-                    busy: false,
-                };
-                self.sessions.insert(conv, session);
-                Ok(())
-            }
-            Err(pensieve::Error::NotStored(_)) => Ok(()),
+        match self.resume(name) {
+            Ok(_) | Err(Error::NotStored(_)) => Ok(()),
             Err(e) => {
-                if matches!(e, pensieve::Error::StoreDamaged { .. }) {
+                if matches!(e, Error::StoreDamaged { .. }) {
                     tracing::warn!(error = %e, "refused a turn: the stored conversation is damaged");
                 }
-                Err(ApiError::from_engine(&e))
+                Err(e)
             }
         }
+    }
+
+    /// [`crate::engine::Engine::resume`], keeping the session of the name up to date.
+    pub(super) fn resume(&mut self, name: &str) -> Result<ConversationId> {
+        let held = self.by_name.get(name).copied();
+        let conv = self.engine.resume(name)?;
+        if Some(conv) != held {
+            // The engine replaced (or never had) this service's copy.
+            if let Some(old) = held {
+                self.unlink(old);
+            }
+            let messages = self.engine.messages(conv).map(<[_]>::to_vec).ok();
+            self.by_name.insert(name.to_string(), conv);
+            self.add_session(conv, messages, Some(name.to_string()));
+        }
+        Ok(conv)
     }
 
     /// Takes back the user message a turn that did not happen had added to `conv`'s session
@@ -183,8 +186,11 @@ impl Driver {
     }
 
     /// Forgets how to find a conversation.
-    fn unlink(&mut self, conv: ConversationId) -> Option<Session> {
-        let s = self.sessions.remove(&conv)?;
+    fn unlink(&mut self, conv: ConversationId) {
+        let Some(s) = self.sessions.remove(&conv) else {
+            return;
+        };
+        self.idle.remove(&(s.last_used, conv));
         if let Some(key) = s.messages.as_deref().map(transcript_key) {
             if self.by_content.get(&key) == Some(&conv) {
                 self.by_content.remove(&key);
@@ -193,29 +199,36 @@ impl Driver {
         if let Some(n) = &s.name {
             self.by_name.remove(n);
         }
-        Some(s)
     }
 
-    /// Forgets a conversation and closes it; a stored one that has not `ended` is only dropped
-    /// from this engine, so that it can be resumed (here or on another server).
-    pub(super) fn forget(&mut self, conv: ConversationId, ended: bool) {
-        let named = self.unlink(conv).is_some_and(|s| s.name.is_some());
-        let _ = match self.stored && named && !ended {
+    /// Whether `conv` is stored under a name.
+    pub(super) fn named(&self, conv: ConversationId) -> bool {
+        self.engine
+            .durability(conv)
+            .is_ok_and(|d| d != Durability::NotStored)
+    }
+
+    /// Closes a conversation (deleting a stored one when `ended`), or only drops this
+    /// engine's copy of a stored one that has not ended, so that it can be resumed (here or
+    /// on another engine).
+    pub(super) fn close(&mut self, conv: ConversationId, ended: bool) -> Result<()> {
+        let keep = self.stored && !ended && self.named(conv);
+        self.unlink(conv);
+        match keep {
             true => self.engine.detach(conv),
             false => self.engine.close(conv),
-        };
+        }
+    }
+
+    /// [`Driver::close`], for a conversation that may already be gone.
+    pub(super) fn forget(&mut self, conv: ConversationId, ended: bool) {
+        let _ = self.close(conv, ended);
     }
 
     /// Closes the least recently used idle sessions past `max_sessions`.
     pub(super) fn close_old(&mut self) {
         while self.sessions.len() > self.max_sessions {
-            let oldest = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| !s.busy)
-                .min_by_key(|(_, s)| s.last_used)
-                .map(|(&c, _)| c);
-            match oldest {
+            match self.idle.first().map(|&(_, c)| c) {
                 Some(c) => self.forget(c, false),
                 None => return,
             }

@@ -1,9 +1,10 @@
-//! An OpenAI-compatible HTTP server over one pensieve engine: any OpenAI client (or `curl`)
-//! talks to the stateful engine, and clients that resend the whole history every turn still
-//! get the history's KV reused.
+//! `pensieve-server`: an OpenAI-compatible HTTP server over one pensieve engine. Any OpenAI
+//! client (or `curl`) talks to the stateful engine, and clients that resend the whole history
+//! every turn still get the history's KV reused.
 //!
 //! ```text
-//! cargo run --release --example server                      # http://127.0.0.1:8000, SmolLM2
+//! cargo install --path . --features server
+//! pensieve-server                                           # http://127.0.0.1:8000, SmolLM2
 //! curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
 //!     -d '{"model": "pensieve", "messages": [{"role": "user", "content": "Hi!"}]}'
 //! ```
@@ -21,29 +22,28 @@
 //! Extensions of the chat request: `conversation_id` (or the `X-Conversation-Id` header) names
 //! a conversation to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
 //!
-//! One thread owns the engine and drives `step()` (see `driver`); handlers talk to it over
-//! channels. A client that disconnects cancels its turn; past `--max-queue` requests in
-//! flight the server answers 429; a malformed request gets a 400 with OpenAI's error body,
-//! and everyone else is served on.
+//! The server is a thin client of `pensieve::service`, which owns the engine on its own thread,
+//! maps each request to the conversation its content (or name) continues, and streams each
+//! turn's events. A client that disconnects drops its turn's stream, which cancels the turn;
+//! past `--max-queue` requests in flight the server answers 429; a malformed request gets a
+//! 400 with OpenAI's error body, and everyone else is served on.
 
-use std::convert::Infallible;
 use std::error::Error;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
+use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
 use pensieve::engine::Engine;
+use pensieve::service::{Chat, Service, ServiceConfig};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -52,18 +52,16 @@ use tracing::Level;
 
 mod api;
 mod auth;
-#[path = "../common/mod.rs"]
-mod common;
-mod driver;
 mod listen;
 mod logprobs;
 mod metrics;
+mod respond;
 mod shutdown;
 mod tokens;
 
-use api::{ApiError, ChatRequest, Common, CompletionRequest, Emitter, Prompt, Usage};
-use common::{positive, EngineArgs, StoreArgs};
-use driver::{CancelOnDrop, Handle, Job, Logprob, PromptInput, Update};
+use api::{ApiError, ChatRequest, Common, CompletionRequest, Prompt};
+use metrics::{Metrics, Recorder};
+use respond::{serve, Job, Kind};
 
 #[derive(Parser, Debug)]
 #[command(about = "OpenAI-compatible HTTP server over a stateful pensieve engine")]
@@ -116,15 +114,19 @@ struct Args {
 
 #[derive(Clone)]
 struct AppState {
-    engine: Handle,
+    service: Service,
+    metrics: Arc<Metrics>,
     model: Arc<str>,
     default_max_tokens: usize,
-    /// The model's tokenizer and chat template, for `/tokenize` and `/detokenize`.
+    /// The model's tokenizer and chat template, for `/tokenize`, `/detokenize`, prompts and
+    /// log-probabilities.
     tokens: Arc<pensieve::model::Model>,
+    /// Testing only: a chat whose last message is this text panics the engine thread.
+    panic_on: Option<Arc<str>>,
 }
 
 fn main() -> ExitCode {
-    common::exit_code(run(Args::parse()))
+    exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
@@ -140,19 +142,21 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
     let engine = Engine::with_model(model.clone(), config)?;
-    let died = Arc::new(Notify::new());
-    let (handle, engine_thread) = driver::spawn(
+    let recorder = Arc::new(Recorder::default());
+    let service = Service::spawn(
         engine,
-        args.max_queue,
-        args.max_conversations,
-        died.clone(),
-        args.fault_panic_on,
+        ServiceConfig::default()
+            .max_in_flight(args.max_queue)
+            .max_conversations(args.max_conversations)
+            .observer(recorder.clone()),
     )?;
     let state = AppState {
-        engine: handle.clone(),
+        service: service.clone(),
+        metrics: Arc::new(Metrics::new(&recorder, service.clone())),
         model: args.served_model_name.into(),
         default_max_tokens: args.default_max_tokens,
         tokens: model,
+        panic_on: args.fault_panic_on.map(Into::into),
     };
     let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -191,11 +195,15 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         println!("listening on http://{}", listener.local_addr()?);
         let began = Arc::new(Notify::new());
         let stopping = {
-            let (handle, began) = (handle.clone(), began.clone());
+            let (service, began) = (service.clone(), began.clone());
             async move {
-                let cause = shutdown::cause(died).await;
-                tracing::info!(?cause, in_flight = handle.in_flight(), "stopping: draining");
-                handle.drain();
+                let cause = shutdown::cause(service.clone()).await;
+                tracing::info!(
+                    ?cause,
+                    in_flight = service.in_flight(),
+                    "stopping: draining"
+                );
+                service.drain();
                 began.notify_one();
             }
         };
@@ -212,19 +220,15 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     });
     // Cancels what still runs, flushes the store, and ends the engine thread; the streams of
     // cancelled turns end on the runtime's threads meanwhile.
-    handle.stop();
-    let joined = engine_thread.join();
+    let stopped = service.shutdown();
     runtime.shutdown_timeout(Duration::from_secs(2));
     served?;
-    if joined.is_err() || !handle.healthy.load(Ordering::SeqCst) {
-        return Err("the engine thread died; see the log above".into());
-    }
-    Ok(())
+    Ok(stopped?)
 }
 
 /// `ok` while the engine thread serves; 503 once it has died.
 async fn health(State(s): State<AppState>) -> Response {
-    match s.engine.healthy.load(Ordering::SeqCst) {
+    match s.service.is_alive() {
         true => "ok".into_response(),
         false => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread died").into_response()
@@ -247,7 +251,7 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
-    match s.engine.metrics.render() {
+    match s.metrics.render() {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -312,15 +316,13 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             )));
         }
         let hints = request.hints(name.is_some())?;
-        Ok::<_, ApiError>((
-            Job::Chat {
-                messages,
-                name,
-                hints,
-            },
-            params,
-        ))
+        let mut chat = Chat::new(messages).with_hints(hints);
+        chat.name = name;
+        Ok::<_, ApiError>((Job::Chat(chat), params))
     })();
+    if let (Some(p), Ok((Job::Chat(c), _))) = (&s.panic_on, &prepared) {
+        inject_fault(&s.service, p, c).await;
+    }
     match prepared {
         Ok((job, params)) => serve(s, job, params, &request.common, Kind::Chat).await,
         Err(e) => e.into_response(),
@@ -336,13 +338,14 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
         check_model(&s, &request.common)?;
         let mut params = request.common.params(16, s.tokens.generation_defaults())?;
         params.logprobs = request.top_logprobs()?;
+        let encode = |t: &str| s.tokens.encode(t).map_err(|e| ApiError::from_engine(&e));
         let prompt = match &request.prompt {
-            Prompt::Text(t) => PromptInput::Text(t.clone()),
-            Prompt::Tokens(t) => PromptInput::Tokens(t.clone()),
-            Prompt::Texts(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
+            Prompt::Text(t) => encode(t)?,
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
             Prompt::Texts(_) => return Err(ApiError::bad("only one prompt per request")),
         };
-        Ok::<_, ApiError>((Job::Completion { prompt }, params))
+        Ok::<_, ApiError>((Job::Completion(prompt), params))
     })();
     match prepared {
         Ok((job, params)) => serve(s, job, params, &request.common, Kind::Completion).await,
@@ -350,230 +353,13 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Chat,
-    Completion,
-}
-
-/// The parts of a response that do not change from chunk to chunk.
-struct Framing {
-    kind: Kind,
-    id: String,
-    created: u64,
-    model: Arc<str>,
-    /// Whether the request asked for log-probabilities.
-    logprobs: bool,
-}
-
-impl Framing {
-    fn new(kind: Kind, model: Arc<str>, request: u64, logprobs: bool) -> Self {
-        let prefix = match kind {
-            Kind::Chat => "chatcmpl",
-            Kind::Completion => "cmpl",
-        };
-        Self {
-            kind,
-            id: format!("{prefix}-{request}"),
-            created: now_s(),
-            model,
-            logprobs,
-        }
+/// The fault `--fault-panic-on` asks for: tests check that a dead engine thread makes the
+/// server report unhealthy and exit non-zero.
+#[allow(clippy::panic)]
+async fn inject_fault(service: &Service, text: &str, chat: &Chat) {
+    if chat.messages.last().is_some_and(|m| m.content == text) {
+        let _ = service
+            .with_engine(|_| panic!("fault injected by --fault-panic-on"))
+            .await;
     }
-
-    /// A choice's `logprobs` for these tokens (the first `offset` bytes into the reply), or
-    /// null when the request did not ask.
-    fn logprobs(&self, tokens: &[Logprob], offset: usize) -> Value {
-        match (self.logprobs, self.kind) {
-            (false, _) => Value::Null,
-            (true, Kind::Chat) => logprobs::chat(tokens),
-            (true, Kind::Completion) => logprobs::completion(tokens, offset),
-        }
-    }
-
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    /// A whole response.
-    fn whole(&self, text: String, reason: &str, usage: &Usage, tokens: &[Logprob]) -> Value {
-        let logprobs = self.logprobs(tokens, 0);
-        let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "logprobs": logprobs, "finish_reason": reason,
-                "message": {"role": "assistant", "content": text}}),
-            Kind::Completion => {
-                json!({"index": 0, "logprobs": logprobs, "finish_reason": reason, "text": text})
-            }
-        };
-        json!({"id": self.id, "object": self.object(false), "created": self.created,
-            "model": &*self.model, "choices": [choice], "usage": usage.json()})
-    }
-
-    /// A stream chunk carrying `text` (and `reason` at the end), or the role on the first;
-    /// `logprobs` for the tokens it completes.
-    fn chunk(&self, text: Option<&str>, reason: Option<&str>, logprobs: Value) -> Value {
-        let choice = match self.kind {
-            Kind::Chat => {
-                let delta = match text {
-                    Some(t) => json!({"content": t}),
-                    None if reason.is_none() => json!({"role": "assistant", "content": ""}),
-                    None => json!({}),
-                };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
-            }
-            Kind::Completion => json!({"index": 0, "text": text.unwrap_or(""),
-                "logprobs": logprobs, "finish_reason": reason}),
-        };
-        json!({"id": self.id, "object": self.object(true), "created": self.created,
-            "model": &*self.model, "choices": [choice], "usage": null})
-    }
-
-    fn usage_chunk(&self, usage: &Usage) -> Value {
-        json!({"id": self.id, "object": self.object(true), "created": self.created,
-            "model": &*self.model, "choices": [], "usage": usage.json()})
-    }
-}
-
-async fn serve(
-    s: AppState,
-    job: Job,
-    params: pensieve::engine::SamplingParams,
-    common: &Common,
-    kind: Kind,
-) -> Response {
-    let emitter = Emitter::new(params.stop_strings.clone());
-    let logprobs = params.logprobs.is_some();
-    let (guard, updates) = match s.engine.submit(job, params).await {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
-    };
-    let framing = Framing::new(kind, s.model.clone(), guard.request().0, logprobs);
-    if common.stream {
-        stream(framing, guard, updates, emitter, common.include_usage()).into_response()
-    } else {
-        whole(framing, guard, updates, emitter).await
-    }
-}
-
-/// Collects the reply; the guard cancels the turn if the client goes away first (axum drops
-/// this future).
-async fn whole(
-    framing: Framing,
-    mut guard: CancelOnDrop,
-    mut updates: UnboundedReceiver<Update>,
-    mut emitter: Emitter,
-) -> Response {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    while let Some(u) = updates.recv().await {
-        match u {
-            Update::Token { text: t, logprob } => {
-                text.push_str(&emitter.push(&t));
-                tokens.extend(logprob);
-            }
-            Update::Done { reason, usage } => {
-                guard.disarm();
-                text.push_str(&emitter.finish(reason == "stop"));
-                return Json(framing.whole(text, reason, &usage, &tokens)).into_response();
-            }
-            Update::Failed(e) => {
-                guard.disarm();
-                return e.into_response();
-            }
-        }
-    }
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response()
-}
-
-/// The reply as server-sent events; dropping the stream (the client went away) cancels the
-/// turn through the guard it owns.
-fn stream(
-    framing: Framing,
-    guard: CancelOnDrop,
-    updates: UnboundedReceiver<Update>,
-    emitter: Emitter,
-    include_usage: bool,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    struct St {
-        framing: Framing,
-        guard: CancelOnDrop,
-        updates: UnboundedReceiver<Update>,
-        emitter: Emitter,
-        include_usage: bool,
-        out: std::collections::VecDeque<String>,
-        done: bool,
-        /// Log-probabilities of tokens whose text has not gone out yet.
-        tokens: Vec<Logprob>,
-        /// Bytes of text sent so far.
-        sent: usize,
-    }
-    impl St {
-        /// A chunk of `text` (and `reason`), with the tokens it completes.
-        fn send(&mut self, text: Option<&str>, reason: Option<&str>) {
-            let logprobs = self.framing.logprobs(&self.tokens, self.sent);
-            self.sent += self.tokens.iter().map(|t| t.token.len()).sum::<usize>();
-            self.tokens.clear();
-            let chunk = self.framing.chunk(text, reason, logprobs);
-            self.out.push_back(chunk.to_string());
-        }
-    }
-    let mut first = std::collections::VecDeque::new();
-    if let Kind::Chat = framing.kind {
-        first.push_back(framing.chunk(None, None, Value::Null).to_string());
-    }
-    let state = St {
-        framing,
-        guard,
-        updates,
-        emitter,
-        include_usage,
-        out: first,
-        done: false,
-        tokens: Vec::new(),
-        sent: 0,
-    };
-    let events = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(data) = st.out.pop_front() {
-                return Some((Ok(SseEvent::default().data(data)), st));
-            }
-            if st.done {
-                return None;
-            }
-            match st.updates.recv().await {
-                Some(Update::Token { text, logprob }) => {
-                    st.tokens.extend(logprob);
-                    let text = st.emitter.push(&text);
-                    if !text.is_empty() {
-                        st.send(Some(&text), None);
-                    }
-                }
-                Some(Update::Done { reason, usage }) => {
-                    st.guard.disarm();
-                    let text = st.emitter.finish(reason == "stop");
-                    if !text.is_empty() {
-                        st.send(Some(&text), None);
-                    }
-                    st.send(None, Some(reason));
-                    if st.include_usage {
-                        st.out.push_back(st.framing.usage_chunk(&usage).to_string());
-                    }
-                    st.out.push_back("[DONE]".into());
-                    st.done = true;
-                }
-                Some(Update::Failed(e)) => {
-                    st.guard.disarm();
-                    st.out.push_back(e.body().to_string());
-                    st.out.push_back("[DONE]".into());
-                    st.done = true;
-                }
-                None => return None,
-            }
-        }
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

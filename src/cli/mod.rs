@@ -1,18 +1,19 @@
-//! What the examples share: the flags of the engine (model, weight format, cache mode,
-//! budgets), flag checks, and how a failure is reported (one line with its causes, non-zero
-//! exit).
+//! The command-line flags pensieve's tools share (feature `cli`, on clap): the model, weight
+//! format, cache mode and budgets ([`EngineArgs`]), the store below host ([`StoreArgs`]), flag
+//! checks, and how a failed run is reported ([`exit_code`]). A host with its own command line
+//! can `#[command(flatten)]` them. Every flag has a `PENSIEVE_<FLAG>` environment form.
 
 mod exit;
-
-use std::error::Error;
 
 use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
-use pensieve::engine::{
+
+use crate::engine::{
     Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig,
 };
-use pensieve::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat, BUILTIN_TEMPLATES};
+use crate::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat, BUILTIN_TEMPLATES};
+use crate::{Error, Result};
 
 /// Cache mode, as the papers name the three systems.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -29,11 +30,9 @@ pub enum Mode {
 
 impl Mode {
     /// All three, baseline first.
-    #[allow(dead_code)] // used by replay only
     pub const ALL: [Mode; 3] = [Mode::Stateless, Mode::DeviceOnly, Mode::Tiered];
 
     /// The flag's spelling.
-    #[allow(dead_code)] // not used by the server
     pub fn name(self) -> &'static str {
         match self {
             Mode::Stateless => "stateless",
@@ -172,8 +171,11 @@ impl EngineArgs {
     }
 
     /// Loads `--model`.
-    pub fn load_model(&self) -> Result<Model, Box<dyn Error>> {
-        eprintln!("loading {} ...", self.model);
+    ///
+    /// # Errors
+    /// The model cannot be found or loaded, or `--chat-template` cannot be read or compiled.
+    pub fn load_model(&self) -> Result<Model> {
+        tracing::info!(model = %self.model, "loading");
         let options = self.load_options();
         if self.model == "tiny" {
             let tiny = Model::tiny(7)?;
@@ -181,24 +183,25 @@ impl EngineArgs {
             return Ok(tiny.with_llama(llama));
         }
         let source: ModelSource = self.model.parse()?;
-        let model = Model::load(&source, &options)
-            .map_err(|e| format!("cannot load model {}: {e}", self.model))?;
+        let model = Model::load(&source, &options)?;
         Ok(match &self.chat_template {
             None => model,
             Some(name) if BUILTIN_TEMPLATES.iter().any(|t| t.0 == name) => {
                 model.with_builtin_template(name)?
             }
             Some(file) => {
-                let source = std::fs::read_to_string(file)
-                    .map_err(|e| format!("--chat-template {file}: {e}"))?;
+                let source =
+                    std::fs::read_to_string(file).map_err(|e| Error::io(file.as_str(), e))?;
                 model.with_template_source(&source)?
             }
         })
     }
 
     /// Loads `--model` for a chat: it must have a chat template, its own or `--chat-template`.
-    #[allow(dead_code)] // used by chat and server
-    pub fn load_chat_model(&self) -> Result<Model, Box<dyn Error>> {
+    ///
+    /// # Errors
+    /// As [`EngineArgs::load_model`], or the model has no chat template.
+    pub fn load_chat_model(&self) -> Result<Model> {
         let model = self.load_model()?;
         // Renders nothing: only asks whether there is a template, with the error that names
         // the ways to give one.
@@ -210,7 +213,6 @@ impl EngineArgs {
 
     /// The engine's configuration from these flags, with the tier below host that `store`
     /// names, if any.
-    #[allow(dead_code)] // used by chat and server
     pub fn engine_config(&self, store: &StoreArgs) -> EngineConfig {
         EngineConfig {
             budgets: self.budgets(),
@@ -237,7 +239,6 @@ impl EngineArgs {
 /// Where KV goes below host memory: a folder (`--store`) or a Redis shared by a fleet of
 /// engines (`--redis`).
 #[derive(Args, Debug, Clone)]
-#[allow(dead_code)] // used by chat and server
 pub struct StoreArgs {
     /// Folder of a disk tier: KV and named conversations persist there across runs.
     #[arg(long, env = "PENSIEVE_STORE", conflicts_with = "redis")]
@@ -270,8 +271,6 @@ pub struct StoreArgs {
     #[arg(long, env = "PENSIEVE_DISK_GIB", default_value_t = 4.0)]
     pub disk_gib: f64,
 }
-
-#[allow(dead_code)] // used by chat and server
 impl StoreArgs {
     /// The tier below host these flags name, if any.
     pub fn disk_config(&self) -> Option<DiskConfig> {
@@ -326,7 +325,6 @@ pub fn positive(s: &str) -> Result<usize, String> {
 }
 
 /// A finite flag value above 0.
-#[allow(dead_code)] // used by replay only
 pub fn positive_f64(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::SamplingParams;
+use pensieve::service::{Hints, TurnEnd};
 
 use pensieve::model::{GenerationDefaults, Message};
 use serde::Deserialize;
@@ -69,8 +70,16 @@ impl ApiError {
             | E::TokenOutOfVocab { .. }
             | E::BudgetTooSmall { .. }
             | E::ChatTemplate(_) => StatusCode::BAD_REQUEST,
-            E::ConversationBusy(_) | E::StoredElsewhere { .. } | E::StoreDamaged { .. } => {
-                StatusCode::CONFLICT
+            E::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            E::ConversationBusy(_)
+            | E::StoredElsewhere { .. }
+            | E::StoreDamaged { .. }
+            | E::StoreConflict(_) => StatusCode::CONFLICT,
+            E::QueueFull { .. } => {
+                return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 1)
+            }
+            E::ServiceStopped | E::NotDurable(_) => {
+                return Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1)
             }
             E::PinLimit { .. } => {
                 return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 5)
@@ -299,14 +308,6 @@ impl CompletionRequest {
     }
 }
 
-/// Session hints of a chat request.
-#[derive(Debug, Clone, Default)]
-pub struct Hints {
-    pub pin: Option<bool>,
-    pub expect_resume: Option<Duration>,
-    pub end: bool,
-}
-
 /// Parses a JSON body of a generation endpoint into `T`, or a 400 saying what is wrong:
 /// malformed JSON, a field of the wrong type, or a field outside [`COMMON_FIELDS`] and
 /// `fields` (one this server does not implement, such as `tools` or `response_format`, is
@@ -405,11 +406,11 @@ impl ChatRequest {
                 "pin and expect_resume_s apply to named conversations: give conversation_id",
             ));
         }
-        Ok(Hints {
-            pin: self.pin,
-            expect_resume,
-            end: self.end_conversation,
-        })
+        let mut hints = Hints::default();
+        hints.pin = self.pin;
+        hints.expect_resume = expect_resume;
+        hints.end = self.end_conversation;
+        Ok(hints)
     }
 }
 
@@ -510,6 +511,15 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// A finished turn's usage.
+    pub fn of(end: &TurnEnd) -> Self {
+        Self {
+            prompt_tokens: end.history_tokens.saturating_sub(end.stats.output_tokens),
+            cached_tokens: end.stats.reused_tokens,
+            completion_tokens: end.stats.output_tokens,
+        }
+    }
+
     pub fn json(&self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -517,47 +527,5 @@ impl Usage {
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
-    }
-}
-
-/// Text held back while it may still turn out to be the start of a stop string, so that
-/// streamed and whole replies both end before the stop string, as OpenAI's do.
-#[derive(Debug, Default)]
-pub struct Emitter {
-    pending: String,
-    stops: Vec<String>,
-}
-
-impl Emitter {
-    pub fn new(stops: Vec<String>) -> Self {
-        Self {
-            pending: String::new(),
-            stops,
-        }
-    }
-
-    /// Takes a delta; returns the text that can go out now.
-    pub fn push(&mut self, delta: &str) -> String {
-        self.pending.push_str(delta);
-        let hold = self.stops.iter().map(String::len).max().unwrap_or(0);
-        // The turn ends as soon as the reply ends with a stop string: holding back the
-        // longest one's length keeps all of it for `finish` to remove.
-        let mut cut = self.pending.len().saturating_sub(hold);
-        while !self.pending.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let rest = self.pending.split_off(cut);
-        std::mem::replace(&mut self.pending, rest)
-    }
-
-    /// The end of the reply: what is held, less a stop string it ends with when `stopped`.
-    pub fn finish(&mut self, stopped: bool) -> String {
-        let mut out = std::mem::take(&mut self.pending);
-        if stopped {
-            if let Some(s) = self.stops.iter().find(|s| out.ends_with(s.as_str())) {
-                out.truncate(out.len() - s.len());
-            }
-        }
-        out
     }
 }

@@ -1,6 +1,7 @@
 //! `/metrics` in the Prometheus text format, from one registry that lives as long as the
-//! server. The engine thread observes each turn into histograms and counters as it runs; the
-//! engine's own totals and gauges are read from its latest snapshot at each scrape.
+//! server. The engine thread observes each turn into histograms and counters as it runs (a
+//! [`Recorder`] is the service's observer); the engine's own totals and gauges are read from
+//! the service's latest stats at each scrape.
 //!
 //! Every name carries the `pensieve_` prefix. Beside each, what a dashboard or router built
 //! for vLLM reads instead:
@@ -23,12 +24,10 @@
 //! (`rate(pensieve_reused_device_tokens_total[5m]) / rate(pensieve_history_tokens_total[5m])`),
 //! not a gauge averaged since the start.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use pensieve::engine::{FinishReason, TurnStats};
+use pensieve::service::{Observer, Service};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -37,8 +36,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-
-use crate::driver::Snapshot;
 
 /// vLLM's buckets, so that the same dashboards read the same resolution.
 const TTFT_BUCKETS: [f64; 22] = [
@@ -54,10 +51,9 @@ const REQUEST_BUCKETS: [f64; 21] = [
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
-/// The server's metrics.
+/// The histograms and counters the engine thread fills as turns run.
 #[derive(Debug)]
-pub struct Metrics {
-    registry: Registry,
+pub struct Recorder {
     ttft: Histogram,
     inter_token: Histogram,
     e2e: Histogram,
@@ -67,13 +63,10 @@ pub struct Metrics {
     finished: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 
-impl Metrics {
-    /// The registry, reading the engine's totals from `snapshot` and the requests in flight
-    /// from `in_flight` at each scrape.
-    pub fn new(snapshot: Arc<Mutex<Snapshot>>, in_flight: Arc<AtomicUsize>) -> Self {
-        let mut r = Registry::with_prefix("pensieve");
+impl Default for Recorder {
+    fn default() -> Self {
         let histogram = |b: &[f64]| Histogram::new(b.iter().copied());
-        let m = Self {
+        Self {
             ttft: histogram(&TTFT_BUCKETS),
             inter_token: histogram(&TOKEN_BUCKETS),
             e2e: histogram(&REQUEST_BUCKETS),
@@ -81,8 +74,40 @@ impl Metrics {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             finished: Family::default(),
-            registry: Registry::default(),
-        };
+        }
+    }
+}
+
+impl Observer for Recorder {
+    fn token(&self, gap: Duration) {
+        self.inter_token.observe(gap.as_secs_f64());
+    }
+
+    fn finished(&self, reason: &FinishReason, stats: &TurnStats) {
+        if stats.output_tokens > 0 {
+            self.ttft.observe(stats.ttft.as_secs_f64());
+        }
+        self.e2e.observe(stats.latency.as_secs_f64());
+        self.queue.observe(stats.queue_time.as_secs_f64());
+        self.prompt_tokens.inc_by(stats.prompt_tokens as u64);
+        self.generation_tokens.inc_by(stats.output_tokens as u64);
+        self.finished
+            .get_or_create(&vec![("finished_reason", finished_reason(reason))])
+            .inc();
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+}
+
+impl Metrics {
+    /// The registry of `m`'s metrics, reading the engine's totals from `service` at each
+    /// scrape.
+    pub fn new(m: &Recorder, service: Service) -> Self {
+        let mut r = Registry::with_prefix("pensieve");
         let histograms = [
             (
                 "time_to_first_token_seconds",
@@ -128,30 +153,8 @@ impl Metrics {
             "Turns finished, by reason (stop, length, abort, error)",
             m.finished.clone(),
         );
-        r.register_collector(Box::new(Totals {
-            snapshot,
-            in_flight,
-        }));
-        Self { registry: r, ..m }
-    }
-
-    /// A token `since` the previous one of the same turn.
-    pub fn next_token(&self, since: Duration) {
-        self.inter_token.observe(since.as_secs_f64());
-    }
-
-    /// A turn that ended for `reason` (`stop`, `length`, `abort` or `error`).
-    pub fn finished(&self, reason: &'static str, stats: &TurnStats) {
-        if stats.output_tokens > 0 {
-            self.ttft.observe(stats.ttft.as_secs_f64());
-        }
-        self.e2e.observe(stats.latency.as_secs_f64());
-        self.queue.observe(stats.queue_time.as_secs_f64());
-        self.prompt_tokens.inc_by(stats.prompt_tokens as u64);
-        self.generation_tokens.inc_by(stats.output_tokens as u64);
-        self.finished
-            .get_or_create(&vec![("finished_reason", reason)])
-            .inc();
+        r.register_collector(Box::new(Totals { service }));
+        Self { registry: r }
     }
 
     /// The text a scrape gets.
@@ -163,7 +166,7 @@ impl Metrics {
 }
 
 /// vLLM's `finished_reason` label of a turn's end.
-pub fn finished_reason(reason: &FinishReason) -> &'static str {
+fn finished_reason(reason: &FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop | FinishReason::StopString => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
@@ -175,8 +178,7 @@ pub fn finished_reason(reason: &FinishReason) -> &'static str {
 /// The engine's totals and gauges, as of its latest step.
 #[derive(Debug)]
 struct Totals {
-    snapshot: Arc<Mutex<Snapshot>>,
-    in_flight: Arc<AtomicUsize>,
+    service: Service,
 }
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -191,8 +193,8 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt:
 
 impl Collector for Totals {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        let s = self.snapshot.lock().clone();
-        let st = &s.stats;
+        let s = self.service.stats();
+        let st = &s.engine;
         let counters: [(&str, &str, u64); 17] = [
             ("steps", "Engine steps that ran a batch", st.steps),
             ("engine_steps", "step() calls the server timed", s.steps),
@@ -251,7 +253,7 @@ impl Collector for Totals {
             (
                 "requests_rejected",
                 "Requests refused with 429 (queue full)",
-                s.requests_rejected,
+                s.rejected,
             ),
             (
                 "store_turn_failures",
@@ -323,7 +325,7 @@ impl Collector for Totals {
             (
                 "queue_depth",
                 "Requests accepted and not answered (queued, running, or waiting for the store)",
-                self.in_flight.load(Ordering::SeqCst) as f64,
+                s.in_flight as f64,
             ),
             (
                 "conversations",

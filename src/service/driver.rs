@@ -1,0 +1,444 @@
+//! The engine thread: the only owner of the engine. It takes commands from the handles,
+//! maps chat and completion requests to conversations (`sessions`), calls `step()` while
+//! there is work, and sends each turn's events on the turn's own channel. Idle, it sleeps until
+//! a command arrives (the store's wake-up is one) or the engine's next timed work is due.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+
+use super::stream::settled;
+use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
+use crate::engine::{
+    ConversationId, Durability, Engine, Event, FinishReason, RequestId, SamplingParams,
+    StoreLocation, Turn,
+};
+use crate::model::Message;
+use crate::{Error, Result};
+
+/// What a submission asks for.
+#[derive(Debug)]
+pub(super) enum What {
+    Turn { conv: ConversationId, turn: Turn },
+    Chat(Chat),
+    Completion(Vec<u32>),
+}
+
+pub(super) struct Submission {
+    pub what: What,
+    pub params: SamplingParams,
+    pub reply: oneshot::Sender<Result<(RequestId, ConversationId)>>,
+    pub events: UnboundedSender<TurnEvent>,
+    pub slot: Slot,
+}
+
+type Call = Box<dyn FnOnce(&mut Driver) + Send>;
+
+pub(super) enum Command {
+    Submit(Box<Submission>),
+    Call(Call),
+    Cancel(RequestId),
+    Drain,
+    Stop,
+    /// The store finished a job: turn ends held for it may be sent.
+    Wake,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Submit(_) => f.write_str("Submit"),
+            Command::Call(_) => f.write_str("Call"),
+            Command::Cancel(r) => write!(f, "Cancel({r})"),
+            Command::Drain => f.write_str("Drain"),
+            Command::Stop => f.write_str("Stop"),
+            Command::Wake => f.write_str("Wake"),
+        }
+    }
+}
+
+/// A conversation the service opened for a chat or a completion, and keeps for clients to
+/// continue.
+pub(super) struct Session {
+    /// Its chat transcript (with the replies), or `None` for a completion.
+    pub messages: Option<Vec<Message>>,
+    pub name: Option<String>,
+    /// Its place in the `idle` order (a tick), while no turn of it runs.
+    pub last_used: u64,
+    pub busy: bool,
+}
+
+struct Running {
+    conv: ConversationId,
+    events: UnboundedSender<TurnEvent>,
+    slot: Slot,
+    reply: String,
+    hints: Hints,
+    last_token: Option<Instant>,
+}
+
+/// What a turn's end waits for.
+enum Wait {
+    /// The named conversation's state to be durable in the store.
+    Durable(ConversationId),
+    /// The store to have written what was queued before this mark (a fleet's shared chunks).
+    Mark(u64),
+}
+
+/// A turn's end, held until the store has what it wrote.
+struct Held {
+    wait: Wait,
+    events: UnboundedSender<TurnEvent>,
+    end: TurnEnd,
+    _slot: Slot,
+}
+
+pub(super) struct Driver {
+    pub(super) engine: Engine,
+    pub(super) sessions: HashMap<ConversationId, Session>,
+    /// Idle sessions by when they were last used, oldest first.
+    pub(super) idle: BTreeSet<(u64, ConversationId)>,
+    pub(super) tick: u64,
+    /// Chat sessions by the hash of their transcript.
+    pub(super) by_content: HashMap<u64, ConversationId>,
+    pub(super) by_name: HashMap<String, ConversationId>,
+    running: HashMap<RequestId, Running>,
+    pub(super) max_sessions: usize,
+    /// Whether the engine stores conversations (named ones persist, and may be a fleet's).
+    pub(super) stored: bool,
+    /// Whether the store is a fleet's (Redis): a turn's end is sent once what it stored is
+    /// written, so that the next turn finds it on whichever engine it lands.
+    fleet: bool,
+    held: Vec<Held>,
+    /// Refusing new turns (the service is stopping).
+    draining: bool,
+    stats: Arc<Mutex<ServiceStats>>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl Driver {
+    pub(super) fn new(
+        engine: Engine,
+        config: &ServiceConfig,
+        stats: Arc<Mutex<ServiceStats>>,
+    ) -> Self {
+        let disk = engine.config().disk.as_ref();
+        Self {
+            stored: disk.is_some(),
+            fleet: disk.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_))),
+            engine,
+            sessions: HashMap::new(),
+            idle: BTreeSet::new(),
+            tick: 0,
+            by_content: HashMap::new(),
+            by_name: HashMap::new(),
+            running: HashMap::new(),
+            max_sessions: config.max_conversations,
+            held: Vec::new(),
+            draining: false,
+            stats,
+            observer: config.observer.clone(),
+        }
+    }
+
+    pub(super) fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    pub(super) fn run(&mut self, rx: &Receiver<Command>) {
+        'serve: loop {
+            // Idle: sleep until a command (a turn, or the store's wake while turn ends wait
+            // for it) or the engine's next timed work (a read-ahead due). Busy: take what
+            // arrived and step.
+            self.release_held();
+            if !self.engine.has_work() {
+                let due = self.engine.poll_timeout();
+                let next = match due {
+                    Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                };
+                match next {
+                    Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => break 'serve,
+                    Ok(c) => self.handle(c),
+                    Err(RecvTimeoutError::Timeout)
+                        if due.is_some_and(|at| at <= Instant::now()) =>
+                    {
+                        self.step();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Timeout) => continue,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(Command::Stop) => break 'serve,
+                    Ok(c) => self.handle(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if !self.engine.has_work() => break 'serve,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            if self.engine.has_work() {
+                self.step();
+            }
+        }
+        self.stop();
+    }
+
+    /// Cancels what still runs, writes everything queued for the store, and sends the turn
+    /// ends held for it.
+    fn stop(&mut self) {
+        let running: Vec<RequestId> = self.running.keys().copied().collect();
+        for id in running {
+            let _ = self.engine.cancel(id);
+        }
+        // The cancelled turns' ends are in the engine's next events.
+        if let Ok(events) = self.engine.step() {
+            events.into_iter().for_each(|e| self.route(e));
+        }
+        self.engine.flush();
+        self.release_held();
+    }
+
+    fn handle(&mut self, c: Command) {
+        match c {
+            Command::Submit(submission) => {
+                let Submission {
+                    what,
+                    params,
+                    reply,
+                    events,
+                    slot,
+                } = *submission;
+                let accepted = match self.draining {
+                    true => Err(Error::ServiceStopped),
+                    false => self.submit(what, params, events, slot),
+                };
+                // A caller gone before the answer never got the stream that would cancel
+                // its turn: cancel here instead.
+                if let Err(Ok((request, _))) = reply.send(accepted) {
+                    let _ = self.engine.cancel(request);
+                }
+            }
+            Command::Call(f) => f(self),
+            // Already finished is not an error: the stream's drop raced the end.
+            Command::Cancel(request) => {
+                let _ = self.engine.cancel(request);
+            }
+            Command::Drain => self.draining = true,
+            // `run` checks the held turn ends at the top of every round; it takes `Stop`.
+            Command::Wake | Command::Stop => {}
+        }
+    }
+
+    fn submit(
+        &mut self,
+        what: What,
+        params: SamplingParams,
+        events: UnboundedSender<TurnEvent>,
+        slot: Slot,
+    ) -> Result<(RequestId, ConversationId)> {
+        let (conv, turn, hints, opened) = match what {
+            What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
+            What::Chat(chat) => {
+                let (conv, turn, opened) = self.chat_conversation(chat.messages, chat.name)?;
+                (conv, turn, chat.hints, Some(opened))
+            }
+            What::Completion(tokens) => {
+                let (conv, rest, opened) = self.completion_conversation(tokens)?;
+                (conv, Turn::Tokens(rest), Hints::default(), Some(opened))
+            }
+        };
+        // A pin is asked for before the turn, so that a refusal (too much pinned) is the
+        // turn's answer.
+        let pinned = match hints.pin {
+            Some(p) => self.engine.pin(conv, p),
+            None => Ok(()),
+        };
+        match pinned.and_then(|()| self.engine.submit(conv, turn, params)) {
+            Ok(request) => {
+                self.mark_busy(conv);
+                let running = Running {
+                    conv,
+                    events,
+                    slot,
+                    reply: String::new(),
+                    hints,
+                    last_token: None,
+                };
+                self.running.insert(request, running);
+                Ok((request, conv))
+            }
+            Err(e) => {
+                match opened {
+                    Some(true) => self.forget(conv, true),
+                    Some(false) => self.unsend(conv),
+                    None => {}
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let start = Instant::now();
+        let events = self.engine.step();
+        let took = start.elapsed();
+        match events {
+            Ok(events) => events.into_iter().for_each(|e| self.route(e)),
+            // A step that fails has failed its turns (they come back as `Failed` events);
+            // the engine itself goes on serving.
+            Err(e) => tracing::error!(error = %e, "step failed"),
+        }
+        let mut stats = self.stats.lock();
+        stats.engine = self.engine.stats();
+        stats.conversations = self.sessions.len();
+        stats.steps += 1;
+        stats.step_seconds += took.as_secs_f64();
+    }
+
+    fn route(&mut self, e: Event) {
+        match e {
+            Event::Token {
+                request,
+                token,
+                text,
+                logprobs,
+                ..
+            } => {
+                let Some(r) = self.running.get_mut(&request) else {
+                    return;
+                };
+                let now = Instant::now();
+                if let (Some(last), Some(o)) = (r.last_token.replace(now), &self.observer) {
+                    o.token(now - last);
+                }
+                r.reply.push_str(&text);
+                let _ = r.events.send(TurnEvent::Token {
+                    token,
+                    text,
+                    logprobs,
+                });
+            }
+            Event::Finished {
+                request,
+                conversation,
+                reason,
+                stats,
+            } => {
+                let Some(r) = self.running.remove(&request) else {
+                    return;
+                };
+                if let Some(o) = &self.observer {
+                    o.finished(&reason, &stats);
+                }
+                let history_tokens = self.engine.tokens(conversation).map_or(0, <[u32]>::len);
+                let settled = settled(&reason);
+                self.settle(r.conv, settled.then_some(r.reply), &r.hints);
+                let end = TurnEnd {
+                    reason,
+                    stats,
+                    history_tokens,
+                };
+                let named = self.stored && self.named(r.conv);
+                let wait = match (named, self.engine.store_mark()) {
+                    (true, _) if settled => Some(Wait::Durable(r.conv)),
+                    (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
+                    _ => None,
+                };
+                // What a client has been answered, the stats already show.
+                self.stats.lock().conversations = self.sessions.len();
+                match wait {
+                    Some(wait) => self.held.push(Held {
+                        wait,
+                        events: r.events,
+                        end,
+                        _slot: r.slot,
+                    }),
+                    None => {
+                        let _ = r.events.send(TurnEvent::Finished(end));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends the turn ends the store has caught up with. A named conversation's turn the
+    /// store failed to keep ends failed, and this engine's copy is dropped: its next turn
+    /// resumes the state the store has, which the client was never told had changed.
+    fn release_held(&mut self) {
+        let mut i = 0;
+        while i < self.held.len() {
+            let outcome = match self.held[i].wait {
+                Wait::Mark(mark) => self
+                    .engine
+                    .store_reached(mark)
+                    .then_some(Durability::Durable),
+                Wait::Durable(conv) => match self.engine.durability(conv) {
+                    Ok(Durability::Pending) => None,
+                    Ok(d) => Some(d),
+                    // Closed or replaced meanwhile: what it wrote is not this turn's to judge.
+                    Err(_) => Some(Durability::NotStored),
+                },
+            };
+            let Some(outcome) = outcome else {
+                i += 1;
+                continue;
+            };
+            let mut held = self.held.swap_remove(i);
+            let failure = match (outcome, &held.wait) {
+                (Durability::Failed(why), &Wait::Durable(conv)) => {
+                    tracing::warn!(%why, "a named conversation's turn could not be stored");
+                    self.stats.lock().store_failures += 1;
+                    self.forget(conv, false);
+                    Some(Error::NotDurable(why))
+                }
+                (Durability::Conflict(why), &Wait::Durable(conv)) => {
+                    tracing::warn!(%why, "a named conversation's turn was not stored");
+                    self.stats.lock().store_conflicts += 1;
+                    self.forget(conv, false);
+                    Some(Error::StoreConflict(why))
+                }
+                _ => None,
+            };
+            if let Some(e) = failure {
+                held.end.reason = FinishReason::Failed(Arc::new(e));
+            }
+            let _ = held.events.send(TurnEvent::Finished(held.end));
+        }
+    }
+
+    /// After a turn: the session becomes findable by its new transcript, hints apply, and
+    /// old sessions close. A turn cut short (cancelled, failed) left the engine's
+    /// conversation as it was: the session drops the message it sent.
+    fn settle(&mut self, conv: ConversationId, reply: Option<String>, hints: &Hints) {
+        let Some(reply) = reply else {
+            self.unsend(conv);
+            self.mark_idle(conv);
+            return;
+        };
+        if hints.end {
+            self.forget(conv, true);
+            return;
+        }
+        if let Some(after) = hints.expect_resume {
+            let _ = self.engine.expect_resume(conv, after);
+        }
+        self.mark_idle(conv);
+        if let Some(s) = self.sessions.get_mut(&conv) {
+            if let Some(m) = &mut s.messages {
+                m.push(Message::new("assistant", reply));
+                if s.name.is_none() {
+                    self.by_content
+                        .insert(super::sessions::transcript_key(m), conv);
+                }
+            }
+        }
+        self.close_old();
+    }
+}

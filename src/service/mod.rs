@@ -1,0 +1,500 @@
+//! An async front to the engine (feature `service`): [`Service::spawn`] moves an [`Engine`]
+//! onto a thread of its own, which drives `step()` whenever there is work and sleeps
+//! otherwise, and hands out a cheap `Clone + Send + Sync` handle whose methods are futures.
+//! Any async runtime runs them; the service has none of its own.
+//!
+//! ```no_run
+//! # async fn demo(engine: pensieve::engine::Engine) -> pensieve::Result<()> {
+//! use pensieve::engine::{ConversationOptions, SamplingParams, Turn};
+//! use pensieve::service::{Service, ServiceConfig, TurnEvent};
+//!
+//! let service = Service::spawn(engine, ServiceConfig::default())?;
+//! let conv = service.open(ConversationOptions::default()).await?;
+//! let mut turn = service.submit(conv, Turn::user("Hi!"), SamplingParams::greedy()).await?;
+//! while let Some(event) = turn.next_event().await {
+//!     match event {
+//!         TurnEvent::Token { text, .. } => print!("{text}"),
+//!         TurnEvent::Finished(end) => println!("\n({:?})", end.reason),
+//!         _ => {}
+//!     }
+//! }
+//! service.shutdown()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each turn is a [`TurnStream`] of [`TurnEvent`]s that ends with the turn's
+//! [`TurnEvent::Finished`], sent once the turn is finished **and**, for a named conversation
+//! in a store, once its state is durable there (a turn the store could not keep finishes
+//! failed, and the engine drops its copy so that the next turn resumes what the store has).
+//! Dropping the stream before its end cancels the turn, freeing its KV reservation.
+//!
+//! [`Service::chat`] continues conversations by content, as a stateless client expects: a
+//! message list whose messages before the last are a held conversation's transcript (a client
+//! resending its whole history) continues that conversation with its KV; anything else opens a
+//! conversation with the request's history, and the engine's prefix index shares whatever
+//! full chunks of it any conversation holds. [`Service::complete`] does the same for token
+//! prompts. A chat may also name its conversation (stored under that name when the engine has
+//! a store, and checked against the store before each turn: another engine of a fleet may
+//! have served it). Conversations the service opened this way close, least recently used
+//! first, past [`ServiceConfig::max_conversations`].
+//!
+//! Stopping: [`Service::drain`] refuses new turns while those in flight finish;
+//! [`Service::shutdown`] cancels what still runs, writes everything the store was promised,
+//! sends the held turn ends and joins the engine thread. Dropping the last handle (and the
+//! last stream) does the same.
+
+mod driver;
+mod sessions;
+mod stream;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, Notify};
+
+use crate::engine::{
+    ConversationId, ConversationOptions, Engine, EngineStats, FinishReason, SamplingParams, Turn,
+    TurnStats,
+};
+use crate::model::{Message, Model};
+use crate::{Error, Result};
+
+use driver::{Command, Driver, Submission, What};
+pub use stream::{Reply, TurnEnd, TurnEvent, TurnStream};
+
+/// How a [`Service`] runs.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ServiceConfig {
+    /// Turns queued or running at most; more are refused with [`Error::QueueFull`].
+    pub max_in_flight: usize,
+    /// Conversations [`Service::chat`] and [`Service::complete`] keep for clients to continue;
+    /// the least recently used idle ones close beyond (named ones stay in their store).
+    pub max_conversations: usize,
+    /// Called on the engine thread as turns progress (for metrics).
+    pub observer: Option<Arc<dyn Observer>>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 256,
+            max_conversations: 1024,
+            observer: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceConfig")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_conversations", &self.max_conversations)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl ServiceConfig {
+    /// Sets [`ServiceConfig::max_in_flight`].
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Sets [`ServiceConfig::max_conversations`].
+    pub fn max_conversations(mut self, n: usize) -> Self {
+        self.max_conversations = n;
+        self
+    }
+
+    /// Sets [`ServiceConfig::observer`].
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+}
+
+/// Hooks the engine thread calls as turns progress. They run between steps: keep them short.
+pub trait Observer: Send + Sync {
+    /// A turn generated a token `gap` after its previous one (not called for a turn's first).
+    fn token(&self, gap: Duration) {
+        let _ = gap;
+    }
+
+    /// A turn finished (before a named conversation's store has confirmed it).
+    fn finished(&self, reason: &FinishReason, stats: &TurnStats) {
+        let _ = (reason, stats);
+    }
+}
+
+/// Session hints of a [`Chat`].
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Hints {
+    /// Pin (`Some(true)`) or unpin the conversation's KV before the turn
+    /// ([`Engine::pin`]); a pin past the limit refuses the turn.
+    pub pin: Option<bool>,
+    /// After the turn, expect the conversation back in about this long
+    /// ([`Engine::expect_resume`]).
+    pub expect_resume: Option<Duration>,
+    /// The conversation ends with this turn: it is closed (and deleted from its store).
+    pub end: bool,
+}
+
+/// A chat turn for [`Service::chat`]: the whole message list, as a stateless client sends it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Chat {
+    /// The conversation so far (an optional system message first), ending with the user's
+    /// new message.
+    pub messages: Vec<Message>,
+    /// The conversation's name: it continues the conversation of that name (from the store
+    /// when this engine holds none) rather than one found by content.
+    pub name: Option<String>,
+    /// Hints for the conversation.
+    pub hints: Hints,
+}
+
+impl Chat {
+    /// A chat turn of `messages`, unnamed, without hints.
+    pub fn new(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            name: None,
+            hints: Hints::default(),
+        }
+    }
+
+    /// Names the conversation.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the hints.
+    pub fn with_hints(mut self, hints: Hints) -> Self {
+        self.hints = hints;
+        self
+    }
+}
+
+/// Numbers the engine thread publishes after every step.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ServiceStats {
+    /// The engine's own counters.
+    pub engine: EngineStats,
+    /// Conversations the service keeps for clients to continue.
+    pub conversations: usize,
+    /// Steps driven.
+    pub steps: u64,
+    /// Seconds spent in `step()`.
+    pub step_seconds: f64,
+    /// Turns refused because the queue was full.
+    pub rejected: u64,
+    /// Turns of named conversations generated but not confirmed by the store.
+    pub store_failures: u64,
+    /// Turns of named conversations not stored because another engine stored one first.
+    pub store_conflicts: u64,
+    /// Turns queued or running now.
+    pub in_flight: usize,
+}
+
+/// A handle to an engine running on its own thread. Cheap to clone; every clone drives the
+/// same engine.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("in_flight", &self.in_flight())
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+struct Inner {
+    tx: Sender<Command>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: usize,
+    stats: Arc<Mutex<ServiceStats>>,
+    alive: Arc<AtomicBool>,
+    died: Arc<Notify>,
+    model: Arc<Model>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Stop);
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One place in the queue; given back when dropped, on every path a turn can take.
+#[derive(Debug)]
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Service {
+    /// Moves `engine` onto a thread of its own and starts serving.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a zero limit; [`Error::Io`] if the thread cannot start.
+    pub fn spawn(engine: Engine, config: ServiceConfig) -> Result<Self> {
+        if config.max_in_flight == 0 || config.max_conversations == 0 {
+            return Err(Error::InvalidConfig(
+                "the service's max_in_flight and max_conversations must be at least 1".into(),
+            ));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let wake = tx.clone();
+        engine.set_store_waker(Arc::new(move || {
+            let _ = wake.send(Command::Wake);
+        }));
+        let model = engine.model().clone();
+        let stats = Arc::new(Mutex::new(ServiceStats::default()));
+        let alive = Arc::new(AtomicBool::new(true));
+        let died = Arc::new(Notify::new());
+        let mut driver = Driver::new(engine, &config, stats.clone());
+        let (flag, notify) = (alive.clone(), died.clone());
+        let thread = std::thread::Builder::new()
+            .name("pensieve-engine".into())
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| driver.run(&rx));
+                if std::panic::catch_unwind(run).is_err() {
+                    flag.store(false, Ordering::SeqCst);
+                    notify.notify_waiters();
+                }
+            })
+            .map_err(|e| Error::io("the engine thread", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                tx,
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                max_in_flight: config.max_in_flight,
+                stats,
+                alive,
+                died,
+                model,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The engine's model (its tokenizer and chat template), usable from any thread.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.inner.model
+    }
+
+    /// Runs `f` on the engine thread between steps, and returns what it returns. For what
+    /// the handle has no method for (reading a transcript, the configuration, ...); a long
+    /// `f` stalls every running turn.
+    ///
+    /// # Errors
+    /// [`Error::ServiceStopped`] once the engine thread has ended.
+    pub async fn with_engine<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Engine) -> T + Send + 'static,
+    {
+        self.call(move |d| f(d.engine_mut())).await
+    }
+
+    async fn call<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Driver) -> T + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let call = Box::new(move |d: &mut Driver| {
+            let _ = reply.send(f(d));
+        });
+        self.inner
+            .tx
+            .send(Command::Call(call))
+            .map_err(|_| Error::ServiceStopped)?;
+        answer.await.map_err(|_| Error::ServiceStopped)
+    }
+
+    /// Opens a conversation ([`Engine::open`]). It is the caller's to close: the service
+    /// never closes it for room.
+    ///
+    /// # Errors
+    /// As [`Engine::open`]; [`Error::ServiceStopped`].
+    pub async fn open(&self, options: ConversationOptions) -> Result<ConversationId> {
+        self.call(move |d| d.engine_mut().open(options)).await?
+    }
+
+    /// Resumes a stored conversation by name ([`Engine::resume`]).
+    ///
+    /// # Errors
+    /// As [`Engine::resume`]; [`Error::ServiceStopped`].
+    pub async fn resume(&self, name: &str) -> Result<ConversationId> {
+        let name = name.to_string();
+        self.call(move |d| d.resume(&name)).await?
+    }
+
+    /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`]; [`Error::ServiceStopped`].
+    pub async fn close(&self, conv: ConversationId) -> Result<()> {
+        self.call(move |d| d.close(conv, true)).await?
+    }
+
+    /// Drops a stored conversation from this engine only ([`Engine::detach`]): the store
+    /// keeps it, to be resumed here or by another engine.
+    ///
+    /// # Errors
+    /// As [`Engine::detach`]; [`Error::ServiceStopped`].
+    pub async fn detach(&self, conv: ConversationId) -> Result<()> {
+        self.call(move |d| d.close(conv, false)).await?
+    }
+
+    /// Pins or unpins a conversation's KV ([`Engine::pin`]).
+    ///
+    /// # Errors
+    /// As [`Engine::pin`]; [`Error::ServiceStopped`].
+    pub async fn pin(&self, conv: ConversationId, pinned: bool) -> Result<()> {
+        self.call(move |d| d.engine_mut().pin(conv, pinned)).await?
+    }
+
+    /// Says when a conversation is expected back ([`Engine::expect_resume`]).
+    ///
+    /// # Errors
+    /// As [`Engine::expect_resume`]; [`Error::ServiceStopped`].
+    pub async fn expect_resume(&self, conv: ConversationId, after: Duration) -> Result<()> {
+        self.call(move |d| d.engine_mut().expect_resume(conv, after))
+            .await?
+    }
+
+    /// Queues a turn of `conv`; its events come on the returned stream.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`]; [`Error::QueueFull`], [`Error::ServiceStopped`].
+    pub async fn submit(
+        &self,
+        conv: ConversationId,
+        turn: Turn,
+        params: SamplingParams,
+    ) -> Result<TurnStream> {
+        self.send(What::Turn { conv, turn }, params).await
+    }
+
+    /// Queues a chat turn on the conversation its content (or name) continues, or on a new
+    /// one; see the module documentation.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a message list that ends with no user message or has a
+    /// system message past the first; [`Error::ConversationBusy`] when the conversation it
+    /// continues has a turn running; as [`Engine::resume`] for a named one; as
+    /// [`Engine::submit`]; [`Error::QueueFull`], [`Error::ServiceStopped`].
+    pub async fn chat(&self, chat: Chat, params: SamplingParams) -> Result<TurnStream> {
+        self.send(What::Chat(chat), params).await
+    }
+
+    /// Queues a raw completion of `prompt` on the idle conversation whose tokens are its
+    /// longest proper prefix, or on a new one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for an empty prompt; as [`Engine::submit`];
+    /// [`Error::QueueFull`], [`Error::ServiceStopped`].
+    pub async fn complete(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<TurnStream> {
+        self.send(What::Completion(prompt), params).await
+    }
+
+    async fn send(&self, what: What, params: SamplingParams) -> Result<TurnStream> {
+        let busy = self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(self.inner.in_flight.clone());
+        if busy >= self.inner.max_in_flight {
+            self.inner.stats.lock().rejected += 1;
+            return Err(Error::QueueFull { in_flight: busy });
+        }
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (reply, accepted) = oneshot::channel();
+        let submission = Submission {
+            what,
+            params,
+            reply,
+            events,
+            slot,
+        };
+        self.inner
+            .tx
+            .send(Command::Submit(Box::new(submission)))
+            .map_err(|_| Error::ServiceStopped)?;
+        let (request, conversation) = accepted.await.map_err(|_| Error::ServiceStopped)??;
+        Ok(TurnStream::new(
+            request,
+            conversation,
+            rx,
+            self.inner.tx.clone(),
+            self.clone(),
+        ))
+    }
+
+    /// The numbers of the latest step, with the turns in flight now.
+    pub fn stats(&self) -> ServiceStats {
+        let mut s = self.inner.stats.lock().clone();
+        s.in_flight = self.in_flight();
+        s
+    }
+
+    /// Turns queued or running (a turn counts until its stream has received its end).
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// False once the engine thread has died (a bug in pensieve).
+    pub fn is_alive(&self) -> bool {
+        self.inner.alive.load(Ordering::SeqCst)
+    }
+
+    /// Completes when the engine thread dies (never, unless pensieve has a bug).
+    pub async fn died(&self) {
+        loop {
+            let notified = self.inner.died.notified();
+            if !self.is_alive() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stops taking turns: new ones get [`Error::ServiceStopped`]; those in flight run on.
+    pub fn drain(&self) {
+        let _ = self.inner.tx.send(Command::Drain);
+    }
+
+    /// Cancels the turns still running (their streams end with
+    /// [`FinishReason::Cancelled`]), writes everything the store was promised, sends the held
+    /// turn ends, and joins the engine thread. Blocks until then; later calls return at once.
+    ///
+    /// # Errors
+    /// [`Error::EngineDied`] if the engine thread panicked.
+    pub fn shutdown(&self) -> Result<()> {
+        let _ = self.inner.tx.send(Command::Stop);
+        let thread = self.inner.thread.lock().take();
+        let joined = thread.map_or(Ok(()), JoinHandle::join);
+        match joined.is_ok() && self.is_alive() {
+            true => Ok(()),
+            false => Err(Error::EngineDied),
+        }
+    }
+}
