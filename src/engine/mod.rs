@@ -90,6 +90,9 @@ pub struct Engine {
     to_save: Vec<ConversationId>,
     /// Per named conversation, its latest manifest write (`None`: it could not be queued).
     manifest_writes: std::collections::HashMap<ConversationId, Option<u64>>,
+    /// Names of closed conversations whose manifests' removal is queued, with the store mark
+    /// that covers it: until the store reaches it, [`Engine::resume`] must not find them.
+    removals: std::collections::HashMap<String, u64>,
     /// This engine's identity in the stamps of the manifests it writes (random).
     writer: u64,
 }
@@ -182,6 +185,7 @@ impl Engine {
             faults: Faults::default(),
             to_save: Vec::new(),
             manifest_writes: std::collections::HashMap::new(),
+            removals: std::collections::HashMap::new(),
             writer: std::hash::BuildHasher::hash_one(
                 &std::collections::hash_map::RandomState::new(),
                 (std::process::id(), std::time::SystemTime::now()),
@@ -241,6 +245,9 @@ impl Engine {
     /// # Errors
     /// [`Error::UnknownConversation`].
     pub fn close(&mut self, conv: ConversationId) -> Result<()> {
+        if !self.convs.contains_key(&conv) {
+            return Err(Error::UnknownConversation(conv));
+        }
         self.remove_manifest(conv);
         self.detach(conv)
     }
@@ -321,7 +328,7 @@ impl Engine {
     }
 
     /// Cancels a queued or running turn; it finishes with [`FinishReason::Cancelled`] in the
-    /// next events. Tokens generated so far stay in the conversation.
+    /// next events, and the conversation is left as it was before the turn.
     ///
     /// # Errors
     /// [`Error::UnknownRequest`] if the request is unknown or already finished.

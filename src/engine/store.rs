@@ -235,6 +235,13 @@ impl Engine {
         let Some(store) = self.cache.disk_store() else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
+        // Closed here and its removal not yet written: gone, whatever the store still says.
+        if let Some(&mark) = self.removals.get(name).filter(|_| held.is_none()) {
+            if !store.reached(mark) {
+                return Err(Error::NotStored(name.to_string()));
+            }
+            self.removals.remove(name);
+        }
         let damaged = |cause: String| Error::StoreDamaged {
             name: name.to_string(),
             cause,
@@ -506,12 +513,14 @@ impl Engine {
     }
 
     /// Deletes the manifest of `id` if it is named (the conversation is closed for good).
-    pub(super) fn remove_manifest(&self, id: ConversationId) {
+    pub(super) fn remove_manifest(&mut self, id: ConversationId) {
         let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.disk_store()) else {
             return;
         };
         if let Some(name) = conv.name() {
             store.remove_manifest(name);
+            self.removals.retain(|_, &mut mark| !store.reached(mark));
+            self.removals.insert(name.to_string(), store.mark());
         }
     }
 }

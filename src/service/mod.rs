@@ -77,6 +77,8 @@ pub struct ServiceConfig {
     pub max_conversations: usize,
     /// Called on the engine thread as turns progress (for metrics).
     pub observer: Option<Arc<dyn Observer>>,
+    /// The engine thread's name (what profilers and `/proc/<pid>/task/*/comm` show).
+    pub thread_name: String,
 }
 
 impl Default for ServiceConfig {
@@ -85,6 +87,7 @@ impl Default for ServiceConfig {
             max_in_flight: 256,
             max_conversations: 1024,
             observer: None,
+            thread_name: "pensieve-engine".into(),
         }
     }
 }
@@ -95,6 +98,7 @@ impl std::fmt::Debug for ServiceConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_conversations", &self.max_conversations)
             .field("observer", &self.observer.is_some())
+            .field("thread_name", &self.thread_name)
             .finish()
     }
 }
@@ -109,6 +113,12 @@ impl ServiceConfig {
     /// Sets [`ServiceConfig::max_conversations`].
     pub fn max_conversations(mut self, n: usize) -> Self {
         self.max_conversations = n;
+        self
+    }
+
+    /// Sets [`ServiceConfig::thread_name`].
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
         self
     }
 
@@ -274,7 +284,7 @@ impl Service {
         let mut driver = Driver::new(engine, &config, stats.clone());
         let (flag, notify) = (alive.clone(), died.clone());
         let thread = std::thread::Builder::new()
-            .name("pensieve-engine".into())
+            .name(config.thread_name.clone())
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| driver.run(&rx));
                 if std::panic::catch_unwind(run).is_err() {
