@@ -1,5 +1,6 @@
 //! Multi-turn chat on a real model through pensieve's engine, keeping the conversation's KV
-//! cache across turns.
+//! cache across turns. The engine runs behind `pensieve::service`, as a host app on an async
+//! runtime would run it: each reply streams in as its tokens come.
 //!
 //! ```text
 //! cargo run --release --example chat                       # interactive, default SmolLM2
@@ -26,9 +27,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 use pensieve::engine::{
-    CacheMode, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, SamplingParams,
-    Turn, TurnStats,
+    CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig,
+    SamplingParams, Turn, TurnStats,
 };
+use pensieve::service::{Service, ServiceConfig, TurnEvent};
 
 use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
 
@@ -73,19 +75,37 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(chat(args))
+}
+
+/// The tokens `conv` holds.
+async fn tokens(service: &Service, conv: ConversationId) -> pensieve::Result<Vec<u32>> {
+    service
+        .with_engine(move |e| e.tokens(conv).map(<[u32]>::to_vec))
+        .await?
+}
+
+async fn chat(args: Args) -> Result<(), Box<dyn Error>> {
     let mode = args.engine.mode.cache_mode();
     let model = Arc::new(args.engine.load_chat_model()?);
     let config = args.engine.engine_config(&args.store);
-    let mut engine = Engine::with_model(model.clone(), config.clone())?;
+    let engine = Engine::with_model(model.clone(), config.clone())?;
+    let service = Service::spawn(engine, ServiceConfig::default())?;
     let name = args.store.any().then(|| args.conversation.clone());
-    let stored = match name.as_deref().map(|n| engine.resume(n)) {
-        Some(Ok(conv)) => Some(conv),
-        Some(Err(pensieve::Error::NotStored(_))) | None => None,
-        Some(Err(e)) => return Err(e.into()),
+    let stored = match name.as_deref() {
+        Some(n) => match service.resume(n).await {
+            Ok(conv) => Some(conv),
+            Err(pensieve::Error::NotStored(_)) => None,
+            Err(e) => return Err(e.into()),
+        },
+        None => None,
     };
     let conv = match stored {
         Some(conv) => {
-            let history = engine.tokens(conv)?.len();
+            let history = tokens(&service, conv).await?.len();
             if !args.json {
                 println!(
                     "[continuing conversation {:?}: {history} tokens of history]",
@@ -94,11 +114,15 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
             }
             conv
         }
-        None => engine.open(ConversationOptions {
-            system: args.system.clone(),
-            name,
-            ..ConversationOptions::default()
-        })?,
+        None => {
+            service
+                .open(ConversationOptions {
+                    system: args.system.clone(),
+                    name,
+                    ..ConversationOptions::default()
+                })
+                .await?
+        }
     };
     // The baseline: each turn's whole prompt (history and new message) prefilled by a
     // stateless engine sharing the weights. It never evicts, so it needs no measured cost
@@ -142,23 +166,34 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         }
         let mut stdout = std::io::stdout();
         let mut reply = String::new();
-        let print = |s: &str| {
-            reply.push_str(s);
-            if !args.json {
-                print!("{s}");
-                let _ = stdout.flush();
-            }
-        };
-        let (reason, stats) = match engine.run_turn(conv, Turn::user(user), params.clone(), print) {
-            Ok(r) => r,
+        let mut events = match service.submit(conv, Turn::user(user), params.clone()).await {
+            Ok(events) => events,
             Err(e) => {
                 eprintln!("turn {turn} failed: {e}");
                 continue;
             }
         };
+        let mut end = None;
+        while let Some(event) = events.next_event().await {
+            match event {
+                TurnEvent::Token { text, .. } => {
+                    reply.push_str(&text);
+                    if !args.json {
+                        print!("{text}");
+                        let _ = stdout.flush();
+                    }
+                }
+                TurnEvent::Finished(e) => end = Some(e),
+                _ => {}
+            }
+        }
+        let Some(end) = end else {
+            return Err(pensieve::Error::ServiceStopped.into());
+        };
+        let (reason, stats) = (end.reason, end.stats);
         let stateless = match &mut baseline {
             Some(e) => {
-                let tokens = engine.tokens(conv)?;
+                let tokens = tokens(&service, conv).await?;
                 let prompt = tokens.len() - stats.output_tokens;
                 Some(prefill_alone(e, &tokens[..prompt])?)
             }
@@ -166,6 +201,8 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         };
         report(turn, &args, &reason, &stats, &reply, stateless.as_ref());
     }
+    // Writes what the store was promised and joins the engine thread.
+    service.shutdown()?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! The OpenAI-compatible server example (`examples/server`), on the real SmolLM2 weights,
+//! The OpenAI-compatible server (`pensieve-server`), on the real SmolLM2 weights,
 //! driven by real clients: the official `openai` Python package (`tests/server_client.py`,
 //! installed by `scripts/fetch-assets`) and raw HTTP. A client resending its whole history
 //! gets the history's KV reused (`cached_tokens`) and the chat example's text; streamed and
@@ -61,7 +61,7 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
     let served: Vec<&str> = turns.iter().map(|t| t["reply"].as_str().unwrap()).collect();
     assert_eq!(served, replies);
     // The metrics saw the four turns: each one's latencies, tokens and reason, and the
-    // history the cache served (vLLM's names beside, in examples/server/metrics.rs).
+    // history the cache served (vLLM's names beside, in src/bin/pensieve-server/metrics.rs).
     let b = &server.base;
     assert!(metric(b, "pensieve_reused_device_tokens_total") > 0.0);
     assert!(

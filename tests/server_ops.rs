@@ -1,4 +1,4 @@
-//! The server example's operation (`examples/server`), on the real SmolLM2 weights: the API
+//! The server's operation (`pensieve-server`), on the real SmolLM2 weights: the API
 //! key and the environment forms of its flags, its request log, and its idleness (no thread
 //! polls when there is nothing to do).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Replays a pensieve trace against an OpenAI-compatible server (vLLM, or pensieve's
-examples/server), closed or open loop.
+pensieve-server), closed or open loop.
 
 Closed loop (`--concurrency N`): N conversations are in flight; each sends its next turn as
 soon as its reply is complete, and a new conversation takes the place of one that ended, as
