@@ -135,3 +135,71 @@ fn an_idle_server_uses_no_cpu() {
     assert_eq!(status, 200, "{answer}");
     idle("after a stored turn");
 }
+
+#[test]
+fn several_choices_come_from_forks_a_client_may_continue() {
+    let server = start(&[]);
+    let b = &server.base;
+    let question = json!({"role": "user", "content": "Name a fruit."});
+    let body = json!({"messages": [question], "max_tokens": 8, "n": 3, "temperature": 1.0,
+        "seed": 11, "ignore_eos": true});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let choices = answer["choices"].as_array().unwrap();
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i, "{answer}");
+            assert_eq!(c["finish_reason"], "length", "{answer}");
+            c["message"]["content"].as_str().unwrap()
+        })
+        .collect();
+    // Each choice has a seed of its own: sampled at this temperature, they differ.
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    assert_eq!(answer["usage"]["completion_tokens"], 24, "{answer}");
+    // Whichever choice the client keeps, its history is a conversation the server holds.
+    let kept = json!({"role": "assistant", "content": texts[2]});
+    let next = json!({"messages": [question, kept, {"role": "user", "content": "Another?"}],
+        "max_tokens": 4});
+    let (status, answer) = post(b, "/v1/chat/completions", &next.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let usage = &answer["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached + 16 >= usage["prompt_tokens"].as_u64().unwrap(),
+        "{usage}"
+    );
+    // Streamed: every choice's chunks carry its index, and each ends once.
+    let body = json!({"prompt": "The sky is", "max_tokens": 4, "n": 2, "stream": true,
+        "stream_options": {"include_usage": true}, "ignore_eos": true});
+    let text = ureq::post(&format!("{b}/v1/completions"))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let ends: Vec<&Value> = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap())
+        .filter(|c| !c["finish_reason"].is_null())
+        .map(|c| &c["index"])
+        .collect();
+    assert_eq!(ends.len(), 2, "{text}");
+    assert_ne!(ends[0], ends[1], "{text}");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 8, "{text}");
+    for n in [0, 17] {
+        let body = json!({"prompt": "x", "n": n});
+        let (status, _) = post(b, "/v1/completions", &body.to_string());
+        assert_eq!(status, 400, "n = {n}");
+    }
+}

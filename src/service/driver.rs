@@ -32,9 +32,9 @@ pub(super) enum What {
 pub(super) struct Submission {
     pub what: What,
     pub params: SamplingParams,
-    pub reply: oneshot::Sender<Result<(RequestId, ConversationId)>>,
-    pub events: UnboundedSender<TurnEvent>,
-    pub slot: Slot,
+    pub reply: oneshot::Sender<Result<Vec<(RequestId, ConversationId)>>>,
+    /// One per choice asked for: where its events go, and its queue place.
+    pub choices: Vec<(UnboundedSender<TurnEvent>, Slot)>,
 }
 
 type Call = Box<dyn FnOnce(&mut Driver) + Send>;
@@ -212,17 +212,18 @@ impl Driver {
                     what,
                     params,
                     reply,
-                    events,
-                    slot,
+                    choices,
                 } = *submission;
                 let accepted = match self.draining {
                     true => Err(Error::ServiceStopped),
-                    false => self.submit(what, params, events, slot),
+                    false => self.submit(what, params, choices),
                 };
-                // A caller gone before the answer never got the stream that would cancel
-                // its turn: cancel here instead.
-                if let Err(Ok((request, _))) = reply.send(accepted) {
-                    let _ = self.engine.cancel(request);
+                // A caller gone before the answer never got the streams that would cancel
+                // its turns: cancel here instead.
+                if let Err(Ok(turns)) = reply.send(accepted) {
+                    for (request, _) in turns {
+                        let _ = self.engine.cancel(request);
+                    }
                 }
             }
             Command::Call(f) => f(self),
@@ -236,13 +237,20 @@ impl Driver {
         }
     }
 
+    /// Submits the turn `what` asks for, once per choice: the first on the conversation it
+    /// continues, the others on forks of it (sessions of their own, so that a client may
+    /// continue whichever choice it keeps), each with the next seed.
     fn submit(
         &mut self,
         what: What,
         params: SamplingParams,
-        events: UnboundedSender<TurnEvent>,
-        slot: Slot,
-    ) -> Result<(RequestId, ConversationId)> {
+        choices: Vec<(UnboundedSender<TurnEvent>, Slot)>,
+    ) -> Result<Vec<(RequestId, ConversationId)>> {
+        if choices.len() > 1 && matches!(what, What::Turn { .. }) {
+            return Err(Error::InvalidRequest(
+                "several choices are for chats and completions; fork the conversation".into(),
+            ));
+        }
         let (conv, turn, hints, opened) = match what {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
             What::Chat(chat) => {
@@ -254,35 +262,55 @@ impl Driver {
                 (conv, Turn::Tokens(rest), Hints::default(), Some(opened))
             }
         };
+        let mut convs = vec![conv];
+        let mut accepted = Vec::new();
         // A pin is asked for before the turn, so that a refusal (too much pinned) is the
         // turn's answer.
         let pinned = match hints.pin {
             Some(p) => self.engine.pin(conv, p),
             None => Ok(()),
         };
-        match pinned.and_then(|()| self.engine.submit(conv, turn, params)) {
-            Ok(request) => {
-                self.mark_busy(conv);
-                let running = Running {
-                    conv,
-                    events,
-                    slot,
-                    reply: String::new(),
-                    hints,
-                    last_token: None,
-                };
-                self.running.insert(request, running);
-                Ok((request, conv))
+        let submitted = pinned.and_then(|()| {
+            for _ in 1..choices.len() {
+                convs.push(self.fork_session(conv)?);
             }
-            Err(e) => {
-                match opened {
-                    Some(true) => self.forget(conv, true),
-                    Some(false) => self.unsend(conv),
-                    None => {}
-                }
-                Err(e)
+            for (i, &c) in convs.iter().enumerate() {
+                let mut p = params.clone();
+                p.seed = p.seed.wrapping_add(i as u64);
+                accepted.push((self.engine.submit(c, turn.clone(), p)?, c));
             }
+            Ok(())
+        });
+        if let Err(e) = submitted {
+            for &(request, _) in &accepted {
+                let _ = self.engine.cancel(request);
+            }
+            for &fork in &convs[1..] {
+                self.forget(fork, true);
+            }
+            match opened {
+                Some(true) => self.forget(conv, true),
+                Some(false) => self.unsend(conv),
+                None => {}
+            }
+            return Err(e);
         }
+        for (i, (&(request, conv), (events, slot))) in accepted.iter().zip(choices).enumerate() {
+            self.mark_busy(conv);
+            let running = Running {
+                conv,
+                events,
+                slot,
+                reply: String::new(),
+                hints: match i {
+                    0 => hints.clone(),
+                    _ => Hints::default(),
+                },
+                last_token: None,
+            };
+            self.running.insert(request, running);
+        }
+        Ok(accepted)
     }
 
     fn step(&mut self) {

@@ -251,6 +251,11 @@ impl Drop for Inner {
     }
 }
 
+/// The one stream of a single-choice submission.
+fn one(streams: Result<Vec<TurnStream>>) -> Result<TurnStream> {
+    streams?.pop().ok_or(Error::ServiceStopped)
+}
+
 /// One place in the queue; given back when dropped, on every path a turn can take.
 #[derive(Debug)]
 struct Slot(Arc<AtomicUsize>);
@@ -404,7 +409,7 @@ impl Service {
         turn: Turn,
         params: SamplingParams,
     ) -> Result<TurnStream> {
-        self.send(What::Turn { conv, turn }, params).await
+        one(self.send(What::Turn { conv, turn }, params, 1).await)
     }
 
     /// Queues a chat turn on the conversation its content (or name) continues, or on a new
@@ -416,7 +421,23 @@ impl Service {
     /// continues has a turn running; as [`Engine::resume`] for a named one; as
     /// [`Engine::submit`]; [`Error::QueueFull`], [`Error::ServiceStopped`].
     pub async fn chat(&self, chat: Chat, params: SamplingParams) -> Result<TurnStream> {
-        self.send(What::Chat(chat), params).await
+        one(self.send(What::Chat(chat), params, 1).await)
+    }
+
+    /// [`Service::chat`] with `n` replies: the first continues the conversation, the others
+    /// run on forks of it (each a conversation the service keeps, so a client may continue
+    /// whichever reply it keeps), choice `i` sampled with seed `params.seed + i`. They take
+    /// `n` places in the queue.
+    ///
+    /// # Errors
+    /// As [`Service::chat`]; [`Error::InvalidRequest`] for `n == 0`.
+    pub async fn chat_choices(
+        &self,
+        chat: Chat,
+        params: SamplingParams,
+        n: usize,
+    ) -> Result<Vec<TurnStream>> {
+        self.send(What::Chat(chat), params, n).await
     }
 
     /// Queues a raw completion of `prompt` on the idle conversation whose tokens are its
@@ -426,37 +447,60 @@ impl Service {
     /// [`Error::InvalidRequest`] for an empty prompt; as [`Engine::submit`];
     /// [`Error::QueueFull`], [`Error::ServiceStopped`].
     pub async fn complete(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<TurnStream> {
-        self.send(What::Completion(prompt), params).await
+        one(self.send(What::Completion(prompt), params, 1).await)
     }
 
-    async fn send(&self, what: What, params: SamplingParams) -> Result<TurnStream> {
-        let busy = self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
-        let slot = Slot(self.inner.in_flight.clone());
-        if busy >= self.inner.max_in_flight {
+    /// [`Service::complete`] with `n` completions, as [`Service::chat_choices`].
+    ///
+    /// # Errors
+    /// As [`Service::complete`]; [`Error::InvalidRequest`] for `n == 0`.
+    pub async fn complete_choices(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        n: usize,
+    ) -> Result<Vec<TurnStream>> {
+        self.send(What::Completion(prompt), params, n).await
+    }
+
+    async fn send(&self, what: What, params: SamplingParams, n: usize) -> Result<Vec<TurnStream>> {
+        if n == 0 {
+            return Err(Error::InvalidRequest("at least one choice".into()));
+        }
+        let busy = self.inner.in_flight.fetch_add(n, Ordering::SeqCst);
+        let slots: Vec<Slot> = (0..n).map(|_| Slot(self.inner.in_flight.clone())).collect();
+        if busy + n > self.inner.max_in_flight {
             self.inner.stats.lock().rejected += 1;
             return Err(Error::QueueFull { in_flight: busy });
         }
-        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut receivers = Vec::with_capacity(n);
+        let choices = slots
+            .into_iter()
+            .map(|slot| {
+                let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+                receivers.push(rx);
+                (events, slot)
+            })
+            .collect();
         let (reply, accepted) = oneshot::channel();
         let submission = Submission {
             what,
             params,
             reply,
-            events,
-            slot,
+            choices,
         };
         self.inner
             .tx
             .send(Command::Submit(Box::new(submission)))
             .map_err(|_| Error::ServiceStopped)?;
-        let (request, conversation) = accepted.await.map_err(|_| Error::ServiceStopped)??;
-        Ok(TurnStream::new(
-            request,
-            conversation,
-            rx,
-            self.inner.tx.clone(),
-            self.clone(),
-        ))
+        let turns = accepted.await.map_err(|_| Error::ServiceStopped)??;
+        let streams = turns
+            .into_iter()
+            .zip(receivers)
+            .map(|((request, conv), rx)| {
+                TurnStream::new(request, conv, rx, self.inner.tx.clone(), self.clone())
+            });
+        Ok(streams.collect())
     }
 
     /// The numbers of the latest step, with the turns in flight now.

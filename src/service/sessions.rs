@@ -98,6 +98,14 @@ impl Driver {
         Ok((conv, tokens, true))
     }
 
+    /// A fork of the session `conv` before its new turn, as an unnamed session of its own.
+    pub(super) fn fork_session(&mut self, conv: ConversationId) -> Result<ConversationId> {
+        let fork = self.engine.fork(conv, None)?;
+        let messages = self.sessions.get(&conv).and_then(|s| s.messages.clone());
+        self.add_session(fork, messages, None);
+        Ok(fork)
+    }
+
     fn add_session(
         &mut self,
         conv: ConversationId,

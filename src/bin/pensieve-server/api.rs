@@ -414,7 +414,18 @@ impl ChatRequest {
     }
 }
 
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 16;
+
 impl Common {
+    /// How many choices the request asks for (`n`, 1 by default).
+    pub fn choices(&self) -> Result<usize, ApiError> {
+        match self.n.unwrap_or(1) {
+            n @ 1..=MAX_CHOICES => Ok(n as usize),
+            _ => Err(ApiError::bad(format!("n must be in [1, {MAX_CHOICES}]"))),
+        }
+    }
+
     /// The engine's sampling parameters; `default_max` when the request names none, and the
     /// model's `defaults` (its `generation_config.json`) for the sampling fields it leaves
     /// unset, as vLLM applies them.
@@ -423,9 +434,6 @@ impl Common {
         default_max: usize,
         defaults: &GenerationDefaults,
     ) -> Result<SamplingParams, ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("only n = 1 is supported"));
-        }
         let max_tokens = self
             .max_completion_tokens
             .or(self.max_tokens)

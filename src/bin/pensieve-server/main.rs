@@ -14,7 +14,8 @@
 //! /tokenize` and `/detokenize`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus,
 //! see `metrics`). `usage.prompt_tokens_details
 //! .cached_tokens` counts the prompt tokens whose KV came from the cache, as vLLM reports it.
-//! OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and vLLM's `ignore_eos`,
+//! OpenAI's `logit_bias`, `presence_penalty`, `frequency_penalty` and `n` (choices sampled on
+//! forks of the conversation, each a conversation a client may continue), and vLLM's `ignore_eos`,
 //! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
 //! effect; `logprobs` (chat: with `top_logprobs`) reports each generated token's
 //! log-probability and up to 20 alternatives, each token as the text it decodes to alone; any
@@ -318,13 +319,13 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
         let hints = request.hints(name.is_some())?;
         let mut chat = Chat::new(messages).with_hints(hints);
         chat.name = name;
-        Ok::<_, ApiError>((Job::Chat(chat), params))
+        Ok::<_, ApiError>((Job::Chat(chat), params, request.common.choices()?))
     })();
-    if let (Some(p), Ok((Job::Chat(c), _))) = (&s.panic_on, &prepared) {
+    if let (Some(p), Ok((Job::Chat(c), _, _))) = (&s.panic_on, &prepared) {
         inject_fault(&s.service, p, c).await;
     }
     match prepared {
-        Ok((job, params)) => serve(s, job, params, &request.common, Kind::Chat).await,
+        Ok((job, params, n)) => serve(s, job, params, n, &request.common, Kind::Chat).await,
         Err(e) => e.into_response(),
     }
 }
@@ -345,10 +346,10 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
             Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
             Prompt::Texts(_) => return Err(ApiError::bad("only one prompt per request")),
         };
-        Ok::<_, ApiError>((Job::Completion(prompt), params))
+        Ok::<_, ApiError>((Job::Completion(prompt), params, request.common.choices()?))
     })();
     match prepared {
-        Ok((job, params)) => serve(s, job, params, &request.common, Kind::Completion).await,
+        Ok((job, params, n)) => serve(s, job, params, n, &request.common, Kind::Completion).await,
         Err(e) => e.into_response(),
     }
 }

@@ -74,23 +74,35 @@ impl Framing {
         }
     }
 
-    /// A whole response.
-    fn whole(&self, text: String, reason: &str, usage: &Usage, tokens: &[Logprob]) -> Value {
-        let logprobs = self.logprobs(tokens, 0);
-        let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "logprobs": logprobs, "finish_reason": reason,
-                "message": {"role": "assistant", "content": text}}),
-            Kind::Completion => {
-                json!({"index": 0, "logprobs": logprobs, "finish_reason": reason, "text": text})
-            }
-        };
+    /// A whole response of these choices.
+    fn whole(&self, choices: &[Choice], usage: &Usage) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let logprobs = self.logprobs(&c.tokens, 0);
+                match self.kind {
+                    Kind::Chat => json!({"index": index, "logprobs": logprobs,
+                        "finish_reason": c.reason,
+                        "message": {"role": "assistant", "content": c.text}}),
+                    Kind::Completion => json!({"index": index, "logprobs": logprobs,
+                        "finish_reason": c.reason, "text": c.text}),
+                }
+            })
+            .collect();
         json!({"id": self.id, "object": self.object(false), "created": self.created,
-            "model": &*self.model, "choices": [choice], "usage": usage.json()})
+            "model": &*self.model, "choices": choices, "usage": usage.json()})
     }
 
-    /// A stream chunk carrying `text` (and `reason` at the end), or the role on the first;
-    /// `logprobs` for the tokens it completes.
-    fn chunk(&self, text: Option<&str>, reason: Option<&str>, logprobs: Value) -> Value {
+    /// A stream chunk of choice `index` carrying `text` (and `reason` at the end), or the
+    /// role on the first; `logprobs` for the tokens it completes.
+    fn chunk(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        reason: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match text {
@@ -98,9 +110,10 @@ impl Framing {
                     None if reason.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
+                json!({"index": index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": reason})
             }
-            Kind::Completion => json!({"index": 0, "text": text.unwrap_or(""),
+            Kind::Completion => json!({"index": index, "text": text.unwrap_or(""),
                 "logprobs": logprobs, "finish_reason": reason}),
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created,
@@ -113,28 +126,53 @@ impl Framing {
     }
 }
 
-/// Submits `job` and answers with its turn, whole or streamed.
+/// A choice as it is collected.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    /// Log-probabilities of its tokens (streamed: of those whose text has not gone out).
+    tokens: Vec<Logprob>,
+    /// Bytes of text sent so far (streamed).
+    sent: usize,
+    reason: &'static str,
+    end: Option<Usage>,
+}
+
+/// The usage of a request's choices: the prompt once, every choice's tokens.
+fn total(choices: &[Choice]) -> Usage {
+    let mut usage = choices.first().and_then(|c| c.end).unwrap_or_default();
+    usage.completion_tokens = choices
+        .iter()
+        .filter_map(|c| c.end)
+        .map(|u| u.completion_tokens)
+        .sum();
+    usage
+}
+
+/// Submits `job` (`n` choices) and answers with its turns, whole or streamed.
 pub async fn serve(
     s: AppState,
     job: Job,
     params: SamplingParams,
+    n: usize,
     common: &Common,
     kind: Kind,
 ) -> Response {
     let logprobs = params.logprobs.is_some();
-    let turn = match job {
-        Job::Chat(chat) => s.service.chat(chat, params).await,
-        Job::Completion(prompt) => s.service.complete(prompt, params).await,
+    let turns = match job {
+        Job::Chat(chat) => s.service.chat_choices(chat, params, n).await,
+        Job::Completion(prompt) => s.service.complete_choices(prompt, params, n).await,
     };
-    let turn = match turn {
+    let turns = match turns {
         Ok(t) => t,
         Err(e) => return ApiError::from_engine(&e).into_response(),
     };
-    let framing = Framing::new(kind, s.model.clone(), turn.request().0, logprobs);
+    let request = turns.first().map_or(0, |t| t.request().0);
+    let framing = Framing::new(kind, s.model.clone(), request, logprobs);
     if common.stream {
-        stream(framing, turn, s.tokens, common.include_usage()).into_response()
+        stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
-        whole(framing, turn, &s.tokens).await
+        whole(framing, turns, &s.tokens).await
     }
 }
 
@@ -156,71 +194,89 @@ fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
     Ok((reason, Usage::of(end)))
 }
 
-/// Collects the reply; dropping the turn's stream cancels it if the client goes away first
-/// (axum drops this future).
-async fn whole(framing: Framing, mut turn: TurnStream, model: &Model) -> Response {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    while let Some(event) = turn.next_event().await {
+/// The choices' events as one stream, each tagged with its choice's index. Dropping it drops
+/// the turns' streams, which cancels those still running.
+fn merged(turns: Vec<TurnStream>) -> impl futures_util::Stream<Item = (usize, TurnEvent)> {
+    futures_util::stream::select_all(
+        turns
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| futures_util::StreamExt::map(t, move |e| (i, e))),
+    )
+}
+
+/// Collects the replies; dropping the turns' streams cancels them if the client goes away
+/// first (axum drops this future).
+async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Response {
+    let mut choices: Vec<Choice> = turns.iter().map(|_| Choice::default()).collect();
+    let mut events = std::pin::pin!(merged(turns));
+    while let Some((i, event)) = futures_util::StreamExt::next(&mut events).await {
         match event {
             TurnEvent::Token {
                 token,
-                text: t,
+                text,
                 logprobs,
             } => {
-                text.push_str(&t);
-                tokens.extend(logprobs.map(|l| Logprob::of(model, token, &l)));
+                choices[i].text.push_str(&text);
+                let lp = logprobs.map(|l| Logprob::of(model, token, &l));
+                choices[i].tokens.extend(lp);
             }
-            TurnEvent::Finished(end) => {
-                return match outcome(&end) {
-                    Ok((reason, usage)) => {
-                        Json(framing.whole(text, reason, &usage, &tokens)).into_response()
-                    }
-                    Err(e) => e.into_response(),
+            TurnEvent::Finished(end) => match outcome(&end) {
+                Ok((reason, usage)) => {
+                    choices[i].reason = reason;
+                    choices[i].end = Some(usage);
                 }
-            }
+                Err(e) => return e.into_response(),
+            },
             _ => {}
         }
     }
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response()
+    match choices.iter().all(|c| c.end.is_some()) {
+        true => Json(framing.whole(&choices, &total(&choices))).into_response(),
+        false => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response()
+        }
+    }
 }
 
-/// The reply as server-sent events; dropping the stream (the client went away) cancels the
-/// turn through the turn's stream it owns.
+/// The replies as server-sent events; dropping the stream (the client went away) cancels the
+/// turns through the turns' streams it owns.
 fn stream(
     framing: Framing,
-    turn: TurnStream,
+    turns: Vec<TurnStream>,
     model: Arc<Model>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    struct St {
+    struct St<S> {
         framing: Framing,
-        turn: TurnStream,
+        events: std::pin::Pin<Box<S>>,
         model: Arc<Model>,
         include_usage: bool,
         out: std::collections::VecDeque<String>,
         done: bool,
-        /// Log-probabilities of tokens whose text has not gone out yet.
-        tokens: Vec<Logprob>,
-        /// Bytes of text sent so far.
-        sent: usize,
+        choices: Vec<Choice>,
     }
-    impl St {
-        /// A chunk of `text` (and `reason`), with the tokens it completes.
-        fn send(&mut self, text: Option<&str>, reason: Option<&str>) {
-            let logprobs = self.framing.logprobs(&self.tokens, self.sent);
-            self.sent += self.tokens.iter().map(|t| t.token.len()).sum::<usize>();
-            self.tokens.clear();
-            let chunk = self.framing.chunk(text, reason, logprobs);
+    impl<S> St<S> {
+        /// A chunk of choice `i`'s `text` (and `reason`), with the tokens it completes.
+        fn send(&mut self, i: usize, text: Option<&str>, reason: Option<&str>) {
+            let c = &mut self.choices[i];
+            let logprobs = self.framing.logprobs(&c.tokens, c.sent);
+            c.sent += c.tokens.iter().map(|t| t.token.len()).sum::<usize>();
+            c.tokens.clear();
+            let chunk = self.framing.chunk(i, text, reason, logprobs);
             self.out.push_back(chunk.to_string());
         }
 
-        fn end(&mut self, end: &TurnEnd) {
+        fn end(&mut self, i: usize, end: &TurnEnd) {
             match outcome(end) {
                 Ok((reason, usage)) => {
-                    self.send(None, Some(reason));
+                    self.choices[i].end = Some(usage);
+                    self.send(i, None, Some(reason));
+                    if !self.choices.iter().all(|c| c.end.is_some()) {
+                        return;
+                    }
                     if self.include_usage {
-                        let chunk = self.framing.usage_chunk(&usage);
+                        let chunk = self.framing.usage_chunk(&total(&self.choices));
                         self.out.push_back(chunk.to_string());
                     }
                 }
@@ -230,19 +286,21 @@ fn stream(
             self.done = true;
         }
     }
+    let choices: Vec<Choice> = turns.iter().map(|_| Choice::default()).collect();
     let mut first = std::collections::VecDeque::new();
     if let Kind::Chat = framing.kind {
-        first.push_back(framing.chunk(None, None, Value::Null).to_string());
+        for i in 0..choices.len() {
+            first.push_back(framing.chunk(i, None, None, Value::Null).to_string());
+        }
     }
     let state = St {
         framing,
-        turn,
+        events: Box::pin(merged(turns)),
         model,
         include_usage,
         out: first,
         done: false,
-        tokens: Vec::new(),
-        sent: 0,
+        choices,
     };
     let events = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -252,20 +310,22 @@ fn stream(
             if st.done {
                 return None;
             }
-            match st.turn.next_event().await {
-                Some(TurnEvent::Token {
-                    token,
-                    text,
-                    logprobs,
-                }) => {
-                    let model = st.model.clone();
-                    st.tokens
-                        .extend(logprobs.map(|l| Logprob::of(&model, token, &l)));
+            match futures_util::StreamExt::next(&mut st.events).await {
+                Some((
+                    i,
+                    TurnEvent::Token {
+                        token,
+                        text,
+                        logprobs,
+                    },
+                )) => {
+                    let lp = logprobs.map(|l| Logprob::of(&st.model, token, &l));
+                    st.choices[i].tokens.extend(lp);
                     if !text.is_empty() {
-                        st.send(Some(&text), None);
+                        st.send(i, Some(&text), None);
                     }
                 }
-                Some(TurnEvent::Finished(end)) => st.end(&end),
+                Some((i, TurnEvent::Finished(end))) => st.end(i, &end),
                 Some(_) => {}
                 None => return None,
             }
