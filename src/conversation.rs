@@ -51,6 +51,8 @@ pub(crate) struct Conversation {
     tokens: Vec<u32>,
     /// The chat so far, for the template.
     messages: Vec<Message>,
+    /// The tools its template lists (OpenAI's `tools` entries), fixed for its life.
+    tools: Vec<serde_json::Value>,
     /// The text the model has seen, for the template's continuation of the next turn.
     seen_text: String,
     /// Where the recorded turns begin, in order.
@@ -95,9 +97,17 @@ impl Conversation {
             messages,
             seen_text,
             marks,
-            revision: 0,
-            stamp: String::new(),
+            ..Self::default()
         }
+    }
+
+    /// The same, with the tools its template lists.
+    pub fn with_tools(self, tools: Vec<serde_json::Value>) -> Self {
+        Self { tools, ..self }
+    }
+
+    pub fn tools(&self) -> &[serde_json::Value] {
+        &self.tools
     }
 
     /// The revision of its stored manifest this copy holds.
@@ -152,6 +162,7 @@ impl Conversation {
             name: None,
             tokens: self.tokens[..m.tokens].to_vec(),
             messages: self.messages[..m.messages].to_vec(),
+            tools: self.tools.clone(),
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
             revision: 0,
@@ -210,7 +221,7 @@ impl Conversation {
     pub fn record_exchange(
         &mut self,
         prompt_text: &str,
-        user: Option<Message>,
+        user: Vec<Message>,
         reply_text: &str,
         reply: Message,
     ) {
@@ -239,7 +250,7 @@ mod tests {
                 messages: c.messages().len(),
             });
             c.extend_tokens([i as u32 * 10, i as u32 * 10 + 1]);
-            c.record_exchange(&format!("<{u}>"), Some(Message::new("user", *u)), r, {
+            c.record_exchange(&format!("<{u}>"), vec![Message::new("user", *u)], r, {
                 Message::new("assistant", *r)
             });
         }

@@ -203,3 +203,78 @@ fn several_choices_come_from_forks_a_client_may_continue() {
         assert_eq!(status, 400, "n = {n}");
     }
 }
+
+#[test]
+fn a_tool_result_turn_continues_the_conversation_and_tools_need_a_template_that_takes_them() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let question = json!({"role": "user", "content": "What is the weather in Paris?"});
+    let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+        "type": "function", "function": {"name": "get_weather",
+        "arguments": "{\"city\": \"Paris\"}"}}]});
+    let result = json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"});
+    // SmolLM2's own template lists no tools: offering some is refused, never ignored.
+    let plain = start(&[]);
+    let body = json!({"messages": [question], "tools": tools, "max_tokens": 4});
+    let (status, answer) = post(&plain.base, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tools"),
+        "{answer}"
+    );
+    drop(plain);
+
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let b = &server.base;
+    // The assistant's call and the tool's result: the reply answers after the result.
+    let body = json!({"messages": [question, call, result], "tools": tools, "max_tokens": 16,
+        "temperature": 0});
+    let (status, first) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{first}");
+    let reply = first["choices"][0]["message"].clone();
+    assert!(reply["content"].is_string(), "{first}");
+    // Streamed, the same reply arrives (whole, at its end, so that calls can be parsed).
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = ureq::post(&format!("{b}/v1/chat/completions"))
+        .set("content-type", "application/json")
+        .send_string(&streamed.to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(content, reply["content"].as_str().unwrap(), "{text}");
+    // The agent goes on: the whole history, tool call and result included, is cached.
+    let next = json!({"messages": [question, call, result, reply,
+        {"role": "user", "content": "And tomorrow?"}], "tools": tools, "max_tokens": 4});
+    let (status, second) = post(b, "/v1/chat/completions", &next.to_string());
+    assert_eq!(status, 200, "{second}");
+    let usage = &second["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(cached + 32 >= prompt && cached > 100, "{usage}");
+    for bad in [
+        json!({"messages": [question], "tools": tools, "tool_choice": "required"}),
+        json!({"messages": [question, call, {"role": "tool", "content": "x"}], "tools": tools}),
+        json!({"messages": [question], "tools": [{"type": "function"}]}),
+    ] {
+        let (status, answer) = post(b, "/v1/chat/completions", &bad.to_string());
+        assert_eq!(status, 400, "{bad}: {answer}");
+    }
+}

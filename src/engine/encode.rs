@@ -17,17 +17,29 @@ use crate::{Error, Result};
 pub(super) struct Encoded {
     pub prompt: Vec<u32>,
     pub text: String,
-    pub message: Option<Message>,
+    /// The messages the turn adds to the transcript.
+    pub messages: Vec<Message>,
     pub mark: Option<Mark>,
 }
 
+/// The messages a turn adds, or `None` for a turn of raw tokens.
+pub(super) fn turn_messages(turn: &Turn) -> Option<Vec<Message>> {
+    match turn {
+        Turn::Tokens(_) => None,
+        Turn::User(text) => Some(vec![Message::new("user", text.clone())]),
+        Turn::Messages(m) => Some(m.clone()),
+    }
+}
+
 /// Encodes `turn` after a history of `history` tokens whose transcript is `messages` and
-/// `seen`. A user message is tokenized in two parts, split where its own rendering begins, so
-/// that the split is a [`Mark`] (a later cut point); templates mark message starts with
-/// special tokens, so the parts tokenize as the whole would.
+/// `seen`, the template listing `tools`. A turn's messages are tokenized in two parts, split
+/// where their own rendering begins, so that the split is a [`Mark`] (a later cut point);
+/// templates mark message starts with special tokens, so the parts tokenize as the whole
+/// would.
 pub(super) fn encode(
     model: &Model,
     messages: &[Message],
+    tools: &[serde_json::Value],
     seen: &str,
     history: usize,
     turn: &Turn,
@@ -37,41 +49,46 @@ pub(super) fn encode(
         text: seen.len(),
         messages: messages.len(),
     };
-    let text = match turn {
-        Turn::Tokens(ids) => {
-            return Ok(Encoded {
-                prompt: ids.clone(),
-                text: model.decode(ids)?,
-                message: None,
-                mark: Some(at_end),
-            })
-        }
-        Turn::User(text) => text,
+    let Some(new) = turn_messages(turn) else {
+        let ids = match turn {
+            Turn::Tokens(ids) => ids,
+            _ => &Vec::new(),
+        };
+        return Ok(Encoded {
+            prompt: ids.clone(),
+            text: model.decode(ids)?,
+            messages: Vec::new(),
+            mark: Some(at_end),
+        });
     };
-    let message = Message::new("user", text.clone());
     let Some(t) = model.template() else {
+        let Turn::User(text) = turn else {
+            return Err(Error::InvalidParams(
+                "a turn of messages needs a chat template".into(),
+            ));
+        };
         let bos = model.bos_token_id().filter(|_| history == 0);
         let mut prompt: Vec<u32> = bos.into_iter().collect();
         prompt.extend(model.encode_text(text)?);
         return Ok(Encoded {
             prompt,
             text: text.clone(),
-            message: Some(message),
+            messages: new,
             mark: Some(at_end),
         });
     };
     let mut all = messages.to_vec();
-    all.push(message.clone());
+    all.extend(new.iter().cloned());
     // A vocabulary that prefixes a space marker to every piece of text would put one at each
     // boundary between pieces: its turns are tokenized whole, as they render.
     let whole = model.prefixes_space();
-    let rendering = Rendering::new(t, &all, whole)?;
+    let rendering = Rendering::new(t, &all, tools, whole)?;
     let common = common_prefix(&rendering.text, seen);
     let new_text = rendering.text[common..].to_string();
     // The rendering of the earlier messages, past what the model has seen, is the tail of
-    // the previous turn; the new message begins after it.
+    // the previous turn; the new messages begin after it.
     let split = (!whole)
-        .then(|| t.render(messages, false).ok())
+        .then(|| t.render_with_tools(messages, tools, false).ok())
         .flatten()
         .and_then(|before| {
             let tail = before.strip_prefix(seen)?;
@@ -82,7 +99,7 @@ pub(super) fn encode(
         return Ok(Encoded {
             prompt: rendering.tokens(model, common..end, &all)?,
             text: new_text,
-            message: Some(message),
+            messages: new,
             mark: None,
         });
     };
@@ -96,7 +113,7 @@ pub(super) fn encode(
     Ok(Encoded {
         prompt,
         text: new_text,
-        message: Some(message),
+        messages: new,
         mark: Some(mark),
     })
 }
@@ -110,10 +127,15 @@ struct Rendering {
 
 impl Rendering {
     /// With `whole`, the contents are not located: the text is tokenized in one piece.
-    fn new(template: &ChatTemplate, messages: &[Message], whole: bool) -> Result<Self> {
+    fn new(
+        template: &ChatTemplate,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        whole: bool,
+    ) -> Result<Self> {
         let spans = match whole {
             true => None,
-            false => template.content_spans(messages, true)?,
+            false => template.content_spans(messages, tools, true)?,
         };
         Ok(match spans {
             Some((text, spans)) => Self {
@@ -121,7 +143,7 @@ impl Rendering {
                 contents: Some(spans),
             },
             None => Self {
-                text: template.render(messages, true)?,
+                text: template.render_with_tools(messages, tools, true)?,
                 contents: None,
             },
         })

@@ -69,6 +69,10 @@ pub struct ConversationOptions {
     /// them with its own message, or shares their KV where another conversation holds the
     /// same tokens ([`EngineConfig::prefix_sharing`]).
     pub history: Vec<Message>,
+    /// Tools the assistant may call (OpenAI's `tools` entries: `{"type": "function",
+    /// "function": {"name", "description", "parameters"}}`), listed by the chat template
+    /// in every turn's prompt. The template must take tools ([`crate::model::ToolFormat`]).
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// The stateful inference engine. See the module documentation for the step loop.
@@ -234,7 +238,8 @@ impl Engine {
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
         messages.extend(options.history);
-        self.convs.insert(id, Conversation::new(messages));
+        let conv = Conversation::new(messages).with_tools(options.tools);
+        self.convs.insert(id, conv);
         self.cache.open(id, Instant::now());
         id
     }
@@ -272,6 +277,17 @@ impl Engine {
         self.convs
             .get(&conv)
             .map(|c| c.messages())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// The tools a conversation's template lists ([`ConversationOptions::tools`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn tools(&self, conv: ConversationId) -> Result<&[serde_json::Value]> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.tools())
             .ok_or(Error::UnknownConversation(conv))
     }
 

@@ -65,6 +65,9 @@ struct Manifest {
     computed: usize,
     tokens: Vec<u32>,
     messages: Vec<Message>,
+    /// The tools its template lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<serde_json::Value>,
     seen_text: String,
     /// Where turns begin (cut points for context overflow).
     #[serde(default)]
@@ -207,7 +210,8 @@ impl Engine {
             self.cache.adopt_resident(id, &want[..m.computed / chunk]);
         }
         self.cache.adopt(id, m.computed, &saved, now);
-        let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks);
+        let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks)
+            .with_tools(m.tools);
         conv.set_stored(m.revision, m.stamp);
         self.convs.insert(id, conv);
         id
@@ -467,6 +471,7 @@ impl Engine {
             computed: self.cache.table(id).map_or(0, |t| t.computed()),
             tokens: conv.tokens().to_vec(),
             messages: conv.messages().to_vec(),
+            tools: conv.tools().to_vec(),
             seen_text: conv.seen_text().to_string(),
             marks: conv.marks().to_vec(),
             chunks: Vec::new(),

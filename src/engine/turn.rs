@@ -47,7 +47,7 @@ pub struct TurnSize {
 pub(crate) struct PreparedTurn {
     pub prompt: Vec<u32>,
     pub prompt_text: String,
-    pub user_message: Option<Message>,
+    pub user_messages: Vec<Message>,
     /// Where the turn begins (recorded with its exchange, a later cut point), if known.
     pub mark: Option<Mark>,
     /// The oldest history to drop before the turn runs ([`OverflowPolicy::DropOldest`]).
@@ -71,16 +71,40 @@ pub(crate) fn prepare(
     match &turn {
         Turn::User(text) if text.trim().is_empty() => return Err(Error::EmptyTurn),
         Turn::Tokens(ids) if ids.is_empty() => return Err(Error::EmptyTurn),
+        Turn::Messages(m) if m.is_empty() => return Err(Error::EmptyTurn),
         Turn::Tokens(ids) => {
             let vocab = model.config().vocab_size;
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::TokenOutOfVocab { id: bad, vocab });
             }
         }
+        Turn::Messages(m) => {
+            if let Some(bad) = m.iter().find(|m| m.role != "user" && m.role != "tool") {
+                return Err(Error::InvalidParams(format!(
+                    "a turn's messages are the user's or tools' results, not {:?}",
+                    bad.role
+                )));
+            }
+        }
         Turn::User(_) => {}
     }
+    if !conv.tools().is_empty() && model.template().and_then(|t| t.tool_format()).is_none() {
+        return Err(Error::Unsupported(
+            "tools: this model's chat template takes none (a template such as chatml-tools \
+             does)"
+                .into(),
+        ));
+    }
     let history = conv.tokens().len();
-    let mut enc = encode(model, conv.messages(), conv.seen_text(), history, &turn)?;
+    let enc = encode(
+        model,
+        conv.messages(),
+        conv.tools(),
+        conv.seen_text(),
+        history,
+        &turn,
+    );
+    let mut enc = enc?;
     let limit = limits.max_conversation_tokens();
     let mut cut = None;
     let reply = max_reply.min(limit / 4).max(1);
@@ -123,7 +147,7 @@ pub(crate) fn prepare(
     Ok(PreparedTurn {
         prompt,
         prompt_text: enc.text,
-        user_message: enc.message,
+        user_messages: enc.messages,
         mark: enc.mark,
         cut,
         size,
@@ -165,10 +189,10 @@ fn choose_cut(
             }
             let cut = Cut { start, end };
             let (messages, seen) = conv.transcript_after(&cut);
-            if !continues(model, &messages, &seen, turn)? {
+            if !continues(model, &messages, conv.tools(), &seen, turn)? {
                 continue;
             }
-            let enc = encode(model, &messages, &seen, history - drop, turn)?;
+            let enc = encode(model, &messages, conv.tools(), &seen, history - drop, turn)?;
             let total = history - drop + enc.prompt.len();
             let fits = total + reply <= limit;
             if fits && end != end_now {
@@ -187,13 +211,19 @@ fn choose_cut(
 
 /// Whether a history whose transcript is `messages` and `seen` is one the template continues
 /// with `turn`: what it renders begins with what the model has seen.
-fn continues(model: &Model, messages: &[Message], seen: &str, turn: &Turn) -> Result<bool> {
-    let (Some(t), Turn::User(text)) = (model.template(), turn) else {
+fn continues(
+    model: &Model,
+    messages: &[Message],
+    tools: &[serde_json::Value],
+    seen: &str,
+    turn: &Turn,
+) -> Result<bool> {
+    let (Some(t), Some(new)) = (model.template(), super::encode::turn_messages(turn)) else {
         return Ok(true);
     };
     let mut all = messages.to_vec();
-    all.push(Message::new("user", text.clone()));
-    Ok(t.render(&all, true)?.starts_with(seen))
+    all.extend(new);
+    Ok(t.render_with_tools(&all, tools, true)?.starts_with(seen))
 }
 
 /// The engine's state of a queued or running turn.
@@ -217,7 +247,7 @@ pub(crate) struct ActiveTurn {
     /// to them.
     history: usize,
     prompt_text: String,
-    user_message: Option<Message>,
+    user_messages: Vec<Message>,
     mark: Option<Mark>,
     prompt_tokens: usize,
     submitted: Instant,
@@ -248,7 +278,7 @@ impl ActiveTurn {
             trimmed: false,
             history: prepared.size.history_tokens,
             prompt_text: prepared.prompt_text,
-            user_message: prepared.user_message,
+            user_messages: prepared.user_messages,
             mark: prepared.mark,
             prompt_tokens: prepared.size.prompt_tokens,
             submitted: now,
@@ -400,7 +430,7 @@ impl ActiveTurn {
         }
         conv.record_exchange(
             &self.prompt_text,
-            self.user_message,
+            self.user_messages,
             &seen,
             Message::new("assistant", self.reply),
         );

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::ids::{ConversationId, RequestId};
 use crate::kv::CostModel;
+use crate::model::Message;
 use crate::Error;
 
 /// One turn's input.
@@ -15,6 +16,9 @@ pub enum Turn {
     User(String),
     /// Raw token ids appended to the conversation as they are.
     Tokens(Vec<u32>),
+    /// Messages to add before the reply, through the chat template: a `tool` message with a
+    /// call's result (or several), or user messages. Roles `user` and `tool` only.
+    Messages(Vec<Message>),
 }
 
 impl Turn {

@@ -4,16 +4,24 @@
 
 use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use super::tools::{ToolCall, ToolFormat};
 use crate::Result;
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// The tools an assistant message calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -22,7 +30,25 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+
+    /// The message as templates see it (OpenAI's shape).
+    fn template_view(&self) -> Value {
+        let mut v = serde_json::json!({"role": self.role, "content": self.content});
+        if !self.tool_calls.is_empty() {
+            v["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(ToolCall::template_view)
+                .collect();
+        }
+        if let Some(id) = &self.tool_call_id {
+            v["tool_call_id"] = Value::String(id.clone());
+        }
+        v
     }
 }
 
@@ -32,6 +58,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    tool_format: Option<ToolFormat>,
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -48,10 +75,20 @@ const GEMMA: &str = include_str!("templates/gemma.jinja");
 /// `<|eot_id|>`).
 const LLAMA3: &str = include_str!("templates/llama3.jinja");
 
+/// ChatML with tools in the Hermes manner (as Qwen 2.5 writes them): the tools listed in the
+/// system message, calls as `<tool_call>` elements, results as `<tool_response>` elements of
+/// a user turn. For ChatML models whose own template takes no tools.
+const CHATML_TOOLS: &str = include_str!("templates/chatml-tools.jinja");
+
 /// Chat templates for models that ship none (base models), by name: the Jinja source, the
 /// special tokens its markup needs, and the token that ends a turn.
-pub const BUILTIN_TEMPLATES: [(&str, &str, &[&str]); 3] = [
+pub const BUILTIN_TEMPLATES: [(&str, &str, &[&str]); 4] = [
     ("chatml", CHATML, &["<|im_start|>", "<|im_end|>"]),
+    (
+        "chatml-tools",
+        CHATML_TOOLS,
+        &["<|im_start|>", "<|im_end|>"],
+    ),
     ("gemma", GEMMA, &["<start_of_turn>", "<end_of_turn>"]),
     (
         "llama3",
@@ -79,7 +116,13 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            tool_format: ToolFormat::detect(source),
         })
+    }
+
+    /// How replies write tool calls, for a template that takes tools (`None`: it takes none).
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.tool_format
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
@@ -89,9 +132,25 @@ impl ChatTemplate {
     /// [`crate::Error::ChatTemplate`] if rendering fails (including the template's own
     /// `raise_exception`, e.g. for roles it does not accept).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the tools the assistant may call (OpenAI's `tools`
+    /// entries), which the template lists where its family puts them.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
+        let messages: Vec<Value> = messages.iter().map(Message::template_view).collect();
         Ok(template.render(context! {
             messages => messages,
+            tools => (!tools.is_empty()).then_some(tools),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
@@ -125,6 +184,7 @@ impl ChatTemplate {
     pub fn content_spans(
         &self,
         messages: &[Message],
+        tools: &[Value],
         add_generation_prompt: bool,
     ) -> Result<Option<(String, Vec<std::ops::Range<usize>>)>> {
         const OPEN: char = '\u{F0000}';
@@ -134,11 +194,11 @@ impl ChatTemplate {
         }
         let marked: Vec<Message> = (0..messages.len())
             .map(|i| Message {
-                role: messages[i].role.clone(),
                 content: format!("{OPEN}{i}{CLOSE}"),
+                ..messages[i].clone()
             })
             .collect();
-        let rendered = self.render(&marked, add_generation_prompt)?;
+        let rendered = self.render_with_tools(&marked, tools, add_generation_prompt)?;
         let mut text = String::with_capacity(rendered.len());
         let mut spans = Vec::new();
         let mut rest = rendered.as_str();
@@ -160,7 +220,8 @@ impl ChatTemplate {
             rest = &after[close + CLOSE.len_utf8()..];
         }
         text.push_str(rest);
-        Ok((text == self.render(messages, add_generation_prompt)?).then_some((text, spans)))
+        let plain = self.render_with_tools(messages, tools, add_generation_prompt)?;
+        Ok((text == plain).then_some((text, spans)))
     }
 }
 
@@ -188,7 +249,10 @@ mod tests {
         let render = |name: &str| {
             let (_, src, _) = BUILTIN_TEMPLATES.iter().find(|t| t.0 == name).unwrap();
             let t = ChatTemplate::new(src, "<bos>", "<eos>").unwrap();
-            assert!(t.content_spans(&msgs, true).unwrap().is_some(), "{name}");
+            assert!(
+                t.content_spans(&msgs, &[], true).unwrap().is_some(),
+                "{name}"
+            );
             t.render(&msgs, true).unwrap()
         };
         assert_eq!(
@@ -199,6 +263,54 @@ mod tests {
         assert!(render("llama3")
             .starts_with("<bos><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"));
         assert!(render("chatml").ends_with("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn chatml_tools_lists_tools_and_renders_calls_and_results() {
+        let t = ChatTemplate::new(CHATML_TOOLS, "", "<|im_end|>").unwrap();
+        assert_eq!(t.tool_format(), Some(ToolFormat::Hermes));
+        let tools = [serde_json::json!({"type": "function",
+            "function": {"name": "weather", "parameters": {"type": "object"}}})];
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "weather".into(),
+            arguments: r#"{"city": "Paris"}"#.into(),
+        };
+        let msgs = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Weather in Paris?"),
+            Message {
+                tool_calls: vec![call],
+                ..Message::new("assistant", "")
+            },
+            Message {
+                tool_call_id: Some("call_1".into()),
+                ..Message::new("tool", "sunny")
+            },
+        ];
+        let text = t.render_with_tools(&msgs, &tools, true).unwrap();
+        assert!(
+            text.starts_with("<|im_start|>system\nBe brief.\n\n# Tools"),
+            "{text}"
+        );
+        assert!(text.contains(r#""name":"weather""#), "{text}");
+        assert!(
+            text.contains(
+                "<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
+             {\"city\":\"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n\
+             sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            ),
+            "{text}"
+        );
+        // Contents stay findable, so what users and tools wrote is tokenized as plain text.
+        let (spanned, spans) = t.content_spans(&msgs, &tools, true).unwrap().unwrap();
+        assert_eq!(spanned, text);
+        assert_eq!(&text[spans[3].clone()], "sunny");
+        // Without tools, the plain ChatML turns.
+        assert!(t
+            .render(&msgs[..2], true)
+            .unwrap()
+            .starts_with("<|im_start|>system\nBe brief.<|im_end|>"));
     }
 
     #[test]

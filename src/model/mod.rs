@@ -15,6 +15,7 @@ mod packed;
 mod source;
 mod tiny;
 mod tokenizer;
+mod tools;
 
 use std::path::Path;
 
@@ -32,6 +33,7 @@ pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
+pub use tools::{ToolCall, ToolFormat};
 
 use crate::{Error, Result};
 

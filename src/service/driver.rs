@@ -67,6 +67,8 @@ impl std::fmt::Debug for Command {
 pub(super) struct Session {
     /// Its chat transcript (with the replies), or `None` for a completion.
     pub messages: Option<Vec<Message>>,
+    /// The tools its template lists.
+    pub tools: Vec<serde_json::Value>,
     pub name: Option<String>,
     /// Its place in the `idle` order (a tick), while no turn of it runs.
     pub last_used: u64,
@@ -254,8 +256,9 @@ impl Driver {
         let (conv, turn, hints, opened) = match what {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
             What::Chat(chat) => {
-                let (conv, turn, opened) = self.chat_conversation(chat.messages, chat.name)?;
-                (conv, turn, chat.hints, Some(opened))
+                let hints = chat.hints.clone();
+                let (conv, turn, opened) = self.chat_conversation(chat)?;
+                (conv, turn, hints, Some(opened))
             }
             What::Completion(tokens) => {
                 let (conv, rest, opened) = self.completion_conversation(tokens)?;
@@ -367,11 +370,13 @@ impl Driver {
                 }
                 let history_tokens = self.engine.tokens(conversation).map_or(0, <[u32]>::len);
                 let settled = settled(&reason);
-                self.settle(r.conv, settled.then_some(r.reply), &r.hints);
+                let message = settled.then(|| self.reply_message(r.conv, r.reply));
+                self.settle(r.conv, message.clone(), &r.hints);
                 let end = TurnEnd {
                     reason,
                     stats,
                     history_tokens,
+                    message,
                 };
                 let named = self.stored && self.named(r.conv);
                 let wait = match (named, self.engine.store_mark()) {
@@ -441,10 +446,23 @@ impl Driver {
         }
     }
 
+    /// The assistant message of a reply: with tools, its calls parsed out of its text.
+    fn reply_message(&self, conv: ConversationId, reply: String) -> Message {
+        let tools = self.engine.tools(conv).is_ok_and(|t| !t.is_empty());
+        let format = self.engine.model().template().and_then(|t| t.tool_format());
+        match format.filter(|_| tools).and_then(|f| f.parse(&reply)) {
+            Some((content, tool_calls)) => Message {
+                tool_calls,
+                ..Message::new("assistant", content)
+            },
+            None => Message::new("assistant", reply),
+        }
+    }
+
     /// After a turn: the session becomes findable by its new transcript, hints apply, and
     /// old sessions close. A turn cut short (cancelled, failed) left the engine's
     /// conversation as it was: the session drops the message it sent.
-    fn settle(&mut self, conv: ConversationId, reply: Option<String>, hints: &Hints) {
+    fn settle(&mut self, conv: ConversationId, reply: Option<Message>, hints: &Hints) {
         let Some(reply) = reply else {
             self.unsend(conv);
             self.mark_idle(conv);
@@ -460,10 +478,10 @@ impl Driver {
         self.mark_idle(conv);
         if let Some(s) = self.sessions.get_mut(&conv) {
             if let Some(m) = &mut s.messages {
-                m.push(Message::new("assistant", reply));
+                m.push(reply);
                 if s.name.is_none() {
-                    self.by_content
-                        .insert(super::sessions::transcript_key(m), conv);
+                    let key = super::sessions::transcript_key(m, &s.tools);
+                    self.by_content.insert(key, conv);
                 }
             }
         }

@@ -168,6 +168,10 @@ pub struct Chat {
     pub name: Option<String>,
     /// Hints for the conversation.
     pub hints: Hints,
+    /// Tools the assistant may call (OpenAI's `tools` entries), which the chat template
+    /// lists; a reply that calls them ends with its calls parsed ([`TurnEnd::message`]).
+    /// A conversation continues only with the tools it began with.
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl Chat {
@@ -177,12 +181,19 @@ impl Chat {
             messages,
             name: None,
             hints: Hints::default(),
+            tools: Vec::new(),
         }
     }
 
     /// Names the conversation.
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the tools.
+    pub fn with_tools(mut self, tools: Vec<serde_json::Value>) -> Self {
+        self.tools = tools;
         self
     }
 

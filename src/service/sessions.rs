@@ -5,44 +5,59 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::driver::{Driver, Session};
+use super::Chat;
 use crate::engine::{ConversationId, ConversationOptions, Durability, Turn};
 use crate::model::Message;
 use crate::{Error, Result};
 
 impl Driver {
-    /// The conversation a chat continues (or a new one with its history), and its turn;
-    /// `true` if it was opened for this turn.
-    pub(super) fn chat_conversation(
-        &mut self,
-        messages: Vec<Message>,
-        name: Option<String>,
-    ) -> Result<(ConversationId, Turn, bool)> {
-        let Some((last, history)) = messages.split_last() else {
-            return Err(Error::InvalidRequest("messages must not be empty".into()));
-        };
-        if last.role != "user" {
+    /// The conversation a chat continues (or a new one with its history), and its turn: the
+    /// messages after the last assistant message (the user's, or tools' results); `true` if
+    /// the conversation was opened for this turn.
+    pub(super) fn chat_conversation(&mut self, chat: Chat) -> Result<(ConversationId, Turn, bool)> {
+        let Chat {
+            messages,
+            name,
+            tools,
+            ..
+        } = chat;
+        let new = messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role == "user" || m.role == "tool")
+            .count();
+        if new == 0 {
             return Err(Error::InvalidRequest(
-                "the last message must be the user's".into(),
+                "the last message must be the user's or a tool's result".into(),
             ));
         }
-        let turn = Turn::user(last.content.clone());
+        let (history, last) = messages.split_at(messages.len() - new);
+        let turn = match last {
+            [m] if m.role == "user" => Turn::user(m.content.clone()),
+            _ => Turn::Messages(last.to_vec()),
+        };
         if let (Some(n), true) = (&name, self.stored) {
             self.sync_named(n)?;
         }
         let continues = |s: &Session| {
-            s.messages.as_deref() == Some(history) || (s.messages.is_some() && history.is_empty())
+            s.tools == tools
+                && (s.messages.as_deref() == Some(history)
+                    || (s.messages.is_some() && history.is_empty()))
         };
         let found = match &name {
             Some(n) => self.by_name.get(n).copied(),
-            None => self.by_content.get(&transcript_key(history)).copied(),
+            None => self
+                .by_content
+                .get(&transcript_key(history, &tools))
+                .copied(),
         };
         if let Some(conv) = found {
             match self.sessions.get_mut(&conv) {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
                 Some(s) if continues(s) => {
                     if let Some(m) = &mut s.messages {
-                        let key = transcript_key(m);
-                        m.push(last.clone());
+                        let key = transcript_key(m, &s.tools);
+                        m.extend_from_slice(last);
                         self.by_content.remove(&key);
                     }
                     return Ok((conv, turn, false));
@@ -64,11 +79,12 @@ impl Driver {
             system,
             history: rest.to_vec(),
             name: name.clone().filter(|_| self.stored),
+            tools: tools.clone(),
         })?;
         if let Some(n) = &name {
             self.by_name.insert(n.clone(), conv);
         }
-        self.add_session(conv, Some(messages), name);
+        self.add_session(conv, Some(messages), name, tools);
         Ok((conv, turn, true))
     }
 
@@ -94,15 +110,17 @@ impl Driver {
             return Ok((conv, tokens[n..].to_vec(), false));
         }
         let conv = self.engine.open(ConversationOptions::default())?;
-        self.add_session(conv, None, None);
+        self.add_session(conv, None, None, Vec::new());
         Ok((conv, tokens, true))
     }
 
     /// A fork of the session `conv` before its new turn, as an unnamed session of its own.
     pub(super) fn fork_session(&mut self, conv: ConversationId) -> Result<ConversationId> {
         let fork = self.engine.fork(conv, None)?;
-        let messages = self.sessions.get(&conv).and_then(|s| s.messages.clone());
-        self.add_session(fork, messages, None);
+        let session = self.sessions.get(&conv);
+        let messages = session.and_then(|s| s.messages.clone());
+        let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
+        self.add_session(fork, messages, None, tools);
         Ok(fork)
     }
 
@@ -111,10 +129,12 @@ impl Driver {
         conv: ConversationId,
         messages: Option<Vec<Message>>,
         name: Option<String>,
+        tools: Vec<serde_json::Value>,
     ) {
         self.tick += 1;
         let session = Session {
             messages,
+            tools,
             name,
             last_used: self.tick,
             busy: false,
@@ -169,8 +189,13 @@ impl Driver {
                 self.unlink(old);
             }
             let messages = self.engine.messages(conv).map(<[_]>::to_vec).ok();
+            let tools = self
+                .engine
+                .tools(conv)
+                .map(<[_]>::to_vec)
+                .unwrap_or_default();
             self.by_name.insert(name.to_string(), conv);
-            self.add_session(conv, messages, Some(name.to_string()));
+            self.add_session(conv, messages, Some(name.to_string()), tools);
         }
         Ok(conv)
     }
@@ -185,11 +210,14 @@ impl Driver {
         let Some(m) = s.messages.as_mut() else {
             return;
         };
-        if m.last().is_some_and(|m| m.role == "user") {
+        while m
+            .last()
+            .is_some_and(|m| m.role == "user" || m.role == "tool")
+        {
             m.pop();
         }
         if s.name.is_none() {
-            self.by_content.insert(transcript_key(m), conv);
+            self.by_content.insert(transcript_key(m, &s.tools), conv);
         }
     }
 
@@ -199,7 +227,7 @@ impl Driver {
             return;
         };
         self.idle.remove(&(s.last_used, conv));
-        if let Some(key) = s.messages.as_deref().map(transcript_key) {
+        if let Some(key) = s.messages.as_deref().map(|m| transcript_key(m, &s.tools)) {
             if self.by_content.get(&key) == Some(&conv) {
                 self.by_content.remove(&key);
             }
@@ -244,12 +272,19 @@ impl Driver {
     }
 }
 
-/// The key of a chat transcript in `Driver::by_content`.
-pub(super) fn transcript_key(messages: &[Message]) -> u64 {
+/// The key of a chat transcript (and the tools its template lists) in `Driver::by_content`.
+pub(super) fn transcript_key(messages: &[Message], tools: &[serde_json::Value]) -> u64 {
     let mut h = DefaultHasher::new();
     for m in messages {
         m.role.hash(&mut h);
         m.content.hash(&mut h);
+        for c in &m.tool_calls {
+            (&c.id, &c.name, &c.arguments).hash(&mut h);
+        }
+        m.tool_call_id.hash(&mut h);
+    }
+    for t in tools {
+        t.to_string().hash(&mut h);
     }
     h.finish()
 }

@@ -41,6 +41,10 @@ pub struct TurnEnd {
     pub stats: TurnStats,
     /// Tokens the conversation holds after it.
     pub history_tokens: usize,
+    /// The reply as an assistant message, for a turn that ended with its reply: its text, or
+    /// (when the conversation has tools and the reply calls them) the text before the calls
+    /// and the calls, parsed in the format of the model's template.
+    pub message: Option<crate::model::Message>,
 }
 
 /// A whole reply, as [`TurnStream::reply`] collects it.

@@ -11,6 +11,8 @@ use axum::Json;
 use pensieve::engine::SamplingParams;
 use pensieve::service::{Hints, TurnEnd};
 
+use crate::tools::WireCall;
+
 use pensieve::model::{GenerationDefaults, Message};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -69,7 +71,8 @@ impl ApiError {
             | E::InvalidParams(_)
             | E::TokenOutOfVocab { .. }
             | E::BudgetTooSmall { .. }
-            | E::ChatTemplate(_) => StatusCode::BAD_REQUEST,
+            | E::ChatTemplate(_)
+            | E::Unsupported(_) => StatusCode::BAD_REQUEST,
             E::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             E::ConversationBusy(_)
             | E::StoredElsewhere { .. }
@@ -194,6 +197,9 @@ const COMMON_FIELDS: &[&str] = &[
 /// The fields of `/v1/chat/completions` beside [`COMMON_FIELDS`].
 pub const CHAT_FIELDS: &[&str] = &[
     "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "logprobs",
     "top_logprobs",
     "conversation_id",
@@ -254,7 +260,12 @@ pub struct Part {
 #[derive(Deserialize, Debug)]
 pub struct ChatMessage {
     pub role: String,
-    pub content: Content,
+    /// Null in an assistant message that only calls tools.
+    pub content: Option<Content>,
+    /// The calls an assistant message made.
+    pub tool_calls: Option<Vec<WireCall>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -276,6 +287,12 @@ pub struct ChatRequest {
     pub logprobs: bool,
     /// ... and this many most likely alternatives (0 to 20).
     pub top_logprobs: Option<usize>,
+    /// Functions the model may call.
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    pub tool_choice: Option<Value>,
+    /// Whether a reply may make several calls (the first only when false).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `prompt` of `/v1/completions`: text, or token ids (one prompt only).
@@ -344,8 +361,15 @@ impl ChatMessage {
     /// The message as the engine takes it.
     pub fn to_message(&self) -> Result<Message, ApiError> {
         let text = match &self.content {
-            Content::Text(t) => t.clone(),
-            Content::Parts(parts) => {
+            None if self.role == "assistant" => String::new(),
+            None => {
+                return Err(ApiError::bad(format!(
+                    "a {} message needs content",
+                    self.role
+                )))
+            }
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
                 let mut out = String::new();
                 for p in parts {
                     match (p.kind.as_str(), &p.text) {
@@ -360,10 +384,27 @@ impl ChatMessage {
                 out
             }
         };
-        match self.role.as_str() {
-            "system" | "developer" => Ok(Message::new("system", text)),
-            "user" | "assistant" => Ok(Message::new(self.role.as_str(), text)),
-            other => Err(ApiError::bad(format!("unsupported message role {other:?}"))),
+        let calls = self.tool_calls.iter().flatten();
+        let tool_calls = calls
+            .map(WireCall::to_call)
+            .collect::<Result<Vec<_>, _>>()?;
+        if !tool_calls.is_empty() && self.role != "assistant" {
+            return Err(ApiError::bad("only assistant messages carry tool_calls"));
+        }
+        match (self.role.as_str(), &self.tool_call_id) {
+            ("tool", None) => Err(ApiError::bad("a tool message needs its tool_call_id")),
+            ("tool", Some(id)) => Ok(Message {
+                tool_call_id: Some(id.clone()),
+                ..Message::new("tool", text)
+            }),
+            (_, Some(_)) => Err(ApiError::bad("only tool messages carry a tool_call_id")),
+            ("system" | "developer", _) => Ok(Message::new("system", text)),
+            ("user", _) => Ok(Message::new("user", text)),
+            ("assistant", _) => Ok(Message {
+                tool_calls,
+                ..Message::new("assistant", text)
+            }),
+            (other, _) => Err(ApiError::bad(format!("unsupported message role {other:?}"))),
         }
     }
 }

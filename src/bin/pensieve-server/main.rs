@@ -59,6 +59,7 @@ mod metrics;
 mod respond;
 mod shutdown;
 mod tokens;
+mod tools;
 
 use api::{ApiError, ChatRequest, Common, CompletionRequest, Prompt};
 use metrics::{Metrics, Recorder};
@@ -317,12 +318,15 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             )));
         }
         let hints = request.hints(name.is_some())?;
-        let mut chat = Chat::new(messages).with_hints(hints);
+        let tools = tools::offered(&request.tools, request.tool_choice.as_ref())?;
+        let mut chat = Chat::new(messages).with_hints(hints).with_tools(tools);
         chat.name = name;
-        Ok::<_, ApiError>((Job::Chat(chat), params, request.common.choices()?))
+        let parallel = request.parallel_tool_calls.unwrap_or(true);
+        let job = Job::Chat { chat, parallel };
+        Ok::<_, ApiError>((job, params, request.common.choices()?))
     })();
-    if let (Some(p), Ok((Job::Chat(c), _, _))) = (&s.panic_on, &prepared) {
-        inject_fault(&s.service, p, c).await;
+    if let (Some(p), Ok((Job::Chat { chat, .. }, _, _))) = (&s.panic_on, &prepared) {
+        inject_fault(&s.service, p, chat).await;
     }
     match prepared {
         Ok((job, params, n)) => serve(s, job, params, n, &request.common, Kind::Chat).await,

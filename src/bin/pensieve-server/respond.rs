@@ -9,7 +9,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::{FinishReason, SamplingParams};
-use pensieve::model::Model;
+use pensieve::model::{Message, Model};
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
 
@@ -19,8 +19,9 @@ use crate::{now_s, AppState};
 
 /// What a request asks for.
 pub enum Job {
-    /// A chat turn, continuing the conversation its messages (or name) continue.
-    Chat(Chat),
+    /// A chat turn, continuing the conversation its messages (or name) continue; with
+    /// `parallel`, a reply may make several tool calls.
+    Chat { chat: Chat, parallel: bool },
     /// A raw completion of these prompt tokens.
     Completion(Vec<u32>),
 }
@@ -39,10 +40,13 @@ struct Framing {
     model: Arc<str>,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// With tools offered: whether a reply may make several calls. A reply is then sent
+    /// whole even when streamed, its calls parsed out of its text at its end.
+    tools: Option<bool>,
 }
 
 impl Framing {
-    fn new(kind: Kind, model: Arc<str>, request: u64, logprobs: bool) -> Self {
+    fn new(kind: Kind, model: Arc<str>, request: u64, logprobs: bool, tools: Option<bool>) -> Self {
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
             Kind::Completion => "cmpl",
@@ -53,6 +57,7 @@ impl Framing {
             created: now_s(),
             model,
             logprobs,
+            tools,
         }
     }
 
@@ -81,10 +86,13 @@ impl Framing {
             .enumerate()
             .map(|(index, c)| {
                 let logprobs = self.logprobs(&c.tokens, 0);
+                let message = match &c.message {
+                    Some(m) => crate::tools::message_json(m, self.tools.unwrap_or(true)),
+                    None => json!({"role": "assistant", "content": c.text}),
+                };
                 match self.kind {
                     Kind::Chat => json!({"index": index, "logprobs": logprobs,
-                        "finish_reason": c.reason,
-                        "message": {"role": "assistant", "content": c.text}}),
+                        "finish_reason": c.reason, "message": message}),
                     Kind::Completion => json!({"index": index, "logprobs": logprobs,
                         "finish_reason": c.reason, "text": c.text}),
                 }
@@ -110,12 +118,25 @@ impl Framing {
                     None if reason.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
-                json!({"index": index, "delta": delta, "logprobs": logprobs,
-                    "finish_reason": reason})
+                return self.delta_chunk(index, delta, reason, logprobs);
             }
             Kind::Completion => json!({"index": index, "text": text.unwrap_or(""),
                 "logprobs": logprobs, "finish_reason": reason}),
         };
+        json!({"id": self.id, "object": self.object(true), "created": self.created,
+            "model": &*self.model, "choices": [choice], "usage": null})
+    }
+
+    /// A chat stream chunk of choice `index` with this `delta`.
+    fn delta_chunk(
+        &self,
+        index: usize,
+        delta: Value,
+        reason: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
+        let choice = json!({"index": index, "delta": delta, "logprobs": logprobs,
+            "finish_reason": reason});
         json!({"id": self.id, "object": self.object(true), "created": self.created,
             "model": &*self.model, "choices": [choice], "usage": null})
     }
@@ -136,6 +157,8 @@ struct Choice {
     sent: usize,
     reason: &'static str,
     end: Option<Usage>,
+    /// The reply as the service recorded it (its tool calls parsed), with tools offered.
+    message: Option<Message>,
 }
 
 /// The usage of a request's choices: the prompt once, every choice's tokens.
@@ -159,8 +182,12 @@ pub async fn serve(
     kind: Kind,
 ) -> Response {
     let logprobs = params.logprobs.is_some();
+    let tools = match &job {
+        Job::Chat { chat, parallel } => (!chat.tools.is_empty()).then_some(*parallel),
+        Job::Completion(_) => None,
+    };
     let turns = match job {
-        Job::Chat(chat) => s.service.chat_choices(chat, params, n).await,
+        Job::Chat { chat, .. } => s.service.chat_choices(chat, params, n).await,
         Job::Completion(prompt) => s.service.complete_choices(prompt, params, n).await,
     };
     let turns = match turns {
@@ -168,7 +195,7 @@ pub async fn serve(
         Err(e) => return ApiError::from_engine(&e).into_response(),
     };
     let request = turns.first().map_or(0, |t| t.request().0);
-    let framing = Framing::new(kind, s.model.clone(), request, logprobs);
+    let framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
@@ -191,7 +218,11 @@ fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
         }
         FinishReason::Failed(e) => return Err(ApiError::from_failed_turn(e)),
     };
-    Ok((reason, Usage::of(end)))
+    let calls = end
+        .message
+        .as_ref()
+        .is_some_and(|m| !m.tool_calls.is_empty());
+    Ok((if calls { "tool_calls" } else { reason }, Usage::of(end)))
 }
 
 /// The choices' events as one stream, each tagged with its choice's index. Dropping it drops
@@ -225,6 +256,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
                 Ok((reason, usage)) => {
                     choices[i].reason = reason;
                     choices[i].end = Some(usage);
+                    choices[i].message = end.message.filter(|_| framing.tools.is_some());
                 }
                 Err(e) => return e.into_response(),
             },
@@ -271,6 +303,15 @@ fn stream(
             match outcome(end) {
                 Ok((reason, usage)) => {
                     self.choices[i].end = Some(usage);
+                    // With tools, the reply went unsent: it goes now, its calls parsed.
+                    if let (Some(parallel), Some(m)) = (self.framing.tools, &end.message) {
+                        let c = &mut self.choices[i];
+                        let logprobs = self.framing.logprobs(&c.tokens, c.sent);
+                        c.tokens.clear();
+                        let delta = crate::tools::message_json(m, parallel);
+                        let chunk = self.framing.delta_chunk(i, delta, None, logprobs);
+                        self.out.push_back(chunk.to_string());
+                    }
                     self.send(i, None, Some(reason));
                     if !self.choices.iter().all(|c| c.end.is_some()) {
                         return;
@@ -321,7 +362,7 @@ fn stream(
                 )) => {
                     let lp = logprobs.map(|l| Logprob::of(&st.model, token, &l));
                     st.choices[i].tokens.extend(lp);
-                    if !text.is_empty() {
+                    if !text.is_empty() && st.framing.tools.is_none() {
                         st.send(i, Some(&text), None);
                     }
                 }
