@@ -332,13 +332,18 @@ impl Engine {
     ) -> Result<()> {
         let conv = self.idle(conv_id)?;
         sampler::validate(&params, self.model.config().vocab_size)?;
+        let guide = match &params.constraint {
+            Some(c) => Some(crate::model::Guide::new(&self.model, c)?),
+            None => None,
+        };
         let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }
         let mut prompt = std::mem::take(&mut prepared.prompt);
         self.adopt_shared(conv_id, &mut prompt);
-        let active = ActiveTurn::new(prepared, params, self.model.eos_token_ids(), now);
+        let eos = self.model.eos_token_ids();
+        let active = ActiveTurn::new(prepared, params, eos, guide, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
         Ok(())
     }

@@ -11,6 +11,7 @@ use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
 use super::{SamplingParams, TokenLogprobs};
+use crate::model::Guide;
 use crate::{Error, Result};
 
 /// Checks parameters at the API edge.
@@ -76,6 +77,8 @@ pub(crate) struct Sampler {
     /// Every token of the conversation and the turn so far (repetition penalty), filled from
     /// the conversation at the first sample.
     seen: Option<HashSet<u32>>,
+    /// The reply's constraint, if it has one.
+    guide: Option<Guide>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -86,8 +89,9 @@ impl std::fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    /// A sampler for validated `params`, on a model whose end-of-turn tokens are `eos`.
-    pub fn new(params: &SamplingParams, eos: &[u32]) -> Self {
+    /// A sampler for validated `params`, on a model whose end-of-turn tokens are `eos`, the
+    /// reply held to `guide`.
+    pub fn new(params: &SamplingParams, eos: &[u32], guide: Option<Guide>) -> Self {
         let sampling = match (params.temperature, params.top_k, params.top_p) {
             (t, _, _) if t <= 0.0 => Sampling::ArgMax,
             (temperature, None, None) => Sampling::All { temperature },
@@ -113,6 +117,7 @@ impl Sampler {
             min_p_gap,
             counts: HashMap::new(),
             seen: None,
+            guide,
         }
     }
 
@@ -125,15 +130,22 @@ impl Sampler {
         let masked = self.sampled < self.min_tokens && !self.stops.is_empty();
         self.sampled += 1;
         let penalized = self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0;
-        let token = if !masked && !penalized && self.bias.is_empty() && self.min_p_gap.is_none() {
+        let plain = !masked && !penalized && self.bias.is_empty() && self.min_p_gap.is_none();
+        let token = if plain && self.guide.is_none() {
             self.processor.sample(logits)?
         } else {
             let mut v: Vec<f32> = logits.to_dtype(candle_core::DType::F32)?.to_vec1()?;
             self.adjust(&mut v, masked, context);
+            if let Some(g) = &mut self.guide {
+                g.restrict(&mut v)?;
+            }
             let n = v.len();
             self.processor
                 .sample(&Tensor::from_vec(v, n, logits.device())?)?
         };
+        if let Some(g) = &mut self.guide {
+            g.accept(token)?;
+        }
         *self.counts.entry(token).or_default() += 1;
         if let Some(seen) = &mut self.seen {
             seen.insert(token);

@@ -9,7 +9,7 @@ use super::encode::{encode, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
 use crate::conversation::{Conversation, Cut, Mark};
-use crate::model::{IncrementalDecoder, Message, Model};
+use crate::model::{Guide, IncrementalDecoder, Message, Model};
 use crate::{Error, Result};
 
 /// What bounds a turn's size, from the model and the engine configuration.
@@ -266,9 +266,15 @@ pub(crate) struct Accepted {
 impl ActiveTurn {
     /// A turn of `prepared` with `params` (checked by `sampler::validate`), submitted at
     /// `now`.
-    pub fn new(prepared: PreparedTurn, params: SamplingParams, eos: &[u32], now: Instant) -> Self {
+    pub fn new(
+        prepared: PreparedTurn,
+        params: SamplingParams,
+        eos: &[u32],
+        guide: Option<Guide>,
+        now: Instant,
+    ) -> Self {
         Self {
-            sampler: Sampler::new(&params, eos),
+            sampler: Sampler::new(&params, eos, guide),
             params,
             decoder: IncrementalDecoder::new(),
             reply: String::new(),

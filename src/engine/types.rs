@@ -71,6 +71,9 @@ pub struct SamplingParams {
     /// Drops the tokens whose probability, at the turn's temperature, is below `min_p` times
     /// the most likely one's (vLLM's `min_p`; 0 is off, no effect on greedy decoding).
     pub min_p: f64,
+    /// What the reply must match (a JSON schema, any JSON object, a regular expression, a
+    /// grammar): decoding is constrained to it, and the reply ends once it is complete.
+    pub constraint: Option<crate::model::Constraint>,
 }
 
 impl SamplingParams {
@@ -92,6 +95,7 @@ impl SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             min_p: 0.0,
+            constraint: None,
         }
     }
 

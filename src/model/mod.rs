@@ -9,6 +9,7 @@ mod chat_template;
 mod config;
 mod detokenize;
 mod generation;
+mod grammar;
 mod llama;
 mod ops;
 mod packed;
@@ -28,6 +29,8 @@ pub use chat_template::{common_prefix, ChatTemplate, Message, BUILTIN_TEMPLATES}
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
+pub use grammar::Constraint;
+pub(crate) use grammar::Guide;
 pub use llama::{ForwardBatch, Llama, WeightFormat};
 pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
@@ -79,6 +82,8 @@ pub struct Model {
     prefixes_space: bool,
     /// See [`Model::generation_defaults`].
     generation: GenerationDefaults,
+    /// The vocabulary as the grammar engine reads it, built at the first constrained turn.
+    grammars: grammar::Grammars,
 }
 
 impl Model {
@@ -109,7 +114,12 @@ impl Model {
             bos_token_id: None,
             prefixes_space,
             generation: GenerationDefaults::default(),
+            grammars: grammar::Grammars::default(),
         }
+    }
+
+    pub(crate) fn grammars(&self) -> &grammar::Grammars {
+        &self.grammars
     }
 
     /// The same model with the sampling defaults its checkpoint ships; the ends of generation
