@@ -226,7 +226,7 @@ mod tests {
 
     fn sampler(p: SamplingParams) -> Sampler {
         validate(&p, 4).unwrap();
-        Sampler::new(&p, &[])
+        Sampler::new(&p, &[], None)
     }
 
     #[test]
