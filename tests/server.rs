@@ -154,7 +154,7 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
             400,
         ),
         (
-            r#"{"messages": [{"role": "user", "content": "hi"}], "n": 3}"#.into(),
+            r#"{"messages": [{"role": "user", "content": "hi"}], "n": 17}"#.into(),
             400,
         ),
         (
@@ -200,14 +200,16 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
     }
     let (status, _) = post(b, "/v1/completions", r#"{"prompt": [999999999]}"#);
     assert_eq!(status, 400);
-    // A field the server does not implement is refused by name, never ignored.
+    // A field the server does not implement is refused by name, never ignored; so are tools
+    // on a model whose template takes none.
     for (field, value) in [
         (
             "tools",
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
-        ("response_format", json!({"type": "json_object"})),
-        ("tool_choice", json!("auto")),
+        ("functions", json!([{"name": "f"}])),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
     ] {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
         body[field] = value;

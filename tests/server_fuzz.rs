@@ -125,7 +125,7 @@ fn common_fields() -> impl Strategy<Value = Map<String, Value>> {
                 "stream_options",
                 mostly(Just(json!({"include_usage": true}))),
             ),
-            field("n", mostly(Just(json!(1)))),
+            field("n", mostly((0u32..4).prop_map(|v| json!(v)))),
             field("ignore_eos", mostly(any::<bool>().prop_map(|v| json!(v)))),
             field("min_tokens", mostly((0u32..3).prop_map(|v| json!(v)))),
         ),
@@ -138,12 +138,23 @@ fn common_fields() -> impl Strategy<Value = Map<String, Value>> {
                 ]),
             ),
             field("model", mostly(Just(json!("pensieve")))),
+            field(
+                "response_format",
+                mostly(prop_oneof![
+                    Just(json!({"type": "json_object"})),
+                    Just(json!({"type": "text"})),
+                    (text(), text()).prop_map(|(name, kind)| json!({"type": "json_schema",
+                        "json_schema": {"name": name, "schema": {"type": kind}}})),
+                    Just(json!({"type": "json_schema", "json_schema": {"name": "n",
+                        "schema": {"type": "array", "items": {"type": "integer"}}}})),
+                ]),
+            ),
         ),
     )
         .prop_map(|(a, b, c)| {
             let mut m = Map::new();
             let fields = [
-                a.0, a.1, a.2, a.3, a.4, a.5, b.0, b.1, b.2, b.3, b.4, b.5, c.0, c.1,
+                a.0, a.1, a.2, a.3, a.4, a.5, b.0, b.1, b.2, b.3, b.4, b.5, c.0, c.1, c.2,
             ];
             for (name, v) in fields {
                 if let Some(v) = v {

@@ -205,7 +205,7 @@ fn several_choices_come_from_forks_a_client_may_continue() {
 }
 
 #[test]
-fn a_tool_result_turn_continues_the_conversation_and_tools_need_a_template_that_takes_them() {
+fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "The weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
@@ -269,8 +269,68 @@ fn a_tool_result_turn_continues_the_conversation_and_tools_need_a_template_that_
         .unwrap();
     let prompt = usage["prompt_tokens"].as_u64().unwrap();
     assert!(cached + 32 >= prompt && cached > 100, "{usage}");
+    // A call the model makes: tool_choice "required" holds the reply to one, parsed.
+    let body = json!({"messages": [question], "tools": tools, "tool_choice": "required",
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{answer}"
+    );
+    let made = answer["choices"][0]["message"].clone();
+    let call = &made["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{answer}");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{answer}");
+    // Its result comes back; the conversation, the call included, is the one the server holds.
+    let result = json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"});
+    let body = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let usage = &answer["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached + 48 >= usage["prompt_tokens"].as_u64().unwrap(),
+        "{usage}"
+    );
+    // Structured output: a reply held to a JSON schema parses and validates.
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
+        "country": {"type": "string"}}, "required": ["city", "country"],
+        "additionalProperties": false});
+    let body = json!({"messages": [{"role": "user", "content": "A city and its country?"}],
+        "max_tokens": 64, "temperature": 0, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema, "strict": true}}});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    let place: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let keys: Vec<&String> = place.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["city", "country"], "{text}");
+    assert!(
+        place["city"].is_string() && place["country"].is_string(),
+        "{text}"
+    );
+    let body = json!({"prompt": "JSON:", "max_tokens": 24, "temperature": 0,
+        "response_format": {"type": "json_object"}});
+    let (status, answer) = post(b, "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .trim_start()
+        .starts_with('{'));
     for bad in [
-        json!({"messages": [question], "tools": tools, "tool_choice": "required"}),
+        json!({"messages": [question], "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        json!({"messages": [question], "tools": tools, "tool_choice": "required",
+            "response_format": {"type": "json_object"}}),
+        json!({"messages": [question], "response_format": {"type": "json_schema",
+            "json_schema": {"name": "has space", "schema": {}}}}),
+        json!({"messages": [question], "response_format": {"type": "xml"}}),
         json!({"messages": [question, call, {"role": "tool", "content": "x"}], "tools": tools}),
         json!({"messages": [question], "tools": [{"type": "function"}]}),
     ] {

@@ -11,6 +11,7 @@ use axum::Json;
 use pensieve::engine::SamplingParams;
 use pensieve::service::{Hints, TurnEnd};
 
+use crate::structured::ResponseFormat;
 use crate::tools::WireCall;
 
 use pensieve::model::{GenerationDefaults, Message};
@@ -168,6 +169,7 @@ pub struct Common {
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f64>,
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// The request fields both endpoints take, [`Common`]'s.
@@ -190,6 +192,7 @@ const COMMON_FIELDS: &[&str] = &[
     "frequency_penalty",
     "repetition_penalty",
     "min_p",
+    "response_format",
     // OpenAI's end-user id, for its abuse monitoring: accepted, without effect here.
     "user",
 ];
@@ -514,6 +517,10 @@ impl Common {
                 .or(defaults.repetition_penalty)
                 .unwrap_or(1.0),
             min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
+            constraint: match &self.response_format {
+                Some(f) => f.constraint()?,
+                None => None,
+            },
             ..SamplingParams::greedy()
         })
     }

@@ -1,7 +1,7 @@
 //! Tool calling on the wire: the `tools` a chat request offers, `tool_choice`, the calls an
 //! assistant message carries (in requests and in answers), and `tool` messages.
 
-use pensieve::model::{Message, ToolCall};
+use pensieve::model::{Constraint, Message, ToolCall, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -43,11 +43,15 @@ impl WireCall {
     }
 }
 
-/// The tools a request offers the model, checked: `function` entries with a name. With
-/// `tool_choice` `"none"` the model is offered none; `"required"` or a named function would
-/// need decoding constrained to a call, which this server does not do yet (a 400, never
-/// ignored).
-pub fn offered(tools: &[Value], choice: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+/// The tools a request offers the model, checked (`function` entries with a name), and the
+/// constraint `tool_choice` puts on the reply: none for `"auto"`; `"none"` offers no tools;
+/// `"required"` or a named function holds the reply to one call (of any tool, or of that
+/// one) in the template's format, `format` (Hermes-style templates only, for now).
+pub fn offered(
+    tools: &[Value],
+    choice: Option<&Value>,
+    format: Option<ToolFormat>,
+) -> Result<(Vec<Value>, Option<Constraint>), ApiError> {
     for t in tools {
         let named = t["function"]["name"]
             .as_str()
@@ -58,14 +62,50 @@ pub fn offered(tools: &[Value], choice: Option<&Value>) -> Result<Vec<Value>, Ap
             ));
         }
     }
-    match choice {
-        None => Ok(tools.to_vec()),
-        Some(Value::String(c)) if c == "auto" => Ok(tools.to_vec()),
-        Some(Value::String(c)) if c == "none" => Ok(Vec::new()),
-        Some(other) => Err(ApiError::bad(format!(
-            "tool_choice {other} is not supported (only \"auto\" and \"none\")"
-        ))),
+    let forced: Vec<&Value> = match choice {
+        None => return Ok((tools.to_vec(), None)),
+        Some(Value::String(c)) if c == "auto" => return Ok((tools.to_vec(), None)),
+        Some(Value::String(c)) if c == "none" => return Ok((Vec::new(), None)),
+        Some(Value::String(c)) if c == "required" => tools.iter().collect(),
+        Some(named) if named["type"] == "function" => {
+            let name = &named["function"]["name"];
+            let tool = tools.iter().find(|t| &t["function"]["name"] == name);
+            vec![tool.ok_or_else(|| ApiError::bad(format!("tool_choice names no tool: {name}")))?]
+        }
+        Some(other) => return Err(ApiError::bad(format!("tool_choice {other} is not valid"))),
+    };
+    if forced.is_empty() {
+        return Err(ApiError::bad("tool_choice \"required\" needs tools"));
     }
+    if format != Some(ToolFormat::Hermes) {
+        return Err(ApiError::bad(
+            "tool_choice \"required\" or a named function is supported on templates that write \
+             <tool_call> elements (Hermes, Qwen, chatml-tools)",
+        ));
+    }
+    Ok((tools.to_vec(), Some(one_call(&forced))))
+}
+
+/// A grammar of one `<tool_call>` element calling one of `tools` with arguments of its
+/// schema.
+fn one_call(tools: &[&Value]) -> Constraint {
+    let calls: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            let arguments = match &f["parameters"] {
+                Value::Null => json!({"type": "object"}),
+                p => p.clone(),
+            };
+            json!({"type": "object", "properties": {
+                "name": {"const": f["name"]}, "arguments": arguments},
+                "required": ["name", "arguments"], "additionalProperties": false})
+        })
+        .collect();
+    let schema = json!({ "anyOf": calls });
+    Constraint::Lark(format!(
+        "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}"
+    ))
 }
 
 /// An assistant message's `message` (or stream `delta`) body: its text (null when it only
