@@ -18,8 +18,11 @@
 //! forks of the conversation, each a conversation a client may continue), and vLLM's `ignore_eos`,
 //! `min_tokens`, `repetition_penalty` and `min_p` are honoured; `user` is accepted without
 //! effect; `logprobs` (chat: with `top_logprobs`) reports each generated token's
-//! log-probability and up to 20 alternatives, each token as the text it decodes to alone; any
-//! other field (`tools`, `response_format`, ...) is a 400 naming it.
+//! log-probability and up to 20 alternatives, each token as the text it decodes to alone;
+//! `response_format` (`json_object`, `json_schema`) holds the reply to JSON by constrained
+//! decoding; `tools`, `tool_choice` and `parallel_tool_calls` offer tools through the chat
+//! template and parse the calls out of replies (see `tools`); any other field is a 400
+//! naming it.
 //! Extensions of the chat request: `conversation_id` (or the `X-Conversation-Id` header) names
 //! a conversation to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
 //!
