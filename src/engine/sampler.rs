@@ -14,6 +14,9 @@ use super::{SamplingParams, TokenLogprobs};
 use crate::model::Guide;
 use crate::{Error, Result};
 
+/// The highest temperature taken.
+const MAX_TEMPERATURE: f64 = 100.0;
+
 /// Checks parameters at the API edge.
 ///
 /// # Errors
@@ -32,8 +35,10 @@ pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
     {
         return bad("logit_bias needs token ids in the vocabulary and finite biases");
     }
-    if !(p.temperature.is_finite() && p.temperature >= 0.0) {
-        return bad("temperature must be a finite number >= 0");
+    // Logits are f32: a temperature past f32's range would make them NaN (the fuzzer's
+    // `1e300`), and past 100 sampling is uniform for any model anyway.
+    if !(0.0..=MAX_TEMPERATURE).contains(&p.temperature) {
+        return bad(&format!("temperature must be in [0, {MAX_TEMPERATURE}]"));
     }
     if p.top_p.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
         return bad("top_p must be in (0, 1]");
@@ -317,6 +322,12 @@ mod tests {
             },
             SamplingParams {
                 min_p: 1.5,
+                ..SamplingParams::greedy()
+            },
+            // Past f32's range the logits would be NaN (a fuzzer's find).
+            SamplingParams {
+                temperature: 1e300,
+                min_tokens: 1,
                 ..SamplingParams::greedy()
             },
         ] {
