@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::server::{client, example, metric, post, start};
+use common::server::{client, example, histogram, metric, post, start};
 
 #[test]
 fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
@@ -81,17 +81,21 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
     ] {
         assert_eq!(metric(b, name), count as f64, "{name}");
     }
-    let text = ureq::get(&format!("{b}/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    let by_reason: f64 = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("pensieve_request_success_total{finished_reason="))
-        .filter_map(|l| l.split_once("} ")?.1.parse::<f64>().ok())
-        .sum();
-    assert_eq!(by_reason, 4.0, "{text}");
+    // Every finish reason's turns together.
+    assert_eq!(metric(b, "pensieve_request_success_total"), 4.0);
+    // Histograms: cumulative buckets on vLLM's bounds, all four turns under +Inf.
+    for name in [
+        "pensieve_time_to_first_token_seconds",
+        "pensieve_e2e_request_latency_seconds",
+    ] {
+        let buckets = histogram(b, name);
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{name}: {buckets:?}"
+        );
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 4.0)), "{name}");
+        assert!(buckets.len() > 10, "{name}: {buckets:?}");
+    }
     assert!(metric(b, "pensieve_time_to_first_token_seconds_sum") > 0.0);
     assert!(metric(b, "pensieve_prompt_tokens_total") > 0.0);
     let usage = metric(b, "pensieve_kv_cache_usage_perc");

@@ -110,13 +110,41 @@ pub fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
     )
 }
 
-pub fn metric(base: &str, name: &str) -> f64 {
+/// `/metrics`, read by a parser of the Prometheus text format.
+pub fn scrape(base: &str) -> prometheus_parse::Scrape {
     let text = ureq::get(&format!("{base}/metrics"))
         .call()
         .unwrap()
         .into_string()
         .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// The value of the scalar metric `name`, summed over its label sets.
+pub fn metric(base: &str, name: &str) -> f64 {
+    use prometheus_parse::Value;
+    let samples: Vec<f64> = scrape(base)
+        .samples
+        .into_iter()
+        .filter(|s| s.metric == name)
+        .filter_map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert!(!samples.is_empty(), "no metric {name}");
+    samples.iter().sum()
+}
+
+/// The cumulative buckets (upper bound, count) of the histogram `name`.
+pub fn histogram(base: &str, name: &str) -> Vec<(f64, f64)> {
+    let found = scrape(base)
+        .samples
+        .into_iter()
+        .find_map(|s| match s.value {
+            prometheus_parse::Value::Histogram(b) if s.metric == name => Some(b),
+            _ => None,
+        });
+    let buckets = found.unwrap_or_else(|| panic!("no histogram {name}"));
+    buckets.iter().map(|b| (b.less_than, b.count)).collect()
 }
