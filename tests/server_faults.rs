@@ -107,8 +107,13 @@ fn real_model_hostile_requests_get_errors_and_the_server_serves_on() {
             json!({"messages": user, "max_tokens": 18446744073709551615u64}),
             200,
         ),
+        // Past f32's range a temperature made the logits NaN: refused (at most 100).
         (
             json!({"messages": user, "max_tokens": 2, "temperature": 1e308}),
+            400,
+        ),
+        (
+            json!({"messages": user, "max_tokens": 2, "temperature": 100}),
             200,
         ),
         (
