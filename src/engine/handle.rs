@@ -7,10 +7,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{ConversationId, RequestId, SamplingParams, Turn};
+use super::{
+    ConversationId, Engine, Event, FinishReason, RequestId, SamplingParams, Turn, TurnStats,
+};
 
 #[derive(Debug)]
 pub(super) enum Command {
@@ -70,5 +73,35 @@ impl EngineHandle {
     /// Asks for a turn to be cancelled at the next `step()`.
     pub fn cancel(&self, id: RequestId) {
         self.shared.inbox.lock().push(Command::Cancel(id));
+    }
+}
+
+impl Engine {
+    /// Takes the handles' commands: submissions (a refused one finishes failed in the next
+    /// events) and cancels.
+    pub(super) fn drain_commands(&mut self, now: Instant) {
+        for cmd in self.shared.take_commands() {
+            match cmd {
+                Command::Submit {
+                    id,
+                    conv,
+                    turn,
+                    params,
+                } => {
+                    if let Err(e) = self.submit_as(id, conv, turn, *params, now) {
+                        self.backlog.push(Event::Finished {
+                            request: id,
+                            conversation: conv,
+                            reason: FinishReason::failed(e),
+                            stats: TurnStats::default(),
+                        });
+                    }
+                }
+                Command::Cancel(id) => {
+                    // Cancelling an unknown or finished request from a handle is a no-op.
+                    let _ = self.cancel(id);
+                }
+            }
+        }
     }
 }

@@ -52,7 +52,7 @@ use crate::model::{Message, Model};
 use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
 use crate::{Error, Result};
 use executor::Faults;
-use handle::{Command, Shared};
+use handle::Shared;
 use turn::{ActiveTurn, TurnLimits};
 
 /// Options of a new conversation.
@@ -572,32 +572,6 @@ impl Engine {
                         return Ok((reason, stats));
                     }
                     other => kept.push(other),
-                }
-            }
-        }
-    }
-
-    fn drain_commands(&mut self, now: Instant) {
-        for cmd in self.shared.take_commands() {
-            match cmd {
-                Command::Submit {
-                    id,
-                    conv,
-                    turn,
-                    params,
-                } => {
-                    if let Err(e) = self.submit_as(id, conv, turn, *params, now) {
-                        self.backlog.push(Event::Finished {
-                            request: id,
-                            conversation: conv,
-                            reason: FinishReason::failed(e),
-                            stats: TurnStats::default(),
-                        });
-                    }
-                }
-                Command::Cancel(id) => {
-                    // Cancelling an unknown or finished request from a handle is a no-op.
-                    let _ = self.cancel(id);
                 }
             }
         }
