@@ -120,8 +120,13 @@ pub(super) struct Driver {
     /// Refusing new turns (the service is stopping).
     draining: bool,
     stats: Arc<Mutex<ServiceStats>>,
+    /// When `stats.engine` was last taken.
+    stats_taken: Instant,
     observer: Option<Arc<dyn Observer>>,
 }
+
+/// How often the engine's counters are taken while it is busy.
+const STATS_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Driver {
     pub(super) fn new(
@@ -144,6 +149,7 @@ impl Driver {
             held: Vec::new(),
             draining: false,
             stats,
+            stats_taken: Instant::now(),
             observer: config.observer.clone(),
         }
     }
@@ -326,8 +332,17 @@ impl Driver {
             // the engine itself goes on serving.
             Err(e) => tracing::error!(error = %e, "step failed"),
         }
+        // The engine's counters cost a pass over every conversation held: taken at most every
+        // `STATS_EVERY` while busy, and always when the engine goes idle, so that what a
+        // finished turn did is in them.
+        let now = Instant::now();
+        let due = now.saturating_duration_since(self.stats_taken) >= STATS_EVERY;
+        let engine = (due || !self.engine.has_work()).then(|| self.engine.stats());
         let mut stats = self.stats.lock();
-        stats.engine = self.engine.stats();
+        if let Some(e) = engine {
+            stats.engine = e;
+            self.stats_taken = now;
+        }
         stats.conversations = self.sessions.len();
         stats.steps += 1;
         stats.step_seconds += took.as_secs_f64();

@@ -514,7 +514,8 @@ impl Service {
         Ok(streams.collect())
     }
 
-    /// The numbers of the latest step, with the turns in flight now.
+    /// The numbers of the latest steps (the engine's counters as of at most 100 ms ago while
+    /// it is busy, and of its last step once idle), with the turns in flight now.
     pub fn stats(&self) -> ServiceStats {
         let mut s = self.inner.stats.lock().clone();
         s.in_flight = self.in_flight();
