@@ -164,29 +164,12 @@ fn several_choices_come_from_forks_a_client_may_continue() {
         "max_tokens": 4});
     let (status, answer) = post(b, "/v1/chat/completions", &next.to_string());
     assert_eq!(status, 200, "{answer}");
-    let usage = &answer["usage"];
-    let cached = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    assert!(
-        cached + 16 >= usage["prompt_tokens"].as_u64().unwrap(),
-        "{usage}"
-    );
+    let (cached, prompt) = cached_of(&answer);
+    assert!(cached + 16 >= prompt, "{answer}");
     // Streamed: every choice's chunks carry its index, and each ends once.
     let body = json!({"prompt": "The sky is", "max_tokens": 4, "n": 2, "stream": true,
         "stream_options": {"include_usage": true}, "ignore_eos": true});
-    let text = ureq::post(&format!("{b}/v1/completions"))
-        .set("content-type", "application/json")
-        .send_string(&body.to_string())
-        .unwrap()
-        .into_string()
-        .unwrap();
-    let chunks: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (text, chunks) = streamed(b, "/v1/completions", &body);
     let ends: Vec<&Value> = chunks
         .iter()
         .flat_map(|c| c["choices"].as_array().unwrap())
@@ -238,19 +221,11 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     let reply = first["choices"][0]["message"].clone();
     assert!(reply["content"].is_string(), "{first}");
     // Streamed, the same reply arrives (whole, at its end, so that calls can be parsed).
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
-    let text = ureq::post(&format!("{b}/v1/chat/completions"))
-        .set("content-type", "application/json")
-        .send_string(&streamed.to_string())
-        .unwrap()
-        .into_string()
-        .unwrap();
-    let content: String = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let (text, chunks) = streamed(b, "/v1/chat/completions", &stream_body);
+    let content: String = chunks
+        .iter()
         .filter_map(|c| {
             c["choices"][0]["delta"]["content"]
                 .as_str()
@@ -263,12 +238,8 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
         {"role": "user", "content": "And tomorrow?"}], "tools": tools, "max_tokens": 4});
     let (status, second) = post(b, "/v1/chat/completions", &next.to_string());
     assert_eq!(status, 200, "{second}");
-    let usage = &second["usage"];
-    let cached = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    let prompt = usage["prompt_tokens"].as_u64().unwrap();
-    assert!(cached + 32 >= prompt && cached > 100, "{usage}");
+    let (cached, prompt) = cached_of(&second);
+    assert!(cached + 32 >= prompt && cached > 100, "{second}");
     // A call the model makes: tool_choice "required" holds the reply to one, parsed.
     let body = json!({"messages": [question], "tools": tools, "tool_choice": "required",
         "max_tokens": 64, "temperature": 0});
@@ -289,14 +260,8 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     let body = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});
     let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
     assert_eq!(status, 200, "{answer}");
-    let usage = &answer["usage"];
-    let cached = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    assert!(
-        cached + 48 >= usage["prompt_tokens"].as_u64().unwrap(),
-        "{usage}"
-    );
+    let (cached, prompt) = cached_of(&answer);
+    assert!(cached + 48 >= prompt, "{answer}");
     // Structured output: a reply held to a JSON schema parses and validates.
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
         "country": {"type": "string"}}, "required": ["city", "country"],
@@ -337,4 +302,31 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
         let (status, answer) = post(b, "/v1/chat/completions", &bad.to_string());
         assert_eq!(status, 400, "{bad}: {answer}");
     }
+}
+
+/// A streamed request's body and its data chunks (`[DONE]` left out).
+fn streamed(base: &str, path: &str, body: &Value) -> (String, Vec<Value>) {
+    let text = ureq::post(&format!("{base}{path}"))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let chunks = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    (text, chunks)
+}
+
+/// An answer's cached prompt tokens and prompt tokens.
+fn cached_of(answer: &Value) -> (u64, u64) {
+    let usage = &answer["usage"];
+    let cached = &usage["prompt_tokens_details"]["cached_tokens"];
+    (
+        cached.as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap(),
+    )
 }
