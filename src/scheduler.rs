@@ -330,7 +330,7 @@ impl<T> Scheduler<T> {
             let chunk = cache.chunk_size();
             // Blocks for every token up to this turn's first output, beyond those held.
             let total = convs.get(&conv).map_or(0, |c| c.tokens().len()) + req.pending.len();
-            let held = cache.table(conv).map_or(0, |t| t.chunks().len());
+            let held = cache.table(conv).map_or(0, |t| t.len());
             let grow = (total + 1).div_ceil(chunk).saturating_sub(held);
             let needed = cache.blocks_to_restore(conv) + grow;
             let want_free = needed + self.limits.reserve_blocks;
@@ -458,7 +458,7 @@ impl<T> Scheduler<T> {
             return Ok(None);
         };
         let chunk = cache.chunk_size();
-        let have = cache.table(req.conv).map_or(0, |t| t.chunks().len());
+        let have = cache.table(req.conv).map_or(0, |t| t.len());
         for _ in have..last / chunk + 1 {
             if !cache.grow(req.conv) {
                 return Err(RowError::NoBlock);

@@ -25,10 +25,7 @@ fn adopt(
         return 0;
     };
     let (history, computed) = (conv.tokens().len(), table.computed());
-    if !computed.is_multiple_of(chunk)
-        || table.chunks().len() != computed / chunk
-        || prompt.is_empty()
-    {
+    if !computed.is_multiple_of(chunk) || table.len() != computed / chunk || prompt.is_empty() {
         return 0;
     }
     // The last prompt token always runs: its logits start the reply.

@@ -1,13 +1,12 @@
 //! Slot allocation over the fixed device pool, in blocks of `chunk_size` consecutive slots
 //! (Pensieve §4.3: the chunk is the unit of allocation, eviction and swap).
 //!
-//! A block holding a full chunk that several conversations computed for the same tokens is
-//! shared (prefix sharing): it counts one reference per chunk that names it and returns to the
-//! free list when the last is released.
+//! A block belongs to one chunk record of the cache manager; a chunk several conversations
+//! share is one record with several holders, so the block is held once.
 //!
-//! Invariants: every block is either free (in the free list exactly once, no references) or
-//! allocated (at least one reference); the number of free blocks plus allocated blocks equals
-//! the pool's block count. `allocate`, `share` and `release` are O(1).
+//! Invariants: every block is either free (in the free list exactly once, no reference) or
+//! allocated (one reference); the number of free blocks plus allocated blocks equals the
+//! pool's block count. `allocate` and `release` are O(1).
 
 use std::fmt;
 
@@ -62,17 +61,6 @@ impl BlockAllocator {
         let b = self.free.pop()?;
         self.refs[b.0 as usize] = 1;
         Some(b)
-    }
-
-    /// One more reference to an allocated block; `false` (nothing done) for a free one.
-    pub fn share(&mut self, block: BlockId) -> bool {
-        match self.refs.get_mut(block.0 as usize) {
-            Some(r) if *r > 0 => {
-                *r += 1;
-                true
-            }
-            _ => false,
-        }
     }
 
     /// Drops one reference to `block`, returning it to the free list with the last. Releasing
@@ -133,19 +121,6 @@ mod tests {
                 prop_assert_eq!(a.num_free() + held.len(), 16);
             }
         }
-    }
-
-    #[test]
-    fn a_shared_block_is_freed_with_its_last_reference() {
-        let mut a = BlockAllocator::new(2, 32);
-        let b = a.allocate().unwrap();
-        assert!(a.share(b) && a.share(b));
-        assert_eq!((a.refs(b), a.num_free()), (3, 1));
-        assert!(a.release(b) && a.release(b));
-        assert_eq!(a.num_free(), 1);
-        assert!(a.release(b));
-        assert_eq!((a.refs(b), a.num_free()), (0, 2));
-        assert!(!a.release(b) && !a.share(b));
     }
 
     #[test]

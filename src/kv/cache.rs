@@ -10,19 +10,19 @@
 //! tier, the lowest value under the policy. Ahead-of-time eviction only moves KV to a lower
 //! tier with free room; dropping happens only on demand.
 //!
-//! Full chunks are shared between conversations whose histories start alike (see `share`):
-//! a shared block or host chunk moves, for all of its holders at once.
+//! A table is a list of handles to chunk records (see `arena`): a chunk shared by
+//! conversations whose histories start alike (see `share`) is one record with several
+//! holders, and moves for all of them at once.
 //!
-//! Invariants (checked by [`CacheManager::check`]): every allocated block and host chunk has
-//! as many references as chunks name it (one, unless shared); the host pool never exceeds its
-//! budget; a table covers at least its computed tokens.
-//!
-//! Cost: one eviction scans the conversations, `O(conversations + chunks)`.
+//! Invariants (checked by [`CacheManager::check`]): every allocated block and host chunk is
+//! named by exactly one record, and every record by exactly its holders' tables; the host
+//! pool never exceeds its budget; a table covers at least its computed tokens.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod arena;
 mod check;
 mod disk;
 mod evict;
@@ -38,6 +38,7 @@ use super::{
     Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,
 };
 use crate::ids::ConversationId;
+use arena::{Arena, ChunkId};
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +85,19 @@ impl SwapOut {
     }
 }
 
+impl SwapIn {
+    /// Where the chunk is while the copy is planned.
+    fn loc(&self) -> ChunkLoc {
+        match self.from {
+            Source::Host(host) => ChunkLoc::SwappingIn {
+                host,
+                block: self.block,
+            },
+            Source::Disk(_) => ChunkLoc::Loading(self.block),
+        }
+    }
+}
+
 impl Moves {
     pub fn is_empty(&self) -> bool {
         self.swap_out.is_empty() && self.swap_in.is_empty()
@@ -120,7 +134,7 @@ pub(crate) struct CacheCounters {
 /// One conversation's KV: where each chunk lives and how far the KV has been computed.
 #[derive(Debug)]
 pub(crate) struct ChunkTable {
-    chunks: Vec<ChunkLoc>,
+    chunks: Vec<ChunkId>,
     /// Per chunk, the address of its file in the disk tier, when one holds this chunk's KV
     /// (whatever tier also holds it).
     saved: Vec<Option<Address>>,
@@ -132,14 +146,12 @@ pub(crate) struct ChunkTable {
     pinned: bool,
     /// When its next turn is expected (a session hint).
     resume_at: Option<Instant>,
-    /// Content addresses of its leading full chunks, as far as they are in the prefix index.
-    addrs: Vec<Address>,
 }
 
 impl ChunkTable {
-    /// Where each chunk lives.
-    pub fn chunks(&self) -> &[ChunkLoc] {
-        &self.chunks
+    /// Chunks in the table (computed, or reserved for tokens being computed).
+    pub fn len(&self) -> usize {
+        self.chunks.len()
     }
 
     /// Tokens whose KV has been computed.
@@ -169,8 +181,8 @@ pub(crate) struct CacheManager {
     counters: CacheCounters,
     /// The tier below host, when the engine has one.
     disk: Option<DiskTier>,
-    /// Conversations holding a full chunk, by the chunk's content address (see `share`).
-    index: HashMap<Address, Vec<ConversationId>>,
+    /// Every chunk record, and the content index over them.
+    arena: Arena,
 }
 
 impl CacheManager {
@@ -189,7 +201,7 @@ impl CacheManager {
             tables: BTreeMap::new(),
             counters: CacheCounters::default(),
             disk: None,
-            index: HashMap::new(),
+            arena: Arena::default(),
         }
     }
 
@@ -234,15 +246,13 @@ impl CacheManager {
                 last_active: now,
                 pinned: false,
                 resume_at: None,
-                addrs: Vec::new(),
             },
         );
     }
 
     /// Releases everything `id` holds and forgets it.
     pub fn close(&mut self, id: ConversationId) {
-        self.release_all(id);
-        self.forget_addresses(id, 0);
+        self.replace_tail(id, 0, 0, Vec::new());
         self.tables.remove(&id);
     }
 
@@ -253,13 +263,64 @@ impl CacheManager {
     /// The device slot holding position `pos` of `id`, if attention can read it this step.
     pub fn slot(&self, id: ConversationId, pos: usize) -> Option<u32> {
         let chunk = self.chunk_size();
-        let block = self
-            .tables
-            .get(&id)?
-            .chunks
-            .get(pos / chunk)?
-            .readable_block()?;
+        let rec = *self.tables.get(&id)?.chunks.get(pos / chunk)?;
+        let block = self.arena.loc(rec).readable_block()?;
         Some(self.blocks.slot(block, pos % chunk))
+    }
+
+    /// Where each chunk of `id` lives.
+    #[cfg(test)]
+    pub fn locs(&self, id: ConversationId) -> Vec<ChunkLoc> {
+        self.tables.get(&id).map_or_else(Vec::new, |t| {
+            t.chunks.iter().map(|&r| self.arena.loc(r)).collect()
+        })
+    }
+
+    /// The record chunk `i` of `id` names, if its location is `loc`.
+    fn record_at(&self, id: ConversationId, i: usize, loc: ChunkLoc) -> Option<ChunkId> {
+        let rec = *self.tables.get(&id)?.chunks.get(i)?;
+        (self.arena.loc(rec) == loc).then_some(rec)
+    }
+
+    /// Gives every holder of `rec` (chunk `i` of each) a record of its own at the location
+    /// `loc_of` picks for its table: a shared chunk leaving memory becomes each holder's own.
+    fn scatter(&mut self, rec: ChunkId, i: usize, loc_of: impl Fn(&ChunkTable) -> ChunkLoc) {
+        for h in self.arena.holders(rec).to_vec() {
+            let Some(t) = self.tables.get_mut(&h) else {
+                continue;
+            };
+            let own = self.arena.detach(rec, h, loc_of(t));
+            if let Some(slot) = t.chunks.get_mut(i) {
+                *slot = own;
+            }
+        }
+    }
+
+    /// Releases the block and host chunk a freed record named.
+    fn release_loc(&mut self, loc: ChunkLoc) {
+        if let Some(b) = loc.named_block() {
+            self.blocks.release(b);
+        }
+        if let ChunkLoc::Host(h)
+        | ChunkLoc::SwappingOut { host: h, .. }
+        | ChunkLoc::SwappingIn { host: h, .. } = loc
+        {
+            self.host.release(h);
+        }
+    }
+
+    /// `id` lets go of the records of its chunks from `from` on; what no one holds any more
+    /// is released.
+    fn drop_records(&mut self, id: ConversationId, from: usize) {
+        let Some(t) = self.tables.get_mut(&id) else {
+            return;
+        };
+        let from = from.min(t.chunks.len());
+        for rec in t.chunks.drain(from..).collect::<Vec<_>>() {
+            if let Some(loc) = self.arena.remove_holder(rec, id) {
+                self.release_loc(loc);
+            }
+        }
     }
 
     /// Records that positions below `end` of `id` now have their KV computed.
@@ -294,22 +355,20 @@ impl CacheManager {
             self.abort_swap_out(s);
             return;
         }
-        let holders = self.holders(s.chunk, s.loc());
-        holders
-            .iter()
-            .for_each(|_| _ = self.blocks.release(s.block));
-        self.set_chunk(&holders, s.chunk, ChunkLoc::Host(s.host));
+        let Some(rec) = self.record_at(s.conv, s.chunk, s.loc()) else {
+            return;
+        };
+        self.blocks.release(s.block);
+        self.arena.set_loc(rec, ChunkLoc::Host(s.host));
         self.counters.bytes_swapped_out += self.bytes_of(s.len) as u64;
     }
 
     /// A swap-out whose copy failed: the chunk is dropped (its raw tokens rebuild it).
     pub fn abort_swap_out(&mut self, s: &SwapOut) {
-        let holders = self.holders(s.chunk, s.loc());
-        for _ in &holders {
-            self.blocks.release(s.block);
-            self.host.release(s.host);
+        if let Some(rec) = self.record_at(s.conv, s.chunk, s.loc()) {
+            self.release_loc(s.loc());
+            self.scatter(rec, s.chunk, |_| ChunkLoc::Dropped);
         }
-        self.set_chunk(&holders, s.chunk, ChunkLoc::Dropped);
         tracing::warn!("a swap-out failed: its chunk is dropped and will be recomputed");
         self.counters.swap_out_failures += 1;
         self.counters.chunks_dropped_from_device += 1;
@@ -328,20 +387,14 @@ impl CacheManager {
 
     /// A swap-in's bytes are on the device (for every holder of a shared host chunk).
     pub fn complete_swap_in(&mut self, s: &SwapIn) {
-        let holders = match s.from {
-            Source::Host(host) => {
-                self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
-                let loc = ChunkLoc::SwappingIn {
-                    host,
-                    block: s.block,
-                };
-                let holders = self.holders(s.chunk, loc);
-                holders.iter().for_each(|_| self.host.release(host));
-                holders
-            }
-            Source::Disk(_) => vec![s.conv],
+        let Some(rec) = self.record_at(s.conv, s.chunk, s.loc()) else {
+            return;
         };
-        self.set_chunk(&holders, s.chunk, ChunkLoc::Device(s.block));
+        if let Source::Host(host) = s.from {
+            self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
+            self.host.release(host);
+        }
+        self.arena.set_loc(rec, ChunkLoc::Device(s.block));
     }
 
     /// A swap-in whose copy failed: the chunk is dropped (recomputed when next needed).
@@ -349,28 +402,22 @@ impl CacheManager {
     pub fn abort_swap_in(&mut self, s: &SwapIn) -> Vec<ConversationId> {
         tracing::warn!("a swap-in failed: its chunk is dropped and will be recomputed");
         self.counters.swap_in_failures += 1;
-        let holders = match s.from {
-            Source::Host(host) => {
-                let loc = ChunkLoc::SwappingIn {
-                    host,
-                    block: s.block,
-                };
-                let holders = self.holders(s.chunk, loc);
-                for _ in &holders {
-                    self.blocks.release(s.block);
-                    self.host.release(host);
-                }
-                holders
-            }
-            // The file is refused (or unreadable): forget it; the chunk is recomputed. A chunk
-            // read from disk is its conversation's own.
-            Source::Disk(_) => {
-                self.blocks.release(s.block);
-                self.drop_saved(s.conv, s.chunk);
-                vec![s.conv]
-            }
+        // A read found bad layer by layer is aborted after the copy completed.
+        let landed = ChunkLoc::Device(s.block);
+        let Some((rec, loc)) = [s.loc(), landed]
+            .into_iter()
+            .find_map(|loc| Some((self.record_at(s.conv, s.chunk, loc)?, loc)))
+        else {
+            return Vec::new();
         };
-        self.set_chunk(&holders, s.chunk, ChunkLoc::Dropped);
+        let holders = self.arena.holders(rec).to_vec();
+        self.release_loc(loc);
+        // A file refused (or unreadable) is forgotten; the chunk is recomputed. A chunk read
+        // from disk is its conversation's own.
+        if let Source::Disk(_) = s.from {
+            self.drop_saved(s.conv, s.chunk);
+        }
+        self.scatter(rec, s.chunk, |_| ChunkLoc::Dropped);
         holders
     }
 
@@ -382,7 +429,9 @@ impl CacheManager {
         };
         match self.blocks.allocate() {
             Some(block) => {
-                table.chunks.push(ChunkLoc::Device(block));
+                table
+                    .chunks
+                    .push(self.arena.insert(ChunkLoc::Device(block), id));
                 table.saved.push(None);
                 true
             }
@@ -397,24 +446,21 @@ impl CacheManager {
         let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        for i in 0..table.chunks.len() {
-            if let ChunkLoc::Recomputing(block) = table.chunks[i] {
+        for (i, &rec) in table.chunks.iter().enumerate() {
+            if let ChunkLoc::Recomputing(block) = self.arena.loc(rec) {
                 let end = i * chunk + table.chunk_len(i, chunk);
-                table.chunks[i] = if end <= recomputed_upto {
+                let to = if end <= recomputed_upto {
                     ChunkLoc::Device(block)
                 } else {
                     self.blocks.release(block);
                     ChunkLoc::Dropped
                 };
+                self.arena.set_loc(rec, to);
             }
         }
         let keep = table.computed_chunks(chunk);
-        for loc in table.chunks.drain(keep..) {
-            if let ChunkLoc::Device(b) = loc {
-                self.blocks.release(b);
-            }
-        }
         let stale: Vec<Address> = table.saved.drain(keep..).flatten().collect();
+        self.drop_records(id, keep);
         if let Some(d) = &mut self.disk {
             stale.iter().for_each(|a| d.store.release(a));
         }

@@ -2,9 +2,8 @@
 //!
 //! Bookkeeping is two-phase: `reserve` books the bytes (at plan time, so the budget is never
 //! exceeded by what is in flight) and `store` fills them in when the executor has copied the
-//! data; `get` hands the data out (a swap-in, a save); `release` drops a reference. A chunk that
-//! several conversations share (prefix sharing) is held once, with one reference per
-//! conversation, and freed with the last.
+//! data; `get` hands the data out (a swap-in, a save); `release` frees it. A chunk several
+//! conversations share (prefix sharing) is one record of the cache manager's, held once.
 //! Invariant: `used_bytes <= budget_bytes`, and `used_bytes` is the sum of the reserved sizes.
 
 use std::sync::{Arc, OnceLock};
@@ -228,25 +227,6 @@ impl HostPool {
         self.entries.get(id.0 as usize)?.as_ref()?.data.clone()
     }
 
-    /// One more reference to a held chunk; `false` for an unknown id.
-    pub fn share(&mut self, id: HostChunkId) -> bool {
-        match self.entries.get_mut(id.0 as usize) {
-            Some(Some(e)) => {
-                e.refs += 1;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// References to a chunk (0 for an unknown id).
-    pub fn refs(&self, id: HostChunkId) -> usize {
-        self.entries
-            .get(id.0 as usize)
-            .and_then(Option::as_ref)
-            .map_or(0, |e| e.refs as usize)
-    }
-
     /// Drops one reference to a chunk (eviction to the next tier or to nothing, a swap-in
     /// done), freeing its bytes with the last.
     pub fn release(&mut self, id: HostChunkId) {
@@ -287,18 +267,5 @@ mod tests {
         h.release(b);
         assert_eq!((h.used_bytes(), h.references()), (0, 0));
         assert!(h.get(a).is_none());
-    }
-
-    #[test]
-    fn a_shared_chunk_is_freed_with_its_last_reference() {
-        let mut h = HostPool::new(100);
-        let a = h.reserve(60).unwrap();
-        assert!(h.share(a));
-        assert_eq!((h.refs(a), h.references(), h.used_bytes()), (2, 2, 60));
-        h.release(a);
-        assert_eq!((h.used_bytes(), h.refs(a)), (60, 1));
-        h.release(a);
-        assert_eq!((h.used_bytes(), h.references(), h.refs(a)), (0, 0, 0));
-        assert!(!h.share(a));
     }
 }

@@ -105,8 +105,8 @@ pub enum Violation {
         /// The block.
         block: u32,
     },
-    /// A block named by a different number of chunks than it has references (one unless
-    /// shared by conversations with the same prefix).
+    /// A block named by a different number of chunk records than it has references (one:
+    /// a shared chunk is one record).
     #[error("block {block} is named by {owners} chunks but has {refs} references")]
     SharedBlock {
         /// The block.
@@ -141,6 +141,15 @@ pub enum Violation {
         held: usize,
         /// Saved chunks in the tables.
         named: usize,
+    },
+    /// A chunk record not held as its table says: the table's conversation is not among its
+    /// holders, a holder names it at another index, or a shared record left memory.
+    #[error("{conversation}: chunk {chunk} names a record held otherwise")]
+    StrayRecord {
+        /// The conversation.
+        conversation: ConversationId,
+        /// Its chunk index.
+        chunk: usize,
     },
     /// A chunk is placed only on disk but names no file.
     #[error("{conversation}: chunk {chunk} is on disk without a file")]

@@ -88,11 +88,7 @@ impl World {
     }
 
     fn chunks(&self, conv: u64) -> Vec<ChunkLoc> {
-        self.cache
-            .table(ConversationId(conv))
-            .unwrap()
-            .chunks()
-            .to_vec()
+        self.cache.locs(ConversationId(conv))
     }
 }
 

@@ -29,14 +29,26 @@ impl CacheManager {
                 });
             }
             named_disk += table.saved.iter().flatten().count();
-            for (chunk, loc) in table.chunks.iter().enumerate() {
-                if *loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
+            for (chunk, &rec) in table.chunks.iter().enumerate() {
+                let loc = self.arena.loc(rec);
+                if loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
                     return Err(Violation::DiskWithoutFile {
                         conversation,
                         chunk,
                     });
                 }
-                let (block, on_host) = match *loc {
+                let holders = self.arena.holders(rec);
+                if !holders.contains(&conversation) || self.sharing_moved(rec, chunk) {
+                    return Err(Violation::StrayRecord {
+                        conversation,
+                        chunk,
+                    });
+                }
+                // A shared record counts once, at its first holder.
+                if holders.first() != Some(&conversation) {
+                    continue;
+                }
+                let (block, on_host) = match loc {
                     ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
                         (Some(b), false)
                     }
@@ -105,5 +117,15 @@ impl CacheManager {
             }
         }
         Ok(())
+    }
+
+    /// Whether a shared record left memory, or a holder names it at another index than `i`.
+    fn sharing_moved(&self, rec: super::ChunkId, i: usize) -> bool {
+        let holders = self.arena.holders(rec);
+        let in_memory = !matches!(self.arena.loc(rec), ChunkLoc::Disk | ChunkLoc::Dropped);
+        (holders.len() > 1 && !in_memory)
+            || holders
+                .iter()
+                .any(|h| self.tables.get(h).and_then(|t| t.chunks.get(i)) != Some(&rec))
     }
 }

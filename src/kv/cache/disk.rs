@@ -73,11 +73,14 @@ impl CacheManager {
         if !self.tables.contains_key(&id) {
             self.open(id, now);
         }
+        self.drop_records(id, n);
         let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        let start = table.chunks.len().min(n);
-        table.chunks.resize(n, ChunkLoc::Dropped);
+        let start = table.chunks.len();
+        while table.chunks.len() < n {
+            table.chunks.push(self.arena.insert(ChunkLoc::Dropped, id));
+        }
         table.saved.resize(n, None);
         table.computed = computed;
         if let Some(d) = &mut self.disk {
@@ -87,7 +90,7 @@ impl CacheManager {
             d.store.discover(&named);
             for (i, a) in saved.iter().enumerate().take(n).skip(start) {
                 if let Some(a) = a.filter(|a| d.store.claim(a)) {
-                    table.chunks[i] = ChunkLoc::Disk;
+                    self.arena.set_loc(table.chunks[i], ChunkLoc::Disk);
                     table.saved[i] = Some(a);
                 }
             }
@@ -132,7 +135,7 @@ impl CacheManager {
             .take_while(|a| {
                 let found = d.store.retain(a);
                 if found {
-                    t.chunks.push(ChunkLoc::Disk);
+                    t.chunks.push(self.arena.insert(ChunkLoc::Disk, id));
                     t.saved.push(Some(**a));
                 }
                 found
@@ -151,7 +154,7 @@ impl CacheManager {
             return;
         };
         for i in 0..t.chunks.len() {
-            let (ChunkLoc::Disk, Some(a)) = (t.chunks[i], t.saved[i]) else {
+            let (ChunkLoc::Disk, Some(a)) = (self.arena.loc(t.chunks[i]), t.saved[i]) else {
                 continue;
             };
             let len = t.chunk_len(i, chunk);
@@ -161,7 +164,7 @@ impl CacheManager {
             match d.store.prefetch(&a, len) {
                 Some(bytes) => {
                     self.host.store(h, bytes);
-                    t.chunks[i] = ChunkLoc::Host(h);
+                    self.arena.set_loc(t.chunks[i], ChunkLoc::Host(h));
                 }
                 None => self.host.release(h),
             }
@@ -186,7 +189,7 @@ impl CacheManager {
                 continue;
             }
             let len = t.chunk_len(i, chunk);
-            match t.chunks[i] {
+            match self.arena.loc(t.chunks[i]) {
                 ChunkLoc::Device(block) => out.push(Save {
                     conv: id,
                     chunk: i,
@@ -290,8 +293,8 @@ impl CacheManager {
         let Some(a) = t.saved.get_mut(i).and_then(Option::take) else {
             return;
         };
-        if t.chunks[i] == ChunkLoc::Disk {
-            t.chunks[i] = ChunkLoc::Dropped;
+        if self.arena.loc(t.chunks[i]) == ChunkLoc::Disk {
+            self.arena.set_loc(t.chunks[i], ChunkLoc::Dropped);
             self.counters.chunks_dropped_from_disk += 1;
         }
         if let Some(d) = &mut self.disk {

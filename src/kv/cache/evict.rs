@@ -27,7 +27,7 @@ impl CacheManager {
             }
             // A chunk shared with a protected conversation stays; the next one is offered.
             let Some((i, sharers)) = (0..table.computed_chunks(chunk))
-                .filter(|&i| in_tier(&table.chunks[i], table.saved[i].is_some()))
+                .filter(|&i| in_tier(&self.arena.loc(table.chunks[i]), table.saved[i].is_some()))
                 .map(|i| (i, self.sharers(id, i)))
                 .find(|(_, s)| !s.iter().any(|&c| c != id && protect(c)))
             else {
@@ -108,9 +108,12 @@ impl CacheManager {
         moves: &mut Moves,
     ) -> bool {
         let chunk = self.chunk_size();
-        let Some((block, len)) = self.tables.get(&id).and_then(|t| match t.chunks.get(i) {
-            Some(&ChunkLoc::Device(b)) => Some((b, t.chunk_len(i, chunk))),
-            _ => None,
+        let Some((rec, block, len)) = self.tables.get(&id).and_then(|t| {
+            let rec = *t.chunks.get(i)?;
+            match self.arena.loc(rec) {
+                ChunkLoc::Device(b) => Some((rec, b, t.chunk_len(i, chunk))),
+                _ => None,
+            }
         }) else {
             return false;
         };
@@ -126,8 +129,8 @@ impl CacheManager {
             (Some(h), _) => Some(h),
             // Its file holds it: leaving the device costs nothing now, a read later.
             (None, _) if saved && !pinned => {
-                self.set_chunk(&sharers, i, ChunkLoc::Disk);
-                sharers.iter().for_each(|_| _ = self.blocks.release(block));
+                self.blocks.release(block);
+                self.scatter(rec, i, |_| ChunkLoc::Disk);
                 self.counters.chunks_to_disk += 1;
                 return true;
             }
@@ -141,11 +144,8 @@ impl CacheManager {
         };
         match host {
             Some(host) => {
-                sharers
-                    .iter()
-                    .skip(1)
-                    .for_each(|_| _ = self.host.share(host));
-                self.set_chunk(&sharers, i, ChunkLoc::SwappingOut { block, host });
+                self.arena
+                    .set_loc(rec, ChunkLoc::SwappingOut { block, host });
                 moves.swap_out.push(SwapOut {
                     conv: id,
                     chunk: i,
@@ -157,8 +157,8 @@ impl CacheManager {
             // A pinned conversation's KV stays on the device when the host has no room.
             None if pinned => return false,
             None => {
-                self.set_chunk(&sharers, i, ChunkLoc::Dropped);
-                sharers.iter().for_each(|_| _ = self.blocks.release(block));
+                self.blocks.release(block);
+                self.scatter(rec, i, |_| ChunkLoc::Dropped);
                 self.counters.chunks_dropped_from_device += 1;
             }
         }
@@ -180,23 +180,23 @@ impl CacheManager {
             let Some((id, i)) = self.victim(on_host, &spare, now) else {
                 return;
             };
-            let Some(&ChunkLoc::Host(h)) = self.tables.get(&id).and_then(|t| t.chunks.get(i))
-            else {
+            let Some(&rec) = self.tables.get(&id).and_then(|t| t.chunks.get(i)) else {
                 return;
             };
-            for c in self.sharers(id, i) {
-                let Some(table) = self.tables.get_mut(&c) else {
-                    continue;
-                };
-                self.host.release(h);
-                if table.saved[i].is_some() {
-                    table.chunks[i] = ChunkLoc::Disk;
-                    self.counters.chunks_to_disk += 1;
-                } else {
-                    table.chunks[i] = ChunkLoc::Dropped;
-                    self.counters.chunks_dropped_from_host += 1;
-                }
-            }
+            let ChunkLoc::Host(h) = self.arena.loc(rec) else {
+                return;
+            };
+            self.host.release(h);
+            let sharers = self.sharers(id, i);
+            let saved = (sharers.iter())
+                .filter(|c| self.tables.get(c).is_some_and(|t| t.saved[i].is_some()))
+                .count();
+            self.counters.chunks_to_disk += saved as u64;
+            self.counters.chunks_dropped_from_host += (sharers.len() - saved) as u64;
+            self.scatter(rec, i, |t| match t.saved[i] {
+                Some(_) => ChunkLoc::Disk,
+                None => ChunkLoc::Dropped,
+            });
         }
     }
 }

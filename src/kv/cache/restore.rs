@@ -24,9 +24,11 @@ impl CacheManager {
     /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
     pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
         self.tables.get(&id).map_or(0, |t| {
-            t.chunks
-                .iter()
-                .filter(|l| matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped))
+            (t.chunks.iter())
+                .filter(|&&r| {
+                    let l = self.arena.loc(r);
+                    matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped)
+                })
                 .count()
         })
     }
@@ -44,10 +46,9 @@ impl CacheManager {
         let n = self.tables.get(&id)?.chunks.len();
         for i in 0..n {
             let t = self.tables.get(&id)?;
-            let (loc, len, saved) = (t.chunks[i], t.chunk_len(i, chunk), t.saved[i]);
+            let (rec, len, saved) = (t.chunks[i], t.chunk_len(i, chunk), t.saved[i]);
             // A shared chunk comes back for all of its holders (one copy, one block).
-            let holders = || self.holders(i, loc);
-            match loc {
+            match self.arena.loc(rec) {
                 ChunkLoc::Device(_)
                 | ChunkLoc::SwappingIn { .. }
                 | ChunkLoc::Loading(_)
@@ -56,19 +57,14 @@ impl CacheManager {
                 }
                 ChunkLoc::SwappingOut { block, host } => {
                     moves.swap_out.retain(|s| s.block != block);
-                    let holders = holders();
-                    holders.iter().for_each(|_| self.host.release(host));
-                    self.set_chunk(&holders, i, ChunkLoc::Device(block));
+                    self.host.release(host);
+                    self.arena.set_loc(rec, ChunkLoc::Device(block));
                     out.on_device += len;
                 }
                 ChunkLoc::Host(host) => {
-                    let holders = holders();
                     let block = self.blocks.allocate()?;
-                    holders
-                        .iter()
-                        .skip(1)
-                        .for_each(|_| _ = self.blocks.share(block));
-                    self.set_chunk(&holders, i, ChunkLoc::SwappingIn { host, block });
+                    self.arena
+                        .set_loc(rec, ChunkLoc::SwappingIn { host, block });
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
@@ -83,7 +79,7 @@ impl CacheManager {
                         continue;
                     };
                     let block = self.blocks.allocate()?;
-                    self.set_chunk(&[id], i, ChunkLoc::Loading(block));
+                    self.arena.set_loc(rec, ChunkLoc::Loading(block));
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
@@ -95,7 +91,7 @@ impl CacheManager {
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;
-                    self.set_chunk(&[id], i, ChunkLoc::Recomputing(block));
+                    self.arena.set_loc(rec, ChunkLoc::Recomputing(block));
                     let run = i * chunk..i * chunk + len;
                     match out.recompute.last_mut() {
                         Some(r) if r.end == run.start => r.end = run.end,

@@ -1,8 +1,8 @@
 //! Prefix sharing in memory: a full chunk is addressed by the tokens it covers and every token
 //! before it ([`Address::chain`]), so two conversations whose histories start alike compute
-//! chunks with equal addresses. The index maps an address to the conversations holding such
-//! a chunk; a conversation whose next chunks are found there takes one more reference to the
-//! holder's device block or host chunk instead of computing them (the same KV, stored once).
+//! chunks with equal addresses. The content index maps an address to the chunk records that
+//! have it; a conversation whose next chunks are found there in memory becomes one more
+//! holder of the record instead of computing them (the same KV, stored once).
 //!
 //! A shared chunk is always full, so nothing writes into it again: a conversation diverging
 //! from the others writes its own next chunk (copy-on-write at chunk granularity), and a cut
@@ -11,119 +11,54 @@
 //! eviction as the sum of its holders' values, and stays where it is while any holder runs.
 //! Chunks only in the disk tier are shared through the store's own references instead.
 //!
-//! The index is checked when used: an entry whose holder no longer has that chunk in memory
-//! is passed over, and entries leave with their conversation or its truncated chunks.
+//! A record listed in the index but no longer in memory is passed over; a record leaves the
+//! index when its last holder lets go of it.
 
-use super::{CacheManager, ChunkTable};
+use super::CacheManager;
 use crate::ids::ConversationId;
-use crate::kv::{Address, ChunkLoc};
+use crate::kv::Address;
 
 impl CacheManager {
-    /// References to the block or host chunk `loc` names (1 for a chunk that names neither).
-    fn refs_of(&self, loc: ChunkLoc) -> usize {
-        match loc {
-            ChunkLoc::Host(h) => self.host.refs(h),
-            ChunkLoc::Disk | ChunkLoc::Dropped => 1,
-            other => other.named_block().map_or(1, |b| self.blocks.refs(b)),
-        }
-    }
-
-    /// The conversations whose chunk `i` is `loc` (those holding that block or host chunk).
-    pub(super) fn holders(&self, i: usize, loc: ChunkLoc) -> Vec<ConversationId> {
-        self.tables
-            .iter()
-            .filter(|(_, t)| t.chunks.get(i) == Some(&loc))
-            .map(|(&id, _)| id)
-            .collect()
-    }
-
     /// The conversations sharing chunk `i` of `id` (`id` alone when it is not shared).
     pub(super) fn sharers(&self, id: ConversationId, i: usize) -> Vec<ConversationId> {
-        match self.tables.get(&id).and_then(|t| t.chunks.get(i).copied()) {
-            Some(loc) if self.refs_of(loc) > 1 => self.holders(i, loc),
-            Some(_) => vec![id],
+        match self.tables.get(&id).and_then(|t| t.chunks.get(i)) {
+            Some(&rec) => self.arena.holders(rec).to_vec(),
             None => Vec::new(),
         }
     }
 
-    /// Places chunk `i` of each of `convs` at `to`.
-    pub(super) fn set_chunk(&mut self, convs: &[ConversationId], i: usize, to: ChunkLoc) {
-        for c in convs {
-            if let Some(loc) = self.tables.get_mut(c).and_then(|t| t.chunks.get_mut(i)) {
-                *loc = to;
-            }
-        }
-    }
-
-    /// Records the addresses of `id`'s full computed chunks (`tokens`: its history) in the
-    /// index, so later conversations starting with the same tokens can share them.
+    /// Lists `id`'s full computed chunks (`tokens`: its history) in the content index by
+    /// their addresses, so later conversations starting with the same tokens can share them.
     pub fn index_chunks(&mut self, id: ConversationId, tokens: &[u32]) {
         let chunk = self.chunk_size();
-        let Some(t) = self.tables.get_mut(&id) else {
+        let Some(t) = self.tables.get(&id) else {
             return;
         };
         let full = (t.computed.min(tokens.len()) / chunk).min(t.chunks.len());
-        let addrs = Address::of_chunks(&tokens[..full * chunk], chunk);
-        let keep = t
-            .addrs
-            .iter()
-            .zip(&addrs)
-            .take_while(|(a, b)| a == b)
+        // Chunks already listed under their address are passed over unhashed: a record's
+        // contents never change while it is listed.
+        let listed = (t.chunks.iter())
+            .take(full)
+            .take_while(|&&r| self.arena.get(r).addr.is_some())
             .count();
-        let stale: Vec<Address> = t.addrs.drain(keep..).collect();
-        t.addrs.extend_from_slice(&addrs[keep..]);
-        for a in &stale {
-            self.unindex(id, a);
+        let recs: Vec<_> = t.chunks[listed..full].to_vec();
+        let addrs = Address::of_chunks(&tokens[..full * chunk], chunk);
+        for (rec, a) in recs.into_iter().zip(&addrs[listed..]) {
+            self.arena.set_addr(rec, Some(*a));
         }
-        for a in &addrs[keep..] {
-            let holders = self.index.entry(*a).or_default();
-            if !holders.contains(&id) {
-                holders.push(id);
-            }
-        }
-    }
-
-    /// Forgets `id`'s addresses from chunk `from` on (their chunks were released or rewritten).
-    pub(super) fn forget_addresses(&mut self, id: ConversationId, from: usize) {
-        let Some(t) = self.tables.get_mut(&id) else {
-            return;
-        };
-        let stale: Vec<Address> = t.addrs.drain(from.min(t.addrs.len())..).collect();
-        for a in &stale {
-            self.unindex(id, a);
-        }
-    }
-
-    fn unindex(&mut self, id: ConversationId, a: &Address) {
-        if let Some(holders) = self.index.get_mut(a) {
-            holders.retain(|&c| c != id);
-            if holders.is_empty() {
-                self.index.remove(a);
-            }
-        }
-    }
-
-    /// A chunk in memory addressed `a` at index `i` of some other table: its device block or
-    /// host chunk, and the address of its file if it has one.
-    fn resident(&self, i: usize, a: &Address) -> Option<(ChunkLoc, Option<Address>)> {
-        self.index.get(a)?.iter().find_map(|h| {
-            let t: &ChunkTable = self.tables.get(h)?;
-            let loc = *t.chunks.get(i)?;
-            (t.addrs.get(i) == Some(a) && matches!(loc, ChunkLoc::Device(_) | ChunkLoc::Host(_)))
-                .then_some((loc, t.saved.get(i).copied().flatten()))
-        })
     }
 
     /// Extends `id`'s table with chunks other conversations hold in memory under `addresses`
     /// (its next full chunks' content addresses, in order), as far as they are found: one more
-    /// reference each, no copy. Only for a table whose computed tokens end at a chunk boundary
-    /// with no chunk past them. Returns the chunks adopted.
+    /// holder each, no copy. Only for a table whose computed tokens end at a chunk boundary
+    /// with no chunk past them, every chunk of it listed. Returns the chunks adopted.
     pub fn adopt_resident(&mut self, id: ConversationId, addresses: &[Address]) -> usize {
         let chunk = self.chunk_size();
         let Some(start) = self
             .tables
             .get(&id)
-            .filter(|t| t.computed == t.chunks.len() * chunk && t.addrs.len() == t.chunks.len())
+            .filter(|t| t.computed == t.chunks.len() * chunk)
+            .filter(|t| t.chunks.iter().all(|&r| self.arena.get(r).addr.is_some()))
             .map(|t| t.chunks.len())
         else {
             return 0;
@@ -131,46 +66,29 @@ impl CacheManager {
         let mut n = 0;
         for (k, a) in addresses.iter().enumerate() {
             let i = start + k;
-            let Some((loc, file)) = self.resident(i, a) else {
+            let Some(rec) = self.arena.resident(a) else {
                 break;
             };
-            let shared = match loc {
-                ChunkLoc::Device(b) => self.blocks.share(b),
-                ChunkLoc::Host(h) => self.host.share(h),
-                _ => false,
-            };
-            if !shared {
-                break;
-            }
-            let file = file.filter(|f| self.disk.as_mut().is_some_and(|d| d.store.retain(f)));
+            // The holders' files of the chunk: the first one's is referenced for `id` too.
+            let file = (self.arena.holders(rec).first())
+                .and_then(|h| self.tables.get(h)?.saved.get(i).copied().flatten())
+                .filter(|f| self.disk.as_mut().is_some_and(|d| d.store.retain(f)));
             let Some(t) = self.tables.get_mut(&id) else {
                 break;
             };
-            t.chunks.push(loc);
+            self.arena.add_holder(rec, id);
+            t.chunks.push(rec);
             t.saved.push(file);
-            t.addrs.push(*a);
             t.computed += chunk;
-            self.index.entry(*a).or_default().push(id);
             n += 1;
         }
         n
     }
 
-    /// Bytes that sharing saves now: every block and host chunk held once for several
-    /// conversations counts once per holder past the first.
+    /// Bytes that sharing saves now: every chunk held once for several conversations counts
+    /// once per holder past the first (a shared chunk is always full).
     pub fn shared_bytes_saved(&self) -> usize {
-        let chunk = self.chunk_size();
-        let mut seen = std::collections::HashSet::new();
-        let mut saved = 0;
-        for t in self.tables.values() {
-            for (i, &loc) in t.chunks.iter().enumerate() {
-                let refs = self.refs_of(loc);
-                if refs > 1 && seen.insert(loc) {
-                    saved += (refs - 1) * self.bytes_of(t.chunk_len(i, chunk));
-                }
-            }
-        }
-        saved
+        self.arena.extra_holders() * self.bytes_of(self.chunk_size())
     }
 }
 
@@ -180,7 +98,7 @@ mod tests {
 
     use super::super::{Eviction, Moves};
     use super::*;
-    use crate::kv::LruPolicy;
+    use crate::kv::{ChunkLoc, LruPolicy};
 
     const CHUNK: usize = 4;
 
@@ -206,7 +124,7 @@ mod tests {
     fn adopted_chunks_are_held_once_and_counted_as_saved() {
         let (m, a, b, _) = two_sharing();
         assert_eq!(m.num_free_blocks(), 6);
-        assert_eq!(m.table(a).unwrap().chunks(), m.table(b).unwrap().chunks());
+        assert_eq!(m.locs(a), m.locs(b));
         assert_eq!(m.table(b).unwrap().computed(), 8);
         assert_eq!(m.shared_bytes_saved(), 2 * CHUNK * 2);
     }
@@ -225,8 +143,8 @@ mod tests {
         }
         m.check().unwrap();
         assert_eq!(m.num_free_blocks(), 8);
-        assert!(matches!(m.table(b).unwrap().chunks()[0], ChunkLoc::Host(_)));
-        assert_eq!(m.table(a).unwrap().chunks(), m.table(b).unwrap().chunks());
+        assert!(matches!(m.locs(b)[0], ChunkLoc::Host(_)));
+        assert_eq!(m.locs(a), m.locs(b));
 
         let mut moves = Moves::default();
         let r = m.restore(a, &mut moves).unwrap();
@@ -238,10 +156,7 @@ mod tests {
         }
         m.check().unwrap();
         assert_eq!(m.num_free_blocks(), 6);
-        assert!(matches!(
-            m.table(b).unwrap().chunks()[1],
-            ChunkLoc::Device(_)
-        ));
+        assert!(matches!(m.locs(b)[1], ChunkLoc::Device(_)));
         assert_eq!(m.host_used_bytes(), 0);
     }
 
@@ -278,6 +193,6 @@ mod tests {
         m.release_all(c);
         m.check().unwrap();
         assert_eq!(m.num_free_blocks(), 8);
-        assert!(m.index.is_empty());
+        assert!(m.arena.index_is_empty());
     }
 }

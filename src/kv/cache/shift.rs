@@ -33,7 +33,7 @@ impl CacheManager {
         (from..t.computed_chunks(chunk))
             .map(|i| {
                 let len = t.chunk_len(i, chunk);
-                match (t.chunks[i], t.saved[i]) {
+                match (self.arena.loc(t.chunks[i]), t.saved[i]) {
                     (ChunkLoc::Device(b), _) => Held::Device {
                         start: self.first_slot(b),
                         len,
@@ -63,24 +63,11 @@ impl CacheManager {
         computed: usize,
         new: Vec<Option<Arc<ChunkBytes>>>,
     ) -> Vec<(usize, BlockId, Arc<ChunkBytes>)> {
-        self.forget_addresses(id, from);
+        self.drop_records(id, from);
         let Some(table) = self.tables.get_mut(&id) else {
             return Vec::new();
         };
-        let from = from.min(table.chunks.len());
-        for loc in table.chunks.drain(from..) {
-            match loc {
-                ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
-                    self.blocks.release(b);
-                }
-                ChunkLoc::Host(h) => self.host.release(h),
-                ChunkLoc::SwappingOut { block, host } | ChunkLoc::SwappingIn { host, block } => {
-                    self.blocks.release(block);
-                    self.host.release(host);
-                }
-                ChunkLoc::Disk | ChunkLoc::Dropped => {}
-            }
-        }
+        let from = from.min(table.saved.len());
         let stale: Vec<Address> = table.saved.drain(from..).flatten().collect();
         table.computed = computed;
         let mut writes = Vec::new();
@@ -102,7 +89,7 @@ impl CacheManager {
                 },
                 None => ChunkLoc::Dropped,
             };
-            table.chunks.push(loc);
+            table.chunks.push(self.arena.insert(loc, id));
             table.saved.push(None);
         }
         if let Some(d) = &mut self.disk {
@@ -133,12 +120,12 @@ impl CacheManager {
 
     /// A chunk placed by [`Self::replace_tail`] whose bytes could not be written: dropped.
     pub fn lose_chunk(&mut self, id: ConversationId, i: usize) {
-        let Some(t) = self.tables.get_mut(&id) else {
+        let Some(&rec) = self.tables.get(&id).and_then(|t| t.chunks.get(i)) else {
             return;
         };
-        if let Some(ChunkLoc::Device(b)) = t.chunks.get(i).copied() {
+        if let ChunkLoc::Device(b) = self.arena.loc(rec) {
             self.blocks.release(b);
-            t.chunks[i] = ChunkLoc::Dropped;
+            self.arena.set_loc(rec, ChunkLoc::Dropped);
         }
     }
 }
