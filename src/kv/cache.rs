@@ -18,11 +18,12 @@
 //! named by exactly one record, and every record by exactly its holders' tables; the host
 //! pool never exceeds its budget; a table covers at least its computed tokens.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 mod arena;
+mod candidates;
 mod check;
 mod disk;
 mod evict;
@@ -39,6 +40,7 @@ use super::{
 };
 use crate::ids::ConversationId;
 use arena::{Arena, ChunkId};
+use candidates::Candidates;
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +185,12 @@ pub(crate) struct CacheManager {
     disk: Option<DiskTier>,
     /// Every chunk record, and the content index over them.
     arena: Arena,
+    /// Eviction candidates of every tier, in order.
+    candidates: Candidates,
+    /// The pinned conversations (a session hint).
+    pinned: BTreeSet<ConversationId>,
+    /// Expected resumes (a session hint), by time.
+    resumes: BTreeSet<(Instant, ConversationId)>,
 }
 
 impl CacheManager {
@@ -202,6 +210,9 @@ impl CacheManager {
             counters: CacheCounters::default(),
             disk: None,
             arena: Arena::default(),
+            candidates: Candidates::default(),
+            pinned: BTreeSet::new(),
+            resumes: BTreeSet::new(),
         }
     }
 
@@ -253,7 +264,11 @@ impl CacheManager {
     /// Releases everything `id` holds and forgets it.
     pub fn close(&mut self, id: ConversationId) {
         self.replace_tail(id, 0, 0, Vec::new());
-        self.tables.remove(&id);
+        self.pin(id, false);
+        if let Some(at) = self.tables.remove(&id).and_then(|t| t.resume_at) {
+            self.resumes.remove(&(at, id));
+        }
+        self.candidates.mark(id);
     }
 
     pub fn table(&self, id: ConversationId) -> Option<&ChunkTable> {
@@ -339,12 +354,14 @@ impl CacheManager {
             }
         }
         t.computed = t.computed.max(end);
+        self.candidates.mark(id);
     }
 
     /// Records activity of `id` at `now` (eviction's idle time restarts).
     pub fn touch(&mut self, id: ConversationId, now: Instant) {
         if let Some(t) = self.tables.get_mut(&id) {
             t.last_active = now;
+            self.candidates.mark(id);
         }
     }
 

@@ -38,11 +38,15 @@ pub(super) struct Arena {
     /// The content index: records by their content address (several records may have equal
     /// contents, computed apart before either was indexed).
     index: HashMap<Address, Vec<ChunkId>>,
+    /// Conversations whose chunks moved or changed hands since the eviction candidates last
+    /// read them.
+    changed: Vec<ConversationId>,
 }
 
 impl Arena {
     /// A new record of `holder`'s at `loc`.
     pub fn insert(&mut self, loc: ChunkLoc, holder: ConversationId) -> ChunkId {
+        self.changed.push(holder);
         let record = Record {
             loc,
             holders: vec![holder],
@@ -70,7 +74,9 @@ impl Arena {
 
     /// Moves the chunk (for all of its holders).
     pub fn set_loc(&mut self, id: ChunkId, loc: ChunkLoc) {
-        self.records[id.0 as usize].loc = loc;
+        let r = &mut self.records[id.0 as usize];
+        r.loc = loc;
+        self.changed.extend_from_slice(&r.holders);
     }
 
     pub fn holders(&self, id: ChunkId) -> &[ConversationId] {
@@ -118,7 +124,9 @@ impl Arena {
 
     /// `conv` holds the chunk too.
     pub fn add_holder(&mut self, id: ChunkId, conv: ConversationId) {
-        self.records[id.0 as usize].holders.push(conv);
+        let r = &mut self.records[id.0 as usize];
+        r.holders.push(conv);
+        self.changed.extend_from_slice(&r.holders);
         self.extra_holders += 1;
     }
 
@@ -131,6 +139,8 @@ impl Arena {
         if r.holders.len() == before {
             return None;
         }
+        self.changed.push(conv);
+        self.changed.extend_from_slice(&r.holders);
         if !r.holders.is_empty() {
             self.extra_holders -= 1;
             return None;
@@ -151,11 +161,17 @@ impl Arena {
         }
         let r = &mut self.records[id.0 as usize];
         r.holders.retain(|&c| c != conv);
+        self.changed.extend_from_slice(&r.holders);
         let addr = r.addr;
         self.extra_holders -= 1;
         let own = self.insert(loc, conv);
         self.set_addr(own, addr);
         own
+    }
+
+    /// The conversations whose chunks changed since the last call.
+    pub fn take_changed(&mut self) -> Vec<ConversationId> {
+        std::mem::take(&mut self.changed)
     }
 
     /// Holders past the first, over every record.

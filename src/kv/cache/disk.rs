@@ -256,6 +256,7 @@ impl CacheManager {
                 .and_then(|t| t.saved.get_mut(s.chunk))
             {
                 *slot = Some(s.address);
+                self.candidates.mark(s.conv);
             }
         }
     }
@@ -269,7 +270,6 @@ impl CacheManager {
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
-        let saved = |_: &ChunkLoc, saved: bool| saved;
         loop {
             let Some(d) = &self.disk else {
                 return;
@@ -277,7 +277,7 @@ impl CacheManager {
             if d.store.used_bytes() + bytes <= d.store.budget_bytes() {
                 return;
             }
-            let Some((id, i)) = self.victim(saved, protect, now) else {
+            let Some((id, i)) = self.victim(super::candidates::Tier::Saved, protect, now) else {
                 return;
             };
             self.drop_saved(id, i);
@@ -293,6 +293,7 @@ impl CacheManager {
         let Some(a) = t.saved.get_mut(i).and_then(Option::take) else {
             return;
         };
+        self.candidates.mark(id);
         if self.arena.loc(t.chunks[i]) == ChunkLoc::Disk {
             self.arena.set_loc(t.chunks[i], ChunkLoc::Dropped);
             self.counters.chunks_dropped_from_disk += 1;

@@ -5,53 +5,12 @@
 
 use std::time::Instant;
 
+use super::candidates::Tier;
 use super::{CacheManager, Eviction, Moves, SwapOut};
 use crate::ids::ConversationId;
-use crate::kv::policy::Candidate;
 use crate::kv::ChunkLoc;
 
 impl CacheManager {
-    /// The lowest-value leading chunk in the tier `in_tier` matches, among conversations
-    /// `protect` does not cover.
-    pub(super) fn victim(
-        &self,
-        in_tier: fn(&ChunkLoc, bool) -> bool,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-    ) -> Option<(ConversationId, usize)> {
-        let chunk = self.chunk_size();
-        let mut best: Option<(f64, ConversationId, usize)> = None;
-        for (&id, table) in &self.tables {
-            if protect(id) {
-                continue;
-            }
-            // A chunk shared with a protected conversation stays; the next one is offered.
-            let Some((i, sharers)) = (0..table.computed_chunks(chunk))
-                .filter(|&i| in_tier(&self.arena.loc(table.chunks[i]), table.saved[i].is_some()))
-                .map(|i| (i, self.sharers(id, i)))
-                .find(|(_, s)| !s.iter().any(|&c| c != id && protect(c)))
-            else {
-                continue;
-            };
-            // Losing a shared chunk costs each of its holders.
-            let value: f64 = sharers
-                .iter()
-                .filter_map(|c| self.tables.get(c))
-                .map(|t| {
-                    self.policy.value(&Candidate {
-                        start: i * chunk,
-                        len: t.chunk_len(i, chunk),
-                        idle_s: t.until_next_use(now).as_secs_f64(),
-                    })
-                })
-                .sum();
-            if best.is_none_or(|(v, _, _)| value < v) {
-                best = Some((value, id, i));
-            }
-        }
-        best.map(|(_, id, i)| (id, i))
-    }
-
     /// Evicts leading device chunks of unprotected conversations until `free + pending` device
     /// blocks reach `target_free` (swap-outs free their blocks at commit; they count as
     /// pending), or until `how` allows no more.
@@ -63,12 +22,11 @@ impl CacheManager {
         now: Instant,
         moves: &mut Moves,
     ) {
-        let on_device = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Device(_));
         // Pinned conversations whose KV found no host room stay; the next victim goes instead.
         let mut stuck = std::collections::HashSet::new();
         while self.blocks.num_free() + moves.swap_out.len() < target_free {
             let spare = |c: ConversationId| protect(c) || stuck.contains(&c);
-            let Some((id, i)) = self.victim(on_device, &spare, now) else {
+            let Some((id, i)) = self.victim(Tier::Device, &spare, now) else {
                 break;
             };
             if !self.evict_chunk(id, i, protect, how, now, moves) {
@@ -173,11 +131,10 @@ impl CacheManager {
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
-        let on_host = |l: &ChunkLoc, _| matches!(l, ChunkLoc::Host(_));
-        let pinned = self.pinned();
+        let pinned = self.pinned.clone();
         let spare = |c: ConversationId| protect(c) || pinned.contains(&c);
         while self.host.free_bytes() < bytes {
-            let Some((id, i)) = self.victim(on_host, &spare, now) else {
+            let Some((id, i)) = self.victim(Tier::Host, &spare, now) else {
                 return;
             };
             let Some(&rec) = self.tables.get(&id).and_then(|t| t.chunks.get(i)) else {

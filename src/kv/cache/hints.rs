@@ -3,7 +3,7 @@
 //! expected at a known time is valued by that time instead of its idle time, and read ahead
 //! from disk when the time comes near.
 
-use std::collections::HashSet;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
 use super::{CacheManager, ChunkTable};
@@ -25,61 +25,59 @@ impl ChunkTable {
 impl CacheManager {
     /// Pins or unpins `id`; `false` if it has no table.
     pub fn pin(&mut self, id: ConversationId, pinned: bool) -> bool {
-        self.tables
-            .get_mut(&id)
-            .map(|t| t.pinned = pinned)
-            .is_some()
+        let Some(t) = self.tables.get_mut(&id) else {
+            return false;
+        };
+        t.pinned = pinned;
+        match pinned {
+            true => self.pinned.insert(id),
+            false => self.pinned.remove(&id),
+        };
+        true
     }
 
     /// Records that `id`'s next turn is expected at `at`; `false` if it has no table.
     pub fn expect_resume(&mut self, id: ConversationId, at: Instant) -> bool {
-        self.tables
-            .get_mut(&id)
-            .map(|t| t.resume_at = Some(at))
-            .is_some()
+        let Some(t) = self.tables.get_mut(&id) else {
+            return false;
+        };
+        if let Some(old) = t.resume_at.replace(at) {
+            self.resumes.remove(&(old, id));
+        }
+        self.resumes.insert((at, id));
+        self.candidates.mark(id);
+        true
     }
 
     /// Tokens pinned conversations other than `except` hold KV for, and how many tokens
     /// pins may hold at most: half of the device pool and host tier together, so that
     /// pinned conversations can never starve the others.
     pub fn pin_room(&self, except: ConversationId) -> (usize, usize) {
-        let held = (self.tables.iter())
-            .filter(|(&id, t)| t.pinned && id != except)
-            .map(|(_, t)| t.computed)
+        let held = (self.pinned.iter())
+            .filter(|&&id| id != except)
+            .filter_map(|id| self.tables.get(id))
+            .map(|t| t.computed)
             .sum();
         let device = self.num_blocks() * self.chunk_size();
         let host = self.host.budget_bytes() / self.token_bytes.max(1);
         (held, (device + host) / 2)
     }
 
-    /// The pinned conversations.
-    pub(super) fn pinned(&self) -> HashSet<ConversationId> {
-        self.tables
-            .iter()
-            .filter(|(_, t)| t.pinned)
-            .map(|(&id, _)| id)
-            .collect()
-    }
-
     /// Conversations whose expected resume is at most `lead` away (and not yet passed by more
     /// than `lead`), for the read-ahead.
     pub fn resuming_within(&self, now: Instant, lead: Duration) -> Vec<ConversationId> {
-        self.tables
-            .iter()
-            .filter(|(_, t)| {
-                t.resume_at
-                    .is_some_and(|at| at <= now + lead && now.saturating_duration_since(at) <= lead)
-            })
-            .map(|(&id, _)| id)
+        let from = now.checked_sub(lead).unwrap_or(now);
+        (self.resumes.range((from, ConversationId(0))..))
+            .take_while(|&&(at, _)| at <= now + lead)
+            .map(|&(_, id)| id)
             .collect()
     }
 
     /// The next moment, after `now`, when a conversation's expected resume comes within
     /// `lead` (its read-ahead is then due).
     pub fn next_resume_lead(&self, now: Instant, lead: Duration) -> Option<Instant> {
-        (self.tables.values())
-            .filter_map(|t| t.resume_at?.checked_sub(lead))
-            .filter(|&at| at > now)
-            .min()
+        let after = Excluded((now + lead, ConversationId(u64::MAX)));
+        let (at, _) = self.resumes.range((after, Unbounded)).next()?;
+        Some(*at - lead)
     }
 }

@@ -1,0 +1,163 @@
+//! The ordered candidates against a scan of every table (what eviction did before them), over
+//! random sequences of growth, sharing, eviction, restores, hints and closes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::kv::cache::{Eviction, Moves};
+use crate::kv::{Address, CostModel, ValuePolicy};
+
+const CHUNK: usize = 4;
+const CONVS: u64 = 6;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Open(u64),
+    Compute(u64, usize),
+    Index(u64),
+    Adopt(u64, usize),
+    Touch(u64),
+    Resume(u64, u64),
+    Evict(u8),
+    Restore(u64),
+    Close(u64),
+    Wait(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let conv = 1..=CONVS;
+    prop_oneof![
+        conv.clone().prop_map(Op::Open),
+        (conv.clone(), 1..10usize).prop_map(|(c, n)| Op::Compute(c, n)),
+        conv.clone().prop_map(Op::Index),
+        (conv.clone(), 1..4usize).prop_map(|(c, n)| Op::Adopt(c, n)),
+        conv.clone().prop_map(Op::Touch),
+        (conv.clone(), 0..400u64).prop_map(|(c, ms)| Op::Resume(c, ms)),
+        any::<u8>().prop_map(Op::Evict),
+        conv.clone().prop_map(Op::Restore),
+        conv.prop_map(Op::Close),
+        (0..300u64).prop_map(Op::Wait),
+    ]
+}
+
+/// Every conversation's history is the same token sequence, so equal lengths share by content.
+fn tokens(n: usize) -> Vec<u32> {
+    (0..n as u32).collect()
+}
+
+fn apply(m: &mut CacheManager, op: &Op, now: &mut Instant) {
+    let id = |c: &u64| ConversationId(*c);
+    match op {
+        Op::Open(c) if m.table(id(c)).is_none() => m.open(id(c), *now),
+        Op::Open(_) => {}
+        Op::Compute(c, n) => {
+            let mut moves = Moves::default();
+            if m.restore(id(c), &mut moves).is_none() {
+                return;
+            }
+            finish(m, &moves);
+            for _ in 0..*n {
+                let Some(t) = m.table(id(c)) else { return };
+                let computed = t.computed();
+                if computed == t.len() * CHUNK && !m.grow(id(c)) {
+                    break;
+                }
+                m.mark_computed(id(c), computed + 1);
+            }
+            m.settle(id(c), usize::MAX);
+        }
+        Op::Index(c) => {
+            let computed = m.table(id(c)).map_or(0, |t| t.computed());
+            m.index_chunks(id(c), &tokens(computed));
+        }
+        Op::Adopt(c, n) => {
+            let Some(t) = m.table(id(c)) else { return };
+            let have = t.len();
+            let addrs = Address::of_chunks(&tokens((have + n) * CHUNK), CHUNK);
+            m.adopt_resident(id(c), &addrs[have..]);
+        }
+        Op::Touch(c) => m.touch(id(c), *now),
+        Op::Resume(c, ms) => _ = m.expect_resume(id(c), *now + Duration::from_millis(*ms)),
+        Op::Evict(mask) => {
+            let mut moves = Moves::default();
+            let protect = |c: ConversationId| mask & (1 << c.0) != 0;
+            m.evict_device(
+                &protect,
+                m.num_blocks(),
+                Eviction::OnDemand,
+                *now,
+                &mut moves,
+            );
+            finish(m, &moves);
+        }
+        Op::Restore(c) => {
+            let mut moves = Moves::default();
+            if m.restore(id(c), &mut moves).is_some() {
+                finish(m, &moves);
+                m.settle(id(c), 0);
+            }
+        }
+        Op::Close(c) => m.close(id(c)),
+        Op::Wait(ms) => *now += Duration::from_millis(*ms),
+    }
+}
+
+/// Completes the planned copies (with stand-in bytes).
+fn finish(m: &mut CacheManager, moves: &Moves) {
+    for s in &moves.swap_out {
+        m.complete_swap_out(s, Arc::new(vec![0; s.len * 2].into()));
+    }
+    for s in &moves.swap_in {
+        if m.take_swap_in(s, false).is_some() {
+            m.complete_swap_in(s);
+        } else {
+            m.abort_swap_in(s);
+        }
+    }
+}
+
+/// The lowest value over every table's offer, as a scan finds it.
+fn scan(
+    m: &CacheManager,
+    tier: Tier,
+    protect: &dyn Fn(ConversationId) -> bool,
+    now: Instant,
+) -> Option<f64> {
+    (m.tables.keys())
+        .filter(|&&c| !protect(c))
+        .filter_map(|&c| m.offer(tier, c, protect, now))
+        .map(|f| f.0)
+        .min_by(f64::total_cmp)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn the_ordered_victim_is_the_lowest_value_a_scan_finds(
+        ops in prop::collection::vec(op(), 1..60),
+        masks in prop::collection::vec(any::<u8>(), 3),
+    ) {
+        let policy = ValuePolicy {
+            cost: CostModel { per_token_s: 1.0, per_token_per_position_s: 0.05 },
+        };
+        // 10 blocks of 4 tokens, 2 bytes a token: a host tier of 5 chunks.
+        let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, Box::new(policy), 2);
+        let mut now = Instant::now();
+        for op in &ops {
+            apply(&mut m, op, &mut now);
+            prop_assert!(m.check().is_ok(), "{:?} after {op:?}", m.check());
+            for tier in [Tier::Device, Tier::Host] {
+                for &mask in &masks {
+                    let protect = |c: ConversationId| mask & (1 << c.0) != 0;
+                    let want = scan(&m, tier, &protect, now);
+                    let got = m.victim(tier, &protect, now);
+                    let got = got.and_then(|(c, _)| m.offer(tier, c, &protect, now)).map(|f| f.0);
+                    prop_assert_eq!(got, want, "{:?} after {:?}", tier, op);
+                }
+            }
+        }
+    }
+}
