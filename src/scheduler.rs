@@ -67,6 +67,8 @@ pub(crate) struct Request<T> {
     /// Its KV could not be restored (a refused chunk): what it reuses is counted again at its
     /// next admission, the rest as recomputed.
     recount: bool,
+    /// A lookup by content in the store it waits for before admission.
+    lookup: Option<u64>,
     generated: usize,
     counts: TurnCounts,
     /// The engine's state of this turn.
@@ -157,11 +159,42 @@ impl<T> Scheduler<T> {
                 admitted: false,
                 first_run: None,
                 recount: false,
+                lookup: None,
                 generated: 0,
                 counts: TurnCounts::default(),
                 payload,
             },
         );
+    }
+
+    /// Holds turn `id` out of admission until lookup `lookup` in the store is answered (the
+    /// turns behind it wait too; the running ones go on).
+    pub fn hold(&mut self, id: RequestId, lookup: u64) {
+        if let Some(r) = self.requests.get_mut(&id) {
+            r.lookup = Some(lookup);
+        }
+    }
+
+    /// Lets in the held turns whose lookup `looked` says was answered; returns their
+    /// conversations and prompts, to look up again now the answer is indexed.
+    pub fn release_looked(
+        &mut self,
+        looked: impl Fn(u64) -> bool,
+    ) -> Vec<(ConversationId, &mut Vec<u32>)> {
+        (self.requests.values_mut())
+            .filter(|r| r.lookup.is_some_and(&looked))
+            .map(|r| {
+                r.lookup = None;
+                (r.conv, &mut r.pending)
+            })
+            .collect()
+    }
+
+    /// Whether a step could do anything: a turn runs, or one waits that no lookup holds.
+    pub fn has_ready(&self) -> bool {
+        !self.running.is_empty()
+            || (self.waiting.iter())
+                .any(|id| self.requests.get(id).is_some_and(|r| r.lookup.is_none()))
     }
 
     /// Turns waiting to be admitted, and turns running.
@@ -326,6 +359,9 @@ impl<T> Scheduler<T> {
                 self.waiting.pop_front();
                 continue;
             };
+            if req.lookup.is_some() {
+                break;
+            }
             let conv = req.conv;
             let chunk = cache.chunk_size();
             // Blocks for every token up to this turn's first output, beyond those held.

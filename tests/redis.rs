@@ -16,7 +16,7 @@ use common::redis_server::Server;
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Durability, Engine, EngineConfig, RedisConfig, SamplingParams, Turn, TurnStats,
+    Durability, Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::Error;
@@ -416,6 +416,71 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
     let mut raw = server.raw().unwrap();
     let now = chunks(&mut raw);
     assert!(stored.iter().all(|k| now.contains(k)), "{stored:?} {now:?}");
+}
+
+/// Issue 27: a lookup by content in a stalled Redis runs behind the step thread. The turn that
+/// asked waits in the queue while the others go on decoding, then runs (here on its own KV:
+/// the lookup timed out), its output the stateless one.
+#[test]
+fn a_stalled_lookup_holds_only_the_turn_that_asked() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 1);
+    // Alice's stored turn holds the chunks of the tutor's system prompt.
+    alice_served(&model, &server, "fleet");
+    let mut b = fleet_member(&model, &server, "fleet");
+    let decoder = b.open(ConversationOptions::default()).unwrap();
+    let long = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(64)
+    };
+    let d = b.submit(decoder, Turn::user(QUESTIONS[3]), long).unwrap();
+    let token_of = |events: &[Event], r| {
+        (events.iter()).any(|e| matches!(e, Event::Token { request, .. } if *request == r))
+    };
+    while !token_of(&b.step().unwrap(), d) {}
+
+    let mut raw = server.raw().unwrap();
+    let stall = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(3)
+            .query::<()>(&mut raw)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let newcomer = b.open(tutor(None)).unwrap();
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy().with_max_tokens(8)
+    };
+    let n = b
+        .submit(newcomer, Turn::user(QUESTIONS[0]), params)
+        .unwrap();
+    for _ in 0..3 {
+        let events = b.step().unwrap();
+        assert!(token_of(&events, d), "the decoder waited: {events:?}");
+        assert!(
+            !token_of(&events, n),
+            "the newcomer ran before its lookup was answered"
+        );
+    }
+    assert!(!stall.is_finished(), "the steps waited for Redis");
+    stall.join().unwrap().unwrap();
+
+    let mut out = Vec::new();
+    loop {
+        let events = b.step().unwrap();
+        for e in &events {
+            match e {
+                Event::Token { request, token, .. } if *request == n => out.push(*token),
+                Event::Finished { request, .. } if *request == n => {
+                    assert_eq!(out, want[0]);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 #[test]

@@ -58,14 +58,16 @@ impl Engine {
     }
 
     /// When the engine next has work of its own, in the manner of quinn-proto's
-    /// `poll_timeout`: now while it has turns or commands; else the moment a conversation's
-    /// expected resume comes within [`super::EngineConfig::prefetch_lead`] (its KV is then
-    /// read ahead); `None` when nothing is timed. A host loop sleeps until this instant or a
-    /// new submission, whichever is first, then calls [`Engine::step`]; it never needs to
-    /// poll.
+    /// `poll_timeout`: now while a step can make progress (a turn runs or can be admitted,
+    /// events or commands wait); else the moment a conversation's expected resume comes
+    /// within [`super::EngineConfig::prefetch_lead`] (its KV is then read ahead); `None` when
+    /// nothing is timed. Turns waiting for a lookup in a shared store are not work until it
+    /// answers: the store's waker ([`Engine::set_store_waker`]) reports that. A host loop
+    /// sleeps until this instant, a wake or a new submission, whichever is first, then calls
+    /// [`Engine::step`]; it never needs to poll.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let now = Instant::now();
-        if self.has_work() {
+        if self.sched.has_ready() || !self.backlog.is_empty() || self.shared.has_commands() {
             return Some(now);
         }
         self.cache.next_resume_lead(now, self.config.prefetch_lead)

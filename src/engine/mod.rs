@@ -341,10 +341,11 @@ impl Engine {
             self.apply_cut(conv_id, &cut);
         }
         let mut prompt = std::mem::take(&mut prepared.prompt);
-        self.adopt_shared(conv_id, &mut prompt);
+        let lookup = self.adopt_shared(conv_id, &mut prompt);
         let eos = self.model.eos_token_ids();
         let active = ActiveTurn::new(prepared, params, eos, guide, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
+        lookup.inspect(|&l| self.sched.hold(id, l));
         Ok(())
     }
 
@@ -412,6 +413,7 @@ impl Engine {
         let t0 = Instant::now();
         self.drain_commands(now);
         self.cache.poll_disk();
+        self.adopt_looked();
         self.prefetch_expected(now);
         self.adopt_waiting();
         let plan = self.sched.schedule(&self.convs, &mut self.cache, now);

@@ -11,37 +11,41 @@ use crate::scheduler::RowPlan;
 /// `prompt`), the KV other conversations computed for the same tokens: from memory (one more
 /// reference to their block or host chunk), then from the disk tier (one more file reference,
 /// read when the turn runs). The tokens adopted leave `prompt` for the history. Only when the
-/// table's KV ends at a chunk boundary. With `discover`, a shared store is asked too (a
-/// request to it, so only once per turn). Returns the tokens adopted.
+/// table's KV ends at a chunk boundary. With `discover`, a shared store is asked behind for
+/// the chunks not found (a request to it, so only once per turn): returns the tokens adopted,
+/// and the lookup's number if one was asked.
 fn adopt(
     cache: &mut CacheManager,
     conv_id: ConversationId,
     conv: &mut Conversation,
     prompt: &mut Vec<u32>,
     discover: bool,
-) -> usize {
+) -> (usize, Option<u64>) {
     let chunk = cache.chunk_size();
     let Some(table) = cache.table(conv_id) else {
-        return 0;
+        return (0, None);
     };
     let (history, computed) = (conv.tokens().len(), table.computed());
     if !computed.is_multiple_of(chunk) || table.len() != computed / chunk || prompt.is_empty() {
-        return 0;
+        return (0, None);
     }
     // The last prompt token always runs: its logits start the reply.
     let full = (history + prompt.len() - 1) / chunk;
     if full <= computed / chunk {
-        return 0;
+        return (0, None);
     }
     let mut tokens = conv.tokens().to_vec();
     tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
     let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
     let next = &addresses[computed / chunk..full];
     let in_memory = cache.adopt_resident(conv_id, next);
-    let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..], discover);
+    let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..]);
+    let lookup = (discover && adopted < next.len())
+        .then(|| cache.look_up(&next[adopted..]))
+        .flatten();
     let reach = computed + adopted * chunk;
     conv.extend_tokens(prompt.drain(..reach.saturating_sub(history)));
-    adopted * chunk
+    (adopted * chunk, lookup)
 }
 
 impl Engine {
@@ -50,10 +54,30 @@ impl Engine {
         self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
     }
 
-    /// Looks a submitted turn up by content (see `adopt`).
-    pub(super) fn adopt_shared(&mut self, conv_id: ConversationId, prompt: &mut Vec<u32>) {
-        if let (true, Some(conv)) = (self.sharing(), self.convs.get_mut(&conv_id)) {
-            self.stats.shared_tokens += adopt(&mut self.cache, conv_id, conv, prompt, true) as u64;
+    /// Looks a submitted turn up by content (see `adopt`); returns the number of a lookup in
+    /// a shared store the turn must wait for.
+    pub(super) fn adopt_shared(
+        &mut self,
+        conv_id: ConversationId,
+        prompt: &mut Vec<u32>,
+    ) -> Option<u64> {
+        let (true, Some(conv)) = (self.sharing(), self.convs.get_mut(&conv_id)) else {
+            return None;
+        };
+        let (adopted, lookup) = adopt(&mut self.cache, conv_id, conv, prompt, true);
+        self.stats.shared_tokens += adopted as u64;
+        lookup
+    }
+
+    /// Lets in the turns whose lookup in the shared store was answered, each taking what the
+    /// store was found to hold.
+    pub(super) fn adopt_looked(&mut self) {
+        let cache = &mut self.cache;
+        for (conv_id, prompt) in self.sched.release_looked(|l| cache.looked(l)) {
+            if let Some(conv) = self.convs.get_mut(&conv_id) {
+                let (adopted, _) = adopt(cache, conv_id, conv, prompt, false);
+                self.stats.shared_tokens += adopted as u64;
+            }
         }
     }
 
@@ -66,7 +90,7 @@ impl Engine {
         }
         for (conv_id, prompt) in self.sched.waiting_prompts(self.config.prefetch_window) {
             if let Some(conv) = self.convs.get_mut(&conv_id) {
-                let adopted = adopt(&mut self.cache, conv_id, conv, prompt, false);
+                let (adopted, _) = adopt(&mut self.cache, conv_id, conv, prompt, false);
                 self.stats.shared_tokens += adopted as u64;
             }
         }

@@ -25,13 +25,14 @@
 //! sizes.
 
 pub mod format;
+mod lookup;
 mod manifests;
 mod medium;
 mod redis;
 mod stats;
 mod worker;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -90,6 +91,9 @@ pub(crate) struct DiskStore {
     reader: Worker,
     /// Files the start-up scan refused (already counted under their fault).
     refused: HashSet<Address>,
+    /// Lookups by content queued to the reader and not yet answered, by number.
+    lookups: BTreeSet<u64>,
+    next_lookup: u64,
     stats: DiskStats,
     worker: Worker,
 }
@@ -158,6 +162,8 @@ impl DiskStore {
             entries: HashMap::new(),
             reader: Worker::start(medium.clone())?,
             refused: HashSet::new(),
+            lookups: BTreeSet::new(),
+            next_lookup: 0,
             stats: DiskStats {
                 budget_bytes,
                 ..DiskStats::default()
@@ -228,39 +234,6 @@ impl DiskStore {
     /// Whether other engines share the store.
     pub fn shared(&self) -> bool {
         self.medium.shared()
-    }
-
-    /// In a shared store, asks (in one request) which of `chunks` (address, KV-tokens) other
-    /// engines have stored since this one last looked, and indexes those: they can then be
-    /// retained like this engine's own. Returns how many were found.
-    pub fn discover(&mut self, chunks: &[(Address, usize)]) -> usize {
-        let unknown: Vec<(Address, usize)> = chunks
-            .iter()
-            .filter(|(a, _)| !self.entries.contains_key(a) && !self.refused.contains(a))
-            .copied()
-            .collect();
-        if unknown.is_empty() {
-            return 0;
-        }
-        let addresses: Vec<Address> = unknown.iter().map(|(a, _)| *a).collect();
-        let Some(stored) = self.medium.lookup(&addresses) else {
-            return 0;
-        };
-        let mut found = 0;
-        for ((a, tokens), there) in unknown.iter().zip(stored) {
-            if there {
-                let entry = Entry {
-                    bytes: self.file_bytes(*tokens),
-                    refs: 0,
-                    state: State::Stored,
-                    owned: false,
-                };
-                self.entries.insert(*a, entry);
-                found += 1;
-            }
-        }
-        self.stats.chunks_discovered += found as u64;
-        found
     }
 
     /// The byte budget.
@@ -525,9 +498,16 @@ impl DiskStore {
     pub fn poll(&mut self) -> Vec<Address> {
         let mut failed = Vec::new();
         for done in self.reader.finished() {
-            if let worker::Done::Refused { address, fault } = done {
-                self.refuse(&address, fault);
-                failed.push(address);
+            match done {
+                worker::Done::Refused { address, fault } => {
+                    self.refuse(&address, fault);
+                    failed.push(address);
+                }
+                worker::Done::Looked { lookup, found } => {
+                    self.lookups.remove(&lookup);
+                    self.index_found(&found);
+                }
+                worker::Done::Written { .. } => {}
             }
         }
         for done in self.worker.finished() {

@@ -164,8 +164,8 @@ impl Driver {
             // for it) or the engine's next timed work (a read-ahead due). Busy: take what
             // arrived and step.
             self.release_held();
-            if !self.engine.has_work() {
-                let due = self.engine.poll_timeout();
+            let due = self.engine.poll_timeout();
+            if due.is_none_or(|at| at > Instant::now()) {
                 let next = match due {
                     Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),

@@ -110,25 +110,15 @@ impl CacheManager {
     /// content addresses, in order) as far as the store has them: KV that other
     /// conversations computed for the same tokens, found by content and shared (one file, one
     /// more reference). Only for a table whose computed tokens end at a chunk boundary with no
-    /// chunk past them. With `discover`, a shared store is asked for chunks other engines
-    /// stored (one request). Returns the chunks adopted; they are `Disk`, read when the turn
-    /// runs.
-    pub fn adopt_stored(
-        &mut self,
-        id: ConversationId,
-        addresses: &[Address],
-        discover: bool,
-    ) -> usize {
+    /// chunk past them. Only chunks the store has indexed count (see [`Self::look_up`]).
+    /// Returns the chunks adopted; they are `Disk`, read when the turn runs.
+    pub fn adopt_stored(&mut self, id: ConversationId, addresses: &[Address]) -> usize {
         let chunk = self.chunk_size();
         let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
             return 0;
         };
         if !t.computed.is_multiple_of(chunk) || t.chunks.len() != t.computed / chunk {
             return 0;
-        }
-        if discover {
-            let full: Vec<(Address, usize)> = addresses.iter().map(|a| (*a, chunk)).collect();
-            d.store.discover(&full);
         }
         let n = addresses
             .iter()
@@ -143,6 +133,19 @@ impl CacheManager {
             .count();
         t.computed += n * chunk;
         n
+    }
+
+    /// Asks a shared store behind which of the full chunks `addresses` other engines stored
+    /// (see [`DiskStore::look_up`]); `None` when there is nothing to ask.
+    pub fn look_up(&mut self, addresses: &[Address]) -> Option<u64> {
+        let chunk = self.chunk_size();
+        let full: Vec<(Address, usize)> = addresses.iter().map(|a| (*a, chunk)).collect();
+        self.disk.as_mut()?.store.look_up(&full)
+    }
+
+    /// Whether lookup `lookup` was answered.
+    pub fn looked(&self, lookup: u64) -> bool {
+        self.disk.as_ref().is_none_or(|d| d.store.looked(lookup))
     }
 
     /// Starts reading `id`'s chunks that are only on disk into free host room, leading chunk

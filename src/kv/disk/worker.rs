@@ -57,6 +57,12 @@ pub(super) enum Job {
         tokens: usize,
         layers: Arc<LayerCells>,
     },
+    /// Asks a shared store which of `chunks` (address, KV-tokens) it holds, in one request.
+    Lookup {
+        /// The store's number for this lookup.
+        lookup: u64,
+        chunks: Vec<(Address, usize)>,
+    },
     /// Answers once every job before it is done.
     Flush(Sender<()>),
 }
@@ -76,6 +82,11 @@ pub(super) enum Done {
     },
     /// A read ahead whose file was refused.
     Refused { address: Address, fault: Fault },
+    /// A lookup answered: the chunks the store holds (none if it could not say).
+    Looked {
+        lookup: u64,
+        found: Vec<(Address, usize)>,
+    },
 }
 
 /// Called on a worker's thread after each job it runs: how a host loop waiting on the store
@@ -240,6 +251,14 @@ fn run_one(
     failed_chunks: &mut BTreeSet<u64>,
 ) -> Result<(), Refused> {
     match job {
+        Job::Lookup { lookup, chunks } => {
+            let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
+            let stored = medium.lookup(&addresses).unwrap_or_default();
+            let found = (chunks.into_iter().zip(stored))
+                .filter_map(|(c, there)| there.then_some(c))
+                .collect();
+            let _ = report.send(Done::Looked { lookup, found });
+        }
         Job::Chunk {
             bytes,
             format,

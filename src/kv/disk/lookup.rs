@@ -1,0 +1,83 @@
+//! Finding chunks by content in a store other engines write too: which of a turn's next
+//! chunks are stored already. The step thread never waits for the answer: the question goes to
+//! the reader thread ([`DiskStore::look_up`]) and the answer is indexed when
+//! [`DiskStore::poll`] takes it; a conversation resumed by name asks at once, with its
+//! manifest ([`DiskStore::discover`]).
+
+use super::worker::Job;
+use super::{Address, DiskStore, Entry, State};
+
+impl DiskStore {
+    /// The chunks of `chunks` (address, KV-tokens) this store knows nothing of: neither
+    /// indexed nor refused.
+    fn unknown(&self, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
+        (chunks.iter())
+            .filter(|(a, _)| !self.entries.contains_key(a) && !self.refused.contains(a))
+            .copied()
+            .collect()
+    }
+
+    /// In a shared store, asks now (in one request) which of `chunks` other engines have
+    /// stored since this one last looked, and indexes those: they can then be retained like
+    /// this engine's own. Returns how many were found.
+    pub fn discover(&mut self, chunks: &[(Address, usize)]) -> usize {
+        let unknown = self.unknown(chunks);
+        if unknown.is_empty() {
+            return 0;
+        }
+        let addresses: Vec<Address> = unknown.iter().map(|(a, _)| *a).collect();
+        let Some(stored) = self.medium.lookup(&addresses) else {
+            return 0;
+        };
+        let found: Vec<(Address, usize)> = (unknown.into_iter().zip(stored))
+            .filter_map(|(c, there)| there.then_some(c))
+            .collect();
+        self.index_found(&found)
+    }
+
+    /// In a shared store, asks behind (on the reader thread) which of `chunks` other engines
+    /// have stored; [`DiskStore::poll`] indexes the answer. Returns the lookup's number, for
+    /// [`DiskStore::looked`]; `None` when there is nothing to ask.
+    pub fn look_up(&mut self, chunks: &[(Address, usize)]) -> Option<u64> {
+        if !self.medium.shared() {
+            return None;
+        }
+        let unknown = self.unknown(chunks);
+        if unknown.is_empty() {
+            return None;
+        }
+        self.next_lookup += 1;
+        let lookup = self.next_lookup;
+        let job = Job::Lookup {
+            lookup,
+            chunks: unknown,
+        };
+        self.reader.send(job).then(|| self.lookups.insert(lookup))?;
+        Some(lookup)
+    }
+
+    /// Whether lookup `lookup` was answered (and its answer indexed).
+    pub fn looked(&self, lookup: u64) -> bool {
+        !self.lookups.contains(&lookup)
+    }
+
+    /// Indexes chunks another engine stored; returns how many.
+    pub(super) fn index_found(&mut self, found: &[(Address, usize)]) -> usize {
+        let mut n = 0;
+        for &(a, tokens) in found {
+            if self.entries.contains_key(&a) || self.refused.contains(&a) {
+                continue;
+            }
+            let entry = Entry {
+                bytes: self.file_bytes(tokens),
+                refs: 0,
+                state: State::Stored,
+                owned: false,
+            };
+            self.entries.insert(a, entry);
+            n += 1;
+        }
+        self.stats.chunks_discovered += n as u64;
+        n
+    }
+}
