@@ -1,5 +1,7 @@
-//! Random interleavings of open / submit / step / cancel / close on the tiny model, in every
-//! cache mode and under budgets that force swaps, drops and suspensions: after every operation
+//! Random interleavings of open / fork / submit / step / cancel / close on the tiny model, in
+//! every cache mode and under budgets that force swaps, drops and suspensions. Conversations
+//! open with one of two system prompts (or none) and forks continue others' histories, so many
+//! of them hold the same chunks, shared by content. After every operation
 //! the invariants hold, every submit and cancel answers as the API promises, and every turn
 //! that ran to its length generated exactly the greedy tokens of a stateless recompute of its
 //! conversation alone (one forward pass over the whole history).
@@ -31,7 +33,10 @@ fn cases() -> u32 {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Open,
+    /// Opens a conversation with system prompt `k % 3` (none for 0).
+    Open(usize),
+    /// Forks an open conversation (its whole history).
+    Fork(usize),
     Submit(usize, usize),
     Step,
     Cancel(usize),
@@ -40,7 +45,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        1 => Just(Op::Open),
+        2 => any::<usize>().prop_map(Op::Open),
+        2 => any::<usize>().prop_map(Op::Fork),
         4 => (any::<usize>(), 1usize..12).prop_map(|(c, n)| Op::Submit(c, n)),
         6 => Just(Op::Step),
         1 => any::<usize>().prop_map(Op::Cancel),
@@ -186,7 +192,25 @@ proptest! {
         let mut submitted: Vec<RequestId> = Vec::new();
         for op in ops {
             match op {
-                Op::Open => h.open.push(h.e.open(ConversationOptions::default()).unwrap()),
+                Op::Open(k) => {
+                    let options = ConversationOptions {
+                        system: [None, Some("Be brief."), Some("Be kind.")][k % 3].map(String::from),
+                        ..ConversationOptions::default()
+                    };
+                    h.open.push(h.e.open(options).unwrap());
+                }
+                Op::Fork(c) if !h.open.is_empty() => {
+                    let conv = h.open[c % h.open.len()];
+                    let busy = h.turns.values().any(|t| t.conv == conv && t.finished.is_none());
+                    match h.e.fork(conv, None) {
+                        Ok(copy) => {
+                            prop_assert!(!busy, "{conv} forked while busy");
+                            h.open.push(copy);
+                        }
+                        Err(Error::ConversationBusy(c)) => prop_assert!(busy && c == conv),
+                        Err(e) => prop_assert!(false, "fork failed: {e}"),
+                    }
+                }
                 Op::Submit(c, n) if !h.open.is_empty() => {
                     let conv = h.open[c % h.open.len()];
                     let busy = h.turns.values().any(|t| t.conv == conv && t.finished.is_none());
