@@ -17,7 +17,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ConversationId;
-use crate::model::Message;
+use crate::message::Message;
 
 /// A point in a conversation where a turn's message begins (or the history could otherwise be
 /// cut): as many tokens, transcript bytes and messages come before it.

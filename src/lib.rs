@@ -29,6 +29,7 @@ pub mod engine;
 mod error;
 mod ids;
 pub mod kv;
+mod message;
 pub mod model;
 mod scheduler;
 #[cfg(feature = "service")]

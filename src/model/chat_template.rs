@@ -3,54 +3,11 @@
 //! methods (`.strip()`, `.startswith()`, ... that real templates call).
 
 use minijinja::{context, Environment, ErrorKind};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::tools::{ToolCall, ToolFormat};
+use super::tools::ToolFormat;
+use crate::message::Message;
 use crate::Result;
-
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-    /// The tools an assistant message calls.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    /// The call a `tool` message answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-}
-
-impl Message {
-    /// A message with `role` and `content`.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
-    }
-
-    /// The message as templates see it (OpenAI's shape).
-    fn template_view(&self) -> Value {
-        let mut v = serde_json::json!({"role": self.role, "content": self.content});
-        if !self.tool_calls.is_empty() {
-            v["tool_calls"] = self
-                .tool_calls
-                .iter()
-                .map(ToolCall::template_view)
-                .collect();
-        }
-        if let Some(id) = &self.tool_call_id {
-            v["tool_call_id"] = Value::String(id.clone());
-        }
-        v
-    }
-}
 
 /// A compiled chat template plus the special-token strings templates refer to.
 #[derive(Debug)]
@@ -237,6 +194,7 @@ pub fn common_prefix(full: &str, seen: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ToolCall;
 
     #[test]
     fn builtins_render_turns_and_keep_contents_findable() {

@@ -24,8 +24,9 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use tokenizers::Tokenizer;
 
+pub use crate::message::{Message, ToolCall};
 pub use arch::{Activation, Architecture, ARCHITECTURES};
-pub use chat_template::{common_prefix, ChatTemplate, Message, BUILTIN_TEMPLATES};
+pub use chat_template::{common_prefix, ChatTemplate, BUILTIN_TEMPLATES};
 pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
@@ -36,7 +37,7 @@ pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
-pub use tools::{ToolCall, ToolFormat};
+pub use tools::ToolFormat;
 
 use crate::{Error, Result};
 

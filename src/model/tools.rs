@@ -1,33 +1,8 @@
 //! Tool calling: the calls an assistant message carries, how chat templates see them, and how
 //! calls are read back from a reply in the format of the template's family.
 
-use serde::{Deserialize, Serialize};
+use crate::message::ToolCall;
 use serde_json::Value;
-
-/// A call of a tool (a function) an assistant message makes, as OpenAI's API carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The call's id, which the tool's result message names (`tool_call_id`).
-    pub id: String,
-    /// The function's name.
-    pub name: String,
-    /// Its arguments: JSON text, as the model wrote it.
-    pub arguments: String,
-}
-
-impl ToolCall {
-    /// The call as templates see it: OpenAI's shape, the arguments parsed when they are JSON
-    /// (templates write them back with `tojson`).
-    pub(crate) fn template_view(&self) -> Value {
-        let arguments = serde_json::from_str::<Value>(&self.arguments)
-            .unwrap_or_else(|_| Value::String(self.arguments.clone()));
-        serde_json::json!({
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": arguments},
-        })
-    }
-}
 
 /// How a chat template's family writes tool calls in a reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

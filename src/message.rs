@@ -1,0 +1,73 @@
+//! Chat messages and the tool calls they carry: plain data, with no model behind them, so
+//! the conversation state (and the layers under it) can hold them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// The tools an assistant message calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message with `role` and `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// The message as templates see it (OpenAI's shape).
+    pub(crate) fn template_view(&self) -> Value {
+        let mut v = serde_json::json!({"role": self.role, "content": self.content});
+        if !self.tool_calls.is_empty() {
+            v["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(ToolCall::template_view)
+                .collect();
+        }
+        if let Some(id) = &self.tool_call_id {
+            v["tool_call_id"] = Value::String(id.clone());
+        }
+        v
+    }
+}
+
+/// A call of a tool (a function) an assistant message makes, as OpenAI's API carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the tool's result message names (`tool_call_id`).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments: JSON text, as the model wrote it.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The call as templates see it: OpenAI's shape, the arguments parsed when they are JSON
+    /// (templates write them back with `tojson`).
+    pub(crate) fn template_view(&self) -> Value {
+        let arguments = serde_json::from_str::<Value>(&self.arguments)
+            .unwrap_or_else(|_| Value::String(self.arguments.clone()));
+        serde_json::json!({
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        })
+    }
+}
