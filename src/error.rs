@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::ids::{ConversationId, RequestId};
-use crate::kv::Violation;
+use crate::kv::{StoreError, Violation};
 
 /// Everything pensieve can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -23,10 +23,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// The shared store (Redis) could not be reached, or refused the credentials, when the
-    /// engine was built. (Once running, an unreachable store only costs recomputes.)
-    #[error("shared KV store unavailable: {0}")]
-    Store(String),
+    /// The store could not be reached, or refused the credentials, when the engine was built;
+    /// or a conversation's stored state could not be read when asked for. (Once running, an
+    /// unreachable store only costs recomputes.)
+    #[error("store unavailable ({what}): {source}")]
+    Store {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: StoreError,
+    },
 
     /// No conversation is stored under this name (in this engine, or its shared store).
     #[error("no conversation named {0:?} is stored")]
@@ -56,7 +63,7 @@ pub enum Error {
     /// A model named by its asset name (the default among them) has not been fetched into the
     /// asset cache yet.
     #[error(
-        "model file {path} not found; run `scripts/fetch-assets{fetch_args}` (or set PENSIEVE_CACHE) first"
+        "model file {path} not found: put the file there (the asset cache is $PENSIEVE_CACHE, else ~/.cache/pensieve; in a checkout of pensieve `scripts/fetch-assets{fetch_args}` fetches it), or load the model from a file or the Hugging Face hub instead"
     )]
     AssetsMissing {
         /// Where the model was expected.
@@ -77,7 +84,7 @@ pub enum Error {
 
     /// Building or running the tokenizer failed.
     #[error("tokenizer error: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// The chat template shipped with the model did not compile or render.
     #[error("chat template error: {0}")]
@@ -214,7 +221,7 @@ pub enum Error {
     /// (disk full, Redis unreachable): the engine dropped its copy, so the next turn resumes
     /// what the store holds. Resend the turn.
     #[error("the reply was generated but the store did not confirm it ({0}); resend the turn")]
-    NotDurable(String),
+    NotDurable(#[source] StoreError),
 
     /// A named conversation's turn was generated but not stored, because another engine
     /// stored a turn of it meanwhile. Resend the turn to continue the stored conversation.
@@ -224,6 +231,70 @@ pub enum Error {
     /// The operation needs a feature this build or device does not have.
     #[error("unsupported: {0}")]
     Unsupported(String),
+}
+
+/// What kind of failure an [`Error`] is: what its caller can do about it. A server derives
+/// its status codes from this, and equal kinds are the same outcome to a caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The request or configuration is wrong; it fails the same way until it is changed.
+    InvalidInput,
+    /// What the request names does not exist (a conversation, a turn, a stored name).
+    NotFound,
+    /// The request clashes with the state it finds (a turn in progress, a name taken, a
+    /// conversation stored by another model or engine).
+    Conflict,
+    /// A capacity limit: retry later, or with less.
+    Capacity,
+    /// The store or the service is unavailable for now: retry later.
+    Unavailable,
+    /// The model's files cannot be used (missing, malformed, unsupported).
+    Model,
+    /// A file could not be read or written.
+    Io,
+    /// A bug in pensieve, never the caller's doing.
+    Internal,
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        use Error as E;
+        match self {
+            E::ContextOverflow { .. }
+            | E::EmptyTurn
+            | E::InvalidParams(_)
+            | E::TokenOutOfVocab { .. }
+            | E::BudgetTooSmall { .. }
+            | E::ChatTemplate(_)
+            | E::InvalidRequest(_)
+            | E::InvalidConfig(_)
+            | E::InvalidWorkload { .. }
+            | E::Unsupported(_) => ErrorKind::InvalidInput,
+            E::UnknownConversation(_) | E::UnknownRequest(_) | E::NotStored(_) => {
+                ErrorKind::NotFound
+            }
+            E::ConversationBusy(_)
+            | E::ConversationExists(_)
+            | E::StoredElsewhere { .. }
+            | E::StoreDamaged { .. }
+            | E::StoreConflict(_) => ErrorKind::Conflict,
+            E::QueueFull { .. } | E::PinLimit { .. } => ErrorKind::Capacity,
+            E::Store { .. } | E::NotDurable(_) | E::ServiceStopped => ErrorKind::Unavailable,
+            E::AssetsMissing { .. }
+            | E::InvalidModel { .. }
+            | E::Tokenizer(_)
+            | E::Hub { .. }
+            | E::UnsupportedHeadDim { .. } => ErrorKind::Model,
+            E::Io { .. } => ErrorKind::Io,
+            E::Candle(_)
+            | E::InvalidBatch(_)
+            | E::Transfer(_)
+            | E::Invariant(_)
+            | E::EngineDied => ErrorKind::Internal,
+        }
+    }
 }
 
 /// `Result` with pensieve's [`Error`].

@@ -36,4 +36,4 @@ mod scheduler;
 pub mod service;
 pub mod workload;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};

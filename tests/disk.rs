@@ -102,6 +102,7 @@ fn turn(e: &mut Engine, convs: &[ConversationId], turn: usize) -> Vec<(Vec<u32>,
                     );
                     (request, Ok(stats))
                 }
+                other => panic!("unexpected event {other:?}"),
             };
             let k = ids.iter().position(|&r| r == request).unwrap();
             match done {

@@ -91,6 +91,7 @@ impl Harness {
                     t.end = self.e.tokens(t.conv).ok().map(|h| h.len());
                     t.finished = Some(reason);
                 }
+                other => panic!("unexpected event {other:?}"),
             }
         }
     }

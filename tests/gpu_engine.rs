@@ -127,6 +127,7 @@ fn run(
                         assert!(matches!(reason, FinishReason::Length), "{reason:?}");
                         prompts.insert(conversation, stats.prompt_tokens);
                     }
+                    other => panic!("unexpected event {other:?}"),
                 }
             }
             guard += 1;

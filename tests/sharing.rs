@@ -86,6 +86,7 @@ fn turns(e: &mut Engine, convs: &[(usize, ConversationId)]) -> Vec<(Vec<u32>, Tu
                     let k = ids.iter().position(|&r| r == request).unwrap();
                     out[k].1 = stats;
                 }
+                other => panic!("unexpected event {other:?}"),
             }
         }
     }

@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use pensieve::engine::{
     ConversationId, ConversationOptions, DiskConfig, Durability, Engine, EngineConfig, KvPrecision,
     SamplingParams, Turn,
 };
+use pensieve::kv::StoreError;
 use pensieve::model::{Model, WeightFormat};
 use pensieve::Error;
 
@@ -288,7 +290,10 @@ fn real_model_a_full_disk_never_loses_an_acknowledged_turn_and_says_so() {
     let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
     turn(&mut e, conv, 1);
     match settled(&mut e, conv) {
-        Durability::Failed(why) => assert!(why.contains("space"), "{why}"),
+        Durability::Failed(why) => assert!(
+            matches!(&why, StoreError::Io { source, .. } if source.kind() == ErrorKind::StorageFull),
+            "{why}"
+        ),
         other => panic!("{other:?}"),
     }
     serves(&mut e);
@@ -313,7 +318,10 @@ fn real_model_a_read_only_store_never_loses_an_acknowledged_turn_and_says_so() {
     let conv = e.resume("alice").unwrap();
     turn(&mut e, conv, 2);
     match settled(&mut e, conv) {
-        Durability::Failed(why) => assert!(why.contains("Read-only"), "{why}"),
+        Durability::Failed(why) => assert!(
+            matches!(&why, StoreError::Io { source, .. } if source.kind() == ErrorKind::ReadOnlyFilesystem),
+            "{why}"
+        ),
         other => panic!("{other:?}"),
     }
     serves(&mut e);

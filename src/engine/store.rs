@@ -24,6 +24,7 @@ use crate::conversation::{Conversation, Mark};
 use crate::ids::ConversationId;
 use crate::kv::{
     hex, Address, BuildManifest, ChunkFormat, CostModel, DiskStore, DiskTier, Owner, Refused,
+    StoreError,
 };
 use crate::model::{Message, Model};
 use crate::{Error, Result};
@@ -42,7 +43,7 @@ pub enum Durability {
     Durable,
     /// The write failed (disk full, read-only folder, Redis unreachable past its deadline):
     /// a restart resumes an older state. Says why.
-    Failed(String),
+    Failed(StoreError),
     /// Another engine stored a turn of this conversation since the state this copy continues
     /// (two servers served it at once): this copy's turn was not stored, so as not to fork the
     /// conversation. [`Engine::resume`] replaces the copy with the stored state.
@@ -155,7 +156,12 @@ pub(super) fn open_disk(
                 source,
             })?,
         StoreLocation::Redis(redis) => {
-            DiskStore::open_redis(redis, format, owner, disk.budget_bytes).map_err(Error::Store)?
+            DiskStore::open_redis(redis, format, owner, disk.budget_bytes).map_err(|source| {
+                Error::Store {
+                    what: format!("opening {}", redis.redacted_url()),
+                    source,
+                }
+            })?
         }
     };
     Ok(Some(DiskTier {
@@ -268,7 +274,12 @@ impl Engine {
             // Unreadable now: what is held is the best known.
             Err(fault) => match held {
                 Some(id) => return Ok(id),
-                None => return Err(Error::Store(format!("manifest of {name:?}: {fault}"))),
+                None => {
+                    return Err(Error::Store {
+                        what: format!("reading the manifest of {name:?}"),
+                        source: fault,
+                    })
+                }
             },
         };
         match (held, stored) {
@@ -317,7 +328,10 @@ impl Engine {
                 owner: owner.label,
             },
             Ok(None) => Error::NotStored(name.to_string()),
-            Err(fault) => Error::Store(format!("registration of {name:?}: {fault}")),
+            Err(source) => Error::Store {
+                what: format!("reading the registration of {name:?}"),
+                source,
+            },
         }
     }
 
@@ -481,7 +495,7 @@ impl Engine {
             m.chunks = (chunks.into_iter())
                 .map(|c| c.and_then(|(hex, write)| write.is_none_or(written).then_some(hex)))
                 .collect();
-            serde_json::to_vec(&m).map_err(|e| e.to_string())
+            serde_json::to_vec(&m).map_err(|e| StoreError::Invalid(e.to_string()))
         });
         let write = store.write_manifest(name, expect, build);
         conv.set_stored(revision, stamp);
@@ -505,7 +519,7 @@ impl Engine {
         Ok(match self.manifest_writes.get(&conv) {
             // Resumed from the store, nothing written since.
             None => Durability::Durable,
-            Some(None) => Durability::Failed("the store's writer thread stopped".into()),
+            Some(None) => Durability::Failed(StoreError::WriterStopped),
             Some(Some(n)) => match store.manifest_outcome(*n) {
                 None => Durability::Pending,
                 Some(Ok(())) => Durability::Durable,

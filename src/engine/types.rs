@@ -108,6 +108,7 @@ impl SamplingParams {
 
 /// Why a turn ended.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum FinishReason {
     /// An end-of-turn or stop token was generated.
     Stop,
@@ -130,11 +131,12 @@ impl FinishReason {
 }
 
 impl PartialEq for FinishReason {
-    /// Failures are equal when they are the same error, or errors that read the same.
+    /// Failures are equal when they are errors of the same variant (the same failure to a
+    /// caller, whatever their details).
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (FinishReason::Failed(a), FinishReason::Failed(b)) => {
-                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
+                std::mem::discriminant(&**a) == std::mem::discriminant(&**b)
             }
             (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
         }
@@ -143,6 +145,7 @@ impl PartialEq for FinishReason {
 
 /// What happened to one turn.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct TurnStats {
     /// Tokens of the new turn (after the template).
     pub prompt_tokens: usize,
@@ -179,6 +182,7 @@ pub struct TokenLogprobs {
 
 /// Something `step()` reports.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Event {
     /// A generated token and the text it completes (possibly empty mid-character).
     Token {
@@ -209,6 +213,7 @@ pub enum Event {
 
 /// Engine-wide counters since start.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct EngineStats {
     /// `step()` calls that ran a batch.
     pub steps: u64,

@@ -24,6 +24,7 @@
 //! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the owned entries'
 //! sizes.
 
+mod error;
 pub mod format;
 mod lookup;
 mod manifests;
@@ -37,6 +38,7 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+pub use error::{RedisFailure, StoreError};
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
 pub(crate) use medium::Owner;
@@ -140,9 +142,10 @@ impl DiskStore {
         format: ChunkFormat,
         owner: Owner,
         budget_bytes: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StoreError> {
         let medium = Arc::new(redis::Redis::open(config, owner.clone())?);
-        Self::over(medium, format, owner, budget_bytes).map_err(|e| e.to_string())
+        // Only the worker threads can fail here.
+        Self::over(medium, format, owner, budget_bytes).map_err(|e| StoreError::io("", e))
     }
 
     fn over(
@@ -209,7 +212,7 @@ impl DiskStore {
     /// Checks a stored chunk's header and length without reading its payload; returns its
     /// size.
     fn check_stored(&self, address: &Address) -> Result<usize, Fault> {
-        let (mut f, len) = self.medium.open_chunk(address).map_err(|_| Fault::Io)?;
+        let (mut f, len) = self.medium.open_chunk(address)?;
         let mut head = vec![0u8; HEADER_BYTES];
         f.read_exact(&mut head).map_err(|_| Fault::Truncated)?;
         let h = format::decode_header(&self.format, &head)?;
@@ -450,7 +453,7 @@ impl DiskStore {
                 e.state = State::Failed;
                 // Bytes proven bad are deleted; a read that failed (a timeout, a lost
                 // connection) says nothing about them, and other engines may read them fine.
-                if !matches!(fault, Fault::Io | Fault::Missing) {
+                if !matches!(fault, Fault::Io(_) | Fault::Missing) {
                     self.worker.send(Job::RemoveChunk(*address));
                 }
             }

@@ -15,7 +15,10 @@ mod policy;
 pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, DiskTier, Eviction, Held, Moves};
 pub(crate) use disk::format::hex;
-pub use disk::{Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, FORMAT_VERSION};
+pub use disk::{
+    Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError,
+    FORMAT_VERSION,
+};
 pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved, Waker};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]

@@ -36,7 +36,7 @@ impl IncrementalDecoder {
         self.held.push(id);
         let text = tokenizer
             .decode(&self.held, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+            .map_err(Error::Tokenizer)?;
         // A genuine U+FFFD in the text is released once no character could still be pending.
         if text.ends_with('\u{FFFD}') && self.held.len() < MAX_HELD {
             return Ok(String::new());

@@ -383,7 +383,7 @@ impl Model {
         Ok(self
             .tokenizer
             .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .map_err(Error::Tokenizer)?
             .get_ids()
             .to_vec())
     }
@@ -397,7 +397,7 @@ impl Model {
         Ok(self
             .text_tokenizer
             .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .map_err(Error::Tokenizer)?
             .get_ids()
             .to_vec())
     }
@@ -407,9 +407,7 @@ impl Model {
     /// # Errors
     /// [`Error::Tokenizer`] for ids outside the vocabulary.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))
+        self.tokenizer.decode(ids, false).map_err(Error::Tokenizer)
     }
 
     /// Renders `messages` with the model's chat template.

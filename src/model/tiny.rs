@@ -28,7 +28,7 @@ fn byte_tokenizer() -> Result<Tokenizer> {
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, vec![])
         .build()
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        .map_err(Error::Tokenizer)?;
     let mut t = Tokenizer::new(bpe);
     t.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     t.with_decoder(Some(ByteLevelDecoder::default()));

@@ -184,7 +184,7 @@ fn byte_level_bpe(
         .vocab_and_merges(vocab_of(tokens), merges)
         .ignore_merges(rules.ignore_merges)
         .build()
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        .map_err(Error::Tokenizer)?;
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(rules.pre_tokenizer));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
@@ -223,18 +223,16 @@ fn sentencepiece(
     if let Some(unk) = unknown {
         builder = builder.unk_token(unk.clone());
     }
-    let bpe = builder
-        .build()
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let bpe = builder.build().map_err(Error::Tokenizer)?;
     let mut tokenizer = Tokenizer::new(bpe);
-    let to_marker = Replace::new(" ", SPACE).map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let to_marker = Replace::new(" ", SPACE).map_err(Error::Tokenizer)?;
     let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
     if space_prefix {
         normalizers.push(Prepend::new(SPACE.into()).into());
     }
     normalizers.push(to_marker.into());
     tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)));
-    let from_marker = Replace::new(SPACE, " ").map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let from_marker = Replace::new(SPACE, " ").map_err(Error::Tokenizer)?;
     let mut decoders: Vec<DecoderWrapper> = vec![
         from_marker.into(),
         ByteFallback::new().into(),
@@ -252,5 +250,5 @@ fn sentencepiece(
 /// # Errors
 /// [`Error::Tokenizer`] for unreadable or malformed files.
 pub fn tokenizer_from_file(path: &std::path::Path) -> Result<Tokenizer> {
-    Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    Tokenizer::from_file(path).map_err(|e| Error::invalid_model(path.display().to_string(), e))
 }

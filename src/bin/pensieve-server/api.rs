@@ -62,36 +62,27 @@ impl ApiError {
         }
     }
 
-    /// The engine's refusal of a turn: the caller's mistake (400), a busy conversation (409),
-    /// a capacity limit (429), the store (503), else the server's (500).
+    /// The engine's refusal of a turn, by its kind: the caller's mistake (400), nothing by
+    /// that name (404), a clash with the state found (409), a capacity limit (429, retry), the
+    /// store or service unavailable (503, retry), else the server's (500).
     pub fn from_engine(e: &pensieve::Error) -> Self {
-        use pensieve::Error as E;
-        let status = match e {
-            E::ContextOverflow { .. }
-            | E::EmptyTurn
-            | E::InvalidParams(_)
-            | E::TokenOutOfVocab { .. }
-            | E::BudgetTooSmall { .. }
-            | E::ChatTemplate(_)
-            | E::Unsupported(_) => StatusCode::BAD_REQUEST,
-            E::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-            E::ConversationBusy(_)
-            | E::StoredElsewhere { .. }
-            | E::StoreDamaged { .. }
-            | E::StoreConflict(_) => StatusCode::CONFLICT,
-            E::QueueFull { .. } => {
-                return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 1)
-            }
-            E::ServiceStopped | E::NotDurable(_) => {
-                return Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1)
-            }
-            E::PinLimit { .. } => {
-                return Self::busy(StatusCode::TOO_MANY_REQUESTS, e.to_string(), 5)
-            }
-            E::Store(_) => return Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1),
+        use pensieve::ErrorKind as K;
+        let status = match e.kind() {
+            K::InvalidInput => StatusCode::BAD_REQUEST,
+            K::NotFound => StatusCode::NOT_FOUND,
+            K::Conflict => StatusCode::CONFLICT,
+            K::Capacity => StatusCode::TOO_MANY_REQUESTS,
+            K::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        Self::new(status, e.to_string())
+        match e {
+            // Pins free up as conversations end, which takes longer than a queue drains.
+            pensieve::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
+            _ if matches!(e.kind(), K::Capacity | K::Unavailable) => {
+                Self::busy(status, e.to_string(), 1)
+            }
+            _ => Self::new(status, e.to_string()),
+        }
     }
 
     /// A turn that failed after it was accepted: the engine could not make room for it now

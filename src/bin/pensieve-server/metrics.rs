@@ -172,6 +172,8 @@ fn finished_reason(reason: &FinishReason) -> &'static str {
         FinishReason::Length | FinishReason::ContextFull => "length",
         FinishReason::Cancelled => "abort",
         FinishReason::Failed(_) => "error",
+        // A reason added to the engine since: counted apart rather than as another.
+        _ => "other",
     }
 }
 

@@ -217,6 +217,8 @@ fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
             ))
         }
         FinishReason::Failed(e) => return Err(ApiError::from_failed_turn(e)),
+        // A reason added to the engine since: the reply stands, ended.
+        _ => "stop",
     };
     let calls = end
         .message

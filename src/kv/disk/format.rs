@@ -161,6 +161,7 @@ pub(crate) struct ChunkId {
 
 /// Why a chunk file was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// The file is absent.
     Missing,
@@ -174,9 +175,11 @@ pub enum Fault {
     WrongContent,
     /// The payload's checksum fails.
     Corrupt,
-    /// The file system failed to read it.
-    Io,
+    /// The store failed to read it (the file system's or the network's failure kind).
+    Io(std::io::ErrorKind),
 }
+
+impl std::error::Error for Fault {}
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -187,7 +190,7 @@ impl fmt::Display for Fault {
             Fault::Foreign => "another model or layout",
             Fault::WrongContent => "another chunk's content",
             Fault::Corrupt => "payload checksum mismatch",
-            Fault::Io => "read error",
+            Fault::Io(kind) => return write!(f, "read error ({kind})"),
         })
     }
 }

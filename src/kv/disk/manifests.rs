@@ -2,7 +2,8 @@
 //! outcome kept for [`DiskStore::manifest_outcome`]; read, listed and removed; and the
 //! registrations that tell engines of other models a name is taken.
 
-use super::format::{Address, Fault};
+use super::error::StoreError;
+use super::format::Address;
 use super::worker::{BuildManifest, Job};
 use super::{DiskStore, Owner, Refused, State};
 
@@ -37,8 +38,8 @@ impl DiskStore {
     /// Who registered the conversation name `name`, if anyone, and whether it is this store.
     ///
     /// # Errors
-    /// [`Fault::Io`] if the store cannot be read.
-    pub fn registration(&self, name: &str) -> Result<Option<(Owner, bool)>, Fault> {
+    /// The store cannot be read.
+    pub fn registration(&self, name: &str) -> Result<Option<(Owner, bool)>, StoreError> {
         let owner = self.medium.registration(name)?;
         Ok(owner.map(|o| {
             let ours = o.fingerprint == self.owner.fingerprint;
@@ -60,8 +61,8 @@ impl DiskStore {
     /// The stored manifest of `name`, read now (a shared store's may be another engine's).
     ///
     /// # Errors
-    /// [`Fault::Io`] if the store cannot be read.
-    pub fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
+    /// The store cannot be read.
+    pub fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.medium.manifest(name)
     }
 }

@@ -7,6 +7,7 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use super::error::StoreError;
 use super::format::{self, Address, Fault};
 
 /// What a medium held when the store opened.
@@ -24,7 +25,7 @@ pub(crate) struct Listing {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Refused {
     /// The medium failed (a full or read-only disk, a timeout): why.
-    Failed(String),
+    Failed(StoreError),
     /// Another writer stored the conversation since the state this write continues: the
     /// stored manifest's stamp.
     Conflict(String),
@@ -33,7 +34,7 @@ pub(crate) enum Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refused::Failed(why) => f.write_str(why),
+            Refused::Failed(why) => write!(f, "{why}"),
             Refused::Conflict(stamp) => write!(
                 f,
                 "another writer stored this conversation meanwhile (stored state {stamp:?})"
@@ -89,7 +90,7 @@ pub(crate) fn manifest_stamp(bytes: &[u8]) -> String {
 pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// Stores chunk `address` as the concatenation of `parts`, atomically: a reader sees the
     /// old bytes or the new, never a mix, whatever happens meanwhile.
-    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String>;
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), StoreError>;
 
     /// A reader of chunk `address` from its first byte, and its length.
     fn open_chunk(&self, address: &Address) -> Result<(Box<dyn Read + Send>, u64), Fault>;
@@ -117,14 +118,14 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// conversation, or another model's.
     ///
     /// # Errors
-    /// [`Fault::Io`] if the medium cannot be read.
-    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault>;
+    /// The medium cannot be read.
+    fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError>;
 
     /// The stored manifest of `name`, if there is one.
     ///
     /// # Errors
-    /// [`Fault::Io`] if the medium cannot be read.
-    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault>;
+    /// The medium cannot be read.
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Every stored manifest, in a stable order.
     fn manifests(&self) -> Vec<Vec<u8>>;
@@ -192,7 +193,7 @@ impl Folder {
     /// that engines sharing the folder compare and set manifests one at a time.
     fn locked<T>(&self, f: impl FnOnce() -> Result<T, Refused>) -> Result<T, Refused> {
         let path = self.root.join("conversations").join(".lock");
-        let describe = |e: std::io::Error| Refused::Failed(format!("{}: {e}", path.display()));
+        let describe = |e: std::io::Error| Refused::Failed(StoreError::io(&path, e));
         let lock = (File::options().create(true).truncate(false).write(true))
             .open(&path)
             .map_err(describe)?;
@@ -216,18 +217,18 @@ impl Folder {
 fn not_found_is_missing(e: &std::io::Error) -> Fault {
     match e.kind() {
         std::io::ErrorKind::NotFound => Fault::Missing,
-        _ => Fault::Io,
+        kind => Fault::Io(kind),
     }
 }
 
 impl Medium for Folder {
-    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String> {
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), StoreError> {
         write_atomic(&self.chunk_path(address), parts)
     }
 
     fn open_chunk(&self, address: &Address) -> Result<(Box<dyn Read + Send>, u64), Fault> {
         let f = File::open(self.chunk_path(address)).map_err(|e| not_found_is_missing(&e))?;
-        let len = f.metadata().map_err(|_| Fault::Io)?.len();
+        let len = f.metadata().map_err(|e| Fault::Io(e.kind()))?.len();
         Ok((Box::new(f), len))
     }
 
@@ -246,14 +247,14 @@ impl Medium for Folder {
             match File::open(&path) {
                 Ok(f) => {
                     let read = f.take(STAMP_WITHIN as u64).read_to_end(&mut head);
-                    read.map_err(|e| Refused::Failed(format!("{}: {e}", path.display())))?;
+                    read.map_err(|e| Refused::Failed(StoreError::io(&path, e)))?;
                     let stored = manifest_stamp(&head);
                     if stored != expect {
                         return Err(Refused::Conflict(stored));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Refused::Failed(format!("{}: {e}", path.display()))),
+                Err(e) => return Err(Refused::Failed(StoreError::io(&path, e))),
             }
             let registration = self.registration_path(name);
             let record = self.owner.record();
@@ -275,19 +276,21 @@ impl Medium for Folder {
         });
     }
 
-    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault> {
-        match fs::read(self.registration_path(name)) {
+    fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError> {
+        let path = self.registration_path(name);
+        match fs::read(&path) {
             Ok(bytes) => Ok(Some(Owner::parse(&bytes))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(_) => Err(Fault::Io),
+            Err(e) => Err(StoreError::io(path, e)),
         }
     }
 
-    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
-        match fs::read(self.manifest_path(name)) {
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.manifest_path(name);
+        match fs::read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(_) => Err(Fault::Io),
+            Err(e) => Err(StoreError::io(path, e)),
         }
     }
 
@@ -347,8 +350,8 @@ pub(crate) fn temporary(path: &Path) -> PathBuf {
 /// whole file, or the new whole file.
 ///
 /// # Errors
-/// What the file system said, as text.
-pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
+/// What the file system said, with the path.
+pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), StoreError> {
     // A failed write leaves nothing behind (on a full disk, a half-written file would hold
     // the space the next write needs).
     write_synced(path, parts).inspect_err(|_| {
@@ -356,9 +359,9 @@ pub(crate) fn write_atomic(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
     })
 }
 
-fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<(), String> {
+fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<(), StoreError> {
     let tmp = temporary(path);
-    let describe = |e: std::io::Error| format!("{}: {e}", path.display());
+    let describe = |e: std::io::Error| StoreError::io(path, e);
     let mut f = File::create(&tmp).map_err(describe)?;
     for part in parts {
         f.write_all(part).map_err(describe)?;

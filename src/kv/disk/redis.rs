@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::error::StoreError;
 use super::format::{self, Address, Fault};
 use super::medium::{Listing, Medium, Owner, Refused};
 
@@ -144,11 +145,6 @@ impl std::fmt::Debug for Redis {
     }
 }
 
-/// What went wrong, without the URL (which may hold a password).
-fn why(e: &redis::RedisError) -> String {
-    format!("{:?}: {}", e.kind(), e.detail().unwrap_or("request failed"))
-}
-
 impl Redis {
     /// The medium `config` names, for chunks of the model `fingerprint`; connects once to
     /// check the URL, the credentials and TLS. A server that refuses connections or does not
@@ -157,11 +153,12 @@ impl Redis {
     ///
     /// # Errors
     /// A malformed URL, an unreadable CA file, a failed TLS handshake, refused credentials,
-    /// or any other error of the first connection, as text without secrets.
-    pub fn open(config: &RedisConfig, owner: Owner) -> Result<Self, String> {
+    /// or any other error of the first connection (never naming the URL, which may hold a
+    /// password).
+    pub fn open(config: &RedisConfig, owner: Owner) -> Result<Self, StoreError> {
         let client = match &config.ca_file {
             Some(path) => {
-                let root = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let root = std::fs::read(path).map_err(|e| StoreError::io(path, e))?;
                 let certs = redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(root),
@@ -170,7 +167,7 @@ impl Redis {
             }
             None => redis::Client::open(config.url.as_str()),
         }
-        .map_err(|e| format!("{}: {}", config.redacted_url(), why(&e)))?;
+        .map_err(|e| StoreError::redis(&e))?;
         let medium = Self {
             client,
             keys: format!("{}:{}:", config.key_prefix, owner.fingerprint),
@@ -193,9 +190,9 @@ impl Redis {
                 medium.idle.lock().push(c);
             }
             Err(e) if e.is_connection_refusal() || e.is_timeout() => {
-                tracing::warn!(error = %why(&e), "the shared store is not reachable yet; chunks are recomputed until it is");
+                tracing::warn!(error = %StoreError::redis(&e), url = %config.redacted_url(), "the shared store is not reachable yet; chunks are recomputed until it is");
             }
-            Err(e) => return Err(format!("{}: {}", config.redacted_url(), why(&e))),
+            Err(e) => return Err(StoreError::redis(&e)),
         }
         Ok(medium)
     }
@@ -221,10 +218,10 @@ impl Redis {
     }
 
     /// An idle connection, or a new one; none while the back-off lasts.
-    fn connection(&self) -> Result<redis::Connection, String> {
+    fn connection(&self) -> Result<redis::Connection, StoreError> {
         let mut backoff = self.backoff.lock();
         if backoff.not_before.is_some_and(|t| Instant::now() < t) {
-            return Err("unreachable (waiting to reconnect)".into());
+            return Err(StoreError::BackingOff);
         }
         if let Some(c) = self.idle.lock().pop() {
             return Ok(c);
@@ -236,8 +233,9 @@ impl Redis {
             }
             Err(e) => {
                 Self::back_off(&mut backoff);
-                tracing::warn!(error = %why(&e), retry_in = ?backoff.delay, "the shared store is unreachable; chunks are recomputed until it is back");
-                Err(why(&e))
+                let e = StoreError::redis(&e);
+                tracing::warn!(error = %e, retry_in = ?backoff.delay, "the shared store is unreachable; chunks are recomputed until it is back");
+                Err(e)
             }
         }
     }
@@ -255,7 +253,7 @@ impl Redis {
     fn request<T>(
         &self,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T, String> {
+    ) -> Result<T, StoreError> {
         let mut c = self.connection()?;
         match f(&mut c) {
             Ok(out) => {
@@ -264,27 +262,28 @@ impl Redis {
                 Ok(out)
             }
             Err(e) => {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                let broken = e.is_io_error() || e.is_timeout() || e.is_connection_dropped();
+                let e = StoreError::redis(&e);
+                if broken {
                     Self::back_off(&mut self.backoff.lock());
-                    tracing::warn!(error = %why(&e), "a request to the shared store failed; backing off");
+                    tracing::warn!(error = %e, "a request to the shared store failed; backing off");
                 }
-                Err(why(&e))
+                Err(e)
             }
         }
     }
 
-    fn set(&self, key: &str, value: &[u8]) -> Result<(), String> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(value);
         if let Some(ttl) = self.ttl {
             cmd.arg("EX").arg(ttl);
         }
         self.request(|c| cmd.query::<()>(c))
-            .map_err(|e| format!("{key}: {e}"))
     }
 
     /// The value at `key`, its time to live renewed.
-    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let mut cmd = redis::cmd("GETEX");
         cmd.arg(key);
         if let Some(ttl) = self.ttl {
@@ -298,7 +297,7 @@ impl Redis {
     }
 
     /// Every key matching `pattern`.
-    fn scan(&self, pattern: &str) -> Result<Vec<String>, String> {
+    fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
         self.request(|c| {
             let mut keys = Vec::new();
             let mut cursor = 0u64;
@@ -321,7 +320,7 @@ impl Redis {
 }
 
 impl Medium for Redis {
-    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), String> {
+    fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), StoreError> {
         self.set(&self.chunk_key(address), &parts.concat())
     }
 
@@ -340,7 +339,7 @@ impl Medium for Redis {
             Ok(Some(bytes)) => Ok(bytes),
             // Expired, evicted under `maxmemory`, or deleted by the engine that wrote it.
             Ok(None) => Err(Fault::Missing),
-            Err(_) => Err(Fault::Io),
+            Err(e) => Err(Fault::Io(e.io_kind())),
         }
     }
 
@@ -360,7 +359,7 @@ impl Medium for Redis {
         match self.request(|c| cmd.query::<Option<String>>(c)) {
             Ok(None) => Ok(()),
             Ok(Some(stored)) => Err(Refused::Conflict(stored)),
-            Err(e) => Err(Refused::Failed(format!("{key}: {e}"))),
+            Err(e) => Err(Refused::Failed(e)),
         }
     }
 
@@ -372,16 +371,14 @@ impl Medium for Redis {
         let _ = self.request(|c| cmd.query::<()>(c));
     }
 
-    fn registration(&self, name: &str) -> Result<Option<Owner>, Fault> {
+    fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError> {
         let key = self.registration_key(name);
-        match self.request(|c| redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c)) {
-            Ok(record) => Ok(record.map(|r| Owner::parse(&r))),
-            Err(_) => Err(Fault::Io),
-        }
+        let record = self.request(|c| redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c))?;
+        Ok(record.map(|r| Owner::parse(&r)))
     }
 
-    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, Fault> {
-        self.get(&self.manifest_key(name)).map_err(|_| Fault::Io)
+    fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get(&self.manifest_key(name))
     }
 
     fn manifests(&self) -> Vec<Vec<u8>> {
@@ -457,9 +454,9 @@ mod tests {
         c.timeout = Duration::from_millis(200);
         let m = Redis::open(&c, owner()).unwrap();
         let a = Address::chain(&Address::default(), &[1]);
-        assert_eq!(m.get_chunk(&a), Err(Fault::Io));
+        assert!(matches!(m.get_chunk(&a), Err(Fault::Io(_))));
         let e = m.put_chunk(&a, &[b"x"]).unwrap_err();
-        assert!(!e.contains("hunter2"), "{e}");
+        assert!(!format!("{e} {e:?}").contains("hunter2"), "{e}");
         assert_eq!((m.lookup(&[a]), m.connects()), (Some(vec![false]), 0));
         // A malformed URL is refused at once.
         assert!(Redis::open(&RedisConfig::new("http://nowhere"), owner()).is_err());

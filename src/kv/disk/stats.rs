@@ -4,6 +4,7 @@ use super::format::Fault;
 
 /// Counts of refused chunk files, by why.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FaultCounts {
     /// Files that were expected but absent.
     pub missing: u64,
@@ -30,7 +31,7 @@ impl FaultCounts {
             Fault::Foreign => &mut self.foreign,
             Fault::WrongContent => &mut self.wrong_content,
             Fault::Corrupt => &mut self.corrupt,
-            Fault::Io => &mut self.io,
+            Fault::Io(_) => &mut self.io,
         } += 1;
     }
 
@@ -48,6 +49,7 @@ impl FaultCounts {
 
 /// What the disk tier did since the engine started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskStats {
     /// Chunk files written (whole, renamed into place).
     pub chunks_written: u64,

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
+use super::error::StoreError;
 use super::format::{
     check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
 };
@@ -70,7 +71,7 @@ pub(super) enum Job {
 /// Builds a manifest's bytes, given whether the chunk write of each number succeeded (so a
 /// manifest lists only chunks that were written); an error fails the write.
 pub(crate) type BuildManifest =
-    Box<dyn FnOnce(&dyn Fn(u64) -> bool) -> Result<Vec<u8>, String> + Send>;
+    Box<dyn FnOnce(&dyn Fn(u64) -> bool) -> Result<Vec<u8>, StoreError> + Send>;
 
 /// A finished job the store must hear about.
 pub(super) enum Done {
@@ -78,7 +79,7 @@ pub(super) enum Done {
     Written {
         address: Address,
         write: u64,
-        result: Result<(), String>,
+        result: Result<(), StoreError>,
     },
     /// A read ahead whose file was refused.
     Refused { address: Address, fault: Fault },
@@ -265,7 +266,10 @@ fn run_one(
             id,
             write,
         } => {
-            let result = bytes.bytes().and_then(|payload| {
+            let arrived = bytes.bytes().map_err(|why| {
+                StoreError::Invalid(format!("the chunk's bytes never arrived: {why}"))
+            });
+            let result = arrived.and_then(|payload| {
                 let header = encode_header(&format, &id, payload);
                 medium.put_chunk(&id.address, &[&header, payload])
             });
@@ -342,7 +346,7 @@ fn read_layers(
 ) -> Result<(), Fault> {
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => Fault::Truncated,
-        _ => Fault::Io,
+        kind => Fault::Io(kind),
     };
     let (mut reader, _) = medium.open_chunk(address)?;
     let mut head = vec![0u8; format.head_bytes()];

@@ -54,7 +54,7 @@ pub(super) fn rules(pre: &str) -> Result<Rules> {
             SplitDelimiterBehavior::Isolated,
             false,
         )
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        .map_err(Error::Tokenizer)?;
         Ok(Sequence::new(vec![split.into(), byte_level.into()]).into())
     };
     let (pre_tokenizer, ignore_merges) = match pre {
