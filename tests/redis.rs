@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use common::redis_server::Server;
 
+use futures_util::FutureExt;
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
     Durability, Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::kv::StoreError;
 use pensieve::model::{Message, Model, WeightFormat};
+use pensieve::service::{Chat, Service, ServiceConfig, TurnEvent};
 use pensieve::Error;
 
 const SYSTEM: &str = "You are a patient tutor for a class of curious twelve-year-olds. \
@@ -482,6 +484,62 @@ fn a_stalled_lookup_holds_only_the_turn_that_asked() {
             }
         }
     }
+}
+
+/// Issue 27: the service reads a named conversation's manifest off the engine thread. With a
+/// deadline longer than the stall, a resume read on the engine thread would stop every turn
+/// until Redis wakes; the decoder goes on instead.
+#[test]
+fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
+    let server = Server::start(None);
+    let model = model();
+    alice_served(&model, &server, "fleet");
+    let patient = RedisConfig {
+        timeout: Duration::from_secs(10),
+        ..fleet_config(&server, "fleet")
+    };
+    let b = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(patient))).unwrap();
+    let service = Service::spawn(b, ServiceConfig::default()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let long = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy().with_max_tokens(200)
+        };
+        let chat = Chat::new(vec![Message::new("user", QUESTIONS[3])]);
+        let mut decoder = service.chat(chat, long).await.unwrap();
+        let token = async |d: &mut pensieve::service::TurnStream| loop {
+            match d.next_event().await {
+                Some(TurnEvent::Token { .. }) => return,
+                Some(_) => {}
+                None => panic!("the decoder ended"),
+            }
+        };
+        token(&mut decoder).await;
+
+        let mut raw = server.raw().unwrap();
+        let stall = std::thread::spawn(move || {
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(3)
+                .query::<()>(&mut raw)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let resume = {
+            let service = service.clone();
+            tokio::spawn(async move { service.resume("alice").await })
+        };
+        // Past the tokens already waiting in the stream, new ones keep coming.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while decoder.next_event().now_or_never().is_some() {}
+        for _ in 0..10 {
+            token(&mut decoder).await;
+        }
+        assert!(!stall.is_finished(), "the decoder waited for Redis");
+        stall.join().unwrap().unwrap();
+        // Once Redis answers, the resume does too.
+        resume.await.unwrap().unwrap();
+    });
 }
 
 #[test]

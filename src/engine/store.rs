@@ -20,14 +20,17 @@ use serde::{Deserialize, Serialize};
 use super::config::StoreLocation;
 use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
 use crate::attention::KvShape;
-use crate::conversation::{Conversation, Mark};
+use crate::conversation::Mark;
 use crate::ids::ConversationId;
 use crate::kv::{
-    hex, Address, BuildManifest, ChunkFormat, CostModel, DiskStore, DiskTier, Owner, Refused,
-    StoreError,
+    hex, BuildManifest, ChunkFormat, CostModel, DiskStore, DiskTier, Owner, Refused, StoreError,
 };
 use crate::model::{Message, Model};
 use crate::{Error, Result};
+
+mod fetch;
+
+pub(crate) use fetch::{Fetched, ResumeReader};
 
 /// Whether a named conversation's latest state is stored; see [`Engine::durability`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +57,7 @@ pub enum Durability {
 const MANIFEST_VERSION: u32 = 1;
 
 /// A named conversation as stored.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Manifest {
     version: u32,
     /// `<writer>-<revision>`: which engine wrote this state. Serialized right after the
@@ -186,153 +189,10 @@ impl Engine {
             .collect();
         for m in manifests {
             if self.find(&m.name).is_none() {
-                self.restore(m, now);
+                self.restore(m, &[], now);
             }
         }
         self.cache.collect_disk_garbage(now);
-    }
-
-    /// Opens the conversation `m` describes, with the KV of its chunks that another
-    /// conversation holds in memory (a stale copy of it, a shared prefix), else that the
-    /// store still holds.
-    fn restore(&mut self, m: Manifest, now: Instant) -> ConversationId {
-        let id = self.next_id();
-        let chunk = self.config.chunk_size;
-        // A file counts only if it is the one these tokens name: a manifest and files that
-        // disagree (edited, or from an interrupted save) cost a recompute, never wrong KV.
-        let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
-        let saved: Vec<Option<Address>> = m
-            .chunks
-            .iter()
-            .zip(&want)
-            .map(|(got, want)| {
-                got.as_deref()
-                    .and_then(Address::from_hex)
-                    .filter(|a| a == want)
-            })
-            .collect();
-        self.cache.open(id, now);
-        if self.sharing() {
-            self.cache.adopt_resident(id, &want[..m.computed / chunk]);
-        }
-        self.cache.adopt(id, m.computed, &saved, now);
-        let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks)
-            .with_tools(m.tools);
-        conv.set_stored(m.revision, m.stamp);
-        self.convs.insert(id, conv);
-        id
-    }
-
-    /// The conversation stored under `name`, ready for its next turn: the copy this engine
-    /// holds, unless the store has a later state (another engine of the fleet served a turn
-    /// since, or this copy's last turn could not be stored), which then replaces it; or, if
-    /// this engine holds none, the stored one, with the KV the store still has (fetched when
-    /// its turn runs, ahead of it while it waits in the queue). The id changes when the
-    /// conversation is (re)loaded.
-    ///
-    /// A folder's conversations were resumed at start-up: this finds them, or reloads one
-    /// this engine [`Engine::detach`]ed.
-    ///
-    /// # Errors
-    /// [`Error::NotStored`] if no conversation of that name is held or stored;
-    /// [`Error::StoreDamaged`] if its manifest is damaged, or missing while the name is
-    /// registered as stored; [`Error::StoredElsewhere`] if engines of another model or format
-    /// store it; [`Error::Store`] if the store cannot be read and none is held;
-    /// [`Error::ConversationBusy`] if the copy held here has a turn running while the store
-    /// has a later state.
-    pub fn resume(&mut self, name: &str) -> Result<ConversationId> {
-        let held = self.find(name);
-        let Some(store) = self.cache.disk_store() else {
-            return held.ok_or_else(|| Error::NotStored(name.to_string()));
-        };
-        // Closed here and its removal not yet written: gone, whatever the store still says.
-        if let Some(&mark) = self.removals.get(name).filter(|_| held.is_none()) {
-            if !store.reached(mark) {
-                return Err(Error::NotStored(name.to_string()));
-            }
-            self.removals.remove(name);
-        }
-        let damaged = |cause: String| Error::StoreDamaged {
-            name: name.to_string(),
-            cause,
-        };
-        let stored = match store.manifest(name) {
-            Ok(Some(bytes)) => {
-                let m = Manifest::parse(&bytes, self.model.config().vocab_size).map_err(damaged)?;
-                // A digest-named manifest holds its name: another name's is not this one.
-                if m.name != name {
-                    return Err(damaged(format!(
-                        "its manifest holds another conversation ({} bytes of name)",
-                        m.name.len()
-                    )));
-                }
-                Some(m)
-            }
-            // The one held here is being written, or the name is free, or was lost.
-            Ok(None) if held.is_some() => None,
-            Ok(None) => return Err(self.unstored(name)),
-            // Unreadable now: what is held is the best known.
-            Err(fault) => match held {
-                Some(id) => return Ok(id),
-                None => {
-                    return Err(Error::Store {
-                        what: format!("reading the manifest of {name:?}"),
-                        source: fault,
-                    })
-                }
-            },
-        };
-        match (held, stored) {
-            (Some(id), Some(m)) if self.stale(id, &m) => {
-                if self.sched.turn_of(id).is_some() {
-                    return Err(Error::ConversationBusy(id));
-                }
-                // The stored copy takes its references first, so the chunks both name stay.
-                let fresh = self.restore(m, Instant::now());
-                self.detach(id)?;
-                Ok(fresh)
-            }
-            (Some(id), _) => Ok(id),
-            (None, Some(m)) => Ok(self.restore(m, Instant::now())),
-            (None, None) => Err(Error::NotStored(name.to_string())),
-        }
-    }
-
-    /// Whether the copy `id` holds an older state than the stored `m`: a later revision, or
-    /// the same one written by another engine while this copy's write was refused.
-    fn stale(&self, id: ConversationId, m: &Manifest) -> bool {
-        let Some(c) = self.convs.get(&id) else {
-            return true;
-        };
-        m.revision > c.revision()
-            || (m.stamp != c.stamp()
-                && matches!(
-                    self.durability(id),
-                    Ok(Durability::Failed(_) | Durability::Conflict(_))
-                ))
-    }
-
-    /// Why no conversation `name` is stored here: free, lost (its manifest missing while its
-    /// name is registered), or another model's.
-    fn unstored(&self, name: &str) -> Error {
-        let Some(store) = self.cache.disk_store() else {
-            return Error::NotStored(name.to_string());
-        };
-        match store.registration(name) {
-            Ok(Some((_, true))) => Error::StoreDamaged {
-                name: name.to_string(),
-                cause: "its manifest is missing".into(),
-            },
-            Ok(Some((owner, false))) => Error::StoredElsewhere {
-                name: name.to_string(),
-                owner: owner.label,
-            },
-            Ok(None) => Error::NotStored(name.to_string()),
-            Err(source) => Error::Store {
-                what: format!("reading the registration of {name:?}"),
-                source,
-            },
-        }
     }
 
     /// Drops this engine's copy of a conversation, keeping what is stored of it: a named
@@ -367,7 +227,8 @@ impl Engine {
         }
         // Another model's name is refused now; one stored here, and not held, is refused by
         // its first manifest write's compare-and-set (a removal queued before it may free it).
-        if let Error::StoredElsewhere { name, owner } = self.unstored(&name) {
+        let registration = self.resume_reader().map(|r| r.registration(&name));
+        if let Error::StoredElsewhere { name, owner } = fetch::unstored(&name, registration) {
             return Err(Error::StoredElsewhere { name, owner });
         }
         let id = self.open_unnamed(options);

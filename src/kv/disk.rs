@@ -41,6 +41,7 @@ use std::sync::{Arc, OnceLock};
 pub use error::{RedisFailure, StoreError};
 pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
 use format::{ChunkId, HEADER_BYTES};
+pub(crate) use manifests::StoreReader;
 pub(crate) use medium::Owner;
 pub(crate) use medium::Refused;
 use medium::{Folder, Medium};

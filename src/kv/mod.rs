@@ -19,7 +19,7 @@ pub use disk::{
     Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError,
     FORMAT_VERSION,
 };
-pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved, Waker};
+pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved, StoreReader, Waker};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
-    ConversationId, Durability, Engine, Event, FinishReason, RequestId, SamplingParams,
+    ConversationId, Durability, Engine, Event, Fetched, FinishReason, RequestId, SamplingParams,
     StoreLocation, Turn,
 };
 use crate::model::Message;
@@ -24,8 +24,12 @@ use crate::{Error, Result};
 /// What a submission asks for.
 #[derive(Debug)]
 pub(super) enum What {
-    Turn { conv: ConversationId, turn: Turn },
-    Chat(Chat),
+    Turn {
+        conv: ConversationId,
+        turn: Turn,
+    },
+    /// A chat, and what the store held of its conversation's name (read off this thread).
+    Chat(Chat, Option<Box<Fetched>>),
     Completion(Vec<u32>),
 }
 
@@ -261,9 +265,9 @@ impl Driver {
         }
         let (conv, turn, hints, opened) = match what {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
-            What::Chat(chat) => {
+            What::Chat(chat, fetched) => {
                 let hints = chat.hints.clone();
-                let (conv, turn, opened) = self.chat_conversation(chat)?;
+                let (conv, turn, opened) = self.chat_conversation(chat, fetched.map(|f| *f))?;
                 (conv, turn, hints, Some(opened))
             }
             What::Completion(tokens) => {

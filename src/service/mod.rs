@@ -44,6 +44,7 @@
 //! last stream) does the same.
 
 mod driver;
+mod fetch;
 mod sessions;
 mod stream;
 
@@ -57,8 +58,8 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
 use crate::engine::{
-    ConversationId, ConversationOptions, Engine, EngineStats, FinishReason, SamplingParams, Turn,
-    TurnStats,
+    ConversationId, ConversationOptions, Engine, EngineStats, FinishReason, ResumeReader,
+    SamplingParams, Turn, TurnStats,
 };
 use crate::model::{Message, Model};
 use crate::{Error, Result};
@@ -251,6 +252,8 @@ struct Inner {
     died: Arc<Notify>,
     model: Arc<Model>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Reads what resuming a name needs off the engine thread (`None`: no store).
+    reader: Option<ResumeReader>,
 }
 
 impl Drop for Inner {
@@ -294,6 +297,7 @@ impl Service {
             let _ = wake.send(Command::Wake);
         }));
         let model = engine.model().clone();
+        let reader = engine.resume_reader();
         let stats = Arc::new(Mutex::new(ServiceStats::default()));
         let alive = Arc::new(AtomicBool::new(true));
         let died = Arc::new(Notify::new());
@@ -319,6 +323,7 @@ impl Service {
                 died,
                 model,
                 thread: Mutex::new(Some(thread)),
+                reader,
             }),
         })
     }
@@ -373,7 +378,8 @@ impl Service {
     /// As [`Engine::resume`]; [`Error::ServiceStopped`].
     pub async fn resume(&self, name: &str) -> Result<ConversationId> {
         let name = name.to_string();
-        self.call(move |d| d.resume(&name)).await?
+        let fetched = self.fetched(Some(&name)).await;
+        self.call(move |d| d.resume(&name, fetched)).await?
     }
 
     /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted.
@@ -432,7 +438,10 @@ impl Service {
     /// continues has a turn running; as [`Engine::resume`] for a named one; as
     /// [`Engine::submit`]; [`Error::QueueFull`], [`Error::ServiceStopped`].
     pub async fn chat(&self, chat: Chat, params: SamplingParams) -> Result<TurnStream> {
-        one(self.send(What::Chat(chat), params, 1).await)
+        let fetched = self.fetched(chat.name.as_deref()).await;
+        one(self
+            .send(What::Chat(chat, fetched.map(Box::new)), params, 1)
+            .await)
     }
 
     /// [`Service::chat`] with `n` replies: the first continues the conversation, the others
@@ -448,7 +457,9 @@ impl Service {
         params: SamplingParams,
         n: usize,
     ) -> Result<Vec<TurnStream>> {
-        self.send(What::Chat(chat), params, n).await
+        let fetched = self.fetched(chat.name.as_deref()).await;
+        self.send(What::Chat(chat, fetched.map(Box::new)), params, n)
+            .await
     }
 
     /// Queues a raw completion of `prompt` on the idle conversation whose tokens are its

@@ -6,7 +6,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::driver::{Driver, Session};
 use super::Chat;
-use crate::engine::{ConversationId, ConversationOptions, Durability, Turn};
+use crate::engine::{ConversationId, ConversationOptions, Durability, Fetched, Turn};
 use crate::model::Message;
 use crate::{Error, Result};
 
@@ -14,7 +14,11 @@ impl Driver {
     /// The conversation a chat continues (or a new one with its history), and its turn: the
     /// messages after the last assistant message (the user's, or tools' results); `true` if
     /// the conversation was opened for this turn.
-    pub(super) fn chat_conversation(&mut self, chat: Chat) -> Result<(ConversationId, Turn, bool)> {
+    pub(super) fn chat_conversation(
+        &mut self,
+        chat: Chat,
+        fetched: Option<Fetched>,
+    ) -> Result<(ConversationId, Turn, bool)> {
         let Chat {
             messages,
             name,
@@ -37,7 +41,7 @@ impl Driver {
             _ => Turn::Messages(last.to_vec()),
         };
         if let (Some(n), true) = (&name, self.stored) {
-            self.sync_named(n)?;
+            self.sync_named(n, fetched)?;
         }
         let continues = |s: &Session| {
             s.tools == tools
@@ -163,12 +167,12 @@ impl Driver {
     /// Brings the session of the stored conversation `name` up to date: the engine checks
     /// its copy against the store (another engine may have served a turn since) or loads it
     /// from there if this one holds none.
-    fn sync_named(&mut self, name: &str) -> Result<()> {
+    fn sync_named(&mut self, name: &str, fetched: Option<Fetched>) -> Result<()> {
         let held = self.by_name.get(name).copied();
         if held.is_some_and(|c| self.sessions.get(&c).is_some_and(|s| s.busy)) {
             return Ok(());
         }
-        match self.resume(name) {
+        match self.resume(name, fetched) {
             Ok(_) | Err(Error::NotStored(_)) => Ok(()),
             Err(e) => {
                 if matches!(e, Error::StoreDamaged { .. }) {
@@ -179,10 +183,15 @@ impl Driver {
         }
     }
 
-    /// [`crate::engine::Engine::resume`], keeping the session of the name up to date.
-    pub(super) fn resume(&mut self, name: &str) -> Result<ConversationId> {
+    /// [`crate::engine::Engine::resume`] with what the store held of `name` (`None`: read it
+    /// now), keeping the session of the name up to date.
+    pub(super) fn resume(
+        &mut self,
+        name: &str,
+        fetched: Option<Fetched>,
+    ) -> Result<ConversationId> {
         let held = self.by_name.get(name).copied();
-        let conv = self.engine.resume(name)?;
+        let conv = self.engine.resume_fetched(name, fetched)?;
         if Some(conv) != held {
             // The engine replaced (or never had) this service's copy.
             if let Some(old) = held {

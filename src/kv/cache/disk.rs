@@ -84,10 +84,6 @@ impl CacheManager {
         table.saved.resize(n, None);
         table.computed = computed;
         if let Some(d) = &mut self.disk {
-            let named: Vec<(Address, usize)> = (saved.iter().enumerate().take(n).skip(start))
-                .filter_map(|(i, a)| Some(((*a)?, chunk.min(computed - i * chunk))))
-                .collect();
-            d.store.discover(&named);
             for (i, a) in saved.iter().enumerate().take(n).skip(start) {
                 if let Some(a) = a.filter(|a| d.store.claim(a)) {
                     self.arena.set_loc(table.chunks[i], ChunkLoc::Disk);
@@ -133,6 +129,13 @@ impl CacheManager {
             .count();
         t.computed += n * chunk;
         n
+    }
+
+    /// Indexes the chunks a shared store was found to hold (by a [`crate::kv::StoreReader`]).
+    pub fn index_found(&mut self, found: &[(Address, usize)]) {
+        if let Some(d) = &mut self.disk {
+            d.store.index_found(found);
+        }
     }
 
     /// Asks a shared store behind which of the full chunks `addresses` other engines stored

@@ -1,8 +1,9 @@
 //! Finding chunks by content in a store other engines write too: which of a turn's next
 //! chunks are stored already. The step thread never waits for the answer: the question goes to
 //! the reader thread ([`DiskStore::look_up`]) and the answer is indexed when
-//! [`DiskStore::poll`] takes it; a conversation resumed by name asks at once, with its
-//! manifest ([`DiskStore::discover`]).
+//! [`DiskStore::poll`] takes it; a conversation resumed by name was asked about before, with
+//! its manifest, by a [`super::StoreReader`] (its answer indexed by
+//! [`DiskStore::index_found`]).
 
 use super::worker::Job;
 use super::{Address, DiskStore, Entry, State};
@@ -15,24 +16,6 @@ impl DiskStore {
             .filter(|(a, _)| !self.entries.contains_key(a) && !self.refused.contains(a))
             .copied()
             .collect()
-    }
-
-    /// In a shared store, asks now (in one request) which of `chunks` other engines have
-    /// stored since this one last looked, and indexes those: they can then be retained like
-    /// this engine's own. Returns how many were found.
-    pub fn discover(&mut self, chunks: &[(Address, usize)]) -> usize {
-        let unknown = self.unknown(chunks);
-        if unknown.is_empty() {
-            return 0;
-        }
-        let addresses: Vec<Address> = unknown.iter().map(|(a, _)| *a).collect();
-        let Some(stored) = self.medium.lookup(&addresses) else {
-            return 0;
-        };
-        let found: Vec<(Address, usize)> = (unknown.into_iter().zip(stored))
-            .filter_map(|(c, there)| there.then_some(c))
-            .collect();
-        self.index_found(&found)
     }
 
     /// In a shared store, asks behind (on the reader thread) which of `chunks` other engines
@@ -62,7 +45,7 @@ impl DiskStore {
     }
 
     /// Indexes chunks another engine stored; returns how many.
-    pub(super) fn index_found(&mut self, found: &[(Address, usize)]) -> usize {
+    pub fn index_found(&mut self, found: &[(Address, usize)]) -> usize {
         let mut n = 0;
         for &(a, tokens) in found {
             if self.entries.contains_key(&a) || self.refused.contains(&a) {

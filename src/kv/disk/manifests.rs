@@ -2,8 +2,11 @@
 //! outcome kept for [`DiskStore::manifest_outcome`]; read, listed and removed; and the
 //! registrations that tell engines of other models a name is taken.
 
+use std::sync::Arc;
+
 use super::error::StoreError;
 use super::format::Address;
+use super::medium::Medium;
 use super::worker::{BuildManifest, Job};
 use super::{DiskStore, Owner, Refused, State};
 
@@ -35,6 +38,38 @@ impl DiskStore {
         }
     }
 
+    /// Deletes (behind) the manifest of the conversation `name`.
+    pub fn remove_manifest(&self, name: &str) {
+        self.worker.send(Job::RemoveManifest(name.to_string()));
+    }
+
+    /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
+    /// never half-loaded).
+    pub fn manifests(&self) -> Vec<Vec<u8>> {
+        self.medium.manifests()
+    }
+}
+
+/// Reads what a resume needs from any thread, so that the engine's thread never waits for the
+/// store: a conversation's manifest, who registered its name, and which of its chunks a shared
+/// store holds.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreReader {
+    medium: Arc<dyn Medium>,
+    owner: Owner,
+}
+
+impl DiskStore {
+    /// A reader of this store, for any thread.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader {
+            medium: Arc::clone(&self.medium),
+            owner: self.owner.clone(),
+        }
+    }
+}
+
+impl StoreReader {
     /// Who registered the conversation name `name`, if anyone, and whether it is this store.
     ///
     /// # Errors
@@ -47,22 +82,23 @@ impl DiskStore {
         }))
     }
 
-    /// Deletes (behind) the manifest of the conversation `name`.
-    pub fn remove_manifest(&self, name: &str) {
-        self.worker.send(Job::RemoveManifest(name.to_string()));
-    }
-
-    /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
-    /// never half-loaded).
-    pub fn manifests(&self) -> Vec<Vec<u8>> {
-        self.medium.manifests()
-    }
-
-    /// The stored manifest of `name`, read now (a shared store's may be another engine's).
+    /// The stored manifest of the conversation `name`, if there is one.
     ///
     /// # Errors
     /// The store cannot be read.
     pub fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.medium.manifest(name)
+    }
+
+    /// Which of `chunks` (address, KV-tokens) a shared store holds (in one request); none
+    /// for a store of this engine's own, which indexed its chunks when it opened.
+    pub fn stored(&self, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
+        let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
+        let Some(there) = self.medium.lookup(&addresses) else {
+            return Vec::new();
+        };
+        (chunks.iter().zip(there))
+            .filter_map(|(c, there)| there.then_some(*c))
+            .collect()
     }
 }
