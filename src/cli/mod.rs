@@ -259,6 +259,9 @@ pub struct StoreArgs {
     /// private CA).
     #[arg(long, env = "PENSIEVE_REDIS_CA", requires = "redis")]
     pub redis_ca: Option<std::path::PathBuf>,
+    /// `--redis` names a node of a Redis Cluster: KV spreads over its shards.
+    #[arg(long, env = "PENSIEVE_REDIS_CLUSTER", requires = "redis")]
+    pub redis_cluster: bool,
     /// Seconds an unused chunk or conversation stays in Redis (0: until deleted or evicted).
     #[arg(
         long,
@@ -279,6 +282,7 @@ impl StoreArgs {
             (None, Some(url)) => DiskConfig::redis(RedisConfig {
                 key_prefix: self.redis_prefix.clone(),
                 ca_file: self.redis_ca.clone(),
+                cluster: self.redis_cluster,
                 ttl: (self.redis_ttl_s > 0)
                     .then(|| std::time::Duration::from_secs(self.redis_ttl_s)),
                 ..RedisConfig::new(url)

@@ -4,6 +4,7 @@
 
 pub mod attention_cases;
 pub mod llamacpp;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod server;
 

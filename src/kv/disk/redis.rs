@@ -25,6 +25,10 @@ use super::error::StoreError;
 use super::format::{self, Address, Fault};
 use super::medium::{Listing, Medium, Owner, Refused};
 
+mod conn;
+
+use conn::Conn;
+
 /// Where a fleet's shared tier lives, and how to reach it.
 #[derive(Clone, PartialEq)]
 pub struct RedisConfig {
@@ -43,6 +47,11 @@ pub struct RedisConfig {
     /// A PEM file of the certificate authority that signed the server's certificate, for
     /// `rediss://` with a private CA (the system's roots otherwise).
     pub ca_file: Option<PathBuf>,
+    /// `url` names nodes of a Redis Cluster (one or more, comma-separated; the client finds
+    /// the others): keys spread over its shards by hash slot (chunks by their content address),
+    /// and a conversation's manifest is found on whichever shard owns it. A shard that is down
+    /// costs the recompute of the chunks it held.
+    pub cluster: bool,
 }
 
 impl RedisConfig {
@@ -55,6 +64,7 @@ impl RedisConfig {
             ttl: Some(Duration::from_secs(24 * 3600)),
             timeout: Duration::from_millis(500),
             ca_file: None,
+            cluster: false,
         }
     }
 
@@ -82,6 +92,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("ttl", &self.ttl)
             .field("timeout", &self.timeout)
             .field("ca_file", &self.ca_file)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -126,7 +137,7 @@ return false
 
 /// Chunks and manifests in Redis, for every engine of a fleet.
 pub(crate) struct Redis {
-    client: redis::Client,
+    client: conn::Client,
     /// `<prefix>:<fingerprint>:`.
     keys: String,
     /// `<prefix>:name:`.
@@ -134,7 +145,9 @@ pub(crate) struct Redis {
     owner: Owner,
     ttl: Option<u64>,
     timeout: Duration,
-    idle: Mutex<Vec<redis::Connection>>,
+    /// A Redis Cluster (its failures are one shard's).
+    cluster: bool,
+    idle: Mutex<Vec<Conn>>,
     backoff: Mutex<Backoff>,
     connects: AtomicU64,
 }
@@ -156,16 +169,25 @@ impl Redis {
     /// or any other error of the first connection (never naming the URL, which may hold a
     /// password).
     pub fn open(config: &RedisConfig, owner: Owner) -> Result<Self, StoreError> {
-        let client = match &config.ca_file {
-            Some(path) => {
+        let client = match (&config.ca_file, config.cluster) {
+            (_, true) if config.url.starts_with("rediss") || config.ca_file.is_some() => {
+                return Err(StoreError::Invalid(
+                    "TLS to a Redis Cluster is not supported yet".into(),
+                ));
+            }
+            (_, true) => {
+                let nodes = config.url.split(',').map(|u| u.trim().to_string());
+                conn::Client::cluster(nodes.collect(), config.timeout)
+            }
+            (Some(path), false) => {
                 let root = std::fs::read(path).map_err(|e| StoreError::io(path, e))?;
                 let certs = redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(root),
                 };
-                redis::Client::build_with_tls(config.url.as_str(), certs)
+                redis::Client::build_with_tls(config.url.as_str(), certs).map(conn::Client::Single)
             }
-            None => redis::Client::open(config.url.as_str()),
+            (None, false) => redis::Client::open(config.url.as_str()).map(conn::Client::Single),
         }
         .map_err(|e| StoreError::redis(&e))?;
         let medium = Self {
@@ -175,6 +197,7 @@ impl Redis {
             owner,
             ttl: config.ttl.map(|t| t.as_secs().max(1)),
             timeout: config.timeout,
+            cluster: config.cluster,
             idle: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff {
                 not_before: None,
@@ -201,24 +224,23 @@ impl Redis {
         format!("{}chunk:{}", self.keys, address.hex())
     }
 
+    /// The manifest's and the registration's keys carry the name as a hash tag (`{...}`), so
+    /// that a cluster keeps both on one shard (the script that writes them needs it).
     fn manifest_key(&self, name: &str) -> String {
-        format!("{}conv:{}", self.keys, format::name_key(name))
+        format!("{}conv:{{{}}}", self.keys, format::name_key(name))
     }
 
     fn registration_key(&self, name: &str) -> String {
-        format!("{}{}", self.names, format::name_key(name))
+        format!("{}{{{}}}", self.names, format::name_key(name))
     }
 
     /// A new connection, every request on it under the deadline.
-    fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let c = self.client.get_connection_with_timeout(self.timeout)?;
-        c.set_read_timeout(Some(self.timeout))?;
-        c.set_write_timeout(Some(self.timeout))?;
-        Ok(c)
+    fn connect(&self) -> redis::RedisResult<Conn> {
+        self.client.connect(self.timeout)
     }
 
     /// An idle connection, or a new one; none while the back-off lasts.
-    fn connection(&self) -> Result<redis::Connection, StoreError> {
+    fn connection(&self) -> Result<Conn, StoreError> {
         let mut backoff = self.backoff.lock();
         if backoff.not_before.is_some_and(|t| Instant::now() < t) {
             return Err(StoreError::BackingOff);
@@ -252,7 +274,7 @@ impl Redis {
     /// back-off, not one per request.
     fn request<T>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Conn) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         let mut c = self.connection()?;
         match f(&mut c) {
@@ -262,9 +284,11 @@ impl Redis {
                 Ok(out)
             }
             Err(e) => {
+                // A cluster's failures are a shard's: the others still serve (the client finds
+                // the shard again when it is back), so the whole store does not back off.
                 let broken = e.is_io_error() || e.is_timeout() || e.is_connection_dropped();
                 let e = StoreError::redis(&e);
-                if broken {
+                if broken && !self.cluster {
                     Self::back_off(&mut self.backoff.lock());
                     tracing::warn!(error = %e, "a request to the shared store failed; backing off");
                 }
@@ -298,24 +322,7 @@ impl Redis {
 
     /// Every key matching `pattern`.
     fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
-        self.request(|c| {
-            let mut keys = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query(c)?;
-                keys.extend(batch);
-                if next == 0 {
-                    return Ok(keys);
-                }
-                cursor = next;
-            }
-        })
+        self.request(|c| c.scan(pattern))
     }
 }
 
@@ -392,11 +399,8 @@ impl Medium for Redis {
     }
 
     fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
-        let mut pipe = redis::pipe();
-        for a in addresses {
-            pipe.cmd("EXISTS").arg(self.chunk_key(a));
-        }
-        let found = (self.request(|c| pipe.query::<Vec<bool>>(c)).ok())
+        let keys: Vec<String> = addresses.iter().map(|a| self.chunk_key(a)).collect();
+        let found = (self.request(|c| c.exist(&keys)).ok())
             .filter(|found| found.len() == addresses.len())
             .unwrap_or_else(|| vec![false; addresses.len()]);
         Some(found)
