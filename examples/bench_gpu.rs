@@ -26,7 +26,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::attention::{attention, attention_gather, AttentionBatch, KvPool};
-use pensieve::model::{ForwardBatch, Llama, LlamaConfig, Model, WeightFormat};
+use pensieve::model::{ForwardBatch, Model, ModelConfig, Transformer, WeightFormat};
 
 type AnyResult<T> = Result<T, Box<dyn Error>>;
 
@@ -219,20 +219,20 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
 
 /// Llama 3.2 1B's shape with random f16 weights, a byte vocabulary.
 fn model_1b(gpu: &Device) -> AnyResult<Model> {
-    let config = LlamaConfig::from_hf_json(
+    let config = ModelConfig::from_hf_json(
         r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
             "num_attention_heads":32,"num_key_value_heads":8,"rms_norm_eps":1e-5,
             "rope_theta":500000.0,"max_position_embeddings":8192,"tie_word_embeddings":true}"#,
     )?;
-    let llama = Llama::random(config, 5, WeightFormat::F16, gpu)?;
-    Ok(Model::tiny(7)?.with_llama(llama))
+    let llama = Transformer::random(config, 5, WeightFormat::F16, gpu)?;
+    Ok(Model::tiny(7)?.with_transformer(llama))
 }
 
 fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     const CTX: usize = 1024;
     const CHUNK: usize = 32;
     let model = model_1b(gpu)?;
-    let llama = model.llama();
+    let llama = model.transformer();
     // Contexts in slots [0, SEQS * CTX); restored chunks land after them, and copies out of
     // the same region supply the bytes.
     let restored = SEQS * CTX;
@@ -296,7 +296,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     let t_pipe = timed(Some(true))?;
     let mib = (args.chunks * CHUNK * llama.config().kv_shape().token_bytes(2)) >> 20;
     println!(
-        "\nrestore, Llama 3.2 1B shape, {SEQS} decode rows at context {CTX}, {} chunks ({mib} MiB) swapped in; median ms",
+        "\nrestore, Transformer 3.2 1B shape, {SEQS} decode rows at context {CTX}, {} chunks ({mib} MiB) swapped in; median ms",
         args.chunks
     );
     println!(

@@ -73,13 +73,13 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
         model.config().kv_shape(),
         n + DECODE_STEPS + 1,
         kv().dtype(),
-        model.llama().device(),
+        model.transformer().device(),
     )?;
     let pos: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::new();
     batch.push(prompt, &pos, &pos, &pos, &pos, true)?;
     let started = Instant::now();
-    let logits = model.llama().forward(&batch, &pool)?;
+    let logits = model.transformer().forward(&batch, &pool)?;
     let mut next = argmax(&logits)?;
     if !decode {
         return Ok(started.elapsed().as_secs_f64());
@@ -90,7 +90,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
         let ctx: Vec<u32> = (0..=p).collect();
         let mut batch = ForwardBatch::new();
         batch.push(&[next], &[p], &[p], &ctx, &ctx, true)?;
-        next = argmax(&model.llama().forward(&batch, &pool)?)?;
+        next = argmax(&model.transformer().forward(&batch, &pool)?)?;
     }
     Ok(started.elapsed().as_secs_f64())
 }
@@ -102,7 +102,7 @@ fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensie
         model.config().kv_shape(),
         rows * (ctx + 1),
         kv().dtype(),
-        model.llama().device(),
+        model.transformer().device(),
     )?;
     let mut batch = ForwardBatch::new();
     for r in 0..rows {
@@ -118,11 +118,11 @@ fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensie
             true,
         )?;
     }
-    model.llama().forward(&batch, &pool)?;
+    model.transformer().forward(&batch, &pool)?;
     let mut times = Vec::new();
     for _ in 0..repeats {
         let started = Instant::now();
-        model.llama().forward(&batch, &pool)?;
+        model.transformer().forward(&batch, &pool)?;
         times.push(started.elapsed().as_secs_f64());
     }
     Ok(median(times))
@@ -378,7 +378,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|m| shapes.iter().map(move |&s| (m, s)))
     {
         let step = decode_step(m, rows, ctx, args.repeats.max(3))?;
-        let bytes = m.llama().weight_bytes();
+        let bytes = m.transformer().weight_bytes();
         let kv = rows
             * (ctx + 1)
             * m.config()

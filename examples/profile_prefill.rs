@@ -26,7 +26,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         model.config().kv_shape(),
         slots,
         pensieve::engine::KvPrecision::default().dtype(),
-        model.llama().device(),
+        model.transformer().device(),
     )?;
     let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i * 7919 % 40_000).collect();
     let pos: Vec<u32> = (0..n as u32).collect();
@@ -54,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     for _ in 0..repeats {
         let t = Instant::now();
-        model.llama().forward(&batch, &pool)?;
+        model.transformer().forward(&batch, &pool)?;
         let s = t.elapsed().as_secs_f64();
         println!("{rows} {what} in {s:.4} s: {:.0} rows/s", rows as f64 / s);
     }

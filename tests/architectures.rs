@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use pensieve::attention::KvPool;
-use pensieve::model::{ForwardBatch, Llama, LlamaConfig, WeightFormat};
+use pensieve::model::{ForwardBatch, ModelConfig, Transformer, WeightFormat};
 use pensieve::Error;
 
 const PROMPT: usize = 24;
@@ -27,9 +27,9 @@ fn config_json(arch: &str, extra: &str) -> String {
 }
 
 /// Writes `config.json` and `model.safetensors` of random weights into `dir`.
-fn write_checkpoint(dir: &Path, json: &str) -> LlamaConfig {
-    let config = LlamaConfig::from_hf_json(json).unwrap();
-    let tensors = Llama::random_tensors(&config, 42, &Device::Cpu).unwrap();
+fn write_checkpoint(dir: &Path, json: &str) -> ModelConfig {
+    let config = ModelConfig::from_hf_json(json).unwrap();
+    let tensors = Transformer::random_tensors(&config, 42, &Device::Cpu).unwrap();
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("config.json"), json).unwrap();
     config
@@ -41,8 +41,8 @@ fn prompt() -> Vec<u32> {
 
 /// Our logits after the prompt, loading the checkpoint in `dir`.
 fn ours(dir: &Path, json: &str) -> Vec<f32> {
-    let config = LlamaConfig::from_hf_json(json).unwrap();
-    let m = Llama::from_safetensors(
+    let config = ModelConfig::from_hf_json(json).unwrap();
+    let m = Transformer::from_safetensors(
         config,
         &[dir.join("model.safetensors")],
         WeightFormat::F32,
@@ -110,7 +110,11 @@ fn llama_with_llama3_rope_scaling_matches_candle() {
     let model = llama::Llama::load(vb(dir.path()), &cfg).unwrap();
     let mut cache = llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
     let theirs = model.forward(&input(), 0, &mut cache).unwrap();
-    compare("llama (Llama 3 scaling)", &ours(dir.path(), &json), &theirs);
+    compare(
+        "llama (Transformer 3 scaling)",
+        &ours(dir.path(), &json),
+        &theirs,
+    );
 }
 
 #[test]
@@ -201,8 +205,8 @@ fn gemma3_matches_candle() {
 }
 
 fn refused(dir: &Path, json: &str) -> String {
-    let config = LlamaConfig::from_hf_json(json).unwrap();
-    let e = Llama::from_safetensors(
+    let config = ModelConfig::from_hf_json(json).unwrap();
+    let e = Transformer::from_safetensors(
         config,
         &[dir.join("model.safetensors")],
         WeightFormat::F32,
@@ -274,7 +278,7 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
         ),
         (format!(r#"{{{COMMON}}}"#), "architecture"),
     ] {
-        let e = LlamaConfig::from_hf_json(&json).unwrap_err();
+        let e = ModelConfig::from_hf_json(&json).unwrap_err();
         assert!(matches!(e, Error::InvalidModel { .. }), "{e}");
         assert!(e.to_string().contains(field), "{field}: {e}");
     }

@@ -278,20 +278,20 @@ fn broken_kernels_are_caught() {
 fn the_engine_runs_on_the_emulated_kernel() {
     use candle_core::Device;
     use pensieve::engine::{Budgets, CacheMode, ConversationOptions, Engine, SamplingParams, Turn};
-    use pensieve::model::{Llama, LlamaConfig, Model, WeightFormat};
+    use pensieve::model::{Model, ModelConfig, Transformer, WeightFormat};
 
     std::env::set_var("PENSIEVE_EMULATE_CUDA", "1");
     assert!(emulator::replaces_the_cpu_op(64, DType::F16));
     let run = |mode: CacheMode, device_tokens: usize, host_bytes: usize| {
-        let config = LlamaConfig::from_hf_json(
+        let config = ModelConfig::from_hf_json(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":256,
                 "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,
                 "num_key_value_heads":2,"rms_norm_eps":1e-5,"rope_theta":10000.0,
                 "max_position_embeddings":2048,"tie_word_embeddings":true}"#,
         )
         .unwrap();
-        let llama = Llama::random(config, 11, WeightFormat::F32, &Device::Cpu).unwrap();
-        let model = Model::tiny(7).unwrap().with_llama(llama);
+        let llama = Transformer::random(config, 11, WeightFormat::F32, &Device::Cpu).unwrap();
+        let model = Model::tiny(7).unwrap().with_transformer(llama);
         let budgets = Budgets {
             device_bytes: None,
             device_tokens,

@@ -77,7 +77,7 @@ fn crash_child() {
         // Two conversations at once, so saves of one overlap the other's steps.
         let pair = [convs[k % 4], convs[(k + 1) % 4]];
         for &c in &pair {
-            let q = QUESTIONS[(k + c.0 as usize) % QUESTIONS.len()];
+            let q = QUESTIONS[(k + c.as_u64() as usize) % QUESTIONS.len()];
             e.submit(c, Turn::user(q), params(4)).unwrap();
         }
         while e.has_work() {

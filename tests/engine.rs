@@ -8,8 +8,8 @@ mod common;
 use std::collections::HashMap;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostProfile, Engine, EngineConfig,
-    Event, FinishReason, RequestId, SamplingParams, Turn,
+    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, Event,
+    FinishReason, RequestId, SamplingParams, Turn,
 };
 use pensieve::kv::CostModel;
 use pensieve::Error;
@@ -161,13 +161,12 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     let busy = e
         .submit(other, Turn::user("keep going"), params(20))
         .unwrap();
+    // Ids are opaque: an unknown one is one closed.
+    let gone = e.open(ConversationOptions::default()).unwrap();
+    e.close(gone).unwrap();
     assert!(matches!(
-        e.submit(
-            pensieve::engine::ConversationId(99),
-            Turn::user("x"),
-            params(3)
-        ),
-        Err(Error::UnknownConversation(ConversationId(99)))
+        e.submit(gone, Turn::user("x"), params(3)),
+        Err(Error::UnknownConversation(c)) if c == gone
     ));
     assert!(matches!(
         e.submit(c, Turn::user("   "), params(3)),
@@ -248,21 +247,14 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
         ),
         Err(Error::BudgetTooSmall { .. })
     ));
-    // Cancel of an unknown request, then of a finished one.
-    assert!(matches!(
-        e.cancel(RequestId(12345)),
-        Err(Error::UnknownRequest(_))
-    ));
+    // Cancel of a finished request.
     let events = drain(&mut e);
     assert_eq!(finished(&events)[&busy].0, FinishReason::Length);
     assert!(matches!(e.cancel(busy), Err(Error::UnknownRequest(_))));
     // The system prompt conversation still works.
     let (reason, _) = e.run_turn(c, Turn::user("hi"), params(2), |_| {}).unwrap();
     assert_eq!(reason, FinishReason::Length);
-    assert!(matches!(
-        e.close(pensieve::engine::ConversationId(99)),
-        Err(Error::UnknownConversation(_))
-    ));
+    assert!(matches!(e.close(gone), Err(Error::UnknownConversation(_))));
 }
 
 #[test]
@@ -292,11 +284,9 @@ fn handle_submits_from_another_thread() {
     let id = std::thread::spawn(move || h.submit(c, Turn::user("from a thread"), params(3)))
         .join()
         .unwrap();
-    let bad = e.handle().submit(
-        pensieve::engine::ConversationId(77),
-        Turn::user("x"),
-        params(3),
-    );
+    let gone = e.open(ConversationOptions::default()).unwrap();
+    e.close(gone).unwrap();
+    let bad = e.handle().submit(gone, Turn::user("x"), params(3));
     let f = finished(&drain(&mut e));
     assert_eq!(f[&id].0, FinishReason::Length);
     assert!(matches!(f[&bad].0, FinishReason::Failed(_)));

@@ -25,7 +25,7 @@ use pensieve::engine::{
     EngineStats, Event, FinishReason, KvPrecision, SamplingParams, Turn,
 };
 use pensieve::kv::CostModel;
-use pensieve::model::{ForwardBatch, Llama, LlamaConfig, Model, WeightFormat};
+use pensieve::model::{ForwardBatch, Model, ModelConfig, Transformer, WeightFormat};
 
 const CHUNK: usize = 8;
 
@@ -34,14 +34,14 @@ const CHUNK: usize = 8;
 const NEAR_TIE: f32 = 1e-2;
 
 fn gpu_model(device: &Device) -> Model {
-    let config = LlamaConfig::from_hf_json(
+    let config = ModelConfig::from_hf_json(
         r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":256,"intermediate_size":512,"num_hidden_layers":4,
             "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
             "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
     )
     .unwrap();
-    let llama = Llama::random(config, 11, WeightFormat::F32, device).unwrap();
-    Model::tiny(7).unwrap().with_llama(llama)
+    let llama = Transformer::random(config, 11, WeightFormat::F32, device).unwrap();
+    Model::tiny(7).unwrap().with_transformer(llama)
 }
 
 struct Run {
@@ -166,7 +166,7 @@ fn run(
 /// over the whole history, or passes of `piece` tokens each over the KV the earlier ones wrote
 /// (as the engine's prefill chunks do).
 fn scored(model: &Model, history: &[u32], precision: KvPrecision, piece: usize) -> Vec<Vec<f32>> {
-    let llama = model.llama();
+    let llama = model.transformer();
     let n = history.len();
     let pool = KvPool::new(
         llama.config().kv_shape(),

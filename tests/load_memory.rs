@@ -14,7 +14,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 use common::llamacpp;
 use pensieve::attention::KvPool;
-use pensieve::model::{tokenizer_from_gguf, ForwardBatch, Llama, WeightFormat};
+use pensieve::model::{tokenizer_from_gguf, ForwardBatch, Transformer, WeightFormat};
 
 /// The process's peak resident set (`VmHWM`), in bytes.
 fn peak_rss() -> usize {
@@ -37,7 +37,8 @@ fn gemma3_loads_in_about_its_file_size() {
     // What the vocabulary takes (262,144 pieces) is the tokenizer's, not the weights'.
     let tokenizer = tokenizer_from_gguf(&content).unwrap();
     let before = peak_rss();
-    let llama = Llama::from_gguf(&content, &mut file, WeightFormat::Packed, &Device::Cpu).unwrap();
+    let llama =
+        Transformer::from_gguf(&content, &mut file, WeightFormat::Packed, &Device::Cpu).unwrap();
     let loaded = peak_rss();
     let weights = llama.weight_bytes();
     let tokens = 4096;

@@ -33,14 +33,14 @@ fn model() -> &'static Model {
 
 /// An f32 KV pool of `slots` slots for `model`.
 fn pool(model: &Model, slots: usize) -> KvPool {
-    let llama = model.llama();
+    let llama = model.transformer();
     KvPool::new(llama.config().kv_shape(), slots, DType::F32, llama.device()).unwrap()
 }
 
 /// The logits after each prefix of `tokens` whose length is in `ends` (ascending), prefilling
 /// the prefixes one after another into one KV pool.
 fn logits_at(model: &Model, tokens: &[u32], ends: &[usize]) -> Vec<Vec<f32>> {
-    let llama = model.llama();
+    let llama = model.transformer();
     let pool = pool(model, tokens.len());
     let mut start = 0;
     let mut out = Vec::new();
@@ -155,7 +155,7 @@ fn gemma3_logits_match_llama_cpp() {
 
 /// Perplexity of `model` over the fixture's held-back replies, each after its context.
 fn perplexity(model: &Model, replies: &[serde_json::Value]) -> (f64, usize) {
-    let llama = model.llama();
+    let llama = model.transformer();
     let (mut nll, mut count) = (0f64, 0usize);
     for r in replies {
         let (context, reply) = (llamacpp::ids(&r["context"]), llamacpp::ids(&r["reply"]));

@@ -39,7 +39,7 @@ fn decode_in_batch(model: &Model, pool: &KvPool, others: &[usize], at: usize) ->
     if !pushed_a {
         push_a(&mut batch);
     }
-    let logits = model.llama().forward(&batch, pool).unwrap();
+    let logits = model.transformer().forward(&batch, pool).unwrap();
     let row = at.min(others.len());
     logits
         .get(row)
@@ -58,7 +58,7 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
         model.config().kv_shape(),
         16 * 1024,
         candle_core::DType::F32,
-        model.llama().device(),
+        model.transformer().device(),
     )
     .unwrap();
     // Prefill sequence A (30 tokens) once.
@@ -67,7 +67,7 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
     let pos: Vec<u32> = (0..30).collect();
     let mut batch = ForwardBatch::new();
     batch.push(&a, &pos, &pos, &pos, &pos, false).unwrap();
-    model.llama().forward(&batch, &pool).unwrap();
+    model.transformer().forward(&batch, &pool).unwrap();
 
     let alone = decode_in_batch(&model, &pool, &[], 0);
     let cases: [(&[usize], usize); 7] = [

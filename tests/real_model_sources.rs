@@ -211,7 +211,7 @@ fn real_model_hub_repo_loads_from_a_populated_cache_without_network() {
     // Online mode still reads a complete cache first and never asks the network.
     hub.cache_dir = Some(cache.path().to_path_buf());
     let model = Model::load(&source, &LoadOptions::default()).unwrap();
-    assert_eq!(model.llama().config().num_layers, 2);
+    assert_eq!(model.transformer().config().num_layers, 2);
     assert_eq!(model.generation_defaults().temperature, Some(0.7));
     let prompt = chat_prompt(&model, "hi");
     let (ids, logits) = greedy(&model, &prompt, 4, usize::MAX, |i| i as u32, 64);

@@ -321,8 +321,10 @@ fn a_fork_after_turn_two_reads_turns_one_and_two_and_equals_stateless_of_its_his
     let before = e.tokens(a).unwrap().len();
     turns(&mut e, &[(2, a)]);
     assert!(e.tokens(a).unwrap().len() > before);
+    let gone = open(&mut e);
+    e.close(gone).unwrap();
     assert!(matches!(
-        e.fork(ConversationId(999), None),
+        e.fork(gone, None),
         Err(pensieve::Error::UnknownConversation(_))
     ));
 }

@@ -14,7 +14,9 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use common::llamacpp;
 use pensieve::engine::{ConversationOptions, Engine, EngineConfig, SamplingParams, Turn};
-use pensieve::model::{tokenizer_from_gguf, Llama, LlamaConfig, Message, Model, WeightFormat};
+use pensieve::model::{
+    tokenizer_from_gguf, Message, Model, ModelConfig, Transformer, WeightFormat,
+};
 
 /// Mistral v0.x's template, with `<s>` and `</s>` written out.
 const MISTRAL: &str =
@@ -27,13 +29,13 @@ fn model_over(gguf: &std::path::Path) -> Model {
     let content = gguf_file::Content::read(&mut f).unwrap();
     let tokenizer = tokenizer_from_gguf(&content).unwrap();
     let vocab = tokenizer.get_vocab_size(true);
-    let config = LlamaConfig::from_hf_json(&format!(
+    let config = ModelConfig::from_hf_json(&format!(
         r#"{{"architectures":["LlamaForCausalLM"],"vocab_size":{vocab},"hidden_size":32,
             "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":2,
             "num_key_value_heads":1,"max_position_embeddings":512}}"#
     ))
     .unwrap();
-    let llama = Llama::random(config, 1, WeightFormat::F32, &Device::Cpu).unwrap();
+    let llama = Transformer::random(config, 1, WeightFormat::F32, &Device::Cpu).unwrap();
     Model::new(llama, tokenizer, None, vec![2])
 }
 

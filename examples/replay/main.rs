@@ -22,7 +22,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::cli::{exit_code, gib_bytes, positive, positive_f64, EngineArgs, Mode};
 use pensieve::engine::{CostProfile, DiskConfig, Engine, EngineConfig};
-use pensieve::model::{Llama, LlamaConfig, Model};
+use pensieve::model::{Model, ModelConfig, Transformer};
 use pensieve::workload::{
     default_sharegpt_path, read_sharegpt, read_trace, write_trace, ConversationSpec,
 };
@@ -53,13 +53,13 @@ enum Shape {
 }
 
 impl Shape {
-    fn config(self, vocab_size: usize) -> pensieve::Result<LlamaConfig> {
+    fn config(self, vocab_size: usize) -> pensieve::Result<ModelConfig> {
         let (hidden, inter, layers, heads, kv_heads, theta) = match self {
             Shape::M360 => (960, 2560, 32, 15, 5, 100_000.0),
             Shape::B1 => (2048, 8192, 16, 32, 8, 500_000.0),
             Shape::B3 => (3072, 8192, 28, 24, 8, 500_000.0),
         };
-        LlamaConfig::from_hf_json(&format!(
+        ModelConfig::from_hf_json(&format!(
             r#"{{"architectures":["LlamaForCausalLM"],"vocab_size":{vocab_size},"hidden_size":{hidden},"intermediate_size":{inter},
                 "num_hidden_layers":{layers},"num_attention_heads":{heads},
                 "num_key_value_heads":{kv_heads},"rms_norm_eps":1e-5,"rope_theta":{theta},
@@ -281,8 +281,8 @@ fn load_model(args: &Args) -> AnyResult<Arc<Model>> {
         let config = shape.config(model.tokenizer().get_vocab_size(true))?;
         eprintln!("random weights of shape {shape:?}: {config:?}");
         let options = args.engine.load_options();
-        let llama = Llama::random(config, args.seed, options.format, &options.device)?;
-        model = model.with_llama(llama);
+        let llama = Transformer::random(config, args.seed, options.format, &options.device)?;
+        model = model.with_transformer(llama);
     }
     Ok(Arc::new(model))
 }

@@ -12,7 +12,7 @@ pub use exit::exit_code;
 use crate::engine::{
     Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig,
 };
-use crate::model::{Llama, LoadOptions, Model, ModelSource, WeightFormat, BUILTIN_TEMPLATES};
+use crate::model::{LoadOptions, Model, ModelSource, Transformer, WeightFormat, BUILTIN_TEMPLATES};
 use crate::{Error, Result};
 
 /// Cache mode, as the papers name the three systems.
@@ -179,8 +179,9 @@ impl EngineArgs {
         let options = self.load_options();
         if self.model == "tiny" {
             let tiny = Model::tiny(7)?;
-            let llama = Llama::random(tiny.config().clone(), 7, options.format, &options.device)?;
-            return Ok(tiny.with_llama(llama));
+            let llama =
+                Transformer::random(tiny.config().clone(), 7, options.format, &options.device)?;
+            return Ok(tiny.with_transformer(llama));
         }
         let source: ModelSource = self.model.parse()?;
         let model = Model::load(&source, &options)?;

@@ -62,20 +62,7 @@ pub(super) fn encode(
         });
     };
     let Some(t) = model.template() else {
-        let Turn::User(text) = turn else {
-            return Err(Error::InvalidParams(
-                "a turn of messages needs a chat template".into(),
-            ));
-        };
-        let bos = model.bos_token_id().filter(|_| history == 0);
-        let mut prompt: Vec<u32> = bos.into_iter().collect();
-        prompt.extend(model.encode_text(text)?);
-        return Ok(Encoded {
-            prompt,
-            text: text.clone(),
-            messages: new,
-            mark: Some(at_end),
-        });
+        return encode_plain(model, history, turn, new, at_end);
     };
     let mut all = messages.to_vec();
     all.extend(new.iter().cloned());
@@ -115,6 +102,31 @@ pub(super) fn encode(
         text: new_text,
         messages: new,
         mark: Some(mark),
+    })
+}
+
+/// A user turn for a model without a chat template: its text alone (after the BOS token, at
+/// the start of the history).
+fn encode_plain(
+    model: &Model,
+    history: usize,
+    turn: &Turn,
+    messages: Vec<Message>,
+    at_end: Mark,
+) -> Result<Encoded> {
+    let Turn::User(text) = turn else {
+        return Err(Error::InvalidParams(
+            "a turn of messages needs a chat template".into(),
+        ));
+    };
+    let bos = model.bos_token_id().filter(|_| history == 0);
+    let mut prompt: Vec<u32> = bos.into_iter().collect();
+    prompt.extend(model.encode_text(text)?);
+    Ok(Encoded {
+        prompt,
+        text: text.clone(),
+        messages,
+        mark: Some(at_end),
     })
 }
 

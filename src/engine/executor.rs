@@ -136,7 +136,7 @@ pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[&RowPlan]) -> Result
             r.sample,
         )?;
     }
-    let logits = model.llama().forward(&batch, pool)?;
+    let logits = model.transformer().forward(&batch, pool)?;
     Ok((batch.num_logit_rows() > 0).then_some(logits))
 }
 
@@ -158,9 +158,9 @@ pub(super) fn measure_cost(model: &Model, pool: &KvPool, chunk: usize) -> Result
         let mut batch = ForwardBatch::new();
         batch.push(&tokens, &positions, &positions, &context, &context, true)?;
         // The first pass warms caches and allocations; time the second.
-        model.llama().forward(&batch, pool)?;
+        model.transformer().forward(&batch, pool)?;
         let started = Instant::now();
-        model.llama().forward(&batch, pool)?;
+        model.transformer().forward(&batch, pool)?;
         let per_token = started.elapsed().as_secs_f64() / chunk as f64;
         samples.push((offset as f64 + chunk as f64 / 2.0, per_token));
     }

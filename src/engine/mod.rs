@@ -132,7 +132,7 @@ impl Engine {
             ));
         }
         let slots = blocks * config.chunk_size;
-        let pool = KvPool::new(shape, slots, dtype, model.llama().device())?;
+        let pool = KvPool::new(shape, slots, dtype, model.transformer().device())?;
         let cost = match config.cost_profile {
             CostProfile::Fixed(c) => c,
             CostProfile::Measure => executor::measure_cost(&model, &pool, config.chunk_size)?,

@@ -129,7 +129,7 @@ pub(super) fn open_disk(
         return Ok(None);
     };
     let mut h = blake3::Hasher::new();
-    h.update(&model.llama().fingerprint()?);
+    h.update(&model.transformer().fingerprint()?);
     h.update(format!("{:?}|{}", config.kv_precision, config.chunk_size).as_bytes());
     let fingerprint = *h.finalize().as_bytes();
     let c = model.config();
@@ -140,7 +140,7 @@ pub(super) fn open_disk(
             c.num_layers,
             c.hidden_size,
             c.vocab_size,
-            model.llama().weight_format(),
+            model.transformer().weight_format(),
             config.kv_precision,
             config.chunk_size
         ),

@@ -68,7 +68,49 @@ pub(crate) fn prepare(
     limits: &TurnLimits,
     max_reply: usize,
 ) -> Result<PreparedTurn> {
-    match &turn {
+    validate(model, conv, &turn)?;
+    let history = conv.tokens().len();
+    let enc = encode(
+        model,
+        conv.messages(),
+        conv.tools(),
+        conv.seen_text(),
+        history,
+        &turn,
+    );
+    let mut enc = enc?;
+    let limit = limits.max_conversation_tokens();
+    let mut cut = None;
+    let reply = max_reply.min(limit / 4).max(1);
+    if limits.overflow == OverflowPolicy::DropOldest && history + enc.prompt.len() + reply > limit {
+        let need = (enc.prompt.len(), reply);
+        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, need)? {
+            cut = Some(c);
+            enc = e;
+        }
+    }
+    let history = history - cut.map_or(0, |c| c.tokens().len());
+    let mut prompt = enc.prompt;
+    fit(&mut prompt, history, limits)?;
+    let size = TurnSize {
+        history_tokens: history,
+        prompt_tokens: prompt.len(),
+        max_reply_tokens: limit - history - prompt.len(),
+    };
+    Ok(PreparedTurn {
+        prompt,
+        prompt_text: enc.text,
+        user_messages: enc.messages,
+        mark: enc.mark,
+        cut,
+        size,
+    })
+}
+
+/// Refuses a turn that can never run on `model` in `conv`: empty, a token outside the
+/// vocabulary, messages not the user's or tools', tools the template cannot write.
+fn validate(model: &Model, conv: &Conversation, turn: &Turn) -> Result<()> {
+    match turn {
         Turn::User(text) if text.trim().is_empty() => return Err(Error::EmptyTurn),
         Turn::Tokens(ids) if ids.is_empty() => return Err(Error::EmptyTurn),
         Turn::Messages(m) if m.is_empty() => return Err(Error::EmptyTurn),
@@ -95,28 +137,12 @@ pub(crate) fn prepare(
                 .into(),
         ));
     }
-    let history = conv.tokens().len();
-    let enc = encode(
-        model,
-        conv.messages(),
-        conv.tools(),
-        conv.seen_text(),
-        history,
-        &turn,
-    );
-    let mut enc = enc?;
-    let limit = limits.max_conversation_tokens();
-    let mut cut = None;
-    let reply = max_reply.min(limit / 4).max(1);
-    if limits.overflow == OverflowPolicy::DropOldest && history + enc.prompt.len() + reply > limit {
-        let need = (enc.prompt.len(), reply);
-        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, need)? {
-            cut = Some(c);
-            enc = e;
-        }
-    }
-    let history = history - cut.map_or(0, |c| c.tokens().len());
-    let mut prompt = enc.prompt;
+    Ok(())
+}
+
+/// Makes `prompt` fit after `history` tokens in the context window (cut at its front, when
+/// the policy says so) and the whole in the device pool.
+fn fit(prompt: &mut Vec<u32>, history: usize, limits: &TurnLimits) -> Result<()> {
     if history + prompt.len() >= limits.window {
         let room = limits.window.saturating_sub(history + 1);
         match limits.overflow {
@@ -139,19 +165,7 @@ pub(crate) fn prepare(
             available: limits.pool_slots,
         });
     }
-    let size = TurnSize {
-        history_tokens: history,
-        prompt_tokens: prompt.len(),
-        max_reply_tokens: limit - history - prompt.len(),
-    };
-    Ok(PreparedTurn {
-        prompt,
-        prompt_text: enc.text,
-        user_messages: enc.messages,
-        mark: enc.mark,
-        cut,
-        size,
-    })
+    Ok(())
 }
 
 /// The drop of the oldest whole turns (between two marks, or a mark and the end of the

@@ -55,7 +55,7 @@ pub struct RopeConfig {
 
 /// Hyper-parameters of a decoder of one of the supported [`Architecture`]s.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
     /// The architecture: which of the graph's optional parts are present.
     pub architecture: Architecture,
     /// Vocabulary size (rows of the embedding).
@@ -88,7 +88,7 @@ pub struct LlamaConfig {
     pub layer_windows: Vec<Option<u32>>,
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Whether every layer has the same rotary frequencies (one table serves all).
     pub fn uniform_rope(&self) -> bool {
         self.rope.local_base.is_none() || self.layer_windows.iter().all(Option::is_none)
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn hf_config_parses() {
-        let c = LlamaConfig::from_hf_json(SMOL_JSON).unwrap();
+        let c = ModelConfig::from_hf_json(SMOL_JSON).unwrap();
         assert_eq!(
             (c.head_dim, c.num_kv_heads, c.rope.variant),
             (64, 3, RopeVariant::HalfSplit)
@@ -262,10 +262,10 @@ mod tests {
 
     #[test]
     fn bad_configs_are_typed_errors() {
-        assert!(LlamaConfig::from_hf_json("{").is_err());
+        assert!(ModelConfig::from_hf_json("{").is_err());
         let bad = SMOL_JSON.replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":4");
         assert!(matches!(
-            LlamaConfig::from_hf_json(&bad),
+            ModelConfig::from_hf_json(&bad),
             Err(Error::InvalidModel { .. })
         ));
     }
@@ -283,10 +283,10 @@ mod tests {
         ];
         for (from, to) in cases {
             let json = SMOL_JSON.replace(from, to);
-            let r = LlamaConfig::from_hf_json(&json);
+            let r = ModelConfig::from_hf_json(&json);
             assert!(matches!(r, Err(Error::InvalidModel { .. })), "{to}: {r:?}");
         }
-        let mut c = LlamaConfig::from_hf_json(SMOL_JSON).unwrap();
+        let mut c = ModelConfig::from_hf_json(SMOL_JSON).unwrap();
         c.rope.base = f32::NAN;
         assert!(c.validate().is_err());
     }
@@ -299,7 +299,7 @@ mod tests {
              \"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\
              \"original_max_position_embeddings\":8192}",
         );
-        let c = LlamaConfig::from_hf_json(&json).unwrap();
+        let c = ModelConfig::from_hf_json(&json).unwrap();
         let mut plain = c.clone();
         plain.rope.llama3_scaling = None;
         let (a, b) = (c.rope_inv_freq(0), plain.rope_inv_freq(0));

@@ -10,34 +10,37 @@ mod config;
 mod detokenize;
 mod generation;
 mod grammar;
-mod llama;
 mod ops;
 mod packed;
 mod source;
 mod tiny;
 mod tokenizer;
 mod tools;
+mod transformer;
 
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
-use candle_core::Device;
-use tokenizers::Tokenizer;
+
+/// The candle and tokenizers types this crate's signatures name, so that a host needs no
+/// dependency of its own on those crates (nor the same versions) to use them.
+pub use candle_core::{DType, Device, Tensor};
+pub use tokenizers::Tokenizer;
 
 pub use crate::message::{Message, ToolCall};
 pub use arch::{Activation, Architecture, ARCHITECTURES};
 pub use chat_template::{common_prefix, ChatTemplate, BUILTIN_TEMPLATES};
-pub use config::{Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
+pub use config::{Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
 pub use grammar::Constraint;
 pub(crate) use grammar::Guide;
-pub use llama::{ForwardBatch, Llama, WeightFormat};
 pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
 pub use tools::ToolFormat;
+pub use transformer::{ForwardBatch, Transformer, WeightFormat};
 
 use crate::{Error, Result};
 
@@ -67,7 +70,7 @@ impl Default for LoadOptions {
 /// A loaded model with its tokenizer and chat template.
 #[derive(Debug)]
 pub struct Model {
-    llama: Llama,
+    llama: Transformer,
     tokenizer: Tokenizer,
     /// The same vocabulary, reading the text of special tokens as plain text: for what users
     /// and tools write, so that only the template's own markup makes control tokens.
@@ -91,7 +94,7 @@ impl Model {
     /// A model from its parts: the network, the tokenizer of its vocabulary, its chat template
     /// (if any) and the tokens that end a reply.
     pub fn new(
-        llama: Llama,
+        llama: Transformer,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         eos_token_ids: Vec<u32>,
@@ -209,17 +212,17 @@ impl Model {
 
     /// The same tokenizer and template over other weights (random weights of a larger shape,
     /// for throughput studies).
-    pub fn with_llama(self, llama: Llama) -> Self {
+    pub fn with_transformer(self, llama: Transformer) -> Self {
         Self { llama, ..self }
     }
 
     /// The network.
-    pub fn llama(&self) -> &Llama {
+    pub fn transformer(&self) -> &Transformer {
         &self.llama
     }
 
     /// The network's hyper-parameters.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         self.llama.config()
     }
 
@@ -255,11 +258,15 @@ impl Model {
             } => {
                 let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::io(p, e));
                 let config_json = read(&config)?;
-                let config = LlamaConfig::from_hf_json(&config_json)?;
+                let config = ModelConfig::from_hf_json(&config_json)?;
                 let tokenizer =
                     tokenizer_from_file(options.tokenizer.as_ref().unwrap_or(&tokenizer))?;
-                let llama =
-                    Llama::from_safetensors(config, &weights, options.format, &options.device)?;
+                let llama = Transformer::from_safetensors(
+                    config,
+                    &weights,
+                    options.format,
+                    &options.device,
+                )?;
                 let tok_config = match tokenizer_config {
                     Some(p) => serde_json::from_str(&read(&p)?)
                         .map_err(|e| Error::invalid_model(p.display().to_string(), e))?,
@@ -295,7 +302,7 @@ impl Model {
             (None, Err(_)) if beside.is_file() => tokenizer_from_file(&beside)?,
             (None, Err(e)) => return Err(e),
         };
-        let llama = Llama::from_gguf(&content, &mut file, options.format, &options.device)?;
+        let llama = Transformer::from_gguf(&content, &mut file, options.format, &options.device)?;
         let md = &content.metadata;
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
         let name = |id: Option<u32>| {
@@ -329,7 +336,7 @@ impl Model {
     }
 
     fn from_hf_parts(
-        llama: Llama,
+        llama: Transformer,
         tokenizer: Tokenizer,
         tok_config: &serde_json::Value,
         config: &serde_json::Value,

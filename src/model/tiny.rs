@@ -8,7 +8,7 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
-use super::{Llama, LlamaConfig, Model, WeightFormat};
+use super::{Model, ModelConfig, Transformer, WeightFormat};
 use crate::{Error, Result};
 
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -49,12 +49,12 @@ impl Model {
     /// # Errors
     /// Only if candle or the tokenizer cannot build it.
     pub fn tiny(seed: u64) -> Result<Self> {
-        let config = LlamaConfig::from_hf_json(
+        let config = ModelConfig::from_hf_json(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
                 "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
         )?;
-        let llama = Llama::random(config, seed, WeightFormat::F32, &Device::Cpu)?;
+        let llama = Transformer::random(config, seed, WeightFormat::F32, &Device::Cpu)?;
         Model::new(llama, byte_tokenizer()?, None, vec![2]).with_builtin_template("chatml")
     }
 }

@@ -36,7 +36,7 @@ pub fn greedy(
     slots_for: impl Fn(usize) -> u32,
     n_slots: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let llama = model.llama();
+    let llama = model.transformer();
     let pool = KvPool::new(
         llama.config().kv_shape(),
         n_slots,
@@ -191,7 +191,7 @@ pub fn score_all_with(
     tokens: &[u32],
     kv: pensieve::engine::KvPrecision,
 ) -> Vec<Vec<f32>> {
-    let llama = model.llama();
+    let llama = model.transformer();
     let pool = KvPool::new(
         llama.config().kv_shape(),
         tokens.len(),

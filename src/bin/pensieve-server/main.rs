@@ -164,33 +164,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         tokens: model,
         panic_on: args.fault_panic_on.map(Into::into),
     };
-    let mut guarded = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize));
-    if let Some(key) = args.api_key.as_deref() {
-        let key: Arc<str> = key.into();
-        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(key, auth::require_key));
-    }
-    let app = guarded
-        .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
-        // One line per request at its end: method, path, status, latency.
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
-                .on_response(DefaultOnResponse::new().level(Level::INFO)),
-        )
-        .layer(RequestBodyTimeoutLayer::new(Duration::from_secs_f64(
-            args.body_timeout_s,
-        )))
-        // A handler that panics (a bug) answers 500 and leaves the server serving.
-        .layer(CatchPanicLayer::custom(|_| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
-        }))
-        .with_state(state);
+    let app = app(
+        state,
+        args.api_key.as_deref(),
+        Duration::from_secs_f64(args.body_timeout_s),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -230,6 +208,36 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     runtime.shutdown_timeout(Duration::from_secs(2));
     served?;
     Ok(stopped?)
+}
+
+/// The routes, behind the API key (if any) but `/health` and `/metrics`, with a log line per
+/// request, the body deadline, and a handler's panic answered 500.
+fn app(state: AppState, api_key: Option<&str>, body_timeout: Duration) -> Router {
+    let mut guarded = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize));
+    if let Some(key) = api_key {
+        let key: Arc<str> = key.into();
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(key, auth::require_key));
+    }
+    guarded
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        // One line per request at its end: method, path, status, latency.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+        )
+        .layer(RequestBodyTimeoutLayer::new(body_timeout))
+        // A handler that panics (a bug) answers 500 and leaves the server serving.
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }))
+        .with_state(state)
 }
 
 /// `ok` while the engine thread serves; 503 once it has died.

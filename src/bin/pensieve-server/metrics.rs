@@ -27,7 +27,8 @@
 use std::time::Duration;
 
 use pensieve::engine::{FinishReason, TurnStats};
-use pensieve::service::{Observer, Service};
+use pensieve::kv::DiskStats;
+use pensieve::service::{Observer, Service, ServiceStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -197,78 +198,7 @@ impl Collector for Totals {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let s = self.service.stats();
         let st = &s.engine;
-        let counters: [(&str, &str, u64); 17] = [
-            ("steps", "Engine steps that ran a batch", st.steps),
-            ("engine_steps", "step() calls the server timed", s.steps),
-            ("turns", "Turns finished", st.turns_finished),
-            (
-                "prefilled_tokens",
-                "Tokens run through the model other than decode steps",
-                st.prefilled_tokens,
-            ),
-            (
-                "history_tokens",
-                "History tokens admitted turns looked up (reused from a tier or recomputed)",
-                st.history_tokens(),
-            ),
-            (
-                "reused_device_tokens",
-                "History tokens reused from the device tier",
-                st.reused_device_tokens,
-            ),
-            (
-                "reused_host_tokens",
-                "History tokens reused from the host tier",
-                st.reused_host_tokens,
-            ),
-            (
-                "reused_disk_tokens",
-                "History tokens reused from the store below host",
-                st.reused_disk_tokens,
-            ),
-            (
-                "shared_tokens",
-                "Prompt tokens whose KV was shared by content",
-                st.shared_tokens,
-            ),
-            (
-                "recomputed_tokens",
-                "History tokens recomputed after a drop",
-                st.recomputed_tokens,
-            ),
-            ("generated_tokens", "Tokens generated", st.generated_tokens),
-            (
-                "swapped_out_bytes",
-                "Bytes copied device to host",
-                st.bytes_swapped_out,
-            ),
-            (
-                "swapped_in_bytes",
-                "Bytes copied host to device",
-                st.bytes_swapped_in,
-            ),
-            (
-                "suspensions",
-                "Running turns suspended for lack of device slots",
-                st.suspensions,
-            ),
-            (
-                "requests_rejected",
-                "Requests refused with 429 (queue full)",
-                s.rejected,
-            ),
-            (
-                "store_turn_failures",
-                "Named turns generated but not stored (answered with an error)",
-                s.store_failures,
-            ),
-            (
-                "store_turn_conflicts",
-                "Named turns not stored: another server stored the conversation meanwhile (409)",
-                s.store_conflicts,
-            ),
-        ];
-        for (name, help, v) in counters {
+        for (name, help, v) in engine_counters(&s) {
             counter(&mut e, name, help, v)?;
         }
         let step = ConstCounter::new(s.step_seconds);
@@ -280,89 +210,174 @@ impl Collector for Totals {
         )?)?;
         // The tier below host (a folder, or the fleet's Redis), when there is one.
         if let Some(d) = &st.disk {
-            let store: [(&str, &str, u64); 6] = [
-                ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
-                (
-                    "store_bytes_read",
-                    "Chunk bytes read back (on demand and ahead)",
-                    d.bytes_read,
-                ),
-                (
-                    "store_chunks_discovered",
-                    "Chunks found that other engines stored",
-                    d.chunks_discovered,
-                ),
-                (
-                    "store_faults",
-                    "Chunks refused (missing, damaged, foreign, unreadable) and recomputed",
-                    d.faults.total(),
-                ),
-                (
-                    "store_save_failures",
-                    "Chunk writes the store failed",
-                    d.save_failures,
-                ),
-                (
-                    "store_connects",
-                    "Connections opened to a shared store",
-                    d.connects,
-                ),
-            ];
-            for (name, help, v) in store {
+            for (name, help, v) in store_counters(d) {
                 counter(&mut e, name, help, v)?;
             }
         }
-        let usage = st.device_slots_used as f64 / st.device_slots_total.max(1) as f64;
-        let gauges: [(&str, &str, f64); 9] = [
-            (
-                "num_requests_running",
-                "Turns running in the engine",
-                st.requests_running as f64,
-            ),
-            (
-                "num_requests_waiting",
-                "Turns waiting for the engine to admit them",
-                st.requests_waiting as f64,
-            ),
-            (
-                "queue_depth",
-                "Requests accepted and not answered (queued, running, or waiting for the store)",
-                s.in_flight as f64,
-            ),
-            (
-                "conversations",
-                "Conversations open",
-                s.conversations as f64,
-            ),
-            (
-                "kv_cache_usage_perc",
-                "Fraction of the device KV slots in use",
-                usage,
-            ),
-            (
-                "device_slots_used",
-                "Device KV slots in use",
-                st.device_slots_used as f64,
-            ),
-            (
-                "device_slots_total",
-                "Device KV slots in all",
-                st.device_slots_total as f64,
-            ),
-            (
-                "host_bytes_used",
-                "Host tier bytes in use",
-                st.host_bytes_used as f64,
-            ),
-            (
-                "shared_bytes_saved",
-                "KV bytes that prefix sharing saves now",
-                st.shared_bytes_saved as f64,
-            ),
-        ];
-        for (name, help, v) in gauges {
+        for (name, help, v) in gauges(&s) {
             gauge(&mut e, name, help, v)?;
         }
         Ok(())
     }
+}
+
+/// The engine's and the server's counters: (name, help, value).
+fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 17] {
+    let st = &s.engine;
+    [
+        ("steps", "Engine steps that ran a batch", st.steps),
+        ("engine_steps", "step() calls the server timed", s.steps),
+        ("turns", "Turns finished", st.turns_finished),
+        (
+            "prefilled_tokens",
+            "Tokens run through the model other than decode steps",
+            st.prefilled_tokens,
+        ),
+        (
+            "history_tokens",
+            "History tokens admitted turns looked up (reused from a tier or recomputed)",
+            st.history_tokens(),
+        ),
+        (
+            "reused_device_tokens",
+            "History tokens reused from the device tier",
+            st.reused_device_tokens,
+        ),
+        (
+            "reused_host_tokens",
+            "History tokens reused from the host tier",
+            st.reused_host_tokens,
+        ),
+        (
+            "reused_disk_tokens",
+            "History tokens reused from the store below host",
+            st.reused_disk_tokens,
+        ),
+        (
+            "shared_tokens",
+            "Prompt tokens whose KV was shared by content",
+            st.shared_tokens,
+        ),
+        (
+            "recomputed_tokens",
+            "History tokens recomputed after a drop",
+            st.recomputed_tokens,
+        ),
+        ("generated_tokens", "Tokens generated", st.generated_tokens),
+        (
+            "swapped_out_bytes",
+            "Bytes copied device to host",
+            st.bytes_swapped_out,
+        ),
+        (
+            "swapped_in_bytes",
+            "Bytes copied host to device",
+            st.bytes_swapped_in,
+        ),
+        (
+            "suspensions",
+            "Running turns suspended for lack of device slots",
+            st.suspensions,
+        ),
+        (
+            "requests_rejected",
+            "Requests refused with 429 (queue full)",
+            s.rejected,
+        ),
+        (
+            "store_turn_failures",
+            "Named turns generated but not stored (answered with an error)",
+            s.store_failures,
+        ),
+        (
+            "store_turn_conflicts",
+            "Named turns not stored: another server stored the conversation meanwhile (409)",
+            s.store_conflicts,
+        ),
+    ]
+}
+
+/// The store's counters (a folder, or the fleet's Redis).
+fn store_counters(d: &DiskStats) -> [(&'static str, &'static str, u64); 6] {
+    [
+        ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
+        (
+            "store_bytes_read",
+            "Chunk bytes read back (on demand and ahead)",
+            d.bytes_read,
+        ),
+        (
+            "store_chunks_discovered",
+            "Chunks found that other engines stored",
+            d.chunks_discovered,
+        ),
+        (
+            "store_faults",
+            "Chunks refused (missing, damaged, foreign, unreadable) and recomputed",
+            d.faults.total(),
+        ),
+        (
+            "store_save_failures",
+            "Chunk writes the store failed",
+            d.save_failures,
+        ),
+        (
+            "store_connects",
+            "Connections opened to a shared store",
+            d.connects,
+        ),
+    ]
+}
+
+/// The gauges: (name, help, value).
+fn gauges(s: &ServiceStats) -> [(&'static str, &'static str, f64); 9] {
+    let st = &s.engine;
+    let usage = st.device_slots_used as f64 / st.device_slots_total.max(1) as f64;
+    [
+        (
+            "num_requests_running",
+            "Turns running in the engine",
+            st.requests_running as f64,
+        ),
+        (
+            "num_requests_waiting",
+            "Turns waiting for the engine to admit them",
+            st.requests_waiting as f64,
+        ),
+        (
+            "queue_depth",
+            "Requests accepted and not answered (queued, running, or waiting for the store)",
+            s.in_flight as f64,
+        ),
+        (
+            "conversations",
+            "Conversations open",
+            s.conversations as f64,
+        ),
+        (
+            "kv_cache_usage_perc",
+            "Fraction of the device KV slots in use",
+            usage,
+        ),
+        (
+            "device_slots_used",
+            "Device KV slots in use",
+            st.device_slots_used as f64,
+        ),
+        (
+            "device_slots_total",
+            "Device KV slots in all",
+            st.device_slots_total as f64,
+        ),
+        (
+            "host_bytes_used",
+            "Host tier bytes in use",
+            st.host_bytes_used as f64,
+        ),
+        (
+            "shared_bytes_saved",
+            "KV bytes that prefix sharing saves now",
+            st.shared_bytes_saved as f64,
+        ),
+    ]
 }

@@ -194,7 +194,7 @@ pub async fn serve(
         Ok(t) => t,
         Err(e) => return ApiError::from_engine(&e).into_response(),
     };
-    let request = turns.first().map_or(0, |t| t.request().0);
+    let request = turns.first().map_or(0, |t| t.request().as_u64());
     let framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
@@ -273,6 +273,75 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
     }
 }
 
+/// A streamed reply's state: its choices, and the chunks ready to send.
+struct St<S> {
+    framing: Framing,
+    events: std::pin::Pin<Box<S>>,
+    model: Arc<Model>,
+    include_usage: bool,
+    out: std::collections::VecDeque<String>,
+    done: bool,
+    choices: Vec<Choice>,
+}
+impl<S> St<S> {
+    /// Takes choice `i`'s next event.
+    fn on_event(&mut self, i: usize, event: TurnEvent) {
+        match event {
+            TurnEvent::Token {
+                token,
+                text,
+                logprobs,
+            } => {
+                let lp = logprobs.map(|l| Logprob::of(&self.model, token, &l));
+                self.choices[i].tokens.extend(lp);
+                if !text.is_empty() && self.framing.tools.is_none() {
+                    self.send(i, Some(&text), None);
+                }
+            }
+            TurnEvent::Finished(end) => self.end(i, &end),
+            _ => {}
+        }
+    }
+
+    /// A chunk of choice `i`'s `text` (and `reason`), with the tokens it completes.
+    fn send(&mut self, i: usize, text: Option<&str>, reason: Option<&str>) {
+        let c = &mut self.choices[i];
+        let logprobs = self.framing.logprobs(&c.tokens, c.sent);
+        c.sent += c.tokens.iter().map(|t| t.token.len()).sum::<usize>();
+        c.tokens.clear();
+        let chunk = self.framing.chunk(i, text, reason, logprobs);
+        self.out.push_back(chunk.to_string());
+    }
+
+    fn end(&mut self, i: usize, end: &TurnEnd) {
+        match outcome(end) {
+            Ok((reason, usage)) => {
+                self.choices[i].end = Some(usage);
+                // With tools, the reply went unsent: it goes now, its calls parsed.
+                if let (Some(parallel), Some(m)) = (self.framing.tools, &end.message) {
+                    let c = &mut self.choices[i];
+                    let logprobs = self.framing.logprobs(&c.tokens, c.sent);
+                    c.tokens.clear();
+                    let delta = crate::tools::message_json(m, parallel);
+                    let chunk = self.framing.delta_chunk(i, delta, None, logprobs);
+                    self.out.push_back(chunk.to_string());
+                }
+                self.send(i, None, Some(reason));
+                if !self.choices.iter().all(|c| c.end.is_some()) {
+                    return;
+                }
+                if self.include_usage {
+                    let chunk = self.framing.usage_chunk(&total(&self.choices));
+                    self.out.push_back(chunk.to_string());
+                }
+            }
+            Err(e) => self.out.push_back(e.body().to_string()),
+        }
+        self.out.push_back("[DONE]".into());
+        self.done = true;
+    }
+}
+
 /// The replies as server-sent events; dropping the stream (the client went away) cancels the
 /// turns through the turns' streams it owns.
 fn stream(
@@ -281,54 +350,6 @@ fn stream(
     model: Arc<Model>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    struct St<S> {
-        framing: Framing,
-        events: std::pin::Pin<Box<S>>,
-        model: Arc<Model>,
-        include_usage: bool,
-        out: std::collections::VecDeque<String>,
-        done: bool,
-        choices: Vec<Choice>,
-    }
-    impl<S> St<S> {
-        /// A chunk of choice `i`'s `text` (and `reason`), with the tokens it completes.
-        fn send(&mut self, i: usize, text: Option<&str>, reason: Option<&str>) {
-            let c = &mut self.choices[i];
-            let logprobs = self.framing.logprobs(&c.tokens, c.sent);
-            c.sent += c.tokens.iter().map(|t| t.token.len()).sum::<usize>();
-            c.tokens.clear();
-            let chunk = self.framing.chunk(i, text, reason, logprobs);
-            self.out.push_back(chunk.to_string());
-        }
-
-        fn end(&mut self, i: usize, end: &TurnEnd) {
-            match outcome(end) {
-                Ok((reason, usage)) => {
-                    self.choices[i].end = Some(usage);
-                    // With tools, the reply went unsent: it goes now, its calls parsed.
-                    if let (Some(parallel), Some(m)) = (self.framing.tools, &end.message) {
-                        let c = &mut self.choices[i];
-                        let logprobs = self.framing.logprobs(&c.tokens, c.sent);
-                        c.tokens.clear();
-                        let delta = crate::tools::message_json(m, parallel);
-                        let chunk = self.framing.delta_chunk(i, delta, None, logprobs);
-                        self.out.push_back(chunk.to_string());
-                    }
-                    self.send(i, None, Some(reason));
-                    if !self.choices.iter().all(|c| c.end.is_some()) {
-                        return;
-                    }
-                    if self.include_usage {
-                        let chunk = self.framing.usage_chunk(&total(&self.choices));
-                        self.out.push_back(chunk.to_string());
-                    }
-                }
-                Err(e) => self.out.push_back(e.body().to_string()),
-            }
-            self.out.push_back("[DONE]".into());
-            self.done = true;
-        }
-    }
     let choices: Vec<Choice> = turns.iter().map(|_| Choice::default()).collect();
     let mut first = std::collections::VecDeque::new();
     if let Kind::Chat = framing.kind {
@@ -353,25 +374,8 @@ fn stream(
             if st.done {
                 return None;
             }
-            match futures_util::StreamExt::next(&mut st.events).await {
-                Some((
-                    i,
-                    TurnEvent::Token {
-                        token,
-                        text,
-                        logprobs,
-                    },
-                )) => {
-                    let lp = logprobs.map(|l| Logprob::of(&st.model, token, &l));
-                    st.choices[i].tokens.extend(lp);
-                    if !text.is_empty() && st.framing.tools.is_none() {
-                        st.send(i, Some(&text), None);
-                    }
-                }
-                Some((i, TurnEvent::Finished(end))) => st.end(i, &end),
-                Some(_) => {}
-                None => return None,
-            }
+            let (i, event) = futures_util::StreamExt::next(&mut st.events).await?;
+            st.on_event(i, event);
         }
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

@@ -1,8 +1,19 @@
 //! [`CacheManager::check`]: the invariants of the cache manager's module header, checked after
 //! every step when the engine asks for it.
 
-use super::CacheManager;
+use super::{CacheManager, ChunkTable};
+use crate::ids::ConversationId;
 use crate::kv::{BlockId, ChunkLoc, Violation};
+
+/// What the tables name, counted while their chunks are checked.
+struct Named {
+    /// Records naming each block.
+    owners: Vec<usize>,
+    /// Records on the host (or being copied to or from it).
+    host: usize,
+    /// Saved chunks (each table's own file reference).
+    disk: usize,
+}
 
 impl CacheManager {
     /// Checks the invariants of the module header.
@@ -10,67 +21,80 @@ impl CacheManager {
     /// # Errors
     /// The first [`Violation`] found.
     pub fn check(&self) -> Result<(), Violation> {
-        let mut owners = vec![0usize; self.blocks.num_blocks()];
-        let mut named_host = 0usize;
-        let mut named_disk = 0usize;
+        let mut named = Named {
+            owners: vec![0; self.blocks.num_blocks()],
+            host: 0,
+            disk: 0,
+        };
         for (&conversation, table) in &self.tables {
-            if table.chunks.len() * self.chunk_size() < table.computed {
-                return Err(Violation::ShortChunkTable {
+            self.check_table(conversation, table, &mut named)?;
+        }
+        self.check_blocks(&named.owners)?;
+        self.check_tiers(&named)
+    }
+
+    /// One table: long enough, its chunks' records held as it says, their blocks allocated.
+    fn check_table(
+        &self,
+        conversation: ConversationId,
+        table: &ChunkTable,
+        named: &mut Named,
+    ) -> Result<(), Violation> {
+        if table.chunks.len() * self.chunk_size() < table.computed {
+            return Err(Violation::ShortChunkTable {
+                conversation,
+                chunks: table.chunks.len(),
+                computed: table.computed,
+            });
+        }
+        if table.saved.len() != table.chunks.len() {
+            return Err(Violation::ShortChunkTable {
+                conversation,
+                chunks: table.saved.len(),
+                computed: table.chunks.len(),
+            });
+        }
+        named.disk += table.saved.iter().flatten().count();
+        for (chunk, &rec) in table.chunks.iter().enumerate() {
+            let loc = self.arena.loc(rec);
+            if loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
+                return Err(Violation::DiskWithoutFile {
                     conversation,
-                    chunks: table.chunks.len(),
-                    computed: table.computed,
+                    chunk,
                 });
             }
-            if table.saved.len() != table.chunks.len() {
-                return Err(Violation::ShortChunkTable {
+            let holders = self.arena.holders(rec);
+            if !holders.contains(&conversation) || self.sharing_moved(rec, chunk) {
+                return Err(Violation::StrayRecord {
                     conversation,
-                    chunks: table.saved.len(),
-                    computed: table.chunks.len(),
+                    chunk,
                 });
             }
-            named_disk += table.saved.iter().flatten().count();
-            for (chunk, &rec) in table.chunks.iter().enumerate() {
-                let loc = self.arena.loc(rec);
-                if loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
-                    return Err(Violation::DiskWithoutFile {
+            // A shared record counts once, at its first holder.
+            if holders.first() != Some(&conversation) {
+                continue;
+            }
+            let on_host = matches!(
+                loc,
+                ChunkLoc::Host(_) | ChunkLoc::SwappingOut { .. } | ChunkLoc::SwappingIn { .. }
+            );
+            named.host += usize::from(on_host);
+            if let Some(b) = loc.named_block() {
+                if !self.blocks.is_allocated(b) {
+                    return Err(Violation::FreeBlockInUse {
                         conversation,
                         chunk,
+                        block: b.0,
                     });
                 }
-                let holders = self.arena.holders(rec);
-                if !holders.contains(&conversation) || self.sharing_moved(rec, chunk) {
-                    return Err(Violation::StrayRecord {
-                        conversation,
-                        chunk,
-                    });
-                }
-                // A shared record counts once, at its first holder.
-                if holders.first() != Some(&conversation) {
-                    continue;
-                }
-                let (block, on_host) = match loc {
-                    ChunkLoc::Device(b) | ChunkLoc::Recomputing(b) | ChunkLoc::Loading(b) => {
-                        (Some(b), false)
-                    }
-                    ChunkLoc::Host(_) => (None, true),
-                    ChunkLoc::SwappingOut { block, .. } | ChunkLoc::SwappingIn { block, .. } => {
-                        (Some(block), true)
-                    }
-                    ChunkLoc::Disk | ChunkLoc::Dropped => (None, false),
-                };
-                if let Some(b) = block {
-                    if !self.blocks.is_allocated(b) {
-                        return Err(Violation::FreeBlockInUse {
-                            conversation,
-                            chunk,
-                            block: b.0,
-                        });
-                    }
-                    owners[b.0 as usize] += 1;
-                }
-                named_host += usize::from(on_host);
+                named.owners[b.0 as usize] += 1;
             }
         }
+        Ok(())
+    }
+
+    /// Every block named by as many records as it has references, and none leaked.
+    fn check_blocks(&self, owners: &[usize]) -> Result<(), Violation> {
         if let Some(b) =
             (0..owners.len()).find(|&b| owners[b] != self.blocks.refs(BlockId(b as u32)))
         {
@@ -88,10 +112,15 @@ impl CacheManager {
                 total: self.blocks.num_blocks(),
             });
         }
-        if named_host != self.host.references() {
+        Ok(())
+    }
+
+    /// The host pool and the store hold what the tables name, within their budgets.
+    fn check_tiers(&self, named: &Named) -> Result<(), Violation> {
+        if named.host != self.host.references() {
             return Err(Violation::HostMismatch {
                 held: self.host.references(),
-                named: named_host,
+                named: named.host,
             });
         }
         if self.host.used_bytes() > self.host.budget_bytes() {
@@ -102,10 +131,10 @@ impl CacheManager {
             });
         }
         if let Some(disk) = self.disk.as_ref().map(|d| &d.store) {
-            if disk.references() != named_disk {
+            if disk.references() != named.disk {
                 return Err(Violation::DiskMismatch {
                     held: disk.references(),
-                    named: named_disk,
+                    named: named.disk,
                 });
             }
             if disk.used_bytes() > disk.budget_bytes() {

@@ -93,12 +93,6 @@ impl StoreReader {
     /// Which of `chunks` (address, KV-tokens) a shared store holds (in one request); none
     /// for a store of this engine's own, which indexed its chunks when it opened.
     pub fn stored(&self, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
-        let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
-        let Some(there) = self.medium.lookup(&addresses) else {
-            return Vec::new();
-        };
-        (chunks.iter().zip(there))
-            .filter_map(|(c, there)| there.then_some(*c))
-            .collect()
+        super::medium::stored(&*self.medium, chunks)
     }
 }

@@ -344,6 +344,16 @@ pub(crate) fn temporary(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Which of `chunks` (address, KV-tokens) `medium` holds, in one request; none for a medium
+/// that cannot tell (one only its own store writes).
+pub(super) fn stored(medium: &dyn Medium, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
+    let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
+    let there = medium.lookup(&addresses).unwrap_or_default();
+    (chunks.iter().zip(there))
+        .filter_map(|(c, there)| there.then_some(*c))
+        .collect()
+}
+
 /// Writes `parts` to `path` atomically: the bytes go to a temporary file in the same folder,
 /// are flushed to the device (`fsync`), and the file is renamed over its final name, then the
 /// folder is synced; a crash at any moment leaves the final name either absent, or the old

@@ -400,9 +400,16 @@ impl Medium for Redis {
 
     fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
         let keys: Vec<String> = addresses.iter().map(|a| self.chunk_key(a)).collect();
-        let found = (self.request(|c| c.exist(&keys)).ok())
-            .filter(|found| found.len() == addresses.len())
-            .unwrap_or_else(|| vec![false; addresses.len()]);
+        let found = match self.request(|c| c.exist(&keys)) {
+            Ok(found) if found.len() == keys.len() => found,
+            // A cluster with a shard down fails the whole pipeline: each key is asked alone,
+            // each on a connection of its own (the failed one may hold replies never read),
+            // and those of the shards still up are found.
+            _ if self.cluster => (keys.iter())
+                .map(|k| (self.request(|c| redis::cmd("EXISTS").arg(k).query(c))).unwrap_or(false))
+                .collect(),
+            _ => vec![false; keys.len()],
+        };
         Some(found)
     }
 

@@ -18,7 +18,7 @@ use super::error::StoreError;
 use super::format::{
     check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
 };
-use super::medium::{Medium, Refused};
+use super::medium::{stored, Medium, Refused};
 use crate::kv::{ChunkBytes, LayerCells};
 
 /// What the worker does.
@@ -253,11 +253,7 @@ fn run_one(
 ) -> Result<(), Refused> {
     match job {
         Job::Lookup { lookup, chunks } => {
-            let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
-            let stored = medium.lookup(&addresses).unwrap_or_default();
-            let found = (chunks.into_iter().zip(stored))
-                .filter_map(|(c, there)| there.then_some(c))
-                .collect();
+            let found = stored(medium, &chunks);
             let _ = report.send(Done::Looked { lookup, found });
         }
         Job::Chunk {
@@ -266,13 +262,7 @@ fn run_one(
             id,
             write,
         } => {
-            let arrived = bytes.bytes().map_err(|why| {
-                StoreError::Invalid(format!("the chunk's bytes never arrived: {why}"))
-            });
-            let result = arrived.and_then(|payload| {
-                let header = encode_header(&format, &id, payload);
-                medium.put_chunk(&id.address, &[&header, payload])
-            });
+            let result = write_chunk(medium, &bytes, &format, &id);
             if result.is_err() {
                 failed_chunks.insert(write);
                 while failed_chunks.len() > FAILURES_KEPT {
@@ -330,6 +320,21 @@ fn run_one(
         }
     }
     Ok(())
+}
+
+/// Writes a chunk file: its header, then its bytes (waiting for a device copy still filling
+/// them).
+fn write_chunk(
+    medium: &dyn Medium,
+    bytes: &ChunkBytes,
+    format: &ChunkFormat,
+    id: &ChunkId,
+) -> Result<(), StoreError> {
+    let payload = bytes
+        .bytes()
+        .map_err(|why| StoreError::Invalid(format!("the chunk's bytes never arrived: {why}")))?;
+    let header = encode_header(format, id, payload);
+    medium.put_chunk(&id.address, &[&header, payload])
 }
 
 /// Reads the chunk at `address` (`tokens` KV-tokens) layer by layer into `layers`, checking

@@ -1,10 +1,10 @@
-//! Reading a [`LlamaConfig`] from GGUF metadata (`<arch>.*` keys, llama.cpp's names) or from a
+//! Reading a [`ModelConfig`] from GGUF metadata (`<arch>.*` keys, llama.cpp's names) or from a
 //! Hugging Face `config.json`, refusing what the graph would not compute as written.
 
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
-use super::{Architecture, Llama3RopeScaling, LlamaConfig, RopeConfig, RopeVariant};
+use super::{Architecture, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 use crate::{Error, Result};
 
 /// Gemma 3's layer pattern when a file does not give one: five local layers, then a global.
@@ -20,7 +20,7 @@ fn patterned_windows(layers: usize, window: Option<u32>, pattern: usize) -> Vec<
         .collect()
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Reads the config of a GGUF file of a supported architecture.
     ///
     /// # Errors

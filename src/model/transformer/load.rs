@@ -12,8 +12,8 @@ use candle_core::{DType, Device, Tensor};
 
 use super::gguf::GgufTensors;
 use super::names::{check_tensors, Role, Scheme};
-use super::{Embedding, Layer, Linear, Llama, WeightFormat};
-use crate::model::config::LlamaConfig;
+use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
+use crate::model::config::ModelConfig;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
@@ -22,7 +22,7 @@ impl Layer {
     /// turning raw tensors into linear weights and vectors (norms, biases) with the
     /// format's converters.
     fn load<T>(
-        config: &LlamaConfig,
+        config: &ModelConfig,
         scheme: Scheme,
         index: usize,
         mut fetch: impl FnMut(&str) -> Result<T>,
@@ -89,7 +89,7 @@ impl Layer {
     }
 }
 
-impl Llama {
+impl Transformer {
     /// Loads a GGUF file of a supported architecture, after checking from its index that it
     /// holds exactly the tensors the graph reads.
     ///
@@ -102,7 +102,7 @@ impl Llama {
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
-        let mut config = LlamaConfig::from_gguf(content)?;
+        let mut config = ModelConfig::from_gguf(content)?;
         check_tensors(
             &config,
             Scheme::Gguf,
@@ -153,7 +153,7 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidModel`] for unreadable or corrupt files, missing or unused tensors.
     pub fn from_safetensors(
-        config: LlamaConfig,
+        config: ModelConfig,
         paths: &[impl AsRef<Path>],
         format: WeightFormat,
         device: &Device,
@@ -186,7 +186,7 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidModel`] for missing, unused or wrongly shaped tensors.
     pub fn from_hf_tensors(
-        config: LlamaConfig,
+        config: ModelConfig,
         mut tensors: HashMap<String, Tensor>,
         format: WeightFormat,
         device: &Device,
@@ -201,7 +201,7 @@ impl Llama {
 
     /// Builds the model from the tensors `names`, each read once through `fetch`.
     fn from_hf(
-        config: LlamaConfig,
+        config: ModelConfig,
         names: &[String],
         format: WeightFormat,
         device: &Device,
@@ -253,7 +253,7 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidModel`] for an inconsistent `config`.
     pub fn random(
-        config: LlamaConfig,
+        config: ModelConfig,
         seed: u64,
         format: WeightFormat,
         device: &Device,
@@ -271,7 +271,7 @@ impl Llama {
     /// # Errors
     /// [`Error::InvalidModel`] for an inconsistent `config`.
     pub fn random_tensors(
-        config: &LlamaConfig,
+        config: &ModelConfig,
         seed: u64,
         device: &Device,
     ) -> Result<HashMap<String, Tensor>> {
@@ -333,7 +333,7 @@ impl Llama {
     }
 
     fn assemble(
-        config: LlamaConfig,
+        config: ModelConfig,
         embed: Embedding,
         layers: Vec<Layer>,
         norm: Tensor,
@@ -501,7 +501,7 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// `config`, its output projection untied when the checkpoint ships one (some tied
 /// checkpoints store a copy of the embedding as `lm_head.weight`; reading it is exact).
-fn untie_if_present(mut config: LlamaConfig, names: &[String]) -> LlamaConfig {
+fn untie_if_present(mut config: ModelConfig, names: &[String]) -> ModelConfig {
     let output = Scheme::Hf.globals().output;
     if names.iter().any(|n| n == output) {
         config.tie_word_embeddings = false;
@@ -519,15 +519,15 @@ mod tests {
     /// same f16 weights.
     #[test]
     fn f16_activations_track_f32() {
-        let config = LlamaConfig::from_hf_json(
+        let config = ModelConfig::from_hf_json(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":300,"hidden_size":128,"intermediate_size":256,"num_hidden_layers":3,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
                 "rope_theta":10000.0,"max_position_embeddings":256,"tie_word_embeddings":true}"#,
         )
         .unwrap();
         let cpu = Device::Cpu;
-        let f32_act = Llama::random(config.clone(), 3, WeightFormat::F16, &cpu).unwrap();
-        let f16_act = Llama::random(config, 3, WeightFormat::F16, &cpu)
+        let f32_act = Transformer::random(config.clone(), 3, WeightFormat::F16, &cpu).unwrap();
+        let f16_act = Transformer::random(config, 3, WeightFormat::F16, &cpu)
             .unwrap()
             .with_activations(DType::F16)
             .unwrap();
@@ -535,7 +535,7 @@ mod tests {
         let n = 40u32;
         let tokens: Vec<u32> = (0..n).map(|i| (i * 37 + 5) % 300).collect();
         let idx: Vec<u32> = (0..n).collect();
-        let logits = |m: &Llama| {
+        let logits = |m: &Transformer| {
             let pool = KvPool::new(m.config().kv_shape(), n as usize, DType::F16, &cpu).unwrap();
             let mut batch = ForwardBatch::new();
             batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();

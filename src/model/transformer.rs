@@ -15,7 +15,7 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::config::{LlamaConfig, RopeVariant};
+use super::config::{ModelConfig, RopeVariant};
 use super::ops::gated;
 use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention_in_window, AttentionBatch, KvPool};
@@ -158,8 +158,8 @@ enum Embedding {
 
 /// A loaded Llama-family model.
 #[derive(Debug)]
-pub struct Llama {
-    config: LlamaConfig,
+pub struct Transformer {
+    config: ModelConfig,
     embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -273,9 +273,9 @@ impl ForwardBatch {
     }
 }
 
-impl Llama {
+impl Transformer {
     /// The model's hyper-parameters.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
@@ -358,7 +358,8 @@ impl Llama {
         }
     }
 
-    fn forward_here(&self, batch: &ForwardBatch, pool: &KvPool) -> Result<Tensor> {
+    /// Refuses a batch with a token outside the vocabulary or a position past the window.
+    fn check_batch(&self, batch: &ForwardBatch) -> Result<()> {
         let c = &self.config;
         if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfVocab {
@@ -377,6 +378,29 @@ impl Llama {
                 window: c.max_position_embeddings,
             });
         }
+        Ok(())
+    }
+
+    /// The rotary tables (cos, sin) of every RoPE the layers use, at the batch's positions.
+    fn rope_tables(&self, positions: &[u32]) -> Result<Vec<(Tensor, Tensor)>> {
+        let (c, t) = (&self.config, positions.len());
+        let positions: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
+        let positions = Tensor::from_vec(positions, (t, 1), &self.device)?;
+        self.inv_freqs
+            .iter()
+            .map(|inv_freq| {
+                let angles = positions.broadcast_mul(inv_freq)?;
+                let at = |v: Tensor| -> Result<Tensor> {
+                    Ok(v.to_dtype(self.act)?.reshape((t, 1, c.head_dim / 2))?)
+                };
+                Ok((at(angles.cos()?)?, at(angles.sin()?)?))
+            })
+            .collect()
+    }
+
+    fn forward_here(&self, batch: &ForwardBatch, pool: &KvPool) -> Result<Tensor> {
+        let c = &self.config;
+        self.check_batch(batch)?;
         // CUDA cannot allocate zero bytes (`cuMemAllocAsync` refuses them): a pass without
         // logit rows returns its empty logits on the CPU.
         let no_logits = || Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu);
@@ -386,19 +410,7 @@ impl Llama {
         let t = batch.num_tokens();
         let dev = &self.device;
         let write_index = pool.write_index(&batch.slots, dev)?;
-        let positions: Vec<f32> = batch.positions.iter().map(|&p| p as f32).collect();
-        let positions = Tensor::from_vec(positions, (t, 1), dev)?;
-        let ropes = self
-            .inv_freqs
-            .iter()
-            .map(|inv_freq| {
-                let angles = positions.broadcast_mul(inv_freq)?;
-                let at = |v: Tensor| -> Result<Tensor> {
-                    Ok(v.to_dtype(self.act)?.reshape((t, 1, c.head_dim / 2))?)
-                };
-                Ok((at(angles.cos()?)?, at(angles.sin()?)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let ropes = self.rope_tables(&batch.positions)?;
         let scale = c.attention_scale();
         let eps = c.rms_norm_eps as f32;
         let arch = c.architecture;

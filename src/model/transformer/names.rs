@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use crate::model::arch::Architecture;
-use crate::model::config::LlamaConfig;
+use crate::model::config::ModelConfig;
 use crate::{Error, Result};
 
 /// A checkpoint's naming scheme.
@@ -146,7 +146,7 @@ impl Scheme {
 /// [`Error::InvalidModel`] naming the first missing tensor, or the tensors the graph would not
 /// use.
 pub(super) fn check_tensors<'a>(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     scheme: Scheme,
     present: impl IntoIterator<Item = &'a str>,
 ) -> Result<()> {
