@@ -341,12 +341,12 @@ fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() 
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
     let convs = open(&mut e, &names);
+    // The store's folder of this model (beside it, the names' registrations).
     let root = std::fs::read_dir(dir.path())
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("chunks").is_dir())
+        .unwrap();
     std::fs::remove_dir_all(root.join("chunks")).unwrap();
     std::fs::write(root.join("chunks"), b"not a folder").unwrap();
     for (t, want) in reference.iter().enumerate() {

@@ -128,13 +128,12 @@ fn killed_at_random_moments_while_saving_every_conversation_resumes_correctly() 
 
     let model = Arc::new(common::real_model(WeightFormat::default()));
     let mut e = engine(model.clone(), dir.path());
+    // The store's folder of this model (beside it, the names' registrations).
     let chunks = std::fs::read_dir(dir.path())
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path()
-        .join("chunks");
+        .map(|e| e.unwrap().path().join("chunks"))
+        .find(|p| p.is_dir())
+        .unwrap();
     let debris = std::fs::read_dir(chunks)
         .unwrap()
         .filter(|f| f.as_ref().unwrap().path().extension().unwrap() != "kvc")
