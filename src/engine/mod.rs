@@ -40,6 +40,7 @@ pub use config::{
 };
 pub use handle::EngineHandle;
 pub use store::Durability;
+#[cfg(feature = "service")]
 pub(crate) use store::{Fetched, ResumeReader};
 pub use turn::TurnSize;
 pub use types::{EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats};

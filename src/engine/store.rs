@@ -30,6 +30,7 @@ use crate::{Error, Result};
 
 mod fetch;
 
+#[cfg(feature = "service")]
 pub(crate) use fetch::{Fetched, ResumeReader};
 
 /// Whether a named conversation's latest state is stored; see [`Engine::durability`].
