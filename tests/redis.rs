@@ -12,53 +12,21 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis_server::Server;
+use common::redis_server::{store_config as config, Server};
+use common::redis_server::{tutor, QUESTIONS};
 
 use futures_util::FutureExt;
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Durability, Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationId, ConversationOptions, Durability, Engine, EngineConfig, Event,
+    RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::kv::StoreError;
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::service::{Chat, Service, ServiceConfig, TurnEvent};
 use pensieve::Error;
 
-const SYSTEM: &str = "You are a patient tutor for a class of curious twelve-year-olds. \
-    Explain every idea with one everyday example, avoid jargon, keep answers under three \
-    sentences, and end with a short question that checks understanding.";
-
-const QUESTIONS: [&str; 4] = [
-    "Why do we have seasons?",
-    "What makes a rainbow?",
-    "How do plants drink water?",
-    "Why does ice float?",
-];
-
 fn model() -> Arc<Model> {
     Arc::new(common::real_model(WeightFormat::F32))
-}
-
-fn config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
-    EngineConfig {
-        mode,
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 1 << 30,
-        },
-        cost_profile: CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }),
-        // Read back whatever was saved: these tests are about what the store returns.
-        disk: redis.map(|r| DiskConfig {
-            read_bytes_per_s: 1e12,
-            ..DiskConfig::redis(r)
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
 }
 
 /// How a member of the fleet under `prefix` reaches `server`.
@@ -94,12 +62,18 @@ fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats,
     (r.tokens, r.stats, r.text)
 }
 
-fn tutor(name: Option<&str>) -> ConversationOptions {
-    ConversationOptions {
-        system: Some(SYSTEM.into()),
-        name: name.map(str::to_string),
-        ..ConversationOptions::default()
-    }
+/// Puts `server` to sleep for `seconds` (`DEBUG SLEEP`, from a connection of its own), once it
+/// has begun: the thread ends when it wakes.
+fn stall(server: &Server, seconds: u32) -> std::thread::JoinHandle<redis::RedisResult<()>> {
+    let mut raw = server.raw().unwrap();
+    let sleeper = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(seconds)
+            .query::<()>(&mut raw)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    sleeper
 }
 
 /// The outputs of questions `0..n` in one conversation of a stateless engine.
@@ -400,15 +374,8 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
             .unwrap();
         keys
     };
-    let mut raw = server.raw().unwrap();
-    let stored = chunks(&mut raw);
-    let stall = std::thread::spawn(move || {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(5)
-            .query::<()>(&mut raw)
-    });
-    std::thread::sleep(Duration::from_millis(500));
+    let stored = chunks(&mut server.raw().unwrap());
+    let stall = stall(&server, 5);
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
     assert!(stats.recomputed_tokens > 0, "{stats:?}");
@@ -443,14 +410,7 @@ fn a_stalled_lookup_holds_only_the_turn_that_asked() {
     };
     while !token_of(&b.step().unwrap(), d) {}
 
-    let mut raw = server.raw().unwrap();
-    let stall = std::thread::spawn(move || {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(3)
-            .query::<()>(&mut raw)
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let stall = stall(&server, 3);
     let newcomer = b.open(tutor(None)).unwrap();
     let params = SamplingParams {
         ignore_eos: true,
@@ -517,14 +477,7 @@ fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
         };
         token(&mut decoder).await;
 
-        let mut raw = server.raw().unwrap();
-        let stall = std::thread::spawn(move || {
-            redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(3)
-                .query::<()>(&mut raw)
-        });
-        std::thread::sleep(Duration::from_millis(300));
+        let stall = stall(&server, 3);
         let resume = {
             let service = service.clone();
             tokio::spawn(async move { service.resume("alice").await })

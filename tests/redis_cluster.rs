@@ -12,44 +12,12 @@ mod common;
 use std::sync::Arc;
 
 use common::redis_cluster::Cluster;
+use common::redis_server::store_config as config;
+use common::redis_server::{tutor, QUESTIONS};
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, RedisConfig, SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationId, Engine, RedisConfig, SamplingParams, Turn, TurnStats,
 };
 use pensieve::model::{Model, WeightFormat};
-
-const SYSTEM: &str = "You are a patient tutor for a class of curious twelve-year-olds. \
-    Explain every idea with one everyday example, avoid jargon, keep answers under three \
-    sentences, and end with a short question that checks understanding.";
-
-const QUESTIONS: [&str; 4] = [
-    "Why do we have seasons?",
-    "What makes a rainbow?",
-    "How do plants drink water?",
-    "Why does ice float?",
-];
-
-fn config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
-    EngineConfig {
-        mode,
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 1 << 30,
-        },
-        // Every chunk is worth saving: recomputing costs more than reading it back.
-        cost_profile: CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }),
-        disk: redis.map(|r| DiskConfig {
-            read_bytes_per_s: 1e12,
-            ..DiskConfig::redis(r)
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
-}
 
 fn member(model: &Arc<Model>, cluster: &Cluster) -> Engine {
     let r = RedisConfig {
@@ -67,14 +35,6 @@ fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats)
     };
     let r = common::run_turn(e, conv, Turn::user(QUESTIONS[q]), params);
     (r.tokens, r.stats)
-}
-
-fn tutor(name: Option<&str>) -> ConversationOptions {
-    ConversationOptions {
-        system: Some(SYSTEM.into()),
-        name: name.map(str::to_string),
-        ..ConversationOptions::default()
-    }
 }
 
 #[test]

@@ -5,6 +5,11 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pensieve::engine::{
+    Budgets, CacheMode, ConversationOptions, CostModel, CostProfile, DiskConfig, EngineConfig,
+    RedisConfig,
+};
+
 /// A `redis-server` of its own, stopped when dropped.
 pub struct Server {
     child: Option<Child>,
@@ -123,5 +128,52 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// An engine in `mode` over `redis` (if any): a 2,048-token pool, 1 GiB of host tier, every
+/// chunk saved and read back (these tests are about what the store returns), invariants
+/// checked.
+pub fn store_config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
+    EngineConfig {
+        mode,
+        budgets: Budgets {
+            device_tokens: 2048,
+            device_bytes: None,
+            host_bytes: 1 << 30,
+        },
+        cost_profile: CostProfile::Fixed(CostModel {
+            per_token_s: 1e-3,
+            per_token_per_position_s: 1e-6,
+        }),
+        // Read back whatever was saved: these tests are about what the store returns.
+        disk: redis.map(|r| DiskConfig {
+            read_bytes_per_s: 1e12,
+            ..DiskConfig::redis(r)
+        }),
+        check_invariants: true,
+        ..EngineConfig::default()
+    }
+}
+
+/// The tutor of the store tests' conversations.
+pub const SYSTEM: &str = "You are a patient tutor for a class of curious twelve-year-olds. \
+    Explain every idea with one everyday example, avoid jargon, keep answers under three \
+    sentences, and end with a short question that checks understanding.";
+
+/// What the tutor is asked, a question a turn.
+pub const QUESTIONS: [&str; 4] = [
+    "Why do we have seasons?",
+    "What makes a rainbow?",
+    "How do plants drink water?",
+    "Why does ice float?",
+];
+
+/// A conversation with the tutor (stored under `name`, if any).
+pub fn tutor(name: Option<&str>) -> ConversationOptions {
+    ConversationOptions {
+        system: Some(SYSTEM.into()),
+        name: name.map(str::to_string),
+        ..ConversationOptions::default()
     }
 }

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pensieve::engine::{FinishReason, SamplingParams};
+use pensieve::engine::{FinishReason, SamplingParams, TokenLogprobs};
 use pensieve::model::{Message, Model};
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
@@ -161,6 +161,14 @@ struct Choice {
     message: Option<Message>,
 }
 
+impl Choice {
+    /// Keeps a token's log-probabilities, when they were asked for.
+    fn record(&mut self, model: &Model, token: u32, logprobs: Option<TokenLogprobs>) {
+        self.tokens
+            .extend(logprobs.map(|l| Logprob::of(model, token, &l)));
+    }
+}
+
 /// The usage of a request's choices: the prompt once, every choice's tokens.
 fn total(choices: &[Choice]) -> Usage {
     let mut usage = choices.first().and_then(|c| c.end).unwrap_or_default();
@@ -251,8 +259,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
                 logprobs,
             } => {
                 choices[i].text.push_str(&text);
-                let lp = logprobs.map(|l| Logprob::of(model, token, &l));
-                choices[i].tokens.extend(lp);
+                choices[i].record(model, token, logprobs);
             }
             TurnEvent::Finished(end) => match outcome(&end) {
                 Ok((reason, usage)) => {
@@ -292,8 +299,7 @@ impl<S> St<S> {
                 text,
                 logprobs,
             } => {
-                let lp = logprobs.map(|l| Logprob::of(&self.model, token, &l));
-                self.choices[i].tokens.extend(lp);
+                self.choices[i].record(&self.model, token, logprobs);
                 if !text.is_empty() && self.framing.tools.is_none() {
                     self.send(i, Some(&text), None);
                 }
