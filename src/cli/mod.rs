@@ -260,7 +260,8 @@ pub struct StoreArgs {
     /// private CA).
     #[arg(long, env = "PENSIEVE_REDIS_CA", requires = "redis")]
     pub redis_ca: Option<std::path::PathBuf>,
-    /// `--redis` names a node of a Redis Cluster: KV spreads over its shards.
+    /// `--redis` names nodes of a Redis Cluster (one or more, comma-separated): KV spreads
+    /// over its shards.
     #[arg(long, env = "PENSIEVE_REDIS_CLUSTER", requires = "redis")]
     pub redis_cluster: bool,
     /// Seconds an unused chunk or conversation stays in Redis (0: until deleted or evicted).

@@ -145,8 +145,9 @@ impl DiskStore {
         budget_bytes: usize,
     ) -> Result<Self, StoreError> {
         let medium = Arc::new(redis::Redis::open(config, owner.clone())?);
-        // Only the worker threads can fail here.
-        Self::over(medium, format, owner, budget_bytes).map_err(|e| StoreError::io("", e))
+        // Only starting the store's threads can fail here.
+        Self::over(medium, format, owner, budget_bytes)
+            .map_err(|e| StoreError::io("the store's worker threads", e))
     }
 
     fn over(
