@@ -1,4 +1,4 @@
-//! The layer-pipelined restore from the disk tier, measured. A conversation with a long history
+//! The layer-pipelined restore from the store, measured. A conversation with a long history
 //! is stored; fresh engines over the same folder then resume it, alternately with the restore
 //! pipelined (the reader thread hands each layer over as it is read and checked; the pass
 //! starts on layer 0 meanwhile) and serial (the whole history read and checked before the
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::engine::{
-    Budgets, ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig,
-    RedisConfig, SamplingParams, Turn,
+    Budgets, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, RedisConfig,
+    SamplingParams, StoreConfig, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -47,17 +47,17 @@ struct Args {
 }
 
 /// Where one repeat stores its chunks: a folder of its own, or its own key prefix in Redis.
-fn store(dir: &Path, redis: Option<&str>) -> DiskConfig {
+fn store(dir: &Path, redis: Option<&str>) -> StoreConfig {
     match redis {
-        Some(url) => DiskConfig::redis(RedisConfig {
+        Some(url) => StoreConfig::redis(RedisConfig {
             key_prefix: format!("bench-restore-{}", dir.display()),
             ..RedisConfig::new(url)
         }),
-        None => DiskConfig::new(dir),
+        None => StoreConfig::new(dir),
     }
 }
 
-fn config(disk: DiskConfig, pipelined: bool) -> EngineConfig {
+fn config(store: StoreConfig, pipelined: bool) -> EngineConfig {
     EngineConfig {
         budgets: Budgets {
             device_tokens: 8192,
@@ -69,7 +69,7 @@ fn config(disk: DiskConfig, pipelined: bool) -> EngineConfig {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: Some(disk),
+        store: Some(store),
         pipelined_restore: pipelined,
         ..EngineConfig::default()
     }
@@ -97,16 +97,16 @@ fn evict_page_cache(dir: &Path) -> std::io::Result<()> {
 /// One resume: (TTFT, time reading in the step's transfer, time the pass waited for reads).
 fn resume(
     model: &Arc<Model>,
-    disk: DiskConfig,
+    store: StoreConfig,
     pipelined: bool,
     turn: &[u32],
 ) -> Result<(Duration, Duration, Duration), Box<dyn Error>> {
-    let mut engine = Engine::with_model(model.clone(), config(disk, pipelined))?;
+    let mut engine = Engine::with_model(model.clone(), config(store, pipelined))?;
     let conv = engine.resume("bench")?;
     let params = SamplingParams::greedy().with_max_tokens(1);
     let (_, stats) = engine.run_turn(conv, Turn::Tokens(turn.to_vec()), params, |_| {})?;
-    if stats.reused_from_disk_tokens == 0 {
-        return Err("the resumed turn read nothing from disk".into());
+    if stats.reused_from_store_tokens == 0 {
+        return Err("the resumed turn read nothing from store".into());
     }
     let s = engine.stats();
     Ok((stats.ttft, s.transfer_time, s.restore_wait_time))
@@ -152,8 +152,8 @@ fn run() -> Result<(), Box<dyn Error>> {
         for pipe in [false, true] {
             // A fresh store each time: every resume reads the same files, once.
             let dir = root.path().join(format!("store-{}", bar.position()));
-            let disk = store(&dir, args.redis.as_deref());
-            let mut engine = Engine::with_model(model.clone(), config(disk.clone(), pipe))?;
+            let store = store(&dir, args.redis.as_deref());
+            let mut engine = Engine::with_model(model.clone(), config(store.clone(), pipe))?;
             let conv = engine.open(ConversationOptions {
                 name: Some("bench".into()),
                 ..ConversationOptions::default()
@@ -167,7 +167,7 @@ fn run() -> Result<(), Box<dyn Error>> {
             if !args.warm_cache && args.redis.is_none() {
                 evict_page_cache(&dir)?;
             }
-            let (ttft, transfer, waited) = resume(&model, disk, pipe, &turn)?;
+            let (ttft, transfer, waited) = resume(&model, store, pipe, &turn)?;
             let out = if pipe { &mut pipelined } else { &mut serial };
             out.0.push(ttft);
             out.1.push(if pipe { waited } else { transfer });

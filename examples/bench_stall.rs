@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use pensieve::engine::{
-    ConversationOptions, DiskConfig, Engine, EngineConfig, Event, RedisConfig, SamplingParams, Turn,
+    ConversationOptions, Engine, EngineConfig, Event, RedisConfig, SamplingParams, StoreConfig,
+    Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -45,7 +46,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(Model::load(&ModelSource::Default, &LoadOptions::default())?);
     let prefix = format!("bench-stall-{}", std::process::id());
     let config = EngineConfig {
-        disk: Some(DiskConfig::redis(RedisConfig {
+        store: Some(StoreConfig::redis(RedisConfig {
             key_prefix: prefix,
             ..RedisConfig::new(&args.redis)
         })),

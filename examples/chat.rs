@@ -13,7 +13,7 @@
 //! and the time to first token of the same turn on a stateless engine (whole history
 //! re-prefilled), measured side by side on the same weights (`--no-compare` skips it).
 //!
-//! With `--store DIR --conversation NAME` the conversation persists in the disk tier: run the
+//! With `--store DIR --conversation NAME` the conversation persists in the store: run the
 //! program again with the same flags and it continues where it stopped, its history's KV read
 //! back from disk instead of recomputed. With `--redis URL` instead, the conversation and its
 //! KV live in a Redis shared by a fleet: any engine attached to it (another run of this
@@ -135,7 +135,7 @@ async fn chat(args: Args) -> Result<(), Box<dyn Error>> {
                     per_token_s: 0.0,
                     per_token_per_position_s: 0.0,
                 }),
-                disk: None,
+                store: None,
                 ..config
             };
             Some(Engine::with_model(model, config)?)
@@ -255,7 +255,7 @@ fn report(
             "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens,
             "host_tokens": s.reused_from_host_tokens,
-            "disk_tokens": s.reused_from_disk_tokens,
+            "store_tokens": s.reused_from_store_tokens,
             "recomputed_tokens": s.recomputed_tokens,
             "prefilled_tokens": s.prefilled_tokens,
             "output_tokens": s.output_tokens,
@@ -279,13 +279,13 @@ fn report(
         None => String::new(),
     };
     println!(
-        "\n[turn {turn}: prefilled {} ({} new, {} recomputed), reused {} from cache ({} host, {} disk); TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
+        "\n[turn {turn}: prefilled {} ({} new, {} recomputed), reused {} from cache ({} host, {} store); TTFT {:.0} ms{baseline}; {} tokens at {:.1} tok/s]",
         s.prefilled_tokens,
         s.prompt_tokens,
         s.recomputed_tokens,
         s.reused_tokens,
         s.reused_from_host_tokens,
-        s.reused_from_disk_tokens,
+        s.reused_from_store_tokens,
         ms(s.ttft),
         s.output_tokens,
         decode_tps

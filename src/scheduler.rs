@@ -42,8 +42,8 @@ pub(crate) struct TurnCounts {
     pub reused_device: usize,
     /// History tokens found on the host at first admission.
     pub reused_host: usize,
-    /// History tokens found in the disk tier at first admission.
-    pub reused_disk: usize,
+    /// History tokens found in the store at first admission.
+    pub reused_store: usize,
     /// Tokens recomputed after a drop (at any admission, also after a suspension).
     pub recomputed: usize,
     /// Tokens run through the model other than decode steps.
@@ -427,7 +427,7 @@ impl<T> Scheduler<T> {
             first_reuse: (!req.admitted || req.recount).then_some(Reuse {
                 device: restore.on_device,
                 host: restore.from_host,
-                disk: restore.from_disk,
+                store: restore.from_store,
             }),
         })
     }

@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn,
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
+    EngineConfig, FinishReason, OverflowPolicy, SamplingParams, StoreConfig, TokenLogprobs, Turn,
     TurnStats,
 };
 use pensieve::model::{Model, WeightFormat};
@@ -26,9 +26,9 @@ use pensieve::workload::{default_sharegpt_path, read_sharegpt};
 /// likely token and push the reference's top tokens out of the top 10.
 const TOLERANCE: f32 = 0.75;
 
-fn engine(model: &Arc<Model>, mode: CacheMode, window: usize, disk: Option<&Path>) -> Engine {
+fn engine(model: &Arc<Model>, mode: CacheMode, window: usize, store: Option<&Path>) -> Engine {
     let config = EngineConfig {
-        disk: disk.map(DiskConfig::new),
+        store: store.map(StoreConfig::new),
         mode,
         budgets: Budgets {
             device_tokens: 2048,
@@ -168,7 +168,7 @@ fn a_long_sharegpt_conversation_runs_through_the_window_to_its_end() {
             tokens > 3 * window && c.turns.iter().all(|(u, _)| !u.trim().is_empty())
         })
         .expect("a long conversation");
-    // Stored in a disk tier: cuts release the files of the chunks they move, and the state
+    // Stored in a store tier: cuts release the files of the chunks they move, and the state
     // (with its cut points) survives a restart.
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(&model, CacheMode::Tiered, window, Some(dir.path()));
@@ -205,7 +205,7 @@ fn a_long_sharegpt_conversation_runs_through_the_window_to_its_end() {
     let id = e.find("long").unwrap();
     assert_eq!(e.tokens(id).unwrap(), tokens);
     let (_, _, stats) = run(&mut e, id, &cap(&conv.turns[0].0), 32);
-    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+    assert!(stats.reused_from_store_tokens > 0, "{stats:?}");
     assert_eq!(e.stats().context_cuts, 1);
     assert!(e.tokens(id).unwrap().len() <= window);
 }

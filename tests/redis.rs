@@ -105,13 +105,13 @@ fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
     );
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
-    assert_eq!(stats.reused_from_disk_tokens, computed, "{stats:?}");
+    assert_eq!(stats.reused_from_store_tokens, computed, "{stats:?}");
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
     assert_eq!(stats.prefilled_tokens, stats.prompt_tokens + 1, "{stats:?}");
-    let disk = b.stats().disk.unwrap();
+    let store = b.stats().store.unwrap();
     assert!(
-        disk.chunks_discovered > 0 && disk.faults.total() == 0,
-        "{disk:?}"
+        store.chunks_discovered > 0 && store.faults.total() == 0,
+        "{store:?}"
     );
     b.flush();
 
@@ -129,7 +129,7 @@ fn a_conversation_continues_on_whichever_engine_its_turn_lands() {
     assert_eq!(out, want[2]);
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
     assert!(stats.reused_tokens > computed, "{stats:?}");
-    let in_memory = stats.reused_tokens - stats.reused_from_disk_tokens;
+    let in_memory = stats.reused_tokens - stats.reused_from_store_tokens;
     assert_eq!(in_memory, computed / 32 * 32, "{stats:?}");
     // A copy that is current is kept as is.
     a.flush();
@@ -161,7 +161,7 @@ fn a_resent_history_finds_the_chunks_another_engine_computed() {
     let mut fresh = Engine::with_model(model.clone(), config(CacheMode::Stateless, None)).unwrap();
     let r = fresh.open(resent).unwrap();
     assert_eq!(out, turn(&mut fresh, r, 1).0);
-    assert!(stats.reused_from_disk_tokens >= 64, "{stats:?}");
+    assert!(stats.reused_from_store_tokens >= 64, "{stats:?}");
     assert!(b.stats().shared_tokens >= 64);
 }
 
@@ -182,7 +182,7 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
     assert!(stats.recomputed_tokens > 0, "{stats:?}");
-    let faults = b.stats().disk.unwrap().faults;
+    let faults = b.stats().store.unwrap().faults;
     assert!(faults.io > 0, "{faults:?}");
     // Nothing is stored while it is down, and the engine goes on serving.
     let (out, _, _) = turn(&mut b, c, 2);
@@ -197,7 +197,7 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
     // a third engine continues her from it.
     server.restart();
     std::thread::sleep(Duration::from_millis(2100));
-    let before = b.stats().disk.unwrap();
+    let before = b.stats().store.unwrap();
     b.submit(
         c,
         Turn::user(QUESTIONS[3]),
@@ -208,7 +208,7 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
         b.step().unwrap();
     }
     b.flush();
-    let after = b.stats().disk.unwrap();
+    let after = b.stats().store.unwrap();
     assert!(after.connects > before.connects, "{after:?}");
     assert!(after.chunks_written > before.chunks_written, "{after:?}");
     let mut d = fleet_member(&model, &server, "fleet");
@@ -262,7 +262,7 @@ fn damaged_and_evicted_keys_are_refused_and_recomputed() {
     assert_eq!(out, want[1]);
     assert!(stats.recomputed_tokens > 0, "{stats:?}");
     assert_eq!(stats.reused_tokens + stats.recomputed_tokens, computed);
-    let faults = b.stats().disk.unwrap().faults;
+    let faults = b.stats().store.unwrap().faults;
     assert_eq!(faults.missing, 1, "{faults:?}");
     assert_eq!(faults.corrupt + faults.wrong_content, 2, "{faults:?}");
 }
@@ -327,10 +327,10 @@ fn passwords_and_key_prefixes_keep_deployments_apart() {
     let c = intruder.open(tutor(None)).unwrap();
     turn(&mut intruder, c, 0);
     intruder.flush();
-    let disk = intruder.stats().disk.unwrap();
+    let store = intruder.stats().store.unwrap();
     assert!(
-        disk.save_failures > 0 && disk.chunks_written == 0,
-        "{disk:?}"
+        store.save_failures > 0 && store.chunks_written == 0,
+        "{store:?}"
     );
 }
 
@@ -345,7 +345,7 @@ fn a_fleet_shares_kv_over_tls() {
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
-    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+    assert!(stats.reused_from_store_tokens > 0, "{stats:?}");
 
     // Without the CA that signed the server's certificate, the handshake is refused.
     let untrusted = RedisConfig::new(server.url());
@@ -379,7 +379,7 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
     assert!(stats.recomputed_tokens > 0, "{stats:?}");
-    let faults = b.stats().disk.unwrap().faults;
+    let faults = b.stats().store.unwrap().faults;
     assert!(faults.io > 0, "{faults:?}");
     stall.join().unwrap().unwrap();
     // A read that timed out says nothing against the bytes: nothing was deleted.
@@ -514,7 +514,7 @@ fn a_turn_waiting_in_the_queue_reads_its_history_ahead_from_redis() {
     let c = b.resume("alice").unwrap();
     let (out, stats, _) = turn(&mut b, c, 1);
     assert_eq!(out, want[1]);
-    assert!(b.stats().disk.unwrap().chunks_prefetched > 0);
+    assert!(b.stats().store.unwrap().chunks_prefetched > 0);
     assert!(stats.reused_from_host_tokens > 0, "{stats:?}");
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
 }

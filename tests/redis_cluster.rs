@@ -79,7 +79,7 @@ fn a_fleet_on_a_cluster_spreads_kv_over_its_shards_and_survives_one_down() {
     let c = b.resume("alice").unwrap();
     let (out, stats) = turn(&mut b, c, 2);
     assert_eq!(out, want[2]);
-    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+    assert!(stats.reused_from_store_tokens > 0, "{stats:?}");
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
     b.flush();
 
@@ -90,5 +90,5 @@ fn a_fleet_on_a_cluster_spreads_kv_over_its_shards_and_survives_one_down() {
     let (out, stats) = turn(&mut d, c, 3);
     assert_eq!(out, want[3]);
     assert!(stats.recomputed_tokens > 0, "{stats:?}");
-    assert!(stats.reused_from_disk_tokens > 0, "{stats:?}");
+    assert!(stats.reused_from_store_tokens > 0, "{stats:?}");
 }

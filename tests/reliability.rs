@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pensieve::engine::{
-    ConversationId, ConversationOptions, DiskConfig, Durability, Engine, EngineConfig,
-    FinishReason, SamplingParams, Turn,
+    ConversationId, ConversationOptions, Durability, Engine, EngineConfig, FinishReason,
+    SamplingParams, StoreConfig, Turn,
 };
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::Error;
@@ -155,7 +155,7 @@ fn real_model_a_cancelled_turn_leaves_no_trace_with_or_without_a_store() {
     for stored in [false, true] {
         let config = EngineConfig {
             check_invariants: true,
-            disk: stored.then(|| DiskConfig::new(dir.path())),
+            store: stored.then(|| StoreConfig::new(dir.path())),
             ..EngineConfig::default()
         };
         let mut e = Engine::with_model(model.clone(), config.clone()).unwrap();
@@ -299,7 +299,7 @@ fn real_model_a_named_turn_is_durable_once_its_manifest_is_written() {
     let model = model();
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig {
-        disk: Some(DiskConfig::new(dir.path())),
+        store: Some(StoreConfig::new(dir.path())),
         ..EngineConfig::default()
     };
     let mut e = Engine::with_model(model.clone(), config).unwrap();

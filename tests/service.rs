@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, DiskConfig, Engine, EngineConfig,
-    FinishReason, SamplingParams, Turn,
+    Budgets, CacheMode, ConversationId, ConversationOptions, Engine, EngineConfig, FinishReason,
+    SamplingParams, StoreConfig, Turn,
 };
 use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::service::{Chat, Reply, Service, ServiceConfig, TurnEvent};
@@ -39,7 +39,7 @@ fn engine(model: &Arc<Model>, store: &std::path::Path) -> Engine {
         },
         mode: CacheMode::Tiered,
         check_invariants: true,
-        disk: Some(DiskConfig::new(store)),
+        store: Some(StoreConfig::new(store)),
         ..EngineConfig::default()
     };
     Engine::with_model(model.clone(), config).unwrap()

@@ -1,6 +1,6 @@
 //! KV shared by content on the real SmolLM2 weights: conversations that open with the same long
 //! system prompt find its chunks, computed by the first one, in memory (one more reference to
-//! its blocks) or in the content-addressed disk tier, instead of prefilling them; each chunk is
+//! its blocks) or in the content-addressed store tier, instead of prefilling them; each chunk is
 //! stored once, shared chunks move between tiers under pressure, and every conversation's
 //! outputs equal those of a `Stateless` engine.
 
@@ -12,8 +12,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, Event, SamplingParams, Turn, TurnStats,
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
+    EngineConfig, Event, SamplingParams, StoreConfig, Turn, TurnStats,
 };
 use pensieve::kv::Address;
 use pensieve::model::{Model, WeightFormat};
@@ -54,7 +54,7 @@ fn sized(
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: dir.map(DiskConfig::new),
+        store: dir.map(StoreConfig::new),
         check_invariants: true,
         ..EngineConfig::default()
     };
@@ -165,7 +165,7 @@ fn conversations_with_one_system_prompt_hold_it_once_in_memory() {
 }
 
 #[test]
-fn conversations_with_one_system_prompt_store_it_once_on_disk() {
+fn conversations_with_one_system_prompt_store_it_once_on_store() {
     let model = Arc::new(common::real_model(WeightFormat::default()));
     let want = stateless_four(&model);
     let dir = tempfile::tempdir().unwrap();
@@ -195,13 +195,13 @@ fn conversations_with_one_system_prompt_store_it_once_on_disk() {
     for (_, stats) in &got[1..] {
         // The system prompt's full chunks were read, not prefilled.
         assert!(
-            stats.reused_from_disk_tokens + stats.reused_tokens >= system_chunks * chunk,
+            stats.reused_from_store_tokens + stats.reused_tokens >= system_chunks * chunk,
             "{stats:?}"
         );
     }
     assert!(got[1..]
         .iter()
-        .any(|(_, s)| s.reused_from_disk_tokens >= system_chunks * chunk));
+        .any(|(_, s)| s.reused_from_store_tokens >= system_chunks * chunk));
     assert!(e.stats().shared_tokens as usize >= 3 * system_chunks * chunk);
     e.flush();
     // Every chunk's content is stored once: the files are the distinct addresses of every

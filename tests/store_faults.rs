@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pensieve::engine::{
-    ConversationId, ConversationOptions, DiskConfig, Durability, Engine, EngineConfig, KvPrecision,
-    SamplingParams, Turn,
+    ConversationId, ConversationOptions, Durability, Engine, EngineConfig, KvPrecision,
+    SamplingParams, StoreConfig, Turn,
 };
 use pensieve::kv::StoreError;
 use pensieve::model::{Model, WeightFormat};
@@ -38,9 +38,9 @@ fn model(format: WeightFormat) -> Arc<Model> {
 fn config(dir: &Path) -> EngineConfig {
     EngineConfig {
         // Every chunk worth saving, so that chunk writes happen (and fail on a full disk).
-        disk: Some(DiskConfig {
+        store: Some(StoreConfig {
             read_bytes_per_s: 1e12,
-            ..DiskConfig::new(dir)
+            ..StoreConfig::new(dir)
         }),
         check_invariants: true,
         ..EngineConfig::default()
@@ -266,7 +266,7 @@ fn resumes_as_acknowledged(model: &Arc<Model>, dir: &Path, tokens: &[u32]) {
     let conv = e.resume("alice").unwrap();
     assert_eq!(e.tokens(conv).unwrap(), tokens);
     turn(&mut e, conv, 2);
-    let faults = e.stats().disk.unwrap().faults;
+    let faults = e.stats().store.unwrap().faults;
     assert_eq!(
         faults.missing, 0,
         "the manifest listed a chunk never written"
@@ -274,19 +274,19 @@ fn resumes_as_acknowledged(model: &Arc<Model>, dir: &Path, tokens: &[u32]) {
 }
 
 #[test]
-fn real_model_a_full_disk_never_loses_an_acknowledged_turn_and_says_so() {
+fn real_model_a_full_store_never_loses_an_acknowledged_turn_and_says_so() {
     let model = model(WeightFormat::default());
-    let Some(disk) = Mount::new(&["-t", "tmpfs", "-o", "size=64k", "tmpfs"]) else {
+    let Some(store) = Mount::new(&["-t", "tmpfs", "-o", "size=64k", "tmpfs"]) else {
         return;
     };
-    let mut e = engine(&model, &disk.0);
+    let mut e = engine(&model, &store.0);
     let conv = e.open(named("alice")).unwrap();
     // A chunk file (over 200 KB) does not fit: its write fails, the manifest does not.
     turn(&mut e, conv, 0);
     assert_eq!(settled(&mut e, conv), Durability::Durable);
     let acknowledged = e.tokens(conv).unwrap().to_vec();
     // Nothing left for the next manifest either.
-    let filler = disk.0.join("filler");
+    let filler = store.0.join("filler");
     let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
     turn(&mut e, conv, 1);
     match settled(&mut e, conv) {
@@ -298,12 +298,12 @@ fn real_model_a_full_disk_never_loses_an_acknowledged_turn_and_says_so() {
     }
     serves(&mut e);
     assert!(
-        e.stats().disk.unwrap().save_failures > 0,
+        e.stats().store.unwrap().save_failures > 0,
         "no chunk write failed"
     );
     drop(e);
     std::fs::remove_file(&filler).unwrap();
-    resumes_as_acknowledged(&model, &disk.0, &acknowledged);
+    resumes_as_acknowledged(&model, &store.0, &acknowledged);
 }
 
 #[test]

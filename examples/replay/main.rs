@@ -21,7 +21,7 @@ use std::sync::Arc;
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::cli::{exit_code, gib_bytes, positive, positive_f64, EngineArgs, Mode};
-use pensieve::engine::{CostProfile, DiskConfig, Engine, EngineConfig};
+use pensieve::engine::{CostProfile, Engine, EngineConfig, StoreConfig};
 use pensieve::model::{Model, ModelConfig, Transformer};
 use pensieve::workload::{
     default_sharegpt_path, read_sharegpt, read_trace, write_trace, ConversationSpec,
@@ -113,10 +113,10 @@ struct Args {
     /// Most tokens one step runs through the model.
     #[arg(long, default_value_t = 512, value_parser = positive)]
     step_tokens: usize,
-    /// Disk tier budget in GiB for `--mode tiered-disk` (its folder is emptied first).
+    /// Disk tier budget in GiB for `--mode tiered-store` (its folder is emptied first).
     #[arg(long, default_value_t = 8.0)]
-    disk_gib: f64,
-    /// Folder of the disk tier for `--mode tiered-disk` (default: `<out>/disk-tier`).
+    store_gib: f64,
+    /// Folder of the store for `--mode tiered-store` (default: `<out>/disk-tier`).
     #[arg(long)]
     store: Option<PathBuf>,
     /// Print one JSON object per run on stdout.
@@ -336,16 +336,16 @@ fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>>
 }
 
 fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineConfig {
-    let disk = (mode == Mode::TieredDisk).then(|| {
+    let store = (mode == Mode::TieredStore).then(|| {
         let dir = args
             .store
             .clone()
-            .unwrap_or_else(|| args.out.join("disk-tier"));
+            .unwrap_or_else(|| args.out.join("store-tier"));
         // Every run starts from an empty tier; a missing folder is fine.
         let _ = std::fs::remove_dir_all(&dir);
-        DiskConfig {
-            budget_bytes: gib_bytes(args.disk_gib),
-            ..DiskConfig::new(dir)
+        StoreConfig {
+            budget_bytes: gib_bytes(args.store_gib),
+            ..StoreConfig::new(dir)
         }
     });
     EngineConfig {
@@ -357,7 +357,7 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         overflow: args.engine.overflow_policy(),
         max_context_tokens: args.engine.max_context,
         prefix_sharing: !args.engine.no_prefix_sharing,
-        disk,
+        store,
         ..EngineConfig::default()
     }
 }

@@ -34,11 +34,11 @@ pub(crate) struct Summary {
     pub(crate) generated_tokens: u64,
     pub(crate) hit_rate_device: f64,
     pub(crate) hit_rate_host: f64,
-    pub(crate) hit_rate_disk: f64,
+    pub(crate) hit_rate_store: f64,
     /// TTFT of turns after a conversation's first (those that resume cached KV).
     pub(crate) resumed_ttft_ms_p50: f64,
-    pub(crate) disk_bytes_written: u64,
-    pub(crate) disk_bytes_read: u64,
+    pub(crate) store_bytes_written: u64,
+    pub(crate) store_bytes_read: u64,
     /// Chunks read from disk ahead of their turn / all chunks read from disk.
     pub(crate) prefetch_hit_rate: f64,
     pub(crate) bytes_swapped_in: u64,
@@ -91,7 +91,7 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
         .filter(|r| r.turn_index > 0)
         .map(|r| ms(r.stats.ttft))
         .collect();
-    let disk = stats.disk.unwrap_or_default();
+    let store = stats.store.unwrap_or_default();
     let (rate, concurrency) = match load {
         Load::Open { rate, .. } => (Some(rate), None),
         Load::Closed { concurrency } => (None, Some(concurrency)),
@@ -115,17 +115,17 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
         prefilled_tokens: stats.prefilled_tokens,
         reused_tokens: stats.reused_device_tokens
             + stats.reused_host_tokens
-            + stats.reused_disk_tokens,
+            + stats.reused_store_tokens,
         recomputed_tokens: stats.recomputed_tokens,
         generated_tokens: stats.generated_tokens,
         hit_rate_device: stats.hit_rate_device(),
         hit_rate_host: stats.hit_rate_host(),
-        hit_rate_disk: stats.hit_rate_disk(),
+        hit_rate_store: stats.hit_rate_store(),
         resumed_ttft_ms_p50: percentile(&resumed, 50.0),
-        disk_bytes_written: disk.bytes_written,
-        disk_bytes_read: disk.bytes_read,
-        prefetch_hit_rate: disk.chunks_prefetched as f64
-            / (disk.chunks_prefetched + disk.chunks_read).max(1) as f64,
+        store_bytes_written: store.bytes_written,
+        store_bytes_read: store.bytes_read,
+        prefetch_hit_rate: store.chunks_prefetched as f64
+            / (store.chunks_prefetched + store.chunks_read).max(1) as f64,
         bytes_swapped_in: stats.bytes_swapped_in,
         bytes_swapped_out: stats.bytes_swapped_out,
         chunks_dropped: stats.chunks_dropped_from_device + stats.chunks_dropped_from_host,
@@ -155,7 +155,7 @@ pub(crate) fn print_table(summaries: &[Summary]) {
         "reused",
         "hit dev",
         "hit host",
-        "hit disk"
+        "hit store"
     );
     for s in summaries {
         eprintln!(
@@ -174,7 +174,7 @@ pub(crate) fn print_table(summaries: &[Summary]) {
             s.reused_tokens,
             s.hit_rate_device,
             s.hit_rate_host,
-            s.hit_rate_disk
+            s.hit_rate_store
         );
     }
     if let Some(by_turn) = summaries.first().map(|s| s.ttft_ms_by_turn.len()) {

@@ -73,7 +73,7 @@ pub struct KvPool {
     v: Vec<Tensor>,
     n_slots: usize,
     row: usize,
-    /// On the CPU: restores whose bytes arrive layer by layer from the disk tier, written into
+    /// On the CPU: restores whose bytes arrive layer by layer from the store, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
 }
@@ -169,7 +169,7 @@ impl KvPool {
     /// One step's chunk copies: `outs` (`(first slot, tokens)`) leave the pool as host bytes
     /// laid out as [`Self::read_slots`] returns them, then `ins` (`(first slot, bytes)`) are
     /// written into their slots. On the CPU this is done on return, except, with `pipelined`,
-    /// for bytes arriving layer by layer from the disk tier: each of their layers is written
+    /// for bytes arriving layer by layer from the store: each of their layers is written
     /// when a pass first asks for that layer ([`Self::layer`]; [`Self::finish_restore`] ends
     /// them). On a GPU the copies run
     /// on their own stream in layer order, each layer's behind one event that

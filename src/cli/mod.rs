@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 pub use exit::exit_code;
 
 use crate::engine::{
-    Budgets, CacheMode, DiskConfig, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig,
+    Budgets, CacheMode, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig, StoreConfig,
 };
 use crate::model::{LoadOptions, Model, ModelSource, Transformer, WeightFormat, BUILTIN_TEMPLATES};
 use crate::{Error, Result};
@@ -24,8 +24,9 @@ pub enum Mode {
     DeviceOnly,
     /// Device pool plus host tier (Pensieve).
     Tiered,
-    /// Device pool, host tier and a disk tier (AttentionStore; `--disk-gib`, `--store`).
-    TieredDisk,
+    /// Device pool, host tier and a store tier (AttentionStore; `--store-gib`, `--store`).
+    #[value(alias = "tiered-disk")]
+    TieredStore,
 }
 
 impl Mode {
@@ -38,7 +39,7 @@ impl Mode {
             Mode::Stateless => "stateless",
             Mode::DeviceOnly => "device-only",
             Mode::Tiered => "tiered",
-            Mode::TieredDisk => "tiered-disk",
+            Mode::TieredStore => "tiered-store",
         }
     }
 
@@ -47,7 +48,7 @@ impl Mode {
         match self {
             Mode::Stateless => CacheMode::Stateless,
             Mode::DeviceOnly => CacheMode::DeviceOnly,
-            Mode::Tiered | Mode::TieredDisk => CacheMode::Tiered,
+            Mode::Tiered | Mode::TieredStore => CacheMode::Tiered,
         }
     }
 }
@@ -222,7 +223,7 @@ impl EngineArgs {
             overflow: self.overflow_policy(),
             max_context_tokens: self.max_context,
             prefix_sharing: !self.no_prefix_sharing,
-            disk: store.disk_config(),
+            store: store.store_config(),
             ..EngineConfig::default()
         }
     }
@@ -241,7 +242,7 @@ impl EngineArgs {
 /// engines (`--redis`).
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Folder of a disk tier: KV and named conversations persist there across runs.
+    /// Folder of a store tier: KV and named conversations persist there across runs.
     #[arg(long, env = "PENSIEVE_STORE", conflicts_with = "redis")]
     pub store: Option<std::path::PathBuf>,
     /// A Redis (or Valkey) shared by several engines: `redis://[user:password@]host:port`,
@@ -273,15 +274,20 @@ pub struct StoreArgs {
     )]
     pub redis_ttl_s: u64,
     /// Budget in GiB of the chunks this engine stores (in the folder or in Redis).
-    #[arg(long, env = "PENSIEVE_DISK_GIB", default_value_t = 4.0)]
-    pub disk_gib: f64,
+    #[arg(
+        long,
+        env = "PENSIEVE_STORE_GIB",
+        alias = "disk-gib",
+        default_value_t = 4.0
+    )]
+    pub store_gib: f64,
 }
 impl StoreArgs {
     /// The tier below host these flags name, if any.
-    pub fn disk_config(&self) -> Option<DiskConfig> {
-        let disk = match (&self.store, &self.redis) {
-            (Some(dir), _) => DiskConfig::new(dir),
-            (None, Some(url)) => DiskConfig::redis(RedisConfig {
+    pub fn store_config(&self) -> Option<StoreConfig> {
+        let store = match (&self.store, &self.redis) {
+            (Some(dir), _) => StoreConfig::new(dir),
+            (None, Some(url)) => StoreConfig::redis(RedisConfig {
                 key_prefix: self.redis_prefix.clone(),
                 ca_file: self.redis_ca.clone(),
                 cluster: self.redis_cluster,
@@ -291,9 +297,9 @@ impl StoreArgs {
             }),
             (None, None) => return None,
         };
-        Some(DiskConfig {
-            budget_bytes: gib_bytes(self.disk_gib),
-            ..disk
+        Some(StoreConfig {
+            budget_bytes: gib_bytes(self.store_gib),
+            ..store
         })
     }
 

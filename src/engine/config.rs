@@ -118,7 +118,7 @@ pub enum StoreLocation {
 /// The tier below host (AttentionStore): chunks and conversation manifests in a folder or a
 /// shared Redis, under a byte budget. Conversations opened with a name persist there.
 #[derive(Clone, Debug, PartialEq)]
-pub struct DiskConfig {
+pub struct StoreConfig {
     /// Where the chunks go.
     pub location: StoreLocation,
     /// Most bytes of chunks this engine keeps stored; eviction keeps it under. (In a shared
@@ -129,7 +129,7 @@ pub struct DiskConfig {
     pub read_bytes_per_s: f64,
 }
 
-impl DiskConfig {
+impl StoreConfig {
     /// A store in `dir` of up to 16 GiB, read at 1 GB/s (an NVMe drive or the page cache).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -185,18 +185,18 @@ pub struct EngineConfig {
     /// the step waits for the whole restore first (the serial baseline). Outputs are the same
     /// either way; the CPU copies synchronously regardless.
     pub pipelined_restore: bool,
-    /// The disk tier, if any (only in [`CacheMode::Tiered`]).
-    pub disk: Option<DiskConfig>,
+    /// The store tier, if any (only in [`CacheMode::Tiered`]).
+    pub store: Option<StoreConfig>,
     /// Share KV across conversations by content: a turn whose tokens start with full chunks
-    /// another conversation holds (in memory, or in the disk tier) takes a reference to them
+    /// another conversation holds (in memory, or in the store) takes a reference to them
     /// instead of prefilling them, and a chunk shared that way is stored once. Off, each
     /// conversation computes and keeps its own (Pensieve's model).
     pub prefix_sharing: bool,
     /// How many waiting turns (from the head of the queue) have their KV read ahead from the
-    /// disk tier into free host memory, and are spared by ahead-of-time eviction.
+    /// store tier into free host memory, and are spared by ahead-of-time eviction.
     pub prefetch_window: usize,
     /// How long before a conversation's expected resume ([`super::Engine::expect_resume`])
-    /// its KV is read ahead from the disk tier.
+    /// its KV is read ahead from the store.
     pub prefetch_lead: std::time::Duration,
     /// Check the cache and queue invariants after every step, failing the step with
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
@@ -221,7 +221,7 @@ impl Default for EngineConfig {
             max_context_tokens: None,
             kv_precision: KvPrecision::default(),
             pipelined_restore: true,
-            disk: None,
+            store: None,
             prefix_sharing: true,
             prefetch_window: 8,
             prefetch_lead: std::time::Duration::from_secs(2),
@@ -249,10 +249,10 @@ impl EngineConfig {
         if self.step_token_budget == 0 {
             return bad("step_token_budget must be positive");
         }
-        if self.disk.as_ref().is_some_and(|d| {
+        if self.store.as_ref().is_some_and(|d| {
             d.read_bytes_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
         }) {
-            return bad("disk.read_bytes_per_s must be positive");
+            return bad("store.read_bytes_per_s must be positive");
         }
         if !(0.0..1.0).contains(&self.reserve) || !(0.0..=1.0).contains(&self.swap_out_threshold) {
             return bad("reserve must be in [0, 1) and swap_out_threshold in [0, 1]");

@@ -60,9 +60,9 @@ impl Engine {
                 .unwrap_or_default(),
             latency: now.saturating_duration_since(turn.submitted()),
             queue_time,
-            reused_tokens: counts.reused_device + counts.reused_host + counts.reused_disk,
+            reused_tokens: counts.reused_device + counts.reused_host + counts.reused_store,
             reused_from_host_tokens: counts.reused_host,
-            reused_from_disk_tokens: counts.reused_disk,
+            reused_from_store_tokens: counts.reused_store,
             recomputed_tokens: counts.recomputed,
             prefilled_tokens: counts.prefilled,
         };
@@ -70,7 +70,7 @@ impl Engine {
         if admitted {
             self.stats.reused_device_tokens += counts.reused_device as u64;
             self.stats.reused_host_tokens += counts.reused_host as u64;
-            self.stats.reused_disk_tokens += counts.reused_disk as u64;
+            self.stats.reused_store_tokens += counts.reused_store as u64;
             self.stats.recomputed_tokens += counts.recomputed as u64;
             self.stats.prefilled_tokens += counts.prefilled as u64;
             if completed {

@@ -1,8 +1,8 @@
 //! Forks: a new conversation that continues another one's history (or its first turns), for
 //! regenerating a reply, editing an earlier turn, or branching an agent. The fork's KV is
-//! found by content: with a disk tier, the chunks the source saved are shared (one file, one
+//! found by content: with a store tier, the chunks the source saved are shared (one file, one
 //! more reference) and read back on the fork's first turn; only the part of the last chunk
-//! past the fork point is recomputed. Without a disk tier the fork recomputes its history.
+//! past the fork point is recomputed. Without a store tier the fork recomputes its history.
 
 use std::time::Instant;
 

@@ -1,5 +1,5 @@
 //! Session hints: what the host application knows about a conversation's future that the
-//! cache cannot guess. They feed the eviction value and the disk tier's read-ahead.
+//! cache cannot guess. They feed the eviction value and the store's read-ahead.
 
 use std::time::{Duration, Instant};
 

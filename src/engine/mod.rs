@@ -22,9 +22,9 @@ mod fork;
 mod handle;
 mod hints;
 mod overflow;
+mod persist;
 mod sampler;
 mod share;
-mod store;
 mod turn;
 mod types;
 
@@ -35,13 +35,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use config::{
-    Budgets, CacheMode, CostProfile, DiskConfig, EngineConfig, EvictionKind, KvPrecision,
-    OverflowPolicy, RedisConfig, StoreLocation,
+    Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
+    RedisConfig, StoreConfig, StoreLocation,
 };
 pub use handle::EngineHandle;
-pub use store::Durability;
+pub use persist::Durability;
 #[cfg(feature = "service")]
-pub(crate) use store::{Fetched, ResumeReader};
+pub(crate) use persist::{Fetched, ResumeReader};
 pub use turn::TurnSize;
 pub use types::{EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats};
 
@@ -62,9 +62,9 @@ use turn::{ActiveTurn, TurnLimits};
 pub struct ConversationOptions {
     /// System prompt; the template's default applies when `None`.
     pub system: Option<String>,
-    /// A name to store the conversation under in the disk tier
-    /// ([`EngineConfig::disk`]): its state persists after every turn, and a later engine over
-    /// the same folder resumes it ([`Engine::find`]). Ignored without a disk tier.
+    /// A name to store the conversation under in the store
+    /// ([`EngineConfig::store`]): its state persists after every turn, and a later engine over
+    /// the same folder resumes it ([`Engine::find`]). Ignored without a store tier.
     pub name: Option<String>,
     /// Earlier messages (user and assistant turns, after the system prompt) the conversation
     /// starts with, as a client that resends its history has them: the first turn computes
@@ -92,7 +92,7 @@ pub struct Engine {
     backlog: Vec<Event>,
     stats: EngineStats,
     faults: Faults,
-    /// Conversations whose turn ended this step, to save to the disk tier.
+    /// Conversations whose turn ended this step, to save to the store.
     to_save: Vec<ConversationId>,
     /// Per named conversation, its latest manifest write (`None`: it could not be queued).
     manifest_writes: std::collections::HashMap<ConversationId, Option<u64>>,
@@ -150,8 +150,8 @@ impl Engine {
             CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
         if config.mode == CacheMode::Tiered {
             let value_bytes = dtype.size_in_bytes();
-            if let Some(tier) = store::open_disk(&model, &config, shape, value_bytes, cost)? {
-                cache.attach_disk(tier);
+            if let Some(tier) = persist::open_store(&model, &config, shape, value_bytes, cost)? {
+                cache.attach_store(tier);
             }
         }
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
@@ -222,7 +222,7 @@ impl Engine {
     /// [`Error::ConversationExists`] if `options.name` is taken.
     pub fn open(&mut self, mut options: ConversationOptions) -> Result<ConversationId> {
         match options.name.take() {
-            Some(name) if self.cache.disk_store().is_some() => self.open_named(name, options),
+            Some(name) if self.cache.store().is_some() => self.open_named(name, options),
             _ => Ok(self.open_unnamed(options)),
         }
     }
@@ -377,9 +377,9 @@ impl Engine {
             bytes_swapped_in: c.bytes_swapped_in,
             chunks_dropped_from_device: c.chunks_dropped_from_device,
             chunks_dropped_from_host: c.chunks_dropped_from_host,
-            chunks_to_disk: c.chunks_to_disk,
-            chunks_dropped_from_disk: c.chunks_dropped_from_disk,
-            disk: self.cache.disk_stats(),
+            chunks_to_store: c.chunks_to_store,
+            chunks_dropped_from_store: c.chunks_dropped_from_store,
+            store: self.cache.store_stats(),
             swap_out_failures: c.swap_out_failures,
             swap_in_failures: c.swap_in_failures,
             suspensions: self.sched.suspensions(),
@@ -414,7 +414,7 @@ impl Engine {
         let _step = tracing::debug_span!("step", n = self.stats.steps).entered();
         let t0 = Instant::now();
         self.drain_commands(now);
-        self.cache.poll_disk();
+        self.cache.poll_store();
         self.adopt_looked();
         self.prefetch_expected(now);
         self.adopt_waiting();

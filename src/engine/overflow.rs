@@ -38,7 +38,7 @@ impl Engine {
                     .ok()
                     .map(|b| Arc::new(ChunkBytes::from(b))),
                 Held::Bytes(b) => Some(b),
-                Held::Disk { address, len } => self.cache.read_saved(&address, len),
+                Held::Stored { address, len } => self.cache.read_saved(&address, len),
                 Held::Gone => None,
             })
             .collect();

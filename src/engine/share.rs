@@ -9,7 +9,7 @@ use crate::scheduler::RowPlan;
 
 /// Takes, for `conv`'s next full chunks (history not yet computed, then the front of
 /// `prompt`), the KV other conversations computed for the same tokens: from memory (one more
-/// reference to their block or host chunk), then from the disk tier (one more file reference,
+/// reference to their block or host chunk), then from the store (one more file reference,
 /// read when the turn runs). The tokens adopted leave `prompt` for the history. Only when the
 /// table's KV ends at a chunk boundary. With `discover`, a shared store is asked behind for
 /// the chunks not found (a request to it, so only once per turn): returns the tokens adopted,
@@ -97,12 +97,12 @@ impl Engine {
     }
 
     /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
-    /// saved (behind) to the disk tier at the end of the step (when there is one).
+    /// saved (behind) to the store at the end of the step (when there is one).
     pub(super) fn index_finished(&mut self, id: ConversationId) {
         if let (true, Some(conv)) = (self.sharing(), self.convs.get(&id)) {
             self.cache.index_chunks(id, conv.tokens());
         }
-        if self.cache.disk_store().is_some() {
+        if self.cache.store().is_some() {
             self.to_save.push(id);
         }
     }

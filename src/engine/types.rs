@@ -153,8 +153,8 @@ pub struct TurnStats {
     pub reused_tokens: usize,
     /// Of those, tokens found in the host tier (swapped in).
     pub reused_from_host_tokens: usize,
-    /// Of those, tokens read back from the disk tier.
-    pub reused_from_disk_tokens: usize,
+    /// Of those, tokens read back from the store.
+    pub reused_from_store_tokens: usize,
     /// Tokens whose KV had been dropped and was recomputed (history at admission, and work
     /// redone after a suspension).
     pub recomputed_tokens: usize,
@@ -225,11 +225,11 @@ pub struct EngineStats {
     pub reused_device_tokens: u64,
     /// History tokens reused from the host tier.
     pub reused_host_tokens: u64,
-    /// History tokens reused from the disk tier.
-    pub reused_disk_tokens: u64,
+    /// History tokens reused from the store.
+    pub reused_store_tokens: u64,
     /// Prompt tokens whose KV was found by content, computed for the same tokens by another
     /// conversation (or an earlier copy of this one), and shared instead of prefilled (in
-    /// memory: one more reference; on disk: read back, counted in `reused_disk_tokens`).
+    /// memory: one more reference; on disk: read back, counted in `reused_store_tokens`).
     pub shared_tokens: u64,
     /// Tokens recomputed after a drop (also work redone after a suspension).
     pub recomputed_tokens: u64,
@@ -243,12 +243,12 @@ pub struct EngineStats {
     pub chunks_dropped_from_device: u64,
     /// Chunks dropped from the host tier.
     pub chunks_dropped_from_host: u64,
-    /// Chunks that left the device or host for their disk copy alone (a free eviction).
-    pub chunks_to_disk: u64,
-    /// Chunks dropped from the disk tier (evicted under its budget, or their file refused).
-    pub chunks_dropped_from_disk: u64,
-    /// The disk tier's own counters (writes, reads, refused files by why), when there is one.
-    pub disk: Option<crate::kv::DiskStats>,
+    /// Chunks that left the device or host for their stored copy alone (a free eviction).
+    pub chunks_to_store: u64,
+    /// Chunks dropped from the store (evicted under its budget, or their file refused).
+    pub chunks_dropped_from_store: u64,
+    /// The store tier's own counters (writes, reads, refused files by why), when there is one.
+    pub store: Option<crate::kv::StoreStats>,
     /// Swap-outs whose copy failed (the chunk was dropped instead).
     pub swap_out_failures: u64,
     /// Swap-ins whose copy failed (the chunk was recomputed instead).
@@ -283,7 +283,7 @@ pub struct EngineStats {
     pub transfer_time: Duration,
     /// Time in the model's forward passes (prefill and decode rows together).
     pub forward_time: Duration,
-    /// Of that, time the passes waited for layers of KV still being read from the disk tier
+    /// Of that, time the passes waited for layers of KV still being read from the store
     /// (the part of the reads a pipelined restore did not hide; CPU).
     pub restore_wait_time: Duration,
     /// Time sampling tokens, detokenizing and finishing turns.
@@ -301,9 +301,9 @@ impl EngineStats {
         self.reused_host_tokens as f64 / self.history_tokens().max(1) as f64
     }
 
-    /// Fraction of history tokens found in the disk tier.
-    pub fn hit_rate_disk(&self) -> f64 {
-        self.reused_disk_tokens as f64 / self.history_tokens().max(1) as f64
+    /// Fraction of history tokens found in the store.
+    pub fn hit_rate_store(&self) -> f64 {
+        self.reused_store_tokens as f64 / self.history_tokens().max(1) as f64
     }
 
     /// History tokens admitted turns looked up: reused from a tier or recomputed (the
@@ -311,7 +311,7 @@ impl EngineStats {
     pub fn history_tokens(&self) -> u64 {
         self.reused_device_tokens
             + self.reused_host_tokens
-            + self.reused_disk_tokens
+            + self.reused_store_tokens
             + self.recomputed_tokens
     }
 }

@@ -25,14 +25,14 @@ use std::time::Instant;
 mod arena;
 mod candidates;
 mod check;
-mod disk;
 mod evict;
 mod hints;
 mod restore;
+mod saved;
 mod share;
 mod shift;
 
-pub(crate) use disk::DiskTier;
+pub(crate) use saved::StoreTier;
 pub(crate) use shift::Held;
 
 use super::{
@@ -57,10 +57,10 @@ pub(crate) struct SwapOut {
 pub(crate) enum Source {
     Host(HostChunkId),
     /// The chunk's file, read and checked whole by the executor.
-    Disk(Address),
+    Stored(Address),
 }
 
-/// A planned host (or disk) → device copy.
+/// A planned host (or store) → device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SwapIn {
     pub conv: ConversationId,
@@ -95,7 +95,7 @@ impl SwapIn {
                 host,
                 block: self.block,
             },
-            Source::Disk(_) => ChunkLoc::Loading(self.block),
+            Source::Stored(_) => ChunkLoc::Loading(self.block),
         }
     }
 }
@@ -127,17 +127,17 @@ pub(crate) struct CacheCounters {
     pub swap_out_failures: u64,
     /// Swap-ins whose copy failed: the chunk is recomputed instead.
     pub swap_in_failures: u64,
-    /// Chunks moved off the device or host to their disk copy alone (nothing to write).
-    pub chunks_to_disk: u64,
-    /// Chunks dropped from the disk tier (evicted, or their file refused).
-    pub chunks_dropped_from_disk: u64,
+    /// Chunks moved off the device or host to their stored copy alone (nothing to write).
+    pub chunks_to_store: u64,
+    /// Chunks dropped from the store (evicted, or their file refused).
+    pub chunks_dropped_from_store: u64,
 }
 
 /// One conversation's KV: where each chunk lives and how far the KV has been computed.
 #[derive(Debug)]
 pub(crate) struct ChunkTable {
     chunks: Vec<ChunkId>,
-    /// Per chunk, the address of its file in the disk tier, when one holds this chunk's KV
+    /// Per chunk, the address of its file in the store, when one holds this chunk's KV
     /// (whatever tier also holds it).
     saved: Vec<Option<Address>>,
     /// Tokens `[0, computed)` have had their KV computed (it may since have been dropped).
@@ -182,7 +182,7 @@ pub(crate) struct CacheManager {
     tables: BTreeMap<ConversationId, ChunkTable>,
     counters: CacheCounters,
     /// The tier below host, when the engine has one.
-    disk: Option<DiskTier>,
+    store: Option<StoreTier>,
     /// Every chunk record, and the content index over them.
     arena: Arena,
     /// Eviction candidates of every tier, in order.
@@ -208,7 +208,7 @@ impl CacheManager {
             token_bytes,
             tables: BTreeMap::new(),
             counters: CacheCounters::default(),
-            disk: None,
+            store: None,
             arena: Arena::default(),
             candidates: Candidates::default(),
             pinned: BTreeSet::new(),
@@ -348,7 +348,7 @@ impl CacheManager {
             // A partial chunk grows: its saved file no longer holds all of it.
             let i = t.computed / chunk;
             if let Some(a) = t.saved.get_mut(i).and_then(Option::take) {
-                if let Some(d) = &mut self.disk {
+                if let Some(d) = &mut self.store {
                     d.store.release(&a);
                 }
             }
@@ -397,8 +397,8 @@ impl CacheManager {
     pub fn take_swap_in(&mut self, s: &SwapIn, layered: bool) -> Option<Arc<ChunkBytes>> {
         match s.from {
             Source::Host(h) => self.host.get(h),
-            Source::Disk(a) if layered => self.disk.as_mut()?.store.load_layered(&a, s.len),
-            Source::Disk(a) => self.disk.as_mut()?.store.load(&a, s.len).ok(),
+            Source::Stored(a) if layered => self.store.as_mut()?.store.load_layered(&a, s.len),
+            Source::Stored(a) => self.store.as_mut()?.store.load(&a, s.len).ok(),
         }
     }
 
@@ -431,7 +431,7 @@ impl CacheManager {
         self.release_loc(loc);
         // A file refused (or unreadable) is forgotten; the chunk is recomputed. A chunk read
         // from disk is its conversation's own.
-        if let Source::Disk(_) = s.from {
+        if let Source::Stored(_) = s.from {
             self.drop_saved(s.conv, s.chunk);
         }
         self.scatter(rec, s.chunk, |_| ChunkLoc::Dropped);
@@ -478,7 +478,7 @@ impl CacheManager {
         let keep = table.computed_chunks(chunk);
         let stale: Vec<Address> = table.saved.drain(keep..).flatten().collect();
         self.drop_records(id, keep);
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.store {
             stale.iter().for_each(|a| d.store.release(a));
         }
     }

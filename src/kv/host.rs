@@ -32,13 +32,13 @@ pub struct ChunkBytes(Repr);
 enum Repr {
     /// Ordinary memory, filled synchronously.
     Heap(Vec<u8>),
-    /// Being read from the disk tier by its reader thread: `len` bytes once checked, or why
+    /// Being read from the store by its reader thread: `len` bytes once checked, or why
     /// the file was refused.
     Reading {
         len: usize,
         cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
     },
-    /// Being read from the disk tier layer by layer: each layer's bytes once checked (or why
+    /// Being read from the store layer by layer: each layer's bytes once checked (or why
     /// the file was refused), and the whole, joined when first asked for.
     Layers {
         len: usize,
@@ -101,7 +101,7 @@ impl ChunkBytes {
     /// The bytes, waiting for a copy or read still in flight.
     ///
     /// # Errors
-    /// The device's description of a failed copy, or why the disk tier refused the file.
+    /// The device's description of a failed copy, or why the store refused the file.
     pub fn bytes(&self) -> Result<&[u8], String> {
         match &self.0 {
             Repr::Heap(v) => Ok(v),
@@ -222,7 +222,7 @@ impl HostPool {
         }
     }
 
-    /// A held chunk's data, shared (a save to the disk tier reads it).
+    /// A held chunk's data, shared (a save to the store reads it).
     pub fn get(&self, id: HostChunkId) -> Option<Arc<ChunkBytes>> {
         self.entries.get(id.0 as usize)?.as_ref()?.data.clone()
     }

@@ -8,24 +8,24 @@
 
 mod allocator;
 mod cache;
-mod disk;
 mod host;
 mod policy;
+mod store;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
-pub(crate) use cache::{CacheManager, DiskTier, Eviction, Held, Moves};
-pub(crate) use disk::format::hex;
-pub use disk::{
-    Address, ChunkFormat, DiskStats, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError,
-    FORMAT_VERSION,
-};
-pub(crate) use disk::{BuildManifest, DiskStore, Owner, Refused, Saved, StoreReader, Waker};
+pub(crate) use cache::{CacheManager, Eviction, Held, Moves, StoreTier};
 pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
 pub(crate) use host::{HostChunkId, HostPool, LayerCells};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
+pub(crate) use store::format::hex;
+pub use store::{
+    Address, ChunkFormat, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError, StoreStats,
+    FORMAT_VERSION,
+};
+pub(crate) use store::{BuildManifest, Owner, Refused, Saved, Store, StoreReader, Waker};
 
 use crate::ids::ConversationId;
 
@@ -50,8 +50,8 @@ pub(crate) enum ChunkLoc {
         /// Destination block.
         block: BlockId,
     },
-    /// Only in the disk tier (the chunk table names its file).
-    Disk,
+    /// Only in the store (the chunk table names its file).
+    Stored,
     /// Being read from disk into `block` this step.
     Loading(BlockId),
     /// Dropped from every tier; rebuilt from the raw tokens when needed.
@@ -70,7 +70,7 @@ impl ChunkLoc {
             | ChunkLoc::Loading(b) => Some(b),
             ChunkLoc::SwappingOut { .. }
             | ChunkLoc::Host(_)
-            | ChunkLoc::Disk
+            | ChunkLoc::Stored
             | ChunkLoc::Dropped => None,
         }
     }
@@ -137,9 +137,9 @@ pub enum Violation {
         /// Chunks the tables place on the host.
         named: usize,
     },
-    /// The disk store's references differ from the chunks the tables say are saved.
-    #[error("disk store holds {held} references but the chunk tables name {named} saved chunks")]
-    DiskMismatch {
+    /// The store's references differ from the chunks the tables say are saved.
+    #[error("the store holds {held} references but the chunk tables name {named} saved chunks")]
+    StoreMismatch {
         /// References the store counts.
         held: usize,
         /// Saved chunks in the tables.
@@ -155,8 +155,8 @@ pub enum Violation {
         chunk: usize,
     },
     /// A chunk is placed only on disk but names no file.
-    #[error("{conversation}: chunk {chunk} is on disk without a file")]
-    DiskWithoutFile {
+    #[error("{conversation}: chunk {chunk} is on store without a file")]
+    StoredWithoutAddress {
         /// The conversation.
         conversation: ConversationId,
         /// Its chunk index.
@@ -165,7 +165,7 @@ pub enum Violation {
     /// A tier holds more than its budget.
     #[error("{tier} tier uses {used} bytes of a {budget}-byte budget")]
     OverBudget {
-        /// "host" or "disk".
+        /// "host" or "store".
         tier: &'static str,
         /// Bytes in use.
         used: usize,

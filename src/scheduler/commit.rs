@@ -28,7 +28,7 @@ impl<T> Scheduler<T> {
                 if let Some(r) = a.first_reuse {
                     req.counts.reused_device = r.device;
                     req.counts.reused_host = r.host;
-                    req.counts.reused_disk = r.disk;
+                    req.counts.reused_store = r.store;
                 }
                 req.admitted = true;
                 req.recount = false;

@@ -1,5 +1,5 @@
 //! Turns held out of admission while the store answers a lookup by content (see
-//! `DiskStore::look_up`): the engine holds a turn when it asks, and lets it in once the answer
+//! `Store::look_up`): the engine holds a turn when it asks, and lets it in once the answer
 //! is indexed.
 
 use super::Scheduler;

@@ -41,7 +41,7 @@ pub(crate) struct Admission {
 pub(crate) struct Reuse {
     pub device: usize,
     pub host: usize,
-    pub disk: usize,
+    pub store: usize,
 }
 
 /// A request that can never fit the device pool.

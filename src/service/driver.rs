@@ -138,10 +138,10 @@ impl Driver {
         config: &ServiceConfig,
         stats: Arc<Mutex<ServiceStats>>,
     ) -> Self {
-        let disk = engine.config().disk.as_ref();
+        let store = engine.config().store.as_ref();
         Self {
-            stored: disk.is_some(),
-            fleet: disk.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_))),
+            stored: store.is_some(),
+            fleet: store.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_))),
             engine,
             sessions: HashMap::new(),
             idle: BTreeSet::new(),

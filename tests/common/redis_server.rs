@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, CostModel, CostProfile, DiskConfig, EngineConfig,
-    RedisConfig,
+    Budgets, CacheMode, ConversationOptions, CostModel, CostProfile, EngineConfig, RedisConfig,
+    StoreConfig,
 };
 
 /// A `redis-server` of its own, stopped when dropped.
@@ -147,9 +147,9 @@ pub fn store_config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig
             per_token_per_position_s: 1e-6,
         }),
         // Read back whatever was saved: these tests are about what the store returns.
-        disk: redis.map(|r| DiskConfig {
+        store: redis.map(|r| StoreConfig {
             read_bytes_per_s: 1e12,
-            ..DiskConfig::redis(r)
+            ..StoreConfig::redis(r)
         }),
         check_invariants: true,
         ..EngineConfig::default()

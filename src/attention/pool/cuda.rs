@@ -76,7 +76,7 @@ impl Mover {
         match reused {
             Some(b) => Ok(b),
             // Plain page-locked memory (not write-combined): the host reads it back (to the
-            // disk tier, or to swap it in again).
+            // store tier, or to swap it in again).
             // SAFETY: every byte of a chunk is written by its copies before it is read.
             None => unsafe { self.copy.context().alloc_pinned_with_flags::<u8>(len, 0) }
                 .map_err(transfer),

@@ -16,7 +16,7 @@
 //! | `generation_tokens_total` | `vllm:generation_tokens_total` |
 //! | `request_success_total{finished_reason}` | `vllm:request_success_total{finished_reason}` |
 //! | `history_tokens_total` | `vllm:prefix_cache_queries_total` |
-//! | `reused_{device,host,disk}_tokens_total` | `vllm:prefix_cache_hits_total` (one tier) |
+//! | `reused_{device,host,store}_tokens_total` | `vllm:prefix_cache_hits_total` (one tier) |
 //! | `kv_cache_usage_perc` | `vllm:kv_cache_usage_perc` |
 //! | `num_requests_running`, `num_requests_waiting` | the same names |
 //!
@@ -27,7 +27,7 @@
 use std::time::Duration;
 
 use pensieve::engine::{FinishReason, TurnStats};
-use pensieve::kv::DiskStats;
+use pensieve::kv::StoreStats;
 use pensieve::service::{Observer, Service, ServiceStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
@@ -209,7 +209,7 @@ impl Collector for Totals {
             step.metric_type(),
         )?)?;
         // The tier below host (a folder, or the fleet's Redis), when there is one.
-        if let Some(d) = &st.disk {
+        if let Some(d) = &st.store {
             for (name, help, v) in store_counters(d) {
                 counter(&mut e, name, help, v)?;
             }
@@ -249,9 +249,9 @@ fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 17] 
             st.reused_host_tokens,
         ),
         (
-            "reused_disk_tokens",
+            "reused_store_tokens",
             "History tokens reused from the store below host",
-            st.reused_disk_tokens,
+            st.reused_store_tokens,
         ),
         (
             "shared_tokens",
@@ -298,7 +298,7 @@ fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 17] 
 }
 
 /// The store's counters (a folder, or the fleet's Redis).
-fn store_counters(d: &DiskStats) -> [(&'static str, &'static str, u64); 6] {
+fn store_counters(d: &StoreStats) -> [(&'static str, &'static str, u64); 6] {
     [
         ("store_bytes_written", "Chunk bytes stored", d.bytes_written),
         (

@@ -5,7 +5,7 @@
 //! the record: nothing scans the other tables.
 //!
 //! Only chunks in memory (the device pool, the host tier, or a copy between them) are shared;
-//! a chunk that falls to the disk tier or is dropped becomes each holder's own again (its file,
+//! a chunk that falls to the store or is dropped becomes each holder's own again (its file,
 //! if any, is referenced per holder by the store).
 
 use std::collections::HashMap;

@@ -35,7 +35,7 @@ pub(super) enum Tier {
     Device,
     /// Chunks in the host tier.
     Host,
-    /// Chunks with a file in the disk tier (wherever else they are).
+    /// Chunks with a file in the store (wherever else they are).
     Saved,
 }
 

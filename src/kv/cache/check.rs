@@ -12,7 +12,7 @@ struct Named {
     /// Records on the host (or being copied to or from it).
     host: usize,
     /// Saved chunks (each table's own file reference).
-    disk: usize,
+    store: usize,
 }
 
 impl CacheManager {
@@ -24,7 +24,7 @@ impl CacheManager {
         let mut named = Named {
             owners: vec![0; self.blocks.num_blocks()],
             host: 0,
-            disk: 0,
+            store: 0,
         };
         for (&conversation, table) in &self.tables {
             self.check_table(conversation, table, &mut named)?;
@@ -54,11 +54,11 @@ impl CacheManager {
                 computed: table.chunks.len(),
             });
         }
-        named.disk += table.saved.iter().flatten().count();
+        named.store += table.saved.iter().flatten().count();
         for (chunk, &rec) in table.chunks.iter().enumerate() {
             let loc = self.arena.loc(rec);
-            if loc == ChunkLoc::Disk && table.saved[chunk].is_none() {
-                return Err(Violation::DiskWithoutFile {
+            if loc == ChunkLoc::Stored && table.saved[chunk].is_none() {
+                return Err(Violation::StoredWithoutAddress {
                     conversation,
                     chunk,
                 });
@@ -130,18 +130,18 @@ impl CacheManager {
                 budget: self.host.budget_bytes(),
             });
         }
-        if let Some(disk) = self.disk.as_ref().map(|d| &d.store) {
-            if disk.references() != named.disk {
-                return Err(Violation::DiskMismatch {
-                    held: disk.references(),
-                    named: named.disk,
+        if let Some(store) = self.store.as_ref().map(|d| &d.store) {
+            if store.references() != named.store {
+                return Err(Violation::StoreMismatch {
+                    held: store.references(),
+                    named: named.store,
                 });
             }
-            if disk.used_bytes() > disk.budget_bytes() {
+            if store.used_bytes() > store.budget_bytes() {
                 return Err(Violation::OverBudget {
-                    tier: "disk",
-                    used: disk.used_bytes(),
-                    budget: disk.budget_bytes(),
+                    tier: "store",
+                    used: store.used_bytes(),
+                    budget: store.budget_bytes(),
                 });
             }
         }
@@ -151,7 +151,7 @@ impl CacheManager {
     /// Whether a shared record left memory, or a holder names it at another index than `i`.
     fn sharing_moved(&self, rec: super::ChunkId, i: usize) -> bool {
         let holders = self.arena.holders(rec);
-        let in_memory = !matches!(self.arena.loc(rec), ChunkLoc::Disk | ChunkLoc::Dropped);
+        let in_memory = !matches!(self.arena.loc(rec), ChunkLoc::Stored | ChunkLoc::Dropped);
         (holders.len() > 1 && !in_memory)
             || holders
                 .iter()

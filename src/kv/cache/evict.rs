@@ -88,8 +88,8 @@ impl CacheManager {
             // Its file holds it: leaving the device costs nothing now, a read later.
             (None, _) if saved && !pinned => {
                 self.blocks.release(block);
-                self.scatter(rec, i, |_| ChunkLoc::Disk);
-                self.counters.chunks_to_disk += 1;
+                self.scatter(rec, i, |_| ChunkLoc::Stored);
+                self.counters.chunks_to_store += 1;
                 return true;
             }
             (None, Eviction::AheadOfTime) => return false,
@@ -148,10 +148,10 @@ impl CacheManager {
             let saved = (sharers.iter())
                 .filter(|c| self.tables.get(c).is_some_and(|t| t.saved[i].is_some()))
                 .count();
-            self.counters.chunks_to_disk += saved as u64;
+            self.counters.chunks_to_store += saved as u64;
             self.counters.chunks_dropped_from_host += (sharers.len() - saved) as u64;
             self.scatter(rec, i, |t| match t.saved[i] {
-                Some(_) => ChunkLoc::Disk,
+                Some(_) => ChunkLoc::Stored,
                 None => ChunkLoc::Dropped,
             });
         }

@@ -1,4 +1,4 @@
-//! Bringing a conversation's KV back to the device for a turn: host chunks swapped in, disk
+//! Bringing a conversation's KV back to the device for a turn: host chunks swapped in, stored
 //! chunks read, dropped chunks given blocks to be recomputed into.
 
 use std::ops::Range;
@@ -16,8 +16,8 @@ pub(crate) struct Restore {
     pub on_device: usize,
     /// Computed tokens being swapped in from the host.
     pub from_host: usize,
-    /// Computed tokens being read from the disk tier.
-    pub from_disk: usize,
+    /// Computed tokens being read from the store.
+    pub from_store: usize,
 }
 
 impl CacheManager {
@@ -27,7 +27,7 @@ impl CacheManager {
             (t.chunks.iter())
                 .filter(|&&r| {
                     let l = self.arena.loc(r);
-                    matches!(l, ChunkLoc::Host(_) | ChunkLoc::Disk | ChunkLoc::Dropped)
+                    matches!(l, ChunkLoc::Host(_) | ChunkLoc::Stored | ChunkLoc::Dropped)
                 })
                 .count()
         })
@@ -74,7 +74,7 @@ impl CacheManager {
                     });
                     out.from_host += len;
                 }
-                ChunkLoc::Disk => {
+                ChunkLoc::Stored => {
                     let Some(address) = saved else {
                         continue;
                     };
@@ -83,11 +83,11 @@ impl CacheManager {
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
-                        from: Source::Disk(address),
+                        from: Source::Stored(address),
                         block,
                         len,
                     });
-                    out.from_disk += len;
+                    out.from_store += len;
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;

@@ -9,7 +9,7 @@
 //! of the history (context overflow) re-lays the tail into new blocks. A shared chunk moves
 //! between tiers for all of its holders at once (one copy, one host chunk), is valued by
 //! eviction as the sum of its holders' values, and stays where it is while any holder runs.
-//! Chunks only in the disk tier are shared through the store's own references instead.
+//! Chunks only in the store are shared through the store's own references instead.
 //!
 //! A record listed in the index but no longer in memory is passed over; a record leaves the
 //! index when its last holder lets go of it.
@@ -72,7 +72,7 @@ impl CacheManager {
             // The holders' files of the chunk: the first one's is referenced for `id` too.
             let file = (self.arena.holders(rec).first())
                 .and_then(|h| self.tables.get(h)?.saved.get(i).copied().flatten())
-                .filter(|f| self.disk.as_mut().is_some_and(|d| d.store.retain(f)));
+                .filter(|f| self.store.as_mut().is_some_and(|d| d.store.retain(f)));
             let Some(t) = self.tables.get_mut(&id) else {
                 break;
             };

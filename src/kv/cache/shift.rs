@@ -16,8 +16,8 @@ pub(crate) enum Held {
     Device { start: usize, len: usize },
     /// In memory (the host tier).
     Bytes(Arc<ChunkBytes>),
-    /// Only in the disk tier.
-    Disk { address: Address, len: usize },
+    /// Only in the store.
+    Stored { address: Address, len: usize },
     /// Nowhere: recomputed when needed.
     Gone,
 }
@@ -39,7 +39,7 @@ impl CacheManager {
                         len,
                     },
                     (ChunkLoc::Host(h), _) => self.host.get(h).map_or(Held::Gone, Held::Bytes),
-                    (ChunkLoc::Disk, Some(address)) => Held::Disk { address, len },
+                    (ChunkLoc::Stored, Some(address)) => Held::Stored { address, len },
                     _ => Held::Gone,
                 }
             })
@@ -49,7 +49,7 @@ impl CacheManager {
     /// Reads a saved chunk of `len` tokens whole and checked; `None` if it is refused
     /// (counted).
     pub fn read_saved(&mut self, address: &Address, len: usize) -> Option<Arc<ChunkBytes>> {
-        self.disk.as_mut()?.store.load(address, len).ok()
+        self.store.as_mut()?.store.load(address, len).ok()
     }
 
     /// Replaces the chunks of `id` from `from` on with `new`, `computed` tokens of the table
@@ -92,7 +92,7 @@ impl CacheManager {
             table.chunks.push(self.arena.insert(loc, id));
             table.saved.push(None);
         }
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.store {
             stale.iter().for_each(|a| d.store.release(a));
         }
         writes

@@ -1,4 +1,4 @@
-//! The chunk file format of the disk tier, and the content addresses chunks are named by.
+//! The chunk file format of the store, and the content addresses chunks are named by.
 //!
 //! A chunk file is a fixed-size header, a table of one checksum per layer, and the chunk's KV
 //! bytes (the layout [`crate::attention::KvPool`] copies out:

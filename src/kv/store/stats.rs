@@ -1,4 +1,4 @@
-//! What the disk tier (or a fleet's shared store) did: counters the engine reports.
+//! What the store (or a fleet's shared store) did: counters the engine reports.
 
 use super::format::Fault;
 
@@ -47,10 +47,10 @@ impl FaultCounts {
     }
 }
 
-/// What the disk tier did since the engine started.
+/// What the store did since the engine started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct DiskStats {
+pub struct StoreStats {
     /// Chunk files written (whole, renamed into place).
     pub chunks_written: u64,
     /// Bytes of those files' payloads.

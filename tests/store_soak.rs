@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use pensieve::engine::{
-    Budgets, ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig, Event,
-    SamplingParams, Turn,
+    Budgets, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, Event,
+    SamplingParams, StoreConfig, Turn,
 };
 use pensieve::model::Model;
 use rand::{Rng, SeedableRng};
@@ -63,9 +63,9 @@ fn a_thousand_conversations_through_every_tier_leak_nothing() {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: Some(DiskConfig {
+        store: Some(StoreConfig {
             budget_bytes: 3 << 20,
-            ..DiskConfig::new(dir.path())
+            ..StoreConfig::new(dir.path())
         }),
         check_invariants: true,
         ..EngineConfig::default()
@@ -132,18 +132,18 @@ fn a_thousand_conversations_through_every_tier_leak_nothing() {
     e.flush();
     e.check_invariants().unwrap();
     let s = e.stats();
-    let d = s.disk.unwrap();
+    let d = s.store.unwrap();
     assert_eq!(file_bytes(dir.path()), d.bytes_used, "{d:?}");
     assert!(d.bytes_used <= d.budget_bytes, "{d:?}");
-    assert!(d.chunks_written > 0 && s.chunks_to_disk > 0, "{s:?}");
-    assert!(d.files_removed > 0, "the disk tier never evicted: {d:?}");
+    assert!(d.chunks_written > 0 && s.chunks_to_store > 0, "{s:?}");
+    assert!(d.files_removed > 0, "the store never evicted: {d:?}");
     for c in kept {
         e.close(c).unwrap();
     }
     e.flush();
     e.check_invariants().unwrap();
     let s = e.stats();
-    let d = s.disk.unwrap();
+    let d = s.store.unwrap();
     assert_eq!(
         (s.device_slots_used, s.host_bytes_used, d.bytes_used),
         (0, 0, 0),

@@ -1,14 +1,14 @@
 //! Finding chunks by content in a store other engines write too: which of a turn's next
 //! chunks are stored already. The step thread never waits for the answer: the question goes to
-//! the reader thread ([`DiskStore::look_up`]) and the answer is indexed when
-//! [`DiskStore::poll`] takes it; a conversation resumed by name was asked about before, with
+//! the reader thread ([`Store::look_up`]) and the answer is indexed when
+//! [`Store::poll`] takes it; a conversation resumed by name was asked about before, with
 //! its manifest, by a [`super::StoreReader`] (its answer indexed by
-//! [`DiskStore::index_found`]).
+//! [`Store::index_found`]).
 
 use super::worker::Job;
-use super::{Address, DiskStore, Entry, State};
+use super::{Address, Entry, State, Store};
 
-impl DiskStore {
+impl Store {
     /// The chunks of `chunks` (address, KV-tokens) this store knows nothing of: neither
     /// indexed nor refused.
     fn unknown(&self, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
@@ -19,8 +19,8 @@ impl DiskStore {
     }
 
     /// In a shared store, asks behind (on the reader thread) which of `chunks` other engines
-    /// have stored; [`DiskStore::poll`] indexes the answer. Returns the lookup's number, for
-    /// [`DiskStore::looked`]; `None` when there is nothing to ask.
+    /// have stored; [`Store::poll`] indexes the answer. Returns the lookup's number, for
+    /// [`Store::looked`]; `None` when there is nothing to ask.
     pub fn look_up(&mut self, chunks: &[(Address, usize)]) -> Option<u64> {
         if !self.medium.shared() {
             return None;

@@ -1,4 +1,4 @@
-//! The disk tier on the real SmolLM2 weights: warm restart, damaged files, a full budget and a
+//! The store tier on the real SmolLM2 weights: warm restart, damaged files, a full budget and a
 //! failing disk. In every case each conversation's greedy outputs equal those of a `Stateless`
 //! engine running the same turns (the default weight path is batch-invariant, so the rule is
 //! strict), and the stats count what the tier detected.
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, DiskConfig,
-    Engine, EngineConfig, SamplingParams, Turn, TurnStats,
+    Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
+    EngineConfig, SamplingParams, StoreConfig, Turn, TurnStats,
 };
 use pensieve::model::{Model, WeightFormat};
 
@@ -29,26 +29,26 @@ fn model() -> Arc<Model> {
     Arc::new(common::real_model(WeightFormat::default()))
 }
 
-/// An engine; with `disk`, a disk tier of `disk_bytes` there.
-fn engine(model: &Arc<Model>, mode: CacheMode, disk: Option<(&Path, usize)>) -> Engine {
+/// An engine; with `disk`, a store tier of `store_bytes` there.
+fn engine(model: &Arc<Model>, mode: CacheMode, store: Option<(&Path, usize)>) -> Engine {
     let budgets = Budgets {
         device_tokens: 2048,
         device_bytes: None,
         host_bytes: 1 << 30,
     };
-    engine_with(model, mode, disk, budgets)
+    engine_with(model, mode, store, budgets)
 }
 
 fn engine_with(
     model: &Arc<Model>,
     mode: CacheMode,
-    disk: Option<(&Path, usize)>,
+    store: Option<(&Path, usize)>,
     budgets: Budgets,
 ) -> Engine {
-    Engine::with_model(model.clone(), config(mode, disk, budgets)).unwrap()
+    Engine::with_model(model.clone(), config(mode, store, budgets)).unwrap()
 }
 
-fn config(mode: CacheMode, disk: Option<(&Path, usize)>, budgets: Budgets) -> EngineConfig {
+fn config(mode: CacheMode, store: Option<(&Path, usize)>, budgets: Budgets) -> EngineConfig {
     EngineConfig {
         mode,
         budgets,
@@ -58,9 +58,9 @@ fn config(mode: CacheMode, disk: Option<(&Path, usize)>, budgets: Budgets) -> En
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: disk.map(|(dir, budget_bytes)| DiskConfig {
+        store: store.map(|(dir, budget_bytes)| StoreConfig {
             budget_bytes,
-            ..DiskConfig::new(dir)
+            ..StoreConfig::new(dir)
         }),
         check_invariants: true,
         ..EngineConfig::default()
@@ -174,7 +174,7 @@ fn a_restarted_engine_resumes_named_conversations_as_if_it_never_stopped() {
             let got: Vec<_> = turn(&mut a, &convs, t).into_iter().map(|o| o.0).collect();
             assert_eq!(&got, want, "turn {t} before the restart");
         }
-        let d = a.stats().disk.unwrap();
+        let d = a.stats().store.unwrap();
         assert!(d.bytes_used > 0 && d.bytes_used <= d.budget_bytes, "{d:?}");
     }
     // A never-restarted engine's third turn, for the work it does.
@@ -207,11 +207,11 @@ fn a_restarted_engine_resumes_named_conversations_as_if_it_never_stopped() {
         assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
         assert_eq!(stats.reused_tokens, never.reused_tokens, "{stats:?}");
         assert_eq!(
-            stats.reused_from_disk_tokens, stats.reused_tokens,
+            stats.reused_from_store_tokens, stats.reused_tokens,
             "{stats:?}"
         );
     }
-    let d = b.stats().disk.unwrap();
+    let d = b.stats().store.unwrap();
     assert_eq!(d.faults.total(), 0, "{d:?}");
     assert!(d.chunks_read > 0, "{d:?}");
 }
@@ -238,7 +238,7 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
                 per_token_s: 1e-3,
                 per_token_per_position_s: 1e-6,
             }),
-            disk: Some(DiskConfig::new(other.path())),
+            store: Some(StoreConfig::new(other.path())),
             ..EngineConfig::default()
         };
         let mut f = Engine::with_model(model.clone(), config).unwrap();
@@ -303,7 +303,7 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
             assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
         }
     }
-    let f = b.stats().disk.unwrap().faults;
+    let f = b.stats().store.unwrap().faults;
     assert_eq!(
         (
             f.corrupt,
@@ -321,7 +321,7 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
 }
 
 #[test]
-fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() {
+fn a_full_budget_or_a_failing_store_refuses_saves_and_the_engine_keeps_serving() {
     let model = model();
     let names = names(6);
     let reference = stateless(&model, names.len(), 3);
@@ -333,7 +333,7 @@ fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() 
         let got: Vec<_> = turn(&mut e, &convs, t).into_iter().map(|o| o.0).collect();
         assert_eq!(&got, want, "turn {t}");
     }
-    let d = e.stats().disk.unwrap();
+    let d = e.stats().store.unwrap();
     assert!(d.saves_refused > 0 || d.files_removed > 0, "{d:?}");
     assert!(d.bytes_used <= d.budget_bytes, "{d:?}");
 
@@ -351,10 +351,10 @@ fn a_full_budget_or_a_failing_disk_refuses_saves_and_the_engine_keeps_serving() 
     std::fs::write(root.join("chunks"), b"not a folder").unwrap();
     for (t, want) in reference.iter().enumerate() {
         let got: Vec<_> = turn(&mut e, &convs, t).into_iter().map(|o| o.0).collect();
-        assert_eq!(&got, want, "turn {t} on a failing disk");
+        assert_eq!(&got, want, "turn {t} on a failing store");
     }
     e.flush();
-    let d = e.stats().disk.unwrap();
+    let d = e.stats().store.unwrap();
     assert!(d.save_failures > 0, "{d:?}");
     assert_eq!(d.chunks_written, 0, "{d:?}");
 }
@@ -371,7 +371,7 @@ fn pressured(model: &Arc<Model>, dir: &Path) -> Engine {
 }
 
 #[test]
-fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn() {
+fn under_pressure_kv_goes_through_the_store_tier_and_comes_back_ahead_of_its_turn() {
     let model = model();
     let n = 12;
     let reference = stateless(&model, n, 3);
@@ -380,21 +380,21 @@ fn under_pressure_kv_goes_through_the_disk_tier_and_comes_back_ahead_of_its_turn
     let convs: Vec<_> = (0..n)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
-    let mut from_disk = 0;
+    let mut from_store = 0;
     for (t, want) in reference.iter().enumerate() {
         let out = turn(&mut e, &convs, t);
-        from_disk += out
+        from_store += out
             .iter()
-            .map(|o| o.1.reused_from_disk_tokens)
+            .map(|o| o.1.reused_from_store_tokens)
             .sum::<usize>();
         let got: Vec<_> = out.into_iter().map(|o| o.0).collect();
         assert_eq!(&got, want, "turn {t}");
     }
     let s = e.stats();
-    let d = s.disk.unwrap();
-    assert!(s.chunks_to_disk > 0, "{s:?}");
+    let d = s.store.unwrap();
+    assert!(s.chunks_to_store > 0, "{s:?}");
     assert!(d.chunks_prefetched > 0, "{d:?}");
-    assert!(from_disk > 0 || s.reused_host_tokens > 0, "{s:?}");
+    assert!(from_store > 0 || s.reused_host_tokens > 0, "{s:?}");
     assert_eq!(d.faults.total(), 0, "{d:?}");
 }
 
@@ -419,7 +419,7 @@ fn an_idle_engine_says_when_a_read_ahead_is_due() {
         e.release(c).unwrap();
     }
     assert_eq!(e.poll_timeout(), None);
-    let prefetched = |e: &Engine| e.stats().disk.unwrap().chunks_prefetched;
+    let prefetched = |e: &Engine| e.stats().store.unwrap().chunks_prefetched;
     let before = prefetched(&e);
     let lead = e.config().prefetch_lead;
     e.expect_resume(convs[0], lead + Duration::from_millis(300))

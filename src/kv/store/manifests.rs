@@ -1,5 +1,5 @@
 //! The store's side of conversation manifests: written behind by compare-and-set, with the
-//! outcome kept for [`DiskStore::manifest_outcome`]; read, listed and removed; and the
+//! outcome kept for [`Store::manifest_outcome`]; read, listed and removed; and the
 //! registrations that tell engines of other models a name is taken.
 
 use std::sync::Arc;
@@ -8,14 +8,14 @@ use super::error::StoreError;
 use super::format::Address;
 use super::medium::Medium;
 use super::worker::{BuildManifest, Job};
-use super::{DiskStore, Owner, Refused, State};
+use super::{Owner, Refused, State, Store};
 
-impl DiskStore {
+impl Store {
     /// Writes (behind, atomically) the manifest of the conversation `name`, if the stored
     /// one is the state `expect` stamps (or none is stored): compare-and-set, so that two
     /// engines writing one conversation never fork it. Its bytes are built once the chunk
     /// writes queued before it are done (see [`BuildManifest`]). Returns the write's number
-    /// for [`DiskStore::manifest_outcome`] (`None`: the writer thread is gone).
+    /// for [`Store::manifest_outcome`] (`None`: the writer thread is gone).
     pub fn write_manifest(&self, name: &str, expect: String, build: BuildManifest) -> Option<u64> {
         self.worker.send_numbered(Job::Manifest {
             name: name.to_string(),
@@ -59,7 +59,7 @@ pub(crate) struct StoreReader {
     owner: Owner,
 }
 
-impl DiskStore {
+impl Store {
     /// A reader of this store, for any thread.
     pub fn reader(&self) -> StoreReader {
         StoreReader {

@@ -1,4 +1,4 @@
-//! Crash safety of the disk tier: a child process chats in four named conversations on the
+//! Crash safety of the store: a child process chats in four named conversations on the
 //! real weights, saving after every turn, and is killed with SIGKILL at a random moment, over
 //! and over (50 times, `PENSIEVE_CRASH_KILLS` to change). Each child resumes what the last one
 //! left. Afterwards a new engine resumes every conversation: each one's next turn equals a
@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pensieve::engine::{
-    ConversationOptions, CostModel, CostProfile, DiskConfig, Engine, EngineConfig, Event,
-    SamplingParams, Turn,
+    ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, Event, SamplingParams,
+    StoreConfig, Turn,
 };
 use pensieve::model::{Model, WeightFormat};
 use rand::{Rng, SeedableRng};
@@ -37,7 +37,7 @@ fn engine(model: Arc<Model>, dir: &Path) -> Engine {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
         }),
-        disk: Some(DiskConfig::new(dir)),
+        store: Some(StoreConfig::new(dir)),
         check_invariants: true,
         ..EngineConfig::default()
     };
@@ -149,12 +149,12 @@ fn killed_at_random_moments_while_saving_every_conversation_resumes_correctly() 
         },
     )
     .unwrap();
-    let mut from_disk = 0;
+    let mut from_store = 0;
     for (name, c) in stored {
         let (_, stats) = e
             .run_turn(c, Turn::user("And then?"), params(6), |_| {})
             .unwrap();
-        from_disk += stats.reused_from_disk_tokens;
+        from_store += stats.reused_from_store_tokens;
         let tokens = e.tokens(c).unwrap().to_vec();
         let (prompt, got) = tokens.split_at(tokens.len() - stats.output_tokens);
         let r = reference.open(ConversationOptions::default()).unwrap();
@@ -171,5 +171,5 @@ fn killed_at_random_moments_while_saving_every_conversation_resumes_correctly() 
         }
         assert_eq!(got, want, "{name} after {kills} kills: {stats:?}");
     }
-    assert!(from_disk > 0, "nothing was resumed from disk");
+    assert!(from_store > 0, "nothing was resumed from store");
 }

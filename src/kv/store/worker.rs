@@ -1,4 +1,4 @@
-//! The disk tier's background threads: one writes files behind the engine (AttentionStore
+//! The store tier's background threads: one writes files behind the engine (AttentionStore
 //! §3.3), so that a step never waits for the file system to save KV; one reads chunks ahead of
 //! the turns that will need them (§3.4), checking each whole before handing it over.
 //!
@@ -136,7 +136,7 @@ impl Worker {
         let waker: Arc<Mutex<Option<Waker>>> = Arc::default();
         let (counter, failed, wake) = (Arc::clone(&ran), Arc::clone(&failures), Arc::clone(&waker));
         let thread = std::thread::Builder::new()
-            .name("pensieve-disk".into())
+            .name("pensieve-store".into())
             .spawn(move || run(&*medium, &queue, &report, &counter, &failed, &wake))?;
         Ok(Self {
             jobs: Some(jobs),

@@ -1,7 +1,7 @@
 //! Where a store keeps its chunks and conversation manifests. The store's bookkeeping
 //! (entries, references, budget), the chunk format and the background threads are the same
 //! whatever keeps the bytes; a medium only stores, reads and lists them. [`Folder`] keeps them
-//! in files (the disk tier); a shared key-value service can keep them for a fleet of engines.
+//! in files (the store); a shared key-value service can keep them for a fleet of engines.
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

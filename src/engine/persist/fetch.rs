@@ -75,7 +75,7 @@ impl Engine {
     /// without a store.
     pub(crate) fn resume_reader(&self) -> Option<ResumeReader> {
         Some(ResumeReader {
-            store: self.cache.disk_store()?.reader(),
+            store: self.cache.store()?.reader(),
             vocab: self.model.config().vocab_size,
             chunk: self.config.chunk_size,
         })
@@ -151,7 +151,7 @@ impl Engine {
     ) -> Result<ConversationId> {
         let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
         let held = self.find(name);
-        let (Some(store), Some(fetched)) = (self.cache.disk_store(), fetched) else {
+        let (Some(store), Some(fetched)) = (self.cache.store(), fetched) else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
         // Closed here and its removal not yet written: gone, whatever the store still says.

@@ -1,4 +1,4 @@
-//! The engine's side of the disk tier: opening the store for the loaded model, saving the KV
+//! The engine's side of the store: opening the store for the loaded model, saving the KV
 //! of finished turns behind, and the conversation manifests that let a new engine over the same
 //! folder resume named conversations (warm restart).
 //!
@@ -23,7 +23,7 @@ use crate::attention::KvShape;
 use crate::conversation::Mark;
 use crate::ids::ConversationId;
 use crate::kv::{
-    hex, BuildManifest, ChunkFormat, CostModel, DiskStore, DiskTier, Owner, Refused, StoreError,
+    hex, BuildManifest, ChunkFormat, CostModel, Owner, Refused, Store, StoreError, StoreTier,
 };
 use crate::model::{Message, Model};
 use crate::{Error, Result};
@@ -114,19 +114,19 @@ impl Manifest {
     }
 }
 
-/// Opens the disk tier `config` names for `model`'s KV of `shape` at `value_bytes` per value.
+/// Opens the store `config` names for `model`'s KV of `shape` at `value_bytes` per value.
 ///
 /// # Errors
 /// [`Error::Io`] if the folder cannot be created or read; [`Error::Store`] if Redis cannot be
 /// reached; [`Error::Candle`] if the model's fingerprint cannot be computed.
-pub(super) fn open_disk(
+pub(super) fn open_store(
     model: &Model,
     config: &EngineConfig,
     shape: KvShape,
     value_bytes: usize,
     cost: CostModel,
-) -> Result<Option<DiskTier>> {
-    let Some(disk) = &config.disk else {
+) -> Result<Option<StoreTier>> {
+    let Some(wanted) = &config.store else {
         return Ok(None);
     };
     let mut h = blake3::Hasher::new();
@@ -153,34 +153,31 @@ pub(super) fn open_disk(
         head_dim: shape.head_dim as u32,
         value_bytes: value_bytes as u32,
     };
-    let store = match &disk.location {
-        StoreLocation::Folder(dir) => DiskStore::open(dir, format, owner, disk.budget_bytes)
+    let store = match &wanted.location {
+        StoreLocation::Folder(dir) => Store::open(dir, format, owner, wanted.budget_bytes)
             .map_err(|source| Error::Io {
                 path: dir.clone(),
                 source,
             })?,
-        StoreLocation::Redis(redis) => {
-            DiskStore::open_redis(redis, format, owner, disk.budget_bytes).map_err(|source| {
-                Error::Store {
-                    what: format!("opening {}", redis.redacted_url()),
-                    source,
-                }
-            })?
-        }
+        StoreLocation::Redis(redis) => Store::open_redis(redis, format, owner, wanted.budget_bytes)
+            .map_err(|source| Error::Store {
+                what: format!("opening {}", redis.redacted_url()),
+                source,
+            })?,
     };
-    Ok(Some(DiskTier {
+    Ok(Some(StoreTier {
         store,
         cost,
-        read_bytes_per_s: disk.read_bytes_per_s,
+        read_bytes_per_s: wanted.read_bytes_per_s,
     }))
 }
 
 impl Engine {
-    /// Resumes every named conversation stored in the disk tier (at start-up), then deletes
+    /// Resumes every named conversation stored in the store (at start-up), then deletes
     /// the files none of them needs. Not for a shared store, where every conversation of the
     /// fleet is stored: those are resumed one by one ([`Engine::resume`]).
     pub(super) fn resume_stored(&mut self, now: Instant) {
-        let Some(store) = self.cache.disk_store().filter(|s| !s.shared()) else {
+        let Some(store) = self.cache.store().filter(|s| !s.shared()) else {
             return;
         };
         let vocab = self.model.config().vocab_size;
@@ -193,7 +190,7 @@ impl Engine {
                 self.restore(m, &[], now);
             }
         }
-        self.cache.collect_disk_garbage(now);
+        self.cache.collect_store_garbage(now);
     }
 
     /// Drops this engine's copy of a conversation, keeping what is stored of it: a named
@@ -241,7 +238,7 @@ impl Engine {
     }
 
     /// The conversation stored under `name`, if it is open (created by this engine or
-    /// resumed from the disk tier at start-up).
+    /// resumed from the store at start-up).
     pub fn find(&self, name: &str) -> Option<ConversationId> {
         self.convs
             .iter()
@@ -253,7 +250,7 @@ impl Engine {
     /// (in a shared store, every engine's; writes still queued are not there yet, see
     /// [`Engine::flush`]). Empty without a store, or if it cannot be read.
     pub fn stored_conversations(&self) -> Vec<String> {
-        let Some(store) = self.cache.disk_store() else {
+        let Some(store) = self.cache.store() else {
             return Vec::new();
         };
         let vocab = self.model.config().vocab_size;
@@ -277,7 +274,7 @@ impl Engine {
     /// does the same; a crash loses at most what was still queued (the files are written
     /// atomically, so nothing is left half-written).
     pub fn flush(&mut self) {
-        self.cache.flush_disk();
+        self.cache.flush_store();
     }
 
     /// Registers `wake`, called on the store's own threads whenever its writer or reader
@@ -286,7 +283,7 @@ impl Engine {
     /// ([`Engine::store_reached`], [`Engine::durability`]) may be done. It must not block:
     /// send on a channel, notify a condition variable. Nothing is called without a store.
     pub fn set_store_waker(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
-        self.cache.set_disk_waker(wake);
+        self.cache.set_store_waker(wake);
     }
 
     /// A mark of what has been queued for the store so far (the chunks and manifests of
@@ -294,13 +291,13 @@ impl Engine {
     /// `None` without a store. A server of a fleet answers a turn's end once its mark is
     /// reached, so the next turn finds the conversation stored on whichever engine it lands.
     pub fn store_mark(&self) -> Option<u64> {
-        self.cache.disk_store().map(DiskStore::mark)
+        self.cache.store().map(Store::mark)
     }
 
     /// Whether everything queued for the store before `mark` was taken is written (or failed:
     /// the next turn then recomputes).
     pub fn store_reached(&self, mark: u64) -> bool {
-        self.cache.disk_store().is_none_or(|s| s.reached(mark))
+        self.cache.store().is_none_or(|s| s.reached(mark))
     }
 
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their
@@ -328,7 +325,7 @@ impl Engine {
     /// Writes (behind) the manifest of `id` if it is named, as its next revision, over the
     /// state it continues (compare-and-set); it lists the chunks whose files are written.
     pub(super) fn write_manifest(&mut self, id: ConversationId) {
-        let (Some(conv), Some(store)) = (self.convs.get_mut(&id), self.cache.disk_store()) else {
+        let (Some(conv), Some(store)) = (self.convs.get_mut(&id), self.cache.store()) else {
             return;
         };
         let Some(name) = conv.name() else {
@@ -375,7 +372,7 @@ impl Engine {
             .convs
             .get(&conv)
             .ok_or(Error::UnknownConversation(conv))?;
-        let (Some(store), Some(_)) = (self.cache.disk_store(), c.name()) else {
+        let (Some(store), Some(_)) = (self.cache.store(), c.name()) else {
             return Ok(Durability::NotStored);
         };
         Ok(match self.manifest_writes.get(&conv) {
@@ -395,7 +392,7 @@ impl Engine {
 
     /// Deletes the manifest of `id` if it is named (the conversation is closed for good).
     pub(super) fn remove_manifest(&mut self, id: ConversationId) {
-        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.disk_store()) else {
+        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.store()) else {
             return;
         };
         if let Some(name) = conv.name() {

@@ -1,4 +1,4 @@
-//! The cache manager's side of the disk tier: which chunks get a file, what a failed file
+//! The cache manager's side of the store: which chunks get a file, what a failed file
 //! does to the tables, eviction of files under the budget, and the tables a restarted engine
 //! rebuilds from its conversations' manifests.
 //!
@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use super::{CacheManager, ChunkTable};
 use crate::ids::ConversationId;
-use crate::kv::{Address, BlockId, ChunkBytes, ChunkLoc, CostModel, DiskStats, DiskStore, Saved};
+use crate::kv::{Address, BlockId, ChunkBytes, ChunkLoc, CostModel, Saved, Store, StoreStats};
 
-/// The disk tier as the cache manager uses it.
+/// The store tier as the cache manager uses it.
 #[derive(Debug)]
-pub(crate) struct DiskTier {
-    pub store: DiskStore,
+pub(crate) struct StoreTier {
+    pub store: Store,
     /// The recompute cost curve, to compare with reading a chunk back.
     pub cost: CostModel,
     /// Bytes per second the store reads back.
@@ -35,19 +35,19 @@ pub(crate) struct Save {
 }
 
 impl CacheManager {
-    /// Adds the disk tier below host.
-    pub fn attach_disk(&mut self, tier: DiskTier) {
-        self.disk = Some(tier);
+    /// Adds the store below host.
+    pub fn attach_store(&mut self, tier: StoreTier) {
+        self.store = Some(tier);
     }
 
-    /// The disk tier's counters, if there is one.
-    pub fn disk_stats(&self) -> Option<DiskStats> {
-        self.disk.as_ref().map(|d| d.store.stats())
+    /// The store tier's counters, if there is one.
+    pub fn store_stats(&self) -> Option<StoreStats> {
+        self.store.as_ref().map(|d| d.store.stats())
     }
 
-    /// The disk store, for the engine's conversation manifests.
-    pub fn disk_store(&self) -> Option<&DiskStore> {
-        self.disk.as_ref().map(|d| &d.store)
+    /// The store, for the engine's conversation manifests.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref().map(|d| &d.store)
     }
 
     /// The addresses of `id`'s saved chunks, in order (`None` where a chunk has no file).
@@ -83,10 +83,10 @@ impl CacheManager {
         }
         table.saved.resize(n, None);
         table.computed = computed;
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.store {
             for (i, a) in saved.iter().enumerate().take(n).skip(start) {
                 if let Some(a) = a.filter(|a| d.store.claim(a)) {
-                    self.arena.set_loc(table.chunks[i], ChunkLoc::Disk);
+                    self.arena.set_loc(table.chunks[i], ChunkLoc::Stored);
                     table.saved[i] = Some(a);
                 }
             }
@@ -95,11 +95,11 @@ impl CacheManager {
 
     /// After a restart has adopted its conversations: deletes the files none of them needs,
     /// and evicts down to the budget (which may have shrunk since the files were written).
-    pub fn collect_disk_garbage(&mut self, now: Instant) {
-        if let Some(d) = &mut self.disk {
+    pub fn collect_store_garbage(&mut self, now: Instant) {
+        if let Some(d) = &mut self.store {
             d.store.collect_garbage();
         }
-        self.make_disk_room(0, &|_| false, now);
+        self.make_store_room(0, &|_| false, now);
     }
 
     /// Extends `id`'s table with chunks stored under `addresses` (its next full chunks'
@@ -110,7 +110,7 @@ impl CacheManager {
     /// Returns the chunks adopted; they are `Disk`, read when the turn runs.
     pub fn adopt_stored(&mut self, id: ConversationId, addresses: &[Address]) -> usize {
         let chunk = self.chunk_size();
-        let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
+        let (Some(d), Some(t)) = (&mut self.store, self.tables.get_mut(&id)) else {
             return 0;
         };
         if !t.computed.is_multiple_of(chunk) || t.chunks.len() != t.computed / chunk {
@@ -121,7 +121,7 @@ impl CacheManager {
             .take_while(|a| {
                 let found = d.store.retain(a);
                 if found {
-                    t.chunks.push(self.arena.insert(ChunkLoc::Disk, id));
+                    t.chunks.push(self.arena.insert(ChunkLoc::Stored, id));
                     t.saved.push(Some(**a));
                 }
                 found
@@ -133,22 +133,22 @@ impl CacheManager {
 
     /// Indexes the chunks a shared store was found to hold (by a [`crate::kv::StoreReader`]).
     pub fn index_found(&mut self, found: &[(Address, usize)]) {
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.store {
             d.store.index_found(found);
         }
     }
 
     /// Asks a shared store behind which of the full chunks `addresses` other engines stored
-    /// (see [`DiskStore::look_up`]); `None` when there is nothing to ask.
+    /// (see [`Store::look_up`]); `None` when there is nothing to ask.
     pub fn look_up(&mut self, addresses: &[Address]) -> Option<u64> {
         let chunk = self.chunk_size();
         let full: Vec<(Address, usize)> = addresses.iter().map(|a| (*a, chunk)).collect();
-        self.disk.as_mut()?.store.look_up(&full)
+        self.store.as_mut()?.store.look_up(&full)
     }
 
     /// Whether lookup `lookup` was answered.
     pub fn looked(&self, lookup: u64) -> bool {
-        self.disk.as_ref().is_none_or(|d| d.store.looked(lookup))
+        self.store.as_ref().is_none_or(|d| d.store.looked(lookup))
     }
 
     /// Starts reading `id`'s chunks that are only on disk into free host room, leading chunk
@@ -156,11 +156,11 @@ impl CacheManager {
     /// then finds them in host memory. Never evicts to make room.
     pub fn prefetch(&mut self, id: ConversationId) {
         let chunk = self.chunk_size();
-        let (Some(d), Some(t)) = (&mut self.disk, self.tables.get_mut(&id)) else {
+        let (Some(d), Some(t)) = (&mut self.store, self.tables.get_mut(&id)) else {
             return;
         };
         for i in 0..t.chunks.len() {
-            let (ChunkLoc::Disk, Some(a)) = (self.arena.loc(t.chunks[i]), t.saved[i]) else {
+            let (ChunkLoc::Stored, Some(a)) = (self.arena.loc(t.chunks[i]), t.saved[i]) else {
                 continue;
             };
             let len = t.chunk_len(i, chunk);
@@ -224,7 +224,7 @@ impl CacheManager {
 
     /// Whether chunk `i` of `t` costs more to recompute than to read back.
     fn worth_saving(&self, i: usize, t: &ChunkTable, chunk: usize) -> bool {
-        let Some(d) = &self.disk else {
+        let Some(d) = &self.store else {
             return false;
         };
         let len = t.chunk_len(i, chunk);
@@ -236,19 +236,19 @@ impl CacheManager {
     /// evicting other conversations' files if needed. A save the tier refuses leaves the
     /// chunk as it was (counted in the disk stats).
     pub fn complete_save(&mut self, s: &Save, bytes: Arc<ChunkBytes>, now: Instant) {
-        let Some(d) = &self.disk else {
+        let Some(d) = &self.store else {
             return;
         };
         let need = d.store.file_bytes(s.len);
         if d.store.used_bytes() + need > d.store.budget_bytes() {
-            self.make_disk_room(need, &|c| c == s.conv, now);
+            self.make_store_room(need, &|c| c == s.conv, now);
         }
         let still_unsaved = self
             .tables
             .get(&s.conv)
             .and_then(|t| t.saved.get(s.chunk))
             .is_some_and(Option::is_none);
-        let Some(d) = &mut self.disk else {
+        let Some(d) = &mut self.store else {
             return;
         };
         if !still_unsaved {
@@ -270,14 +270,14 @@ impl CacheManager {
     /// Deletes files of unprotected conversations, lowest value first, until `bytes` more fit
     /// under the disk budget (or nothing more can go). A chunk that was only on disk is
     /// dropped.
-    fn make_disk_room(
+    fn make_store_room(
         &mut self,
         bytes: usize,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
         loop {
-            let Some(d) = &self.disk else {
+            let Some(d) = &self.store else {
                 return;
             };
             if d.store.used_bytes() + bytes <= d.store.budget_bytes() {
@@ -300,32 +300,32 @@ impl CacheManager {
             return;
         };
         self.candidates.mark(id);
-        if self.arena.loc(t.chunks[i]) == ChunkLoc::Disk {
+        if self.arena.loc(t.chunks[i]) == ChunkLoc::Stored {
             self.arena.set_loc(t.chunks[i], ChunkLoc::Dropped);
-            self.counters.chunks_dropped_from_disk += 1;
+            self.counters.chunks_dropped_from_store += 1;
         }
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.store {
             d.store.release(&a);
         }
     }
 
     /// Takes the disk writer's reports: chunks whose write failed lose their file (a chunk
     /// only on disk is dropped and recomputed when needed).
-    pub fn poll_disk(&mut self) {
-        let failed = self.disk.as_mut().map(|d| d.store.poll());
+    pub fn poll_store(&mut self) {
+        let failed = self.store.as_mut().map(|d| d.store.poll());
         self.forget_files(failed.unwrap_or_default());
     }
 
-    /// Calls `waker` whenever the disk tier's writer or reader finishes a job.
-    pub fn set_disk_waker(&self, waker: crate::kv::Waker) {
-        if let Some(d) = &self.disk {
+    /// Calls `waker` whenever the store's writer or reader finishes a job.
+    pub fn set_store_waker(&self, waker: crate::kv::Waker) {
+        if let Some(d) = &self.store {
             d.store.set_waker(waker);
         }
     }
 
     /// Waits until every queued write has reached the disk.
-    pub fn flush_disk(&mut self) {
-        let failed = self.disk.as_mut().map(|d| d.store.flush());
+    pub fn flush_store(&mut self) {
+        let failed = self.store.as_mut().map(|d| d.store.flush());
         self.forget_files(failed.unwrap_or_default());
     }
 

@@ -1,16 +1,16 @@
-//! The disk tier (AttentionStore §3.2-3.3): chunk files under a byte budget, named by content,
+//! The store tier (AttentionStore §3.2-3.3): chunk files under a byte budget, named by content,
 //! written behind on a background thread, and checked whole before any byte is used.
 //!
 //! Layout under the store's folder: `<fingerprint>/chunks/<address>.kvc` (one file per chunk,
 //! format in [`format`]) and `<fingerprint>/conversations/<name>.json` (what a restarted engine
-//! needs to resume a conversation; written by the engine through [`DiskStore::write_manifest`]).
+//! needs to resume a conversation; written by the engine through [`Store::write_manifest`]).
 //! One folder per model fingerprint, so engines of different models can share a store folder.
 //! The bytes' keeper is a [`medium::Medium`]: files, or a Redis shared by a fleet of engines
 //! ([`redis`]); the bookkeeping, the format and the threads do not depend on it.
 //!
 //! In a shared store, entries are this engine's view: chunks it wrote (owned: booked against
 //! its budget while its conversations hold them) and chunks other engines wrote, found by
-//! address when a turn needs them ([`DiskStore::discover`]; never booked, and refused like
+//! address when a turn needs them ([`Store::discover`]; never booked, and refused like
 //! any bad file if they went missing or changed since). No engine deletes a chunk there,
 //! since another may have found it by content: chunks leave by TTL or the server's eviction.
 //!
@@ -19,7 +19,7 @@
 //! never exceed it) and freed when the last reference goes (the file is deleted behind). A save
 //! is `Pending` until the worker reports it; its bytes stay readable from memory meanwhile, so
 //! a host chunk whose save is queued can be evicted at once. A failed write makes the entry
-//! `Failed`: [`DiskStore::poll`] returns its address so the tables stop counting on it.
+//! `Failed`: [`Store::poll`] returns its address so the tables stop counting on it.
 //!
 //! Invariant: `used_bytes <= budget_bytes` and `used_bytes` is the sum of the owned entries'
 //! sizes.
@@ -46,7 +46,7 @@ pub(crate) use medium::Owner;
 pub(crate) use medium::Refused;
 use medium::{Folder, Medium};
 pub use redis::RedisConfig;
-pub use stats::{DiskStats, FaultCounts};
+pub use stats::{FaultCounts, StoreStats};
 pub(crate) use worker::{BuildManifest, Waker};
 use worker::{Job, Worker};
 
@@ -78,7 +78,7 @@ struct Entry {
 
 /// Chunk files under a byte budget.
 #[derive(Debug)]
-pub(crate) struct DiskStore {
+pub(crate) struct Store {
     medium: Arc<dyn Medium>,
     format: ChunkFormat,
     /// Who this store registers the names of its conversations as.
@@ -97,11 +97,11 @@ pub(crate) struct DiskStore {
     /// Lookups by content queued to the reader and not yet answered, by number.
     lookups: BTreeSet<u64>,
     next_lookup: u64,
-    stats: DiskStats,
+    stats: StoreStats,
     worker: Worker,
 }
 
-/// What [`DiskStore::save`] did.
+/// What [`Store::save`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Saved {
     /// A write is queued.
@@ -114,11 +114,11 @@ pub(crate) enum Saved {
     Busy,
 }
 
-impl DiskStore {
+impl Store {
     /// Opens (creating) the store for chunks of `format` under `dir`: deletes the temporary
     /// files a crash left, and indexes every valid chunk file (refused ones are deleted and
-    /// counted). Indexed files hold no reference until [`DiskStore::retain`]ed;
-    /// [`DiskStore::collect_garbage`] deletes the rest.
+    /// counted). Indexed files hold no reference until [`Store::retain`]ed;
+    /// [`Store::collect_garbage`] deletes the rest.
     ///
     /// # Errors
     /// The folder cannot be created or listed, or the writer thread cannot start.
@@ -169,9 +169,9 @@ impl DiskStore {
             refused: HashSet::new(),
             lookups: BTreeSet::new(),
             next_lookup: 0,
-            stats: DiskStats {
+            stats: StoreStats {
                 budget_bytes,
-                ..DiskStats::default()
+                ..StoreStats::default()
             },
             worker: Worker::start(medium)?,
         };
@@ -229,8 +229,8 @@ impl DiskStore {
     }
 
     /// The store's counters.
-    pub fn stats(&self) -> DiskStats {
-        DiskStats {
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
             connects: self.medium.connects(),
             ..self.stats
         }
@@ -273,7 +273,7 @@ impl DiskStore {
         }
     }
 
-    /// [`DiskStore::retain`]s a file a manifest names, counting it missing if it is not here.
+    /// [`Store::retain`]s a file a manifest names, counting it missing if it is not here.
     pub fn claim(&mut self, address: &Address) -> bool {
         let found = self.retain(address);
         if !found && !self.refused.contains(address) {
@@ -418,7 +418,7 @@ impl DiskStore {
     /// thread, for a restore that uses each layer as it arrives (from memory, whole, if its
     /// write is still queued). `None`, counted as missing, if the store has no usable file; a
     /// file refused by the read fails the layers not yet read (reported by
-    /// [`DiskStore::poll`]).
+    /// [`Store::poll`]).
     pub fn load_layered(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
         match self.entries.get(address).map(|e| &e.state) {
             Some(State::Pending(_, bytes)) => return Some(Arc::clone(bytes)),
@@ -468,7 +468,7 @@ impl DiskStore {
 
     /// Starts reading the chunk at `address` of `tokens` KV-tokens ahead of its use, on the
     /// reader thread; the returned bytes wait for the read (and fail if the file is refused,
-    /// which [`DiskStore::poll`] then reports). `None` if the store has no usable file.
+    /// which [`Store::poll`] then reports). `None` if the store has no usable file.
     pub fn prefetch(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
         match &self.entries.get(address)?.state {
             State::Pending(_, bytes) => Some(Arc::clone(bytes)),
@@ -553,7 +553,7 @@ impl DiskStore {
     }
 
     /// A mark of the writes (chunks, manifests, removals) queued so far, for
-    /// [`DiskStore::reached`].
+    /// [`Store::reached`].
     pub fn mark(&self) -> u64 {
         self.worker.queued()
     }
