@@ -29,25 +29,17 @@ fn tokens(n: usize, salt: usize) -> Vec<u32> {
 }
 
 fn long_reply() -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(4096)
-    }
+    SamplingParams::greedy().max_tokens(4096).ignore_eos(true)
 }
 
 /// An engine with `n` conversations that have `HISTORY` tokens of KV and are decoding.
 fn engine_with_decoders(model: &Arc<Model>, n: usize) -> (Engine, Vec<ConversationId>) {
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 8 * 1024,
-            ..Budgets::default()
-        },
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .budgets(Budgets::default().device_tokens(8 * 1024))
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-4,
             per_token_per_position_s: 1e-8,
-        }),
-        ..EngineConfig::default()
-    };
+        }));
     let mut engine = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<ConversationId> = (0..n)
         .map(|i| {
@@ -107,7 +99,7 @@ fn bench(c: &mut Criterion) {
                     target = engine.open(ConversationOptions::default()).unwrap();
                 }
                 salt += 1;
-                let one = SamplingParams::greedy().with_max_tokens(1);
+                let one = SamplingParams::greedy().max_tokens(1);
                 engine
                     .submit(target, Turn::Tokens(tokens(NEW_TURN, salt)), one)
                     .unwrap();

@@ -236,10 +236,7 @@ fn load_ours(formats: &[String]) -> Result<Vec<(String, Model)>, Box<dyn std::er
             "q4_1" => ("pensieve Q4_1", WeightFormat::Quantized),
             other => return Err(format!("unknown format {other}").into()),
         };
-        let options = LoadOptions {
-            format,
-            ..LoadOptions::default()
-        };
+        let options = LoadOptions::default().format(format);
         models.push((
             name.to_string(),
             Model::load(&ModelSource::Default, &options)?,

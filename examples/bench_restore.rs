@@ -49,30 +49,24 @@ struct Args {
 /// Where one repeat stores its chunks: a folder of its own, or its own key prefix in Redis.
 fn store(dir: &Path, redis: Option<&str>) -> StoreConfig {
     match redis {
-        Some(url) => StoreConfig::redis(RedisConfig {
-            key_prefix: format!("bench-restore-{}", dir.display()),
-            ..RedisConfig::new(url)
-        }),
+        Some(url) => StoreConfig::redis(
+            RedisConfig::new(url).key_prefix(format!("bench-restore-{}", dir.display())),
+        ),
         None => StoreConfig::new(dir),
     }
 }
 
 fn config(store: StoreConfig, pipelined: bool) -> EngineConfig {
-    EngineConfig {
-        budgets: Budgets {
-            device_tokens: 8192,
-            ..Budgets::default()
-        },
-        step_token_budget: 4096,
+    EngineConfig::default()
+        .budgets(Budgets::default().device_tokens(8192))
+        .step_token_budget(4096)
         // Every chunk is worth saving: recomputing costs more than reading it back.
-        cost_profile: CostProfile::Fixed(CostModel {
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        store: Some(store),
-        pipelined_restore: pipelined,
-        ..EngineConfig::default()
-    }
+        }))
+        .store(store)
+        .pipelined_restore(pipelined)
 }
 
 /// Drops every file under `dir` from the page cache.
@@ -103,7 +97,7 @@ fn resume(
 ) -> Result<(Duration, Duration, Duration), Box<dyn Error>> {
     let mut engine = Engine::with_model(model.clone(), config(store, pipelined))?;
     let conv = engine.resume("bench")?;
-    let params = SamplingParams::greedy().with_max_tokens(1);
+    let params = SamplingParams::greedy().max_tokens(1);
     let (_, stats) = engine.run_turn(conv, Turn::Tokens(turn.to_vec()), params, |_| {})?;
     if stats.reused_from_store_tokens == 0 {
         return Err("the resumed turn read nothing from store".into());
@@ -154,11 +148,8 @@ fn run() -> Result<(), Box<dyn Error>> {
             let dir = root.path().join(format!("store-{}", bar.position()));
             let store = store(&dir, args.redis.as_deref());
             let mut engine = Engine::with_model(model.clone(), config(store.clone(), pipe))?;
-            let conv = engine.open(ConversationOptions {
-                name: Some("bench".into()),
-                ..ConversationOptions::default()
-            })?;
-            let params = SamplingParams::greedy().with_max_tokens(1);
+            let conv = engine.open(ConversationOptions::default().name("bench"))?;
+            let params = SamplingParams::greedy().max_tokens(1);
             engine.run_turn(conv, Turn::Tokens(history.clone()), params, |_| {})?;
             let start = Instant::now();
             engine.flush();

@@ -73,22 +73,16 @@ fn measure(
     idle: usize,
     args: &Args,
 ) -> Result<(Duration, Duration, usize), Box<dyn Error>> {
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 8 << 30,
-        },
-        mode: CacheMode::Tiered,
-        check_invariants: false,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .budgets(Budgets::default().device_tokens(2048).host_bytes(8 << 30))
+        .mode(CacheMode::Tiered)
+        .check_invariants(false);
     let mut engine = Engine::with_model(model.clone(), config)?;
     let bar = ProgressBar::new(idle as u64).with_style(ProgressStyle::with_template(
         "{msg} {bar:30} {pos}/{len} conversations [{elapsed}]",
     )?);
     bar.set_message(format!("filling {idle}"));
-    let one = SamplingParams::greedy().with_max_tokens(1);
+    let one = SamplingParams::greedy().max_tokens(1);
     for batch in (0..idle).collect::<Vec<_>>().chunks(64) {
         for &i in batch {
             let conv = engine.open(ConversationOptions::default())?;
@@ -100,10 +94,9 @@ fn measure(
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
-    let decode = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(args.steps + 1)
-    };
+    let decode = SamplingParams::greedy()
+        .max_tokens(args.steps + 1)
+        .ignore_eos(true);
     for i in 0..args.running {
         let conv = engine.open(ConversationOptions::default())?;
         engine.submit(conv, Turn::user(format!("running {i}")), decode.clone())?;

@@ -45,13 +45,9 @@ fn main() -> std::process::ExitCode {
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let model = Arc::new(Model::load(&ModelSource::Default, &LoadOptions::default())?);
     let prefix = format!("bench-stall-{}", std::process::id());
-    let config = EngineConfig {
-        store: Some(StoreConfig::redis(RedisConfig {
-            key_prefix: prefix,
-            ..RedisConfig::new(&args.redis)
-        })),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default().store(StoreConfig::redis(
+        RedisConfig::new(&args.redis).key_prefix(prefix),
+    ));
     let mut engine = Engine::with_model(model.clone(), config)?;
     let vocab = model.config().vocab_size as u32;
     // Distinct prompts of a few chunks each, so every lookup asks the store.
@@ -63,7 +59,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let stall = Duration::from_secs_f64(args.stall_s);
     // Long enough that nobody finishes while Redis sleeps.
     let max_tokens = args.before + 64 + (stall.as_secs_f64() * 200.0) as usize;
-    let params = SamplingParams::greedy().with_max_tokens(max_tokens);
+    let params = SamplingParams::greedy().max_tokens(max_tokens);
     for k in 0..args.running {
         let conv = engine.open(ConversationOptions::default())?;
         engine.submit(conv, Turn::Tokens(prompt(k as u32)), params.clone())?;
@@ -100,11 +96,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mut ends = vec![stalled_at];
     let newcomer = engine.open(ConversationOptions::default())?;
     let t = Instant::now();
-    engine.submit(
-        newcomer,
-        Turn::Tokens(prompt(1000)),
-        params.with_max_tokens(4),
-    )?;
+    engine.submit(newcomer, Turn::Tokens(prompt(1000)), params.max_tokens(4))?;
     let submit = t.elapsed();
     let mut newcomer_first = None;
     while stalled_at.elapsed() < stall {

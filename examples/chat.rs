@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use pensieve::engine::{
-    CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig,
-    SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine, SamplingParams,
+    Turn, TurnStats,
 };
 use pensieve::service::{Service, ServiceConfig, TurnEvent};
 
@@ -116,10 +116,11 @@ async fn chat(args: Args) -> Result<(), Box<dyn Error>> {
         }
         None => {
             service
-                .open(ConversationOptions {
-                    system: args.system.clone(),
-                    name,
-                    ..ConversationOptions::default()
+                .open({
+                    let mut options = ConversationOptions::default();
+                    options.system = args.system.clone();
+                    options.name = name;
+                    options
                 })
                 .await?
         }
@@ -129,25 +130,21 @@ async fn chat(args: Args) -> Result<(), Box<dyn Error>> {
     // curve.
     let mut baseline = match (args.no_compare, mode) {
         (false, CacheMode::Tiered | CacheMode::DeviceOnly) => {
-            let config = EngineConfig {
-                mode: CacheMode::Stateless,
-                cost_profile: CostProfile::Fixed(CostModel {
+            let config = config
+                .mode(CacheMode::Stateless)
+                .cost_profile(CostProfile::Fixed(CostModel {
                     per_token_s: 0.0,
                     per_token_per_position_s: 0.0,
-                }),
-                store: None,
-                ..config
-            };
+                }));
             Some(Engine::with_model(model, config)?)
         }
         _ => None,
     };
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        seed: args.seed,
-        ..SamplingParams::greedy().with_max_tokens(args.max_tokens)
-    };
+    let params = SamplingParams::greedy()
+        .max_tokens(args.max_tokens)
+        .temperature(args.temperature)
+        .top_p(args.top_p)
+        .seed(args.seed);
 
     let lines = input_lines(&args)?;
     let mut turn = 0;
@@ -226,7 +223,7 @@ fn input_lines(
 /// A stateless turn over `prompt` (a whole history) up to its first token.
 fn prefill_alone(e: &mut Engine, prompt: &[u32]) -> pensieve::Result<TurnStats> {
     let c = e.open(ConversationOptions::default())?;
-    let params = SamplingParams::greedy().with_max_tokens(1);
+    let params = SamplingParams::greedy().max_tokens(1);
     let stats = e
         .run_turn(c, Turn::Tokens(prompt.to_vec()), params, |_| {})?
         .1;

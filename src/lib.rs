@@ -34,6 +34,7 @@ pub mod model;
 mod scheduler;
 #[cfg(feature = "service")]
 pub mod service;
+mod setters;
 pub mod workload;
 
 pub use error::{Error, ErrorKind, Result};

@@ -20,10 +20,9 @@ fn engine() -> Engine {
 }
 
 fn constrained(c: Constraint, max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        constraint: Some(c),
-        ..SamplingParams::greedy().with_max_tokens(max_tokens)
-    }
+    SamplingParams::greedy()
+        .max_tokens(max_tokens)
+        .constraint(c)
 }
 
 #[test]
@@ -87,7 +86,7 @@ fn real_model_replies_follow_a_json_schema_and_a_regular_expression() {
         .run_turn(
             conv,
             Turn::user("Hi"),
-            SamplingParams::greedy().with_max_tokens(4),
+            SamplingParams::greedy().max_tokens(4),
             |_| {},
         )
         .unwrap();

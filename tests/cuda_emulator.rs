@@ -292,11 +292,9 @@ fn the_engine_runs_on_the_emulated_kernel() {
         .unwrap();
         let llama = Transformer::random(config, 11, WeightFormat::F32, &Device::Cpu).unwrap();
         let model = Model::tiny(7).unwrap().with_transformer(llama);
-        let budgets = Budgets {
-            device_bytes: None,
-            device_tokens,
-            host_bytes,
-        };
+        let budgets = Budgets::default()
+            .device_tokens(device_tokens)
+            .host_bytes(host_bytes);
         let mut config = common::pressure_config(mode, budgets);
         config.chunk_size = 8;
         config.step_token_budget = 64;
@@ -304,10 +302,7 @@ fn the_engine_runs_on_the_emulated_kernel() {
         let convs: Vec<_> = (0..8)
             .map(|_| e.open(ConversationOptions::default()).unwrap())
             .collect();
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy().with_max_tokens(5)
-        };
+        let params = SamplingParams::greedy().max_tokens(5).ignore_eos(true);
         for turn in 0..3 {
             for (i, &c) in convs.iter().enumerate() {
                 let text = format!("turn {turn} of conversation {i}");

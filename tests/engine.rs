@@ -15,22 +15,20 @@ use pensieve::kv::CostModel;
 use pensieve::Error;
 
 fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineConfig {
-    EngineConfig {
-        budgets: Budgets {
-            device_bytes: None,
-            device_tokens,
-            host_bytes,
-        },
-        mode,
-        chunk_size: 8,
-        step_token_budget: 64,
-        cost_profile: CostProfile::Fixed(CostModel {
+    EngineConfig::default()
+        .budgets(
+            Budgets::default()
+                .device_tokens(device_tokens)
+                .host_bytes(host_bytes),
+        )
+        .mode(mode)
+        .chunk_size(8)
+        .step_token_budget(64)
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-4,
             per_token_per_position_s: 1e-7,
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
+        }))
+        .check_invariants(true)
 }
 
 fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
@@ -70,10 +68,7 @@ fn finished(events: &[Event]) -> HashMap<RequestId, (FinishReason, pensieve::eng
 }
 
 fn params(n: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(n)
-    }
+    SamplingParams::greedy().max_tokens(n).ignore_eos(true)
 }
 
 #[test]
@@ -152,10 +147,7 @@ fn tiered_outputs_equal_stateless_under_pressure_on_the_tiny_model() {
 fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     let mut e = engine(CacheMode::Tiered, 256, 1 << 20);
     let c = e
-        .open(ConversationOptions {
-            system: Some("be brief".into()),
-            ..ConversationOptions::default()
-        })
+        .open(ConversationOptions::default().system("be brief"))
         .unwrap();
     let other = e.open(ConversationOptions::default()).unwrap();
     let busy = e
@@ -197,10 +189,8 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     // Truncation keeps the end of the prompt instead.
     let mut t = Engine::with_model(
         pensieve::model::Model::tiny(7).unwrap(),
-        EngineConfig {
-            overflow: pensieve::engine::OverflowPolicy::TruncatePrompt,
-            ..config(CacheMode::Tiered, 4096, 0)
-        },
+        config(CacheMode::Tiered, 4096, 0)
+            .overflow(pensieve::engine::OverflowPolicy::TruncatePrompt),
     )
     .unwrap();
     let tc = t.open(ConversationOptions::default()).unwrap();
@@ -208,30 +198,23 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     assert_eq!(st.prompt_tokens, 2047);
     // The device budget in bytes: 2 layers x 2 x 2 kv heads x 8 dims x 2 bytes (f16, the
     // default) = 128 per token; f32 takes twice that.
-    let bytes = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 0,
-            device_bytes: Some(64 * 256),
-            host_bytes: 0,
-        },
-        ..config(CacheMode::Tiered, 0, 0)
-    };
+    let bytes = config(CacheMode::Tiered, 0, 0).budgets(
+        Budgets::default()
+            .device_tokens(0)
+            .device_bytes(64 * 256)
+            .host_bytes(0),
+    );
     let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), bytes.clone());
     assert_eq!(by_bytes.unwrap().stats().device_slots_total, 128);
-    let f32_kv = EngineConfig {
-        kv_precision: pensieve::engine::KvPrecision::F32,
-        ..bytes
-    };
+    let f32_kv = bytes.kv_precision(pensieve::engine::KvPrecision::F32);
     let by_bytes = Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), f32_kv).unwrap();
     assert_eq!(by_bytes.stats().device_slots_total, 64);
-    let too_small = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 0,
-            device_bytes: Some(100),
-            host_bytes: 0,
-        },
-        ..config(CacheMode::Tiered, 0, 0)
-    };
+    let too_small = config(CacheMode::Tiered, 0, 0).budgets(
+        Budgets::default()
+            .device_tokens(0)
+            .device_bytes(100)
+            .host_bytes(0),
+    );
     assert!(matches!(
         Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), too_small),
         Err(Error::InvalidConfig(_))

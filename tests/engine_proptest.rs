@@ -150,10 +150,7 @@ impl Harness {
 }
 
 fn params(n: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(n)
-    }
+    SamplingParams::greedy().max_tokens(n).ignore_eos(true)
 }
 
 proptest! {
@@ -166,24 +163,20 @@ proptest! {
         reserve in prop_oneof![Just(0.0), Just(0.1)],
     ) {
         let mode = [CacheMode::Tiered, CacheMode::DeviceOnly, CacheMode::Stateless][mode];
-        let config = EngineConfig {
-            budgets: Budgets {
-                device_bytes: None,
-                device_tokens: 96,
-                // 20 chunks of 8 tokens at 256 bytes per KV-token.
-                host_bytes: 20 * 8 * 256,
-            },
-            mode,
-            chunk_size: 8,
-            step_token_budget: 64,
-            reserve,
-            cost_profile: CostProfile::Fixed(CostModel {
+        let config = EngineConfig::default()
+// 20 chunks of 8 tokens at 256 bytes per KV-token.
+.budgets(Budgets::default()
+.device_tokens(96)
+.host_bytes(20 * 8 * 256))
+.mode(mode)
+.chunk_size(8)
+.step_token_budget(64)
+.reserve(reserve)
+.cost_profile(CostProfile::Fixed(CostModel {
                 per_token_s: 1e-4,
                 per_token_per_position_s: 1e-7,
-            }),
-            check_invariants: true,
-            ..EngineConfig::default()
-        };
+            }))
+.check_invariants(true);
         let mut h = Harness {
             e: Engine::with_model(Model::tiny(7).unwrap(), config).unwrap(),
             model: Model::tiny(7).unwrap(),
@@ -194,10 +187,8 @@ proptest! {
         for op in ops {
             match op {
                 Op::Open(k) => {
-                    let options = ConversationOptions {
-                        system: [None, Some("Be brief."), Some("Be kind.")][k % 3].map(String::from),
-                        ..ConversationOptions::default()
-                    };
+                    let mut options = ConversationOptions::default();
+                    options.system = [None, Some("Be brief."), Some("Be kind.")][k % 3].map(String::from);
                     h.open.push(h.e.open(options).unwrap());
                 }
                 Op::Fork(c) if !h.open.is_empty() => {

@@ -126,14 +126,8 @@ fn a_tokenizer_json_beside_the_file_or_named_stands_in() {
     let named = dir.path().join("elsewhere.json");
     reference.tokenizer().save(&named, false).unwrap();
     let text = "Hello world, 12345 <|im_start|>";
-    let with_named = Model::from_gguf(
-        &path,
-        &LoadOptions {
-            tokenizer: Some(named.clone()),
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
+    let with_named =
+        Model::from_gguf(&path, &LoadOptions::default().tokenizer(named.clone())).unwrap();
     assert_eq!(
         with_named.encode(text).unwrap(),
         reference.encode(text).unwrap()

@@ -67,36 +67,31 @@ fn run(
         .config()
         .kv_shape()
         .token_bytes(precision.dtype().size_in_bytes());
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_bytes: None,
-            device_tokens,
-            host_bytes: host_chunks * CHUNK * token_bytes,
-        },
-        mode,
-        chunk_size: CHUNK,
-        step_token_budget: 64,
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .budgets(
+            Budgets::default()
+                .device_tokens(device_tokens)
+                .host_bytes(host_chunks * CHUNK * token_bytes),
+        )
+        .mode(mode)
+        .chunk_size(CHUNK)
+        .step_token_budget(64)
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-4,
             per_token_per_position_s: 1e-7,
-        }),
-        kv_precision: precision,
-        pipelined_restore: pipelined,
-        check_invariants: true,
+        }))
+        .kv_precision(precision)
+        .pipelined_restore(pipelined)
+        .check_invariants(true)
         // Each conversation keeps its own KV, so the budgets force the drops and swaps this
         // test checks on the device (sharing would relieve them).
-        prefix_sharing: false,
-        ..EngineConfig::default()
-    };
+        .prefix_sharing(false);
     let mut e = Engine::with_model(model, config).unwrap();
     let convs: Vec<ConversationId> = (0..12)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
     let mut generated: HashMap<ConversationId, Vec<usize>> = HashMap::new();
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(6)
-    };
+    let params = SamplingParams::greedy().max_tokens(6).ignore_eos(true);
     for turn in 0..3 {
         let before: Vec<usize> = convs.iter().map(|&c| e.tokens(c).unwrap().len()).collect();
         for (i, &c) in convs.iter().enumerate() {

@@ -20,34 +20,29 @@ const CHUNK: usize = 8;
 fn engine(device_chunks: usize, host_chunks: usize) -> Engine {
     let model = Model::tiny(7).unwrap();
     let chunk_bytes = model.config().kv_shape().token_bytes(2) * CHUNK;
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_bytes: None,
-            device_tokens: device_chunks * CHUNK,
-            host_bytes: host_chunks * chunk_bytes,
-        },
-        mode: CacheMode::Tiered,
-        chunk_size: CHUNK,
-        step_token_budget: 256,
-        swap_out_threshold: 0.0,
-        reserve: 0.0,
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .budgets(
+            Budgets::default()
+                .device_tokens(device_chunks * CHUNK)
+                .host_bytes(host_chunks * chunk_bytes),
+        )
+        .mode(CacheMode::Tiered)
+        .chunk_size(CHUNK)
+        .step_token_budget(256)
+        .swap_out_threshold(0.0)
+        .reserve(0.0)
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-4,
             per_token_per_position_s: 1e-7,
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+        }))
+        .check_invariants(true);
     Engine::with_model(model, config).unwrap()
 }
 
 /// Runs one turn of `n` raw tokens (8 generated); returns the generated tokens and stats.
 fn turn(e: &mut Engine, conv: ConversationId, n: usize, seed: u32) -> (Vec<u32>, TurnStats) {
     let tokens: Vec<u32> = (0..n as u32).map(|i| 40 + (i * 7 + seed) % 60).collect();
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let id = e.submit(conv, Turn::Tokens(tokens), params).unwrap();
     let mut out = Vec::new();
     loop {

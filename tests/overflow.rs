@@ -27,24 +27,18 @@ use pensieve::workload::{default_sharegpt_path, read_sharegpt};
 const TOLERANCE: f32 = 0.75;
 
 fn engine(model: &Arc<Model>, mode: CacheMode, window: usize, store: Option<&Path>) -> Engine {
-    let config = EngineConfig {
-        store: store.map(StoreConfig::new),
-        mode,
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 1 << 30,
-        },
-        overflow: OverflowPolicy::DropOldest,
-        max_context_tokens: Some(window),
-        step_token_budget: 256,
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .store(store.map(StoreConfig::new))
+        .mode(mode)
+        .budgets(Budgets::default().device_tokens(2048).host_bytes(1 << 30))
+        .overflow(OverflowPolicy::DropOldest)
+        .max_context_tokens(window)
+        .step_token_budget(256)
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+        }))
+        .check_invariants(true);
     Engine::with_model(model.clone(), config).unwrap()
 }
 
@@ -55,10 +49,7 @@ fn run(
     text: &str,
     max_tokens: usize,
 ) -> (Vec<u32>, Vec<TokenLogprobs>, TurnStats) {
-    let params = SamplingParams {
-        logprobs: Some(10),
-        ..SamplingParams::greedy().with_max_tokens(max_tokens)
-    };
+    let params = SamplingParams::greedy().max_tokens(max_tokens).logprobs(10);
     let r = common::run_turn(e, conv, Turn::user(text), params);
     assert!(
         matches!(r.reason, FinishReason::Stop | FinishReason::Length),
@@ -88,10 +79,8 @@ fn shifted_kv_stays_within_tolerance_of_a_fresh_prefill_of_the_shortened_history
     let window = 320;
     let mut tiered = engine(&model, CacheMode::Tiered, window, None);
     let mut fresh = engine(&model, CacheMode::Stateless, window, None);
-    let system = ConversationOptions {
-        system: Some("You are a concise assistant. Answer in one short sentence.".into()),
-        ..ConversationOptions::default()
-    };
+    let system = ConversationOptions::default()
+        .system("You are a concise assistant. Answer in one short sentence.");
     let a = tiered.open(system.clone()).unwrap();
     let b = fresh.open(system).unwrap();
     let questions = [
@@ -172,12 +161,7 @@ fn a_long_sharegpt_conversation_runs_through_the_window_to_its_end() {
     // (with its cut points) survives a restart.
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(&model, CacheMode::Tiered, window, Some(dir.path()));
-    let id = e
-        .open(ConversationOptions {
-            name: Some("long".into()),
-            ..ConversationOptions::default()
-        })
-        .unwrap();
+    let id = e.open(ConversationOptions::default().name("long")).unwrap();
     let mut reused_after_cut = 0;
     for (i, (user, _)) in conv.turns.iter().enumerate() {
         let cuts = e.stats().context_cuts;

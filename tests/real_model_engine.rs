@@ -13,8 +13,7 @@
 mod common;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineConfig, EngineStats,
-    SamplingParams, Turn,
+    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineStats, SamplingParams, Turn,
 };
 use pensieve::model::{Model, WeightFormat};
 
@@ -36,11 +35,9 @@ fn run(
     mode: CacheMode,
     budgets: Budgets,
 ) -> (Vec<Vec<u32>>, EngineStats) {
-    let config = EngineConfig {
-        step_token_budget: 256,
-        cost_profile: CostProfile::Measure,
-        ..common::pressure_config(mode, budgets)
-    };
+    let config = common::pressure_config(mode, budgets)
+        .step_token_budget(256)
+        .cost_profile(CostProfile::Measure);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<_> = (0..CONVERSATIONS)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
@@ -48,10 +45,7 @@ fn run(
     for turn in 0..TURNS {
         for (i, &c) in convs.iter().enumerate() {
             let q = QUESTIONS[(i + turn * 3) % QUESTIONS.len()];
-            let params = SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy().with_max_tokens(8)
-            };
+            let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
             e.submit(c, Turn::user(q), params).unwrap();
         }
         while e.has_work() {
@@ -84,11 +78,9 @@ fn real_model_tiered_under_pressure_equals_stateless() {
     let (tiered, stats) = run(
         &model,
         CacheMode::Tiered,
-        Budgets {
-            device_bytes: None,
-            device_tokens: 1024,
-            host_bytes: 160 * chunk_bytes,
-        },
+        Budgets::default()
+            .device_tokens(1024)
+            .host_bytes(160 * chunk_bytes),
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);
@@ -96,11 +88,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
     let (stateless, _) = run(
         &model,
         CacheMode::Stateless,
-        Budgets {
-            device_bytes: None,
-            device_tokens: 16 * 1024,
-            host_bytes: 0,
-        },
+        Budgets::default().device_tokens(16 * 1024).host_bytes(0),
     );
     let mut report = Vec::new();
     for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {

@@ -190,10 +190,7 @@ fn gemma3_perplexity_matches_llama_cpp() {
     assert!(replies.len() >= 100);
     let (ours, count) = perplexity(model(), replies);
     let theirs = ppl["perplexity"].as_f64().unwrap();
-    let options = LoadOptions {
-        format: WeightFormat::F32,
-        ..LoadOptions::default()
-    };
+    let options = LoadOptions::default().format(WeightFormat::F32);
     let f32_model = Model::load(&ModelSource::Gguf(llamacpp::gemma_path()), &options).unwrap();
     let (dequantized, _) = perplexity(&f32_model, replies);
     println!(

@@ -33,10 +33,7 @@ fn run(model: &Arc<Model>, mode: CacheMode, budgets: Budgets) -> (Vec<Vec<u32>>,
             // Six ShareGPT messages per turn: about 270 tokens.
             let k = (i * TURNS + turn) * 6;
             let user = texts[k..k + 6].join("\n\n");
-            let params = SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy().with_max_tokens(OUTPUT)
-            };
+            let params = SamplingParams::greedy().max_tokens(OUTPUT).ignore_eos(true);
             e.submit(c, Turn::user(user), params).unwrap();
         }
         while e.has_work() {
@@ -66,11 +63,9 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
     let (tiered, stats) = run(
         &model,
         CacheMode::Tiered,
-        Budgets {
-            device_bytes: None,
-            device_tokens: 1024,
-            host_bytes: 60 * chunk_bytes,
-        },
+        Budgets::default()
+            .device_tokens(1024)
+            .host_bytes(60 * chunk_bytes),
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);
@@ -82,11 +77,7 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
     let (stateless, _) = run(
         &model,
         CacheMode::Stateless,
-        Budgets {
-            device_bytes: None,
-            device_tokens: 8 * 1024,
-            host_bytes: 0,
-        },
+        Budgets::default().device_tokens(8 * 1024).host_bytes(0),
     );
     for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {
         let first = t.iter().zip(s).position(|(a, b)| a != b);

@@ -114,18 +114,13 @@ fn real_model_packed_serves_a_prompt_longer_than_one_step() {
         ConversationOptions, Engine, EngineConfig, FinishReason, SamplingParams, Turn,
     };
     let model = common::real_model(WeightFormat::default());
-    let config = EngineConfig {
-        step_token_budget: 64,
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .step_token_budget(64)
+        .check_invariants(true);
     let mut engine = Engine::with_model(model, config).unwrap();
     let conv = engine.open(ConversationOptions::default()).unwrap();
     let prompt: Vec<u32> = (0..300).map(|i| 100 + (i * 7919) % 40_000).collect();
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let (reason, stats) = engine
         .run_turn(conv, Turn::Tokens(prompt), params, |_| {})
         .unwrap();

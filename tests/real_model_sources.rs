@@ -112,14 +112,7 @@ fn real_model_safetensors_folder_equals_gguf() {
 
     let source: ModelSource = dir.path().to_str().unwrap().parse().unwrap();
     assert_eq!(source, ModelSource::Safetensors(dir.path().to_path_buf()));
-    let st_model = Model::load(
-        &source,
-        &LoadOptions {
-            format: WeightFormat::F32,
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
+    let st_model = Model::load(&source, &LoadOptions::default().format(WeightFormat::F32)).unwrap();
     assert_eq!(st_model.eos_token_ids(), vec![2, 0]);
     let defaults = st_model.generation_defaults();
     assert_eq!(

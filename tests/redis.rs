@@ -17,8 +17,8 @@ use common::redis_server::{tutor, QUESTIONS};
 
 use futures_util::FutureExt;
 use pensieve::engine::{
-    CacheMode, ConversationId, ConversationOptions, Durability, Engine, EngineConfig, Event,
-    RedisConfig, SamplingParams, Turn, TurnStats,
+    CacheMode, ConversationId, ConversationOptions, Durability, Engine, Event, RedisConfig,
+    SamplingParams, Turn, TurnStats,
 };
 use pensieve::kv::StoreError;
 use pensieve::model::{Message, Model, WeightFormat};
@@ -31,11 +31,9 @@ fn model() -> Arc<Model> {
 
 /// How a member of the fleet under `prefix` reaches `server`.
 fn fleet_config(server: &Server, prefix: &str) -> RedisConfig {
-    RedisConfig {
-        key_prefix: prefix.into(),
-        ca_file: server.tls.then(|| server.cert()),
-        ..RedisConfig::new(server.url())
-    }
+    let mut config = RedisConfig::new(server.url()).key_prefix(prefix);
+    config.ca_file = server.tls.then(|| server.cert());
+    config
 }
 
 fn fleet_member(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
@@ -54,10 +52,7 @@ fn alice_served(model: &Arc<Model>, server: &Server, prefix: &str) -> Engine {
 
 /// Runs question `q` as the next turn of `conv`; its tokens, stats and text.
 fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats, String) {
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let r = common::run_turn(e, conv, Turn::user(QUESTIONS[q]), params);
     (r.tokens, r.stats, r.text)
 }
@@ -152,10 +147,7 @@ fn a_resent_history_finds_the_chunks_another_engine_computed() {
         Message::new("user", QUESTIONS[0]),
         Message::new("assistant", reply),
     ];
-    let resent = ConversationOptions {
-        history: history.clone(),
-        ..tutor(None)
-    };
+    let resent = tutor(None).history(history.clone());
     let c = b.open(resent.clone()).unwrap();
     let (out, stats, _) = turn(&mut b, c, 1);
     let mut fresh = Engine::with_model(model.clone(), config(CacheMode::Stateless, None)).unwrap();
@@ -201,7 +193,7 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
     b.submit(
         c,
         Turn::user(QUESTIONS[3]),
-        SamplingParams::greedy().with_max_tokens(1),
+        SamplingParams::greedy().max_tokens(1),
     )
     .unwrap();
     while b.has_work() {
@@ -311,10 +303,7 @@ fn passwords_and_key_prefixes_keep_deployments_apart() {
         .unwrap();
     let url = format!("redis://blue-fleet:blue-pw@127.0.0.1:{}/", server.port);
     let member = |prefix: &str| {
-        let r = RedisConfig {
-            key_prefix: prefix.into(),
-            ..RedisConfig::new(url.clone())
-        };
+        let r = RedisConfig::new(url.clone()).key_prefix(prefix);
         Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
     };
     let mut blue = member("blue");
@@ -359,10 +348,7 @@ fn a_redis_too_slow_for_its_deadline_costs_a_recompute() {
     let model = model();
     let want = stateless(&model, 2);
     alice_served(&model, &server, "fleet");
-    let r = RedisConfig {
-        timeout: Duration::from_millis(200),
-        ..fleet_config(&server, "fleet")
-    };
+    let r = fleet_config(&server, "fleet").timeout(Duration::from_millis(200));
     let mut b = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap();
     let c = b.resume("alice").unwrap();
 
@@ -400,10 +386,7 @@ fn a_stalled_lookup_holds_only_the_turn_that_asked() {
     alice_served(&model, &server, "fleet");
     let mut b = fleet_member(&model, &server, "fleet");
     let decoder = b.open(ConversationOptions::default()).unwrap();
-    let long = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(64)
-    };
+    let long = SamplingParams::greedy().max_tokens(64).ignore_eos(true);
     let d = b.submit(decoder, Turn::user(QUESTIONS[3]), long).unwrap();
     let token_of = |events: &[Event], r| {
         (events.iter()).any(|e| matches!(e, Event::Token { request, .. } if *request == r))
@@ -412,10 +395,7 @@ fn a_stalled_lookup_holds_only_the_turn_that_asked() {
 
     let stall = stall(&server, 3);
     let newcomer = b.open(tutor(None)).unwrap();
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let n = b
         .submit(newcomer, Turn::user(QUESTIONS[0]), params)
         .unwrap();
@@ -454,18 +434,12 @@ fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
     let server = Server::start(None);
     let model = model();
     alice_served(&model, &server, "fleet");
-    let patient = RedisConfig {
-        timeout: Duration::from_secs(10),
-        ..fleet_config(&server, "fleet")
-    };
+    let patient = fleet_config(&server, "fleet").timeout(Duration::from_secs(10));
     let b = Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(patient))).unwrap();
     let service = Service::spawn(b, ServiceConfig::default()).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let long = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy().with_max_tokens(200)
-        };
+        let long = SamplingParams::greedy().max_tokens(200).ignore_eos(true);
         let chat = Chat::new(vec![Message::new("user", QUESTIONS[3])]);
         let mut decoder = service.chat(chat, long).await.unwrap();
         let token = async |d: &mut pensieve::service::TurnStream| loop {
@@ -502,14 +476,12 @@ fn a_turn_waiting_in_the_queue_reads_its_history_ahead_from_redis() {
     let want = stateless(&model, 2);
     alice_served(&model, &server, "fleet");
     // Small steps, so that a long prompt ahead of alice's turn keeps it waiting a while.
-    let config = EngineConfig {
-        step_token_budget: 64,
-        ..config(CacheMode::Tiered, Some(fleet_config(&server, "fleet")))
-    };
+    let config =
+        config(CacheMode::Tiered, Some(fleet_config(&server, "fleet"))).step_token_budget(64);
     let mut b = Engine::with_model(model.clone(), config).unwrap();
     let other = b.open(tutor(None)).unwrap();
     let long = QUESTIONS.repeat(40).join(" ");
-    let params = SamplingParams::greedy().with_max_tokens(1);
+    let params = SamplingParams::greedy().max_tokens(1);
     b.submit(other, Turn::user(long), params).unwrap();
     let c = b.resume("alice").unwrap();
     let (out, stats, _) = turn(&mut b, c, 1);

@@ -20,19 +20,14 @@ use pensieve::engine::{
 use pensieve::model::{Model, WeightFormat};
 
 fn member(model: &Arc<Model>, cluster: &Cluster) -> Engine {
-    let r = RedisConfig {
-        key_prefix: "fleet".into(),
-        cluster: true,
-        ..RedisConfig::new(cluster.url())
-    };
+    let r = RedisConfig::new(cluster.url())
+        .key_prefix("fleet")
+        .cluster(true);
     Engine::with_model(model.clone(), config(CacheMode::Tiered, Some(r))).unwrap()
 }
 
 fn turn(e: &mut Engine, conv: ConversationId, q: usize) -> (Vec<u32>, TurnStats) {
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let r = common::run_turn(e, conv, Turn::user(QUESTIONS[q]), params);
     (r.tokens, r.stats)
 }

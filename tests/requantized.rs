@@ -19,8 +19,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, Engine, EngineConfig, EngineStats, KvPrecision,
-    SamplingParams, Turn,
+    Budgets, CacheMode, ConversationOptions, Engine, EngineStats, KvPrecision, SamplingParams, Turn,
 };
 use pensieve::model::{default_model_path, LoadOptions, Model, ModelSource, WeightFormat};
 
@@ -32,10 +31,7 @@ fn requantized(target: GgmlDType, dir: &Path) -> PathBuf {
 }
 
 fn load(path: &Path, format: WeightFormat) -> Model {
-    let options = LoadOptions {
-        format,
-        ..LoadOptions::default()
-    };
+    let options = LoadOptions::default().format(format);
     Model::load(&ModelSource::Gguf(path.to_path_buf()), &options).unwrap()
 }
 
@@ -45,20 +41,14 @@ fn conversations(
     mode: CacheMode,
     budgets: Budgets,
 ) -> (Vec<Vec<u32>>, EngineStats) {
-    let config = EngineConfig {
-        step_token_budget: 256,
-        ..common::pressure_config(mode, budgets)
-    };
+    let config = common::pressure_config(mode, budgets).step_token_budget(256);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<_> = (0..12)
         .map(|_| e.open(ConversationOptions::default()).unwrap())
         .collect();
     for turn in 0..2 {
         for (i, &c) in convs.iter().enumerate() {
-            let params = SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::greedy().with_max_tokens(8)
-            };
+            let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
             let q = format!("Question {i}.{turn}: name a country and its capital.");
             e.submit(c, Turn::user(q), params).unwrap();
         }
@@ -89,16 +79,10 @@ fn check(target: GgmlDType) {
     );
 
     let chunk_bytes = common::chunk_bytes(&packed);
-    let tight = Budgets {
-        device_bytes: None,
-        device_tokens: 256,
-        host_bytes: 24 * chunk_bytes,
-    };
-    let roomy = Budgets {
-        device_bytes: None,
-        device_tokens: 8 * 1024,
-        host_bytes: 0,
-    };
+    let tight = Budgets::default()
+        .device_tokens(256)
+        .host_bytes(24 * chunk_bytes);
+    let roomy = Budgets::default().device_tokens(8 * 1024).host_bytes(0);
     let (tiered, stats) = conversations(&packed, CacheMode::Tiered, tight);
     common::assert_pressure_exercised(&stats);
     let (stateless, _) = conversations(&packed, CacheMode::Stateless, roomy);

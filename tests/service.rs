@@ -22,26 +22,21 @@ fn model() -> Arc<Model> {
 }
 
 fn params(n: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(n)
-    }
+    SamplingParams::greedy().max_tokens(n).ignore_eos(true)
 }
 
 /// A device pool small enough that eight clients' KV moves between the tiers.
 fn engine(model: &Arc<Model>, store: &std::path::Path) -> Engine {
     let chunk = common::chunk_bytes(model);
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 1024,
-            device_bytes: None,
-            host_bytes: 24 * chunk,
-        },
-        mode: CacheMode::Tiered,
-        check_invariants: true,
-        store: Some(StoreConfig::new(store)),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default()
+        .budgets(
+            Budgets::default()
+                .device_tokens(1024)
+                .host_bytes(24 * chunk),
+        )
+        .mode(CacheMode::Tiered)
+        .check_invariants(true)
+        .store(StoreConfig::new(store));
     Engine::with_model(model.clone(), config).unwrap()
 }
 
@@ -150,10 +145,7 @@ async fn dropping_client(service: Service, k: usize) {
 async fn resuming_client(service: Service, k: usize) {
     let name = format!("client-{k}");
     let mut conv = service
-        .open(ConversationOptions {
-            name: Some(name.clone()),
-            ..ConversationOptions::default()
-        })
+        .open(ConversationOptions::default().name(name.clone()))
         .await
         .unwrap();
     for t in 0..3 {

@@ -43,30 +43,25 @@ fn sized(
     device_tokens: usize,
     host_bytes: usize,
 ) -> Engine {
-    let config = EngineConfig {
-        mode,
-        budgets: Budgets {
-            device_tokens,
-            device_bytes: None,
-            host_bytes,
-        },
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .mode(mode)
+        .budgets(
+            Budgets::default()
+                .device_tokens(device_tokens)
+                .host_bytes(host_bytes),
+        )
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        store: dir.map(StoreConfig::new),
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+        }))
+        .store(dir.map(StoreConfig::new))
+        .check_invariants(true);
     Engine::with_model(model.clone(), config).unwrap()
 }
 
 /// Runs one turn of each of `convs` together (question `i` for conversation `i`).
 fn turns(e: &mut Engine, convs: &[(usize, ConversationId)]) -> Vec<(Vec<u32>, TurnStats)> {
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(8)
-    };
+    let params = SamplingParams::greedy().max_tokens(8).ignore_eos(true);
     let ids: Vec<_> = convs
         .iter()
         .map(|&(i, c)| {
@@ -94,11 +89,8 @@ fn turns(e: &mut Engine, convs: &[(usize, ConversationId)]) -> Vec<(Vec<u32>, Tu
 }
 
 fn open(e: &mut Engine) -> ConversationId {
-    e.open(ConversationOptions {
-        system: Some(SYSTEM.into()),
-        ..ConversationOptions::default()
-    })
-    .unwrap()
+    e.open(ConversationOptions::default().system(SYSTEM))
+        .unwrap()
 }
 
 /// Addresses of the chunks holding `c`'s KV: its history but the last reply token (which has
@@ -174,11 +166,7 @@ fn conversations_with_one_system_prompt_store_it_once_on_store() {
     // folder, which has nothing in memory.
     let mut first = engine(&model, CacheMode::Tiered, Some(dir.path()));
     let c0 = first
-        .open(ConversationOptions {
-            system: Some(SYSTEM.into()),
-            name: Some("first".into()),
-            ..ConversationOptions::default()
-        })
+        .open(ConversationOptions::default().system(SYSTEM).name("first"))
         .unwrap();
     let mut got = turns(&mut first, &[(0, c0)]);
     first.flush();
@@ -227,10 +215,10 @@ fn turns_queued_together_share_what_the_first_computed() {
     let want = stateless_four(&model);
     // A step runs at most 128 tokens: the first turn's prefill fills it, the others wait and
     // are looked up again before they are admitted.
-    let config = EngineConfig {
-        step_token_budget: 128,
-        ..engine(&model, CacheMode::Tiered, None).config().clone()
-    };
+    let config = engine(&model, CacheMode::Tiered, None)
+        .config()
+        .clone()
+        .step_token_budget(128);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<(usize, ConversationId)> = (0..4).map(|i| (i, open(&mut e))).collect();
     let got = turns(&mut e, &convs);

@@ -31,11 +31,7 @@ fn model() -> Arc<Model> {
 
 /// An engine; with `disk`, a store tier of `store_bytes` there.
 fn engine(model: &Arc<Model>, mode: CacheMode, store: Option<(&Path, usize)>) -> Engine {
-    let budgets = Budgets {
-        device_tokens: 2048,
-        device_bytes: None,
-        host_bytes: 1 << 30,
-    };
+    let budgets = Budgets::default().device_tokens(2048).host_bytes(1 << 30);
     engine_with(model, mode, store, budgets)
 }
 
@@ -49,29 +45,21 @@ fn engine_with(
 }
 
 fn config(mode: CacheMode, store: Option<(&Path, usize)>, budgets: Budgets) -> EngineConfig {
-    EngineConfig {
-        mode,
-        budgets,
-        step_token_budget: 128,
+    EngineConfig::default()
+        .mode(mode)
+        .budgets(budgets)
+        .step_token_budget(128)
         // A fixed curve: every chunk costs more to recompute than to read back.
-        cost_profile: CostProfile::Fixed(CostModel {
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        store: store.map(|(dir, budget_bytes)| StoreConfig {
-            budget_bytes,
-            ..StoreConfig::new(dir)
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
+        }))
+        .store(store.map(|(dir, budget_bytes)| StoreConfig::new(dir).budget_bytes(budget_bytes)))
+        .check_invariants(true)
 }
 
 fn params() -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(6)
-    }
+    SamplingParams::greedy().max_tokens(6).ignore_eos(true)
 }
 
 /// Runs turn `turn` of every conversation together; returns each one's generated tokens and
@@ -118,11 +106,8 @@ fn open(e: &mut Engine, names: &[String]) -> Vec<ConversationId> {
     names
         .iter()
         .map(|n| {
-            e.open(ConversationOptions {
-                name: Some(n.clone()),
-                ..ConversationOptions::default()
-            })
-            .unwrap()
+            e.open(ConversationOptions::default().name(n.clone()))
+                .unwrap()
         })
         .collect()
 }
@@ -193,10 +178,7 @@ fn a_restarted_engine_resumes_named_conversations_as_if_it_never_stopped() {
     );
     let convs: Vec<_> = names.iter().map(|n| b.find(n).unwrap()).collect();
     assert!(matches!(
-        b.open(ConversationOptions {
-            name: Some(names[0].clone()),
-            ..ConversationOptions::default()
-        }),
+        b.open(ConversationOptions::default().name(names[0].clone())),
         Err(pensieve::Error::ConversationExists(_))
     ));
     let third = turn(&mut b, &convs, 2);
@@ -232,15 +214,13 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
     // A valid file of another KV layout (f32 values: another fingerprint), to plant.
     let other = tempfile::tempdir().unwrap();
     {
-        let config = EngineConfig {
-            kv_precision: pensieve::engine::KvPrecision::F32,
-            cost_profile: CostProfile::Fixed(CostModel {
+        let config = EngineConfig::default()
+            .kv_precision(pensieve::engine::KvPrecision::F32)
+            .cost_profile(CostProfile::Fixed(CostModel {
                 per_token_s: 1e-3,
                 per_token_per_position_s: 1e-6,
-            }),
-            store: Some(StoreConfig::new(other.path())),
-            ..EngineConfig::default()
-        };
+            }))
+            .store(StoreConfig::new(other.path()));
         let mut f = Engine::with_model(model.clone(), config).unwrap();
         let c = open(&mut f, &names[..1])[0];
         turn(&mut f, &[c], 0);
@@ -268,15 +248,8 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
     // No read-ahead: every file is read on demand, layer by layer into the running pass, so
     // the flipped byte (in the last layer) is found after the pass has used the first layers:
     // that conversation's row is discarded and redone.
-    let budgets = Budgets {
-        device_tokens: 2048,
-        device_bytes: None,
-        host_bytes: 1 << 30,
-    };
-    let config = EngineConfig {
-        prefetch_window: 0,
-        ..config(CacheMode::Tiered, Some((dir.path(), 1 << 30)), budgets)
-    };
+    let budgets = Budgets::default().device_tokens(2048).host_bytes(1 << 30);
+    let config = config(CacheMode::Tiered, Some((dir.path(), 1 << 30)), budgets).prefetch_window(0);
     // Each refusal is also a warning for the host's logs (here captured from this thread).
     let log = Log::default();
     let subscriber = tracing_subscriber::fmt()
@@ -362,11 +335,7 @@ fn a_full_budget_or_a_failing_store_refuses_saves_and_the_engine_keeps_serving()
 /// An engine whose device and host tiers hold a few conversations' KV, and whose store in
 /// `dir` holds everyone's.
 fn pressured(model: &Arc<Model>, dir: &Path) -> Engine {
-    let budgets = Budgets {
-        device_tokens: 512,
-        device_bytes: None,
-        host_bytes: 3 << 20,
-    };
+    let budgets = Budgets::default().device_tokens(512).host_bytes(3 << 20);
     engine_with(model, CacheMode::Tiered, Some((dir, 1 << 30)), budgets)
 }
 

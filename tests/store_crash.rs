@@ -32,23 +32,18 @@ const QUESTIONS: [&str; 4] = [
 ];
 
 fn engine(model: Arc<Model>, dir: &Path) -> Engine {
-    let config = EngineConfig {
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        store: Some(StoreConfig::new(dir)),
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+        }))
+        .store(StoreConfig::new(dir))
+        .check_invariants(true);
     Engine::with_model(model, config).unwrap()
 }
 
 fn params(n: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(n)
-    }
+    SamplingParams::greedy().max_tokens(n).ignore_eos(true)
 }
 
 /// The child's work: chat round-robin in the named conversations until killed (or 400
@@ -65,10 +60,7 @@ fn crash_child() {
         .map(|n| match e.find(n) {
             Some(c) => c,
             None => e
-                .open(ConversationOptions {
-                    name: Some(n.to_string()),
-                    ..ConversationOptions::default()
-                })
+                .open(ConversationOptions::default().name(n.to_string()))
                 .unwrap(),
         })
         .collect();
@@ -143,10 +135,7 @@ fn killed_at_random_moments_while_saving_every_conversation_resumes_correctly() 
     assert!(!stored.is_empty(), "no conversation was ever stored");
     let mut reference = Engine::with_model(
         model,
-        EngineConfig {
-            mode: pensieve::engine::CacheMode::Stateless,
-            ..EngineConfig::default()
-        },
+        EngineConfig::default().mode(pensieve::engine::CacheMode::Stateless),
     )
     .unwrap();
     let mut from_store = 0;

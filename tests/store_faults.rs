@@ -36,15 +36,10 @@ fn model(format: WeightFormat) -> Arc<Model> {
 }
 
 fn config(dir: &Path) -> EngineConfig {
-    EngineConfig {
+    EngineConfig::default()
         // Every chunk worth saving, so that chunk writes happen (and fail on a full disk).
-        store: Some(StoreConfig {
-            read_bytes_per_s: 1e12,
-            ..StoreConfig::new(dir)
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
+        .store(StoreConfig::new(dir).read_bytes_per_s(1e12))
+        .check_invariants(true)
 }
 
 fn engine(model: &Arc<Model>, dir: &Path) -> Engine {
@@ -52,14 +47,11 @@ fn engine(model: &Arc<Model>, dir: &Path) -> Engine {
 }
 
 fn named(name: &str) -> ConversationOptions {
-    ConversationOptions {
-        name: Some(name.into()),
-        ..ConversationOptions::default()
-    }
+    ConversationOptions::default().name(name)
 }
 
 fn turn(e: &mut Engine, conv: ConversationId, q: usize) {
-    let params = SamplingParams::greedy().with_max_tokens(6);
+    let params = SamplingParams::greedy().max_tokens(6);
     common::run_turn(e, conv, Turn::user(QUESTIONS[q]), params);
 }
 
@@ -108,7 +100,7 @@ fn serves(e: &mut Engine) {
         e,
         other,
         Turn::user(QUESTIONS[0]),
-        SamplingParams::greedy().with_max_tokens(4),
+        SamplingParams::greedy().max_tokens(4),
     );
     assert!(!r.tokens.is_empty());
 }
@@ -181,10 +173,7 @@ fn real_model_a_conversation_stored_under_another_model_format_or_precision_is_r
             "f32 KV",
             Engine::with_model(
                 model.clone(),
-                EngineConfig {
-                    kv_precision: KvPrecision::F32,
-                    ..config(dir.path())
-                },
+                config(dir.path()).kv_precision(KvPrecision::F32),
             ),
         ),
     ];

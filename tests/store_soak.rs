@@ -53,30 +53,18 @@ fn a_thousand_conversations_through_every_tier_leak_nothing() {
     let dir = tempfile::tempdir().unwrap();
     // The tiny model's KV-token is 128 bytes in f16: a conversation of ~100 tokens holds
     // ~13 KB, so 1,000 of them ~13 MB, against 64 KB of device, 256 KB of host, 3 MB of disk.
-    let config = EngineConfig {
-        budgets: Budgets {
-            device_tokens: 512,
-            device_bytes: None,
-            host_bytes: 256 << 10,
-        },
-        cost_profile: CostProfile::Fixed(CostModel {
+    let config = EngineConfig::default()
+        .budgets(Budgets::default().device_tokens(512).host_bytes(256 << 10))
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
-        store: Some(StoreConfig {
-            budget_bytes: 3 << 20,
-            ..StoreConfig::new(dir.path())
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    };
+        }))
+        .store(StoreConfig::new(dir.path()).budget_bytes(3 << 20))
+        .check_invariants(true);
     let mut e = Engine::with_model(Model::tiny(7).unwrap(), config).unwrap();
     let rss_before = peak_rss();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(4)
-    };
+    let params = SamplingParams::greedy().max_tokens(4).ignore_eos(true);
     // conversation -> turns left
     let mut live: HashMap<pensieve::engine::ConversationId, usize> = HashMap::new();
     let mut kept = Vec::new();
@@ -85,12 +73,9 @@ fn a_thousand_conversations_through_every_tier_leak_nothing() {
     while finished < n {
         while live.len() < 32 && opened < n {
             let name = (opened % 2 == 0).then(|| format!("soak {opened}"));
-            let c = e
-                .open(ConversationOptions {
-                    name: name.clone(),
-                    ..ConversationOptions::default()
-                })
-                .unwrap();
+            let mut options = ConversationOptions::default();
+            options.name = name.clone();
+            let c = e.open(options).unwrap();
             opened += 1;
             live.insert(c, 2);
             if name.is_some() {

@@ -43,10 +43,7 @@ fn model_over(gguf: &std::path::Path) -> Model {
 fn first_turn(model: &Arc<Model>, user: &str) -> Vec<u32> {
     let mut e = Engine::with_model(model.clone(), EngineConfig::default()).unwrap();
     let c = e.open(ConversationOptions::default()).unwrap();
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(1)
-    };
+    let params = SamplingParams::greedy().max_tokens(1).ignore_eos(true);
     e.submit(c, Turn::user(user), params).unwrap();
     while e.has_work() {
         e.step().unwrap();

@@ -192,10 +192,9 @@ impl Driver<'_> {
                 return Ok(None);
             }
         }
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy().with_max_tokens(turn.output_tokens)
-        };
+        let params = SamplingParams::greedy()
+            .max_tokens(turn.output_tokens)
+            .ignore_eos(true);
         match self.engine.submit(conv, user, params) {
             Ok(id) => Ok(Some(id)),
             Err(e) => {

@@ -343,21 +343,16 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
             .unwrap_or_else(|| args.out.join("store-tier"));
         // Every run starts from an empty tier; a missing folder is fine.
         let _ = std::fs::remove_dir_all(&dir);
-        StoreConfig {
-            budget_bytes: gib_bytes(args.store_gib),
-            ..StoreConfig::new(dir)
-        }
+        StoreConfig::new(dir).budget_bytes(gib_bytes(args.store_gib))
     });
-    EngineConfig {
-        budgets: args.engine.budgets(),
-        step_token_budget: args.step_tokens,
-        mode: mode.cache_mode(),
-        cost_profile: cost.unwrap_or_default(),
-        kv_precision: args.engine.kv_precision(),
-        overflow: args.engine.overflow_policy(),
-        max_context_tokens: args.engine.max_context,
-        prefix_sharing: !args.engine.no_prefix_sharing,
-        store,
-        ..EngineConfig::default()
-    }
+    EngineConfig::default()
+        .budgets(args.engine.budgets())
+        .step_token_budget(args.step_tokens)
+        .mode(mode.cache_mode())
+        .cost_profile(cost.unwrap_or_default())
+        .kv_precision(args.engine.kv_precision())
+        .overflow(args.engine.overflow_policy())
+        .max_context_tokens(args.engine.max_context)
+        .prefix_sharing(!args.engine.no_prefix_sharing)
+        .store(store)
 }

@@ -5,6 +5,8 @@
 
 mod exit;
 
+use std::time::Duration;
+
 use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
@@ -141,16 +143,17 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// Load options for `--format` on `--device`.
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            device: self.device.clone(),
-            format: match self.format {
-                Format::F32 => WeightFormat::F32,
-                Format::F16 => WeightFormat::F16,
-                Format::Quantized => WeightFormat::Quantized,
-                Format::Packed => WeightFormat::Packed,
-            },
-            tokenizer: self.tokenizer.clone(),
-        }
+        let mut options =
+            LoadOptions::default()
+                .device(self.device.clone())
+                .format(match self.format {
+                    Format::F32 => WeightFormat::F32,
+                    Format::F16 => WeightFormat::F16,
+                    Format::Quantized => WeightFormat::Quantized,
+                    Format::Packed => WeightFormat::Packed,
+                });
+        options.tokenizer = self.tokenizer.clone();
+        options
     }
 
     /// The KV precision of `--kv`.
@@ -216,25 +219,21 @@ impl EngineArgs {
     /// The engine's configuration from these flags, with the tier below host that `store`
     /// names, if any.
     pub fn engine_config(&self, store: &StoreArgs) -> EngineConfig {
-        EngineConfig {
-            budgets: self.budgets(),
-            mode: self.mode.cache_mode(),
-            kv_precision: self.kv_precision(),
-            overflow: self.overflow_policy(),
-            max_context_tokens: self.max_context,
-            prefix_sharing: !self.no_prefix_sharing,
-            store: store.store_config(),
-            ..EngineConfig::default()
-        }
+        EngineConfig::default()
+            .budgets(self.budgets())
+            .mode(self.mode.cache_mode())
+            .kv_precision(self.kv_precision())
+            .overflow(self.overflow_policy())
+            .max_context_tokens(self.max_context)
+            .prefix_sharing(!self.no_prefix_sharing)
+            .store(store.store_config())
     }
 
     /// The budgets of `--device-tokens` and `--host-mib`.
     pub fn budgets(&self) -> Budgets {
-        Budgets {
-            device_tokens: self.device_tokens,
-            device_bytes: None,
-            host_bytes: self.host_mib << 20,
-        }
+        Budgets::default()
+            .device_tokens(self.device_tokens)
+            .host_bytes(self.host_mib << 20)
     }
 }
 
@@ -282,25 +281,23 @@ pub struct StoreArgs {
     )]
     pub store_gib: f64,
 }
+
 impl StoreArgs {
     /// The tier below host these flags name, if any.
     pub fn store_config(&self) -> Option<StoreConfig> {
         let store = match (&self.store, &self.redis) {
             (Some(dir), _) => StoreConfig::new(dir),
-            (None, Some(url)) => StoreConfig::redis(RedisConfig {
-                key_prefix: self.redis_prefix.clone(),
-                ca_file: self.redis_ca.clone(),
-                cluster: self.redis_cluster,
-                ttl: (self.redis_ttl_s > 0)
-                    .then(|| std::time::Duration::from_secs(self.redis_ttl_s)),
-                ..RedisConfig::new(url)
-            }),
+            (None, Some(url)) => {
+                let mut redis = RedisConfig::new(url)
+                    .key_prefix(self.redis_prefix.clone())
+                    .cluster(self.redis_cluster)
+                    .ttl((self.redis_ttl_s > 0).then(|| Duration::from_secs(self.redis_ttl_s)));
+                redis.ca_file = self.redis_ca.clone();
+                StoreConfig::redis(redis)
+            }
             (None, None) => return None,
         };
-        Some(StoreConfig {
-            budget_bytes: gib_bytes(self.store_gib),
-            ..store
-        })
+        Some(store.budget_bytes(gib_bytes(self.store_gib)))
     }
 
     /// Whether conversations can be stored by name.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::kv::CostModel;
 pub use crate::kv::RedisConfig;
 use crate::model::{LoadOptions, ModelSource};
+use crate::setters::setters;
 use crate::{Error, Result};
 
 /// How the engine treats KV between turns; the three variants the papers compare.
@@ -83,6 +84,7 @@ impl KvPrecision {
 
 /// Memory budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Budgets {
     /// Device pool size in KV-tokens (slots); rounded down to whole chunks.
     pub device_tokens: usize,
@@ -103,6 +105,12 @@ impl Default for Budgets {
     }
 }
 
+setters!(Budgets {
+    value device_tokens: usize,
+    some device_bytes: usize,
+    value host_bytes: usize,
+});
+
 /// Where the tier below host keeps its chunks and conversation manifests.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StoreLocation {
@@ -118,6 +126,7 @@ pub enum StoreLocation {
 /// The tier below host (AttentionStore): chunks and conversation manifests in a folder or a
 /// shared Redis, under a byte budget. Conversations opened with a name persist there.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// Where the chunks go.
     pub location: StoreLocation,
@@ -150,8 +159,15 @@ impl StoreConfig {
     }
 }
 
+setters!(StoreConfig {
+    value location: StoreLocation,
+    value budget_bytes: usize,
+    value read_bytes_per_s: f64,
+});
+
 /// Everything an [`super::Engine`] is built from.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// The model.
     pub model: ModelSource,
@@ -229,6 +245,28 @@ impl Default for EngineConfig {
         }
     }
 }
+
+setters!(EngineConfig {
+    value model: ModelSource,
+    value load: LoadOptions,
+    value budgets: Budgets,
+    value chunk_size: usize,
+    value step_token_budget: usize,
+    value swap_out_threshold: f64,
+    value reserve: f64,
+    value mode: CacheMode,
+    value eviction: EvictionKind,
+    value cost_profile: CostProfile,
+    value overflow: OverflowPolicy,
+    some max_context_tokens: usize,
+    value kv_precision: KvPrecision,
+    value pipelined_restore: bool,
+    some store: StoreConfig,
+    value prefix_sharing: bool,
+    value prefetch_window: usize,
+    value prefetch_lead: std::time::Duration,
+    value check_invariants: bool,
+});
 
 impl EngineConfig {
     /// Checks the values.

@@ -43,7 +43,10 @@ pub use persist::Durability;
 #[cfg(feature = "service")]
 pub(crate) use persist::{Fetched, ResumeReader};
 pub use turn::TurnSize;
-pub use types::{EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn, TurnStats};
+pub use types::{
+    ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
+    TurnStats,
+};
 
 use crate::attention::KvPool;
 use crate::conversation::{Conversation, Conversations};
@@ -56,26 +59,6 @@ use crate::{Error, Result};
 use executor::Faults;
 use handle::Shared;
 use turn::{ActiveTurn, TurnLimits};
-
-/// Options of a new conversation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ConversationOptions {
-    /// System prompt; the template's default applies when `None`.
-    pub system: Option<String>,
-    /// A name to store the conversation under in the store
-    /// ([`EngineConfig::store`]): its state persists after every turn, and a later engine over
-    /// the same folder resumes it ([`Engine::find`]). Ignored without a store tier.
-    pub name: Option<String>,
-    /// Earlier messages (user and assistant turns, after the system prompt) the conversation
-    /// starts with, as a client that resends its history has them: the first turn computes
-    /// them with its own message, or shares their KV where another conversation holds the
-    /// same tokens ([`EngineConfig::prefix_sharing`]).
-    pub history: Vec<Message>,
-    /// Tools the assistant may call (OpenAI's `tools` entries: `{"type": "function",
-    /// "function": {"name", "description", "parameters"}}`), listed by the chat template
-    /// in every turn's prompt. The template must take tools ([`crate::model::ToolFormat`]).
-    pub tools: Vec<serde_json::Value>,
-}
 
 /// The stateful inference engine. See the module documentation for the step loop.
 #[derive(Debug)]

@@ -27,7 +27,7 @@ fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize, kv: KvPrecis
 fn params() -> SamplingParams {
     SamplingParams {
         ignore_eos: true,
-        ..SamplingParams::greedy().with_max_tokens(6)
+        ..SamplingParams::greedy().max_tokens(6)
     }
 }
 

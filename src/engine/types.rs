@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::ids::{ConversationId, RequestId};
 use crate::kv::CostModel;
 use crate::model::Message;
+use crate::setters::setters;
 use crate::Error;
 
 /// One turn's input.
@@ -28,8 +29,37 @@ impl Turn {
     }
 }
 
+/// Options of a new conversation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConversationOptions {
+    /// System prompt; the template's default applies when `None`.
+    pub system: Option<String>,
+    /// A name to store the conversation under in the store
+    /// ([`super::EngineConfig::store`]): its state persists after every turn, and a later engine over
+    /// the same folder resumes it ([`super::Engine::find`]). Ignored without a store tier.
+    pub name: Option<String>,
+    /// Earlier messages (user and assistant turns, after the system prompt) the conversation
+    /// starts with, as a client that resends its history has them: the first turn computes
+    /// them with its own message, or shares their KV where another conversation holds the
+    /// same tokens ([`super::EngineConfig::prefix_sharing`]).
+    pub history: Vec<Message>,
+    /// Tools the assistant may call (OpenAI's `tools` entries: `{"type": "function",
+    /// "function": {"name", "description", "parameters"}}`), listed by the chat template
+    /// in every turn's prompt. The template must take tools ([`crate::model::ToolFormat`]).
+    pub tools: Vec<serde_json::Value>,
+}
+
+setters!(ConversationOptions {
+    some_into system: String,
+    some_into name: String,
+    value history: Vec<Message>,
+    value tools: Vec<serde_json::Value>,
+});
+
 /// How to pick each generated token and when to stop.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct SamplingParams {
     /// 0 (or below) means greedy.
     pub temperature: f64,
@@ -98,13 +128,32 @@ impl SamplingParams {
             constraint: None,
         }
     }
+}
 
-    /// The same with `max_tokens`.
-    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
-        self.max_tokens = max_tokens;
-        self
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self::greedy()
     }
 }
+
+setters!(SamplingParams {
+    value temperature: f64,
+    some top_k: usize,
+    some top_p: f64,
+    value seed: u64,
+    value max_tokens: usize,
+    value stop_token_ids: Vec<u32>,
+    value stop_strings: Vec<String>,
+    value ignore_eos: bool,
+    some logprobs: usize,
+    value min_tokens: usize,
+    value logit_bias: Vec<(u32, f32)>,
+    value presence_penalty: f32,
+    value frequency_penalty: f32,
+    value repetition_penalty: f32,
+    value min_p: f64,
+    some constraint: crate::model::Constraint,
+});
 
 /// Why a turn ended.
 #[derive(Clone, Debug)]

@@ -42,10 +42,12 @@ pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
 pub use tools::ToolFormat;
 pub use transformer::{ForwardBatch, Transformer, WeightFormat};
 
+use crate::setters::setters;
 use crate::{Error, Result};
 
 /// How to load a model.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LoadOptions {
     /// Device for weights and compute.
     pub device: Device,
@@ -66,6 +68,12 @@ impl Default for LoadOptions {
         }
     }
 }
+
+setters!(LoadOptions {
+    value device: Device,
+    value format: WeightFormat,
+    some_into tokenizer: std::path::PathBuf,
+});
 
 /// A loaded model with its tokenizer and chat template.
 #[derive(Debug)]

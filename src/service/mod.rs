@@ -62,6 +62,7 @@ use crate::engine::{
     SamplingParams, Turn, TurnStats,
 };
 use crate::model::{Message, Model};
+use crate::setters::setters;
 use crate::{Error, Result};
 
 use driver::{Command, Driver, Submission, What};
@@ -104,31 +105,12 @@ impl std::fmt::Debug for ServiceConfig {
     }
 }
 
-impl ServiceConfig {
-    /// Sets [`ServiceConfig::max_in_flight`].
-    pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = n;
-        self
-    }
-
-    /// Sets [`ServiceConfig::max_conversations`].
-    pub fn max_conversations(mut self, n: usize) -> Self {
-        self.max_conversations = n;
-        self
-    }
-
-    /// Sets [`ServiceConfig::thread_name`].
-    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
-        self.thread_name = name.into();
-        self
-    }
-
-    /// Sets [`ServiceConfig::observer`].
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
-        self
-    }
-}
+setters!(ServiceConfig {
+    value max_in_flight: usize,
+    value max_conversations: usize,
+    fill observer: Arc<dyn Observer>,
+    into thread_name: String,
+});
 
 /// Hooks the engine thread calls as turns progress. They run between steps: keep them short.
 pub trait Observer: Send + Sync {

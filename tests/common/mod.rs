@@ -15,10 +15,7 @@ use pensieve::engine::{
 use pensieve::model::{ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 
 pub fn real_model(format: WeightFormat) -> Model {
-    let options = LoadOptions {
-        format,
-        ..LoadOptions::default()
-    };
+    let options = LoadOptions::default().format(format);
     match Model::load(&ModelSource::Default, &options) {
         Ok(m) => m,
         Err(e) => panic!("the real model is required (run scripts/fetch-assets): {e}"),
@@ -95,13 +92,11 @@ pub fn pressure_config(
     mode: pensieve::engine::CacheMode,
     budgets: pensieve::engine::Budgets,
 ) -> pensieve::engine::EngineConfig {
-    pensieve::engine::EngineConfig {
-        budgets,
-        mode,
-        check_invariants: true,
-        prefix_sharing: false,
-        ..pensieve::engine::EngineConfig::default()
-    }
+    pensieve::engine::EngineConfig::default()
+        .budgets(budgets)
+        .mode(mode)
+        .check_invariants(true)
+        .prefix_sharing(false)
 }
 
 /// Asserts that a run under pressure used every tier's mechanism: swap-out, swap-in, host

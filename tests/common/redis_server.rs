@@ -135,25 +135,16 @@ impl Drop for Server {
 /// chunk saved and read back (these tests are about what the store returns), invariants
 /// checked.
 pub fn store_config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig {
-    EngineConfig {
-        mode,
-        budgets: Budgets {
-            device_tokens: 2048,
-            device_bytes: None,
-            host_bytes: 1 << 30,
-        },
-        cost_profile: CostProfile::Fixed(CostModel {
+    EngineConfig::default()
+        .mode(mode)
+        .budgets(Budgets::default().device_tokens(2048).host_bytes(1 << 30))
+        .cost_profile(CostProfile::Fixed(CostModel {
             per_token_s: 1e-3,
             per_token_per_position_s: 1e-6,
-        }),
+        }))
         // Read back whatever was saved: these tests are about what the store returns.
-        store: redis.map(|r| StoreConfig {
-            read_bytes_per_s: 1e12,
-            ..StoreConfig::redis(r)
-        }),
-        check_invariants: true,
-        ..EngineConfig::default()
-    }
+        .store(redis.map(|r| StoreConfig::redis(r).read_bytes_per_s(1e12)))
+        .check_invariants(true)
 }
 
 /// The tutor of the store tests' conversations.
@@ -171,9 +162,7 @@ pub const QUESTIONS: [&str; 4] = [
 
 /// A conversation with the tutor (stored under `name`, if any).
 pub fn tutor(name: Option<&str>) -> ConversationOptions {
-    ConversationOptions {
-        system: Some(SYSTEM.into()),
-        name: name.map(str::to_string),
-        ..ConversationOptions::default()
-    }
+    let mut options = ConversationOptions::default().system(SYSTEM);
+    options.name = name.map(str::to_string);
+    options
 }

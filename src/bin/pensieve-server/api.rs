@@ -489,31 +489,30 @@ impl Common {
             }
             logit_bias.push((id, v as f32));
         }
-        Ok(SamplingParams {
-            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
-            top_k,
+        Ok(SamplingParams::greedy()
+            .temperature(self.temperature.or(defaults.temperature).unwrap_or(1.0))
+            .top_k(top_k)
             // 1 keeps every token: no truncation. Anything outside (0, 1] is the engine's 400.
-            top_p: self.top_p.or(defaults.top_p).filter(|&p| p != 1.0),
-            seed: self.seed.unwrap_or_else(rand_seed),
-            max_tokens,
-            stop_strings: self.stop_strings(),
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens.unwrap_or(0),
-            logit_bias,
+            .top_p(self.top_p.or(defaults.top_p).filter(|&p| p != 1.0))
+            .seed(self.seed.unwrap_or_else(rand_seed))
+            .max_tokens(max_tokens)
+            .stop_strings(self.stop_strings())
+            .ignore_eos(self.ignore_eos)
+            .min_tokens(self.min_tokens.unwrap_or(0))
+            .logit_bias(logit_bias)
             // Out-of-range values are the engine's 400.
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: self
-                .repetition_penalty
-                .or(defaults.repetition_penalty)
-                .unwrap_or(1.0),
-            min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
-            constraint: match &self.response_format {
+            .presence_penalty(self.presence_penalty.unwrap_or(0.0))
+            .frequency_penalty(self.frequency_penalty.unwrap_or(0.0))
+            .repetition_penalty(
+                self.repetition_penalty
+                    .or(defaults.repetition_penalty)
+                    .unwrap_or(1.0),
+            )
+            .min_p(self.min_p.or(defaults.min_p).unwrap_or(0.0))
+            .constraint(match &self.response_format {
                 Some(f) => f.constraint()?,
                 None => None,
-            },
-            ..SamplingParams::greedy()
-        })
+            }))
     }
 
     pub fn stop_strings(&self) -> Vec<String> {

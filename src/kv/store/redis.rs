@@ -29,8 +29,11 @@ mod conn;
 
 use conn::Conn;
 
+use crate::setters::setters;
+
 /// Where a fleet's shared tier lives, and how to reach it.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RedisConfig {
     /// `redis://[user][:password@]host[:port][/db]`, or `rediss://` for TLS (`valkey://` and
     /// `valkeys://` too). Never written to logs or errors with its password.
@@ -53,6 +56,15 @@ pub struct RedisConfig {
     /// costs the recompute of the chunks it held.
     pub cluster: bool,
 }
+
+setters!(RedisConfig {
+    into url: String,
+    into key_prefix: String,
+    value ttl: Option<Duration>,
+    value timeout: Duration,
+    some_into ca_file: PathBuf,
+    value cluster: bool,
+});
 
 impl RedisConfig {
     /// The server at `url`, keys under `pensieve:`, kept a day after their last use, 500 ms per
