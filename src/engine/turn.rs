@@ -32,6 +32,7 @@ impl TurnLimits {
 
 /// How much room a turn takes; see [`super::Engine::turn_size`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TurnSize {
     /// Tokens already in the conversation.
     pub history_tokens: usize,

@@ -222,6 +222,7 @@ pub struct TurnStats {
 
 /// A generated token's log-probability under the model, and the most likely tokens there.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct TokenLogprobs {
     /// The chosen token's log-probability.
     pub logprob: f32,

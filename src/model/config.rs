@@ -24,6 +24,7 @@ pub const MAX_CONTEXT: usize = 1 << 20;
 
 /// Llama 3 frequency scaling (`rope_scaling.rope_type = "llama3"`).
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[non_exhaustive]
 pub struct Llama3RopeScaling {
     /// Overall scale factor.
     pub factor: f32,
@@ -37,6 +38,7 @@ pub struct Llama3RopeScaling {
 
 /// Rotary embedding as the model declares it.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RopeConfig {
     /// Frequency base (`rope_theta`) of the layers that attend globally.
     pub base: f32,
@@ -55,6 +57,7 @@ pub struct RopeConfig {
 
 /// Hyper-parameters of a decoder of one of the supported [`Architecture`]s.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ModelConfig {
     /// The architecture: which of the graph's optional parts are present.
     pub architecture: Architecture,
