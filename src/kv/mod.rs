@@ -21,11 +21,10 @@ pub(crate) use host::{HostChunkId, HostPool, LayerCells};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 pub(crate) use store::format::hex;
-pub use store::{
-    Address, ChunkFormat, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError, StoreStats,
-    FORMAT_VERSION,
+pub use store::{Address, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError, StoreStats};
+pub(crate) use store::{
+    BuildManifest, ChunkFormat, Owner, Refused, Saved, Store, StoreReader, Waker,
 };
-pub(crate) use store::{BuildManifest, Owner, Refused, Saved, Store, StoreReader, Waker};
 
 use crate::ids::ConversationId;
 

@@ -39,7 +39,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 pub use error::{RedisFailure, StoreError};
-pub use format::{Address, ChunkFormat, Fault, FORMAT_VERSION};
+pub(crate) use format::ChunkFormat;
+pub use format::{Address, Fault};
 use format::{ChunkId, HEADER_BYTES};
 pub(crate) use manifests::StoreReader;
 pub(crate) use medium::Owner;
@@ -231,14 +232,14 @@ impl Store {
     /// The store's counters.
     pub fn stats(&self) -> StoreStats {
         StoreStats {
-            connects: self.medium.connects(),
+            connects: self.medium.shared().map_or(0, |s| s.connects()),
             ..self.stats
         }
     }
 
     /// Whether other engines share the store.
     pub fn shared(&self) -> bool {
-        self.medium.shared()
+        self.medium.shared().is_some()
     }
 
     /// The byte budget.
@@ -367,7 +368,7 @@ impl Store {
             if matches!(e.state, State::Pending(..)) {
                 self.pending_bytes -= e.bytes;
             }
-            if !self.medium.shared() {
+            if self.medium.shared().is_none() {
                 self.worker.send(Job::RemoveChunk(*address));
                 self.stats.files_removed += 1;
             }

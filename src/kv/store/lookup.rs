@@ -22,9 +22,8 @@ impl Store {
     /// have stored; [`Store::poll`] indexes the answer. Returns the lookup's number, for
     /// [`Store::looked`]; `None` when there is nothing to ask.
     pub fn look_up(&mut self, chunks: &[(Address, usize)]) -> Option<u64> {
-        if !self.medium.shared() {
-            return None;
-        }
+        // A medium only this store writes was indexed whole when it opened: nothing to ask.
+        self.medium.shared()?;
         let unknown = self.unknown(chunks);
         if unknown.is_empty() {
             return None;

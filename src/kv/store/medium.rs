@@ -130,24 +130,11 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// Every stored manifest, in a stable order.
     fn manifests(&self) -> Vec<Vec<u8>>;
 
-    /// For a medium other engines write too: whether each chunk is stored now (`false` where
-    /// it cannot tell). `None` for a medium only this store writes, which it indexed whole
-    /// when it opened.
-    fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
-        let _ = addresses;
-        None
-    }
-
-    /// Whether other engines write and delete entries too (a fleet's store): then the listing
-    /// at start owns nothing, and chunks written by others are found by address.
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// Connections opened to the medium (more than one: it reconnected).
-    fn connects(&self) -> u64 {
-        0
-    }
+    /// The medium as other engines share it, if they write and delete entries too (a fleet's
+    /// store): then the listing at start owns nothing, and chunks written by others are found
+    /// by address. `None` for a medium only this store writes, which it indexed whole when it
+    /// opened.
+    fn shared(&self) -> Option<&dyn SharedMedium>;
 
     /// The chunks stored now, removing leftovers of interrupted writes and entries that are
     /// not chunks.
@@ -158,6 +145,15 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
 
     /// How messages name chunk `address` (a path, a key).
     fn describe(&self, address: &Address) -> String;
+}
+
+/// What a medium that other engines write too answers besides.
+pub(crate) trait SharedMedium {
+    /// Whether each chunk is stored now (`false` where it cannot tell).
+    fn lookup(&self, addresses: &[Address]) -> Vec<bool>;
+
+    /// Connections opened to the medium (more than one: it reconnected).
+    fn connects(&self) -> u64;
 }
 
 /// Chunk files `<root>/chunks/<address>.kvc` and manifests
@@ -222,6 +218,10 @@ fn not_found_is_missing(e: &std::io::Error) -> Fault {
 }
 
 impl Medium for Folder {
+    fn shared(&self) -> Option<&dyn SharedMedium> {
+        None
+    }
+
     fn put_chunk(&self, address: &Address, parts: &[&[u8]]) -> Result<(), StoreError> {
         write_atomic(&self.chunk_path(address), parts)
     }
@@ -344,11 +344,14 @@ pub(crate) fn temporary(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Which of `chunks` (address, KV-tokens) `medium` holds, in one request; none for a medium
-/// that cannot tell (one only its own store writes).
+/// Which of `chunks` (address, KV-tokens) a shared `medium` holds, in one request; none for a
+/// medium only its own store writes (its index says).
 pub(super) fn stored(medium: &dyn Medium, chunks: &[(Address, usize)]) -> Vec<(Address, usize)> {
+    let Some(shared) = medium.shared() else {
+        return Vec::new();
+    };
     let addresses: Vec<Address> = chunks.iter().map(|(a, _)| *a).collect();
-    let there = medium.lookup(&addresses).unwrap_or_default();
+    let there = shared.lookup(&addresses);
     (chunks.iter().zip(there))
         .filter_map(|(c, there)| there.then_some(*c))
         .collect()
@@ -450,7 +453,7 @@ mod tests {
         m.put_manifest("alice", b"{}", "").unwrap();
         assert_eq!(m.manifests(), vec![b"{}".to_vec()]);
         assert_eq!(m.manifest("alice"), Ok(Some(b"{}".to_vec())));
-        assert_eq!(m.lookup(&[a]), None);
+        assert!(m.shared().is_none());
         // An interrupted write and a stray file are cleared by the listing.
         let chunks = m.chunk_path(&a).parent().unwrap().to_path_buf();
         fs::write(chunks.join("x.kvc.tmp"), b"half").unwrap();

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use super::error::StoreError;
 use super::format::{self, Address, Fault};
-use super::medium::{Listing, Medium, Owner, Refused};
+use super::medium::{Listing, Medium, Owner, Refused, SharedMedium};
 
 mod conn;
 
@@ -410,7 +410,23 @@ impl Medium for Redis {
             .collect()
     }
 
-    fn lookup(&self, addresses: &[Address]) -> Option<Vec<bool>> {
+    /// Nothing: every key may be another engine's, so none is this store's to index or clear
+    /// at start; chunks are found by address when a turn needs them.
+    fn list(&self) -> std::io::Result<Listing> {
+        Ok(Listing::default())
+    }
+
+    fn shared(&self) -> Option<&dyn SharedMedium> {
+        Some(self)
+    }
+
+    fn describe(&self, address: &Address) -> String {
+        self.chunk_key(address)
+    }
+}
+
+impl SharedMedium for Redis {
+    fn lookup(&self, addresses: &[Address]) -> Vec<bool> {
         let keys: Vec<String> = addresses.iter().map(|a| self.chunk_key(a)).collect();
         let found = match self.request(|c| c.exist(&keys)) {
             Ok(found) if found.len() == keys.len() => found,
@@ -422,25 +438,11 @@ impl Medium for Redis {
                 .collect(),
             _ => vec![false; keys.len()],
         };
-        Some(found)
-    }
-
-    /// Nothing: every key may be another engine's, so none is this store's to index or clear
-    /// at start; chunks are found by address when a turn needs them.
-    fn list(&self) -> std::io::Result<Listing> {
-        Ok(Listing::default())
-    }
-
-    fn shared(&self) -> bool {
-        true
+        found
     }
 
     fn connects(&self) -> u64 {
         self.connects.load(Ordering::Relaxed)
-    }
-
-    fn describe(&self, address: &Address) -> String {
-        self.chunk_key(address)
     }
 }
 
@@ -480,7 +482,8 @@ mod tests {
         assert!(matches!(m.get_chunk(&a), Err(Fault::Io(_))));
         let e = m.put_chunk(&a, &[b"x"]).unwrap_err();
         assert!(!format!("{e} {e:?}").contains("hunter2"), "{e}");
-        assert_eq!((m.lookup(&[a]), m.connects()), (Some(vec![false]), 0));
+        let shared = m.shared().unwrap();
+        assert_eq!((shared.lookup(&[a]), shared.connects()), (vec![false], 0));
         // A malformed URL is refused at once.
         assert!(Redis::open(&RedisConfig::new("http://nowhere"), owner()).is_err());
     }
