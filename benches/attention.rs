@@ -43,7 +43,7 @@ struct Case {
 fn case(ctx: usize, queries: &[usize], layout: Layout) -> candle_core::Result<Case> {
     let dev = Device::Cpu;
     let n = queries.len();
-    let mut batch = AttentionBatch::new();
+    let mut batch = AttentionBatch::new(1);
     for (s, &nq) in queries.iter().enumerate() {
         let slots: Vec<u32> = (0..ctx)
             .map(|p| match layout {
@@ -51,9 +51,8 @@ fn case(ctx: usize, queries: &[usize], layout: Layout) -> candle_core::Result<Ca
                 Layout::Contiguous => (s * ctx + p) as u32,
             })
             .collect();
-        let positions: Vec<u32> = (0..ctx as u32).collect();
         let q_positions: Vec<u32> = ((ctx - nq) as u32..ctx as u32).collect();
-        if let Err(e) = batch.push_sequence(&q_positions, &slots, &positions) {
+        if let Err(e) = batch.push_sequence(&q_positions, &slots, ctx) {
             candle_core::bail!("{e}")
         }
     }
@@ -73,9 +72,8 @@ fn one_query_calls(ctx: usize, nq: usize) -> candle_core::Result<Vec<(usize, Att
         for j in 0..nq {
             let pos = ctx - nq + j;
             let slots: Vec<u32> = (0..=pos).map(|p| (p * SEQS + s) as u32).collect();
-            let positions: Vec<u32> = (0..=pos as u32).collect();
-            let mut b = AttentionBatch::new();
-            if let Err(e) = b.push_sequence(&[pos as u32], &slots, &positions) {
+            let mut b = AttentionBatch::new(1);
+            if let Err(e) = b.push_sequence(&[pos as u32], &slots, pos + 1) {
                 candle_core::bail!("{e}")
             }
             calls.push((s * nq + j, b));

@@ -89,13 +89,13 @@ fn median(dev: &Device, repeats: usize, mut f: impl FnMut() -> AnyResult<()>) ->
 /// `nq` queries at the end of each sequence's `ctx` tokens; slots interleaved across
 /// sequences or one run per sequence.
 fn batch(ctx: usize, nq: usize, interleaved: bool) -> AnyResult<AttentionBatch> {
-    let mut b = AttentionBatch::new();
+    let mut b = AttentionBatch::new(1);
     for s in 0..SEQS {
         let slots: Vec<u32> = (0..ctx)
             .map(|p| if interleaved { p * SEQS + s } else { s * ctx + p } as u32)
             .collect();
         let positions: Vec<u32> = (0..ctx as u32).collect();
-        b.push_sequence(&positions[ctx - nq..], &slots, &positions)?;
+        b.push_sequence(&positions[ctx - nq..], &slots, ctx)?;
     }
     Ok(b)
 }
@@ -248,7 +248,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
             &[last as u32],
             &[ctx_slots[last]],
             &ctx_slots,
-            &positions,
+            positions.len(),
             true,
         )?;
     }

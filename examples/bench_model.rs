@@ -77,7 +77,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     )?;
     let pos: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::new();
-    batch.push(prompt, &pos, &pos, &pos, &pos, true)?;
+    batch.push(prompt, &pos, &pos, &pos, pos.len(), true)?;
     let started = Instant::now();
     let logits = model.transformer().forward(&batch, &pool)?;
     let mut next = argmax(&logits)?;
@@ -89,7 +89,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
         let p = (n + step) as u32;
         let ctx: Vec<u32> = (0..=p).collect();
         let mut batch = ForwardBatch::new();
-        batch.push(&[next], &[p], &[p], &ctx, &ctx, true)?;
+        batch.push(&[next], &[p], &[p], &ctx, ctx.len(), true)?;
         next = argmax(&model.transformer().forward(&batch, &pool)?)?;
     }
     Ok(started.elapsed().as_secs_f64())
@@ -114,7 +114,7 @@ fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensie
             &[ctx as u32],
             &slots[ctx..],
             &slots,
-            &positions,
+            positions.len(),
             true,
         )?;
     }

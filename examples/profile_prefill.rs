@@ -33,7 +33,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut batch = ForwardBatch::new();
     let (rows, what) = match sequences {
         None => {
-            batch.push(&tokens, &pos, &pos, &pos, &pos, true)?;
+            batch.push(&tokens, &pos, &pos, &pos, pos.len(), true)?;
             (n, "tokens")
         }
         Some(s) => {
@@ -45,7 +45,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     &[n as u32],
                     &slots[n..],
                     &slots,
-                    &positions,
+                    positions.len(),
                     true,
                 )?;
             }

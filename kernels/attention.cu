@@ -13,15 +13,16 @@
 // K and V are staged a tile at a time in shared memory in their storage precision, by 16-byte
 // loads through each entry's slot, and widened to f32 as they are read. A tile none of the
 // item's queries can see (after the last query's position, or before the window of the first)
-// is skipped whole: the host lists each tile's lowest and highest position.
+// is skipped whole.
 //
 // An item that covers its sequence's whole context writes its normalized output directly. Only
 // decode rows are ever split over several items (the host does so only when the grid would not
 // fill the GPU); their unnormalized partials (acc, m, l) are folded in order by
 // `pensieve_attention_merge`, so the scratch is bounded by the grid, not by the context.
 //
-// Positions, not indices, decide visibility: entry j is visible to a query at position p iff
-// ctx_positions[j] <= p and p - ctx_positions[j] < window.
+// A sequence's context holds positions 0..ctx_len in a block table (paged KV): position j
+// lies in slot blocks[j / block_size] * block_size + j % block_size. Entry j is visible to a
+// query at position p iff j <= p and p - j < window.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,17 +49,16 @@ constexpr int TILE_BYTES = 16384;
 // `Params`, field for field).
 struct Params {
     int32_t q_offsets;      // [sequences + 1]: first query row of each sequence
-    int32_t ctx_offsets;    // [sequences + 1]: first context entry of each sequence
     int32_t q_positions;    // [tokens]
-    int32_t ctx_slots;      // [context entries]
-    int32_t ctx_positions;  // [context entries]
-    int32_t tile_offsets;   // [sequences + 1]: first tile of each sequence
-    int32_t tile_bounds;    // [tiles * 2]: lowest and highest position in each tile
+    int32_t block_offsets;  // [sequences + 1]: first block of each sequence's table
+    int32_t blocks;         // [blocks]: the block tables
+    int32_t ctx_lens;       // [sequences]: context entries of each sequence
     int32_t items;          // [items * ITEM_WORDS]
     int32_t merges;         // [merges * MERGE_WORDS]
     int32_t mma_items;      // [mma items * ITEM_WORDS]: the items for `attend_mma`
     int32_t n_heads;
     int32_t n_kv_heads;
+    int32_t block_size;     // slots per block
     float scale;
     uint32_t window;  // 0xffffffff: the whole causal context
 };
@@ -108,11 +108,9 @@ __host__ __device__ constexpr int k_tile() { return TILE_BYTES / (D * (int)sizeo
 
 // One block's item (see the file's comment) and where its sequence lies in the batch.
 struct Item {
-    int g, q0, t0, t1, part, nq, group, n_kv_heads, first_row, ctx_len;
-    uint32_t q_lo, q_hi;        // the lowest and highest position of its queries
-    const uint32_t* slots;      // its sequence's context: slots
-    const uint32_t* positions;  // ... and positions
-    const uint32_t* bounds;     // ... and each tile's lowest and highest position
+    int g, q0, t0, t1, part, nq, group, n_kv_heads, first_row, ctx_len, block_size;
+    uint32_t q_lo, q_hi;     // the lowest and highest position of its queries
+    const uint32_t* blocks;  // its sequence's block table
 
     // Item `index` of the list at word `list` of the plan.
     __device__ Item(const uint32_t* plan, const Params& p, int32_t list, int index) {
@@ -129,20 +127,24 @@ struct Item {
         group = p.n_heads / p.n_kv_heads;
         n_kv_heads = p.n_kv_heads;
         first_row = (int)plan[p.q_offsets + seq];
-        const int ctx0 = (int)plan[p.ctx_offsets + seq];
-        ctx_len = (int)plan[p.ctx_offsets + seq + 1] - ctx0;
-        slots = plan + p.ctx_slots + ctx0;
-        positions = plan + p.ctx_positions + ctx0;
-        bounds = plan + p.tile_bounds + 2 * plan[p.tile_offsets + seq];
+        ctx_len = (int)plan[p.ctx_lens + seq];
+        block_size = p.block_size;
+        blocks = plan + p.blocks + plan[p.block_offsets + seq];
+    }
+
+    // The pool slot of context position j.
+    __device__ size_t slot(int j) const {
+        return (size_t)blocks[j / block_size] * block_size + j % block_size;
     }
 
     // The row of q and out that holds the item's query i, and that query's head.
     __device__ int row(int i) const { return first_row + (q0 + i) / group; }
     __device__ int head(int i) const { return g * group + (q0 + i) % group; }
 
-    // Whether no query of the item sees any entry of tile t (the same for the whole block).
-    __device__ bool skips(int t, uint32_t window) const {
-        const uint32_t lo = bounds[2 * t], hi = bounds[2 * t + 1];
+    // Whether no query of the item sees any entry of tile t, of `tile` entries (the same for
+    // the whole block).
+    __device__ bool skips(int t, int tile, uint32_t window) const {
+        const uint32_t lo = (uint32_t)(t * tile), hi = (uint32_t)(min((t + 1) * tile, ctx_len) - 1);
         return lo > q_hi || (q_lo >= hi && q_lo - hi >= window);
     }
 };
@@ -189,18 +191,18 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
     }
 
     for (int t = it.t0; t < it.t1; ++t) {
-        if (it.skips(t, p.window)) continue;
+        if (it.skips(t, K_TILE, p.window)) continue;
         const int base = t * K_TILE;
         const int n = min(K_TILE, it.ctx_len - base);
         __syncthreads();  // the previous tile is no longer read
         for (int e = threadIdx.x; e < n * VPR; e += THREADS) {
             const int j = e / VPR, c = (e % VPR) * VEC;
-            const size_t at = (size_t)it.slots[base + j] * kv_row + (size_t)it.g * D + c;
+            const size_t at = it.slot(base + j) * kv_row + (size_t)it.g * D + c;
             *reinterpret_cast<uint4*>(ks + j * KSTRIDE + c) = *reinterpret_cast<const uint4*>(k + at);
             *reinterpret_cast<uint4*>(vs + j * D + c) = *reinterpret_cast<const uint4*>(v + at);
         }
         for (int j = threadIdx.x; j < K_TILE; j += THREADS)
-            pos[j] = j < n ? it.positions[base + j] : 0xffffffffu;
+            pos[j] = j < n ? (uint32_t)(base + j) : 0xffffffffu;
         __syncthreads();
 
 #pragma unroll
@@ -387,7 +389,7 @@ __device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
         for (int c = 0; c < DL; ++c) acc[s][c] = 0.f;
 
     for (int t = it.t0; t < it.t1; ++t) {
-        if (it.skips(t, p.window)) continue;
+        if (it.skips(t, HOST_TILE, p.window)) continue;
         for (int base = t * HOST_TILE; base < min((t + 1) * HOST_TILE, it.ctx_len); base += KT) {
             const int n = min(KT, it.ctx_len - base);
             __syncthreads();  // the previous sub-tile (and the queries) are written and read
@@ -396,7 +398,7 @@ __device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
                 const int j = e / VPR, c = (e % VPR) * VEC;
                 uint4 kx = {0u, 0u, 0u, 0u}, vx = {0u, 0u, 0u, 0u};
                 if (j < n) {
-                    const size_t at = (size_t)it.slots[base + j] * kv_row + (size_t)it.g * D + c;
+                    const size_t at = it.slot(base + j) * kv_row + (size_t)it.g * D + c;
                     kx = *reinterpret_cast<const uint4*>(k + at);
                     vx = *reinterpret_cast<const uint4*>(v + at);
                 }
@@ -404,7 +406,7 @@ __device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
                 *reinterpret_cast<uint4*>(vs + j * KS + c) = vx;
             }
             for (int j = threadIdx.x; j < KT; j += THREADS)
-                pos[j] = j < n ? it.positions[base + j] : 0xffffffffu;
+                pos[j] = j < n ? (uint32_t)(base + j) : 0xffffffffu;
             __syncthreads();
 
             // S = Q K^T, one 16x16 tile per warp at a time.

@@ -483,6 +483,7 @@ impl<T> Scheduler<T> {
             Some(i) => req.pending.get(i).copied(),
         };
         let slot = |p: usize| cache.slot(req.conv, p).ok_or_else(|| broken(p));
+        let block = |c: usize| cache.block(req.conv, c).ok_or_else(|| broken(c * chunk));
         Ok(Some(RowPlan {
             request: id,
             conv: req.conv,
@@ -495,8 +496,8 @@ impl<T> Scheduler<T> {
                 .map(|&p| slot(p))
                 .collect::<Result<_, _>>()?,
             positions: positions.iter().map(|&p| p as u32).collect(),
-            ctx_slots: (0..=last).map(slot).collect::<Result<_, _>>()?,
-            ctx_positions: (0..=last as u32).collect(),
+            blocks: (0..=last / chunk).map(block).collect::<Result<_, _>>()?,
+            ctx_len: last + 1,
             sample: taken_runs == work.len(),
             recomputed,
             decoded,

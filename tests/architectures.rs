@@ -52,7 +52,9 @@ fn ours(dir: &Path, json: &str) -> Vec<f32> {
     let pool = KvPool::new(m.config().kv_shape(), PROMPT, DType::F32, &Device::Cpu).unwrap();
     let idx: Vec<u32> = (0..PROMPT as u32).collect();
     let mut batch = ForwardBatch::new();
-    batch.push(&prompt(), &idx, &idx, &idx, &idx, true).unwrap();
+    batch
+        .push(&prompt(), &idx, &idx, &idx, idx.len(), true)
+        .unwrap();
     m.forward(&batch, &pool)
         .unwrap()
         .flatten_all()

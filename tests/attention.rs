@@ -75,7 +75,6 @@ fn a_query_is_bit_identical_alone_and_in_a_prefill_block() {
     // the last row of a 40-row prefill run beside another sequence.
     let (k_len, d, heads, kv_heads) = (1200usize, 64usize, 6usize, 2usize);
     let slots: Vec<u32> = (0..k_len as u32).rev().collect();
-    let positions: Vec<u32> = (0..k_len as u32).collect();
     let kv = |seed| {
         let t = Tensor::from_vec(
             values(k_len * kv_heads * d, seed),
@@ -89,17 +88,15 @@ fn a_query_is_bit_identical_alone_and_in_a_prefill_block() {
     let last = &q_all[40 * heads * d..];
     let scale = 0.125;
 
-    let mut alone = AttentionBatch::new();
-    alone.push_sequence(&[1199], &slots, &positions).unwrap();
+    let mut alone = AttentionBatch::new(1);
+    alone.push_sequence(&[1199], &slots, k_len).unwrap();
     let q = Tensor::from_vec(last.to_vec(), (1, heads, d), &Device::Cpu).unwrap();
     let one = attention(&q, &k, &v, &alone, scale).unwrap();
 
-    let mut mixed = AttentionBatch::new();
-    mixed
-        .push_sequence(&[5], &slots[..6], &positions[..6])
-        .unwrap();
+    let mut mixed = AttentionBatch::new(1);
+    mixed.push_sequence(&[5], &slots[..6], 6).unwrap();
     let run: Vec<u32> = (1160..1200).collect();
-    mixed.push_sequence(&run, &slots, &positions).unwrap();
+    mixed.push_sequence(&run, &slots, k_len).unwrap();
     let q = Tensor::from_vec(q_all, (41, heads, d), &Device::Cpu).unwrap();
     let many = attention(&q, &k, &v, &mixed, scale).unwrap();
     let bits = |t: &Tensor| -> Vec<u32> {
@@ -134,7 +131,7 @@ fn future_context_is_invisible() {
     let seq = batch.sequences().next().unwrap();
     let perturb = |pool: &Tensor, visible: bool| {
         let mut rows = pool.to_vec3::<f32>().unwrap();
-        for (&slot, &pos) in seq.ctx_slots.iter().zip(seq.ctx_positions) {
+        for (slot, pos) in seq.slots().zip(0..) {
             if (pos <= 12) == visible {
                 rows[slot as usize]
                     .iter_mut()
@@ -154,8 +151,8 @@ fn future_context_is_invisible() {
 fn out_of_pool_slot_is_a_typed_error() {
     let q = Tensor::zeros((1, 2, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
     let k = Tensor::zeros((4, 1, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let mut batch = AttentionBatch::new();
-    batch.push_sequence(&[0], &[9], &[0]).unwrap();
+    let mut batch = AttentionBatch::new(2);
+    batch.push_sequence(&[0], &[2], 1).unwrap();
     assert!(matches!(
         attention(&q, &k, &k, &batch, 1.0),
         Err(pensieve::Error::InvalidBatch(_))
@@ -166,8 +163,8 @@ fn out_of_pool_slot_is_a_typed_error() {
 fn odd_head_dim_is_a_typed_error() {
     let q = Tensor::zeros((1, 2, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
     let k = Tensor::zeros((4, 1, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let mut batch = AttentionBatch::new();
-    batch.push_sequence(&[0], &[0], &[0]).unwrap();
+    let mut batch = AttentionBatch::new(1);
+    batch.push_sequence(&[0], &[0], 1).unwrap();
     assert!(matches!(
         attention(&q, &k, &k, &batch, 1.0),
         Err(pensieve::Error::UnsupportedHeadDim { head_dim: 5 })

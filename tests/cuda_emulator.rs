@@ -129,8 +129,8 @@ fn edge_cases_match_the_reference() {
     // No context at all: zeros, written (not left as the NaN the output starts as).
     let q = Tensor::ones((1, 4, 64), DType::F32, &candle_core::Device::Cpu).unwrap();
     let k = Tensor::ones((2, 2, 64), DType::F16, &candle_core::Device::Cpu).unwrap();
-    let mut batch = AttentionBatch::new();
-    batch.push_sequence(&[5], &[], &[]).unwrap();
+    let mut batch = AttentionBatch::new(16);
+    batch.push_sequence(&[5], &[], 0).unwrap();
     let out = emulator::attention(&q, &k, &k, &batch, 0.1, None, Emulation::default()).unwrap();
     assert!(out
         .flatten_all()

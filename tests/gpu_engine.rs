@@ -177,7 +177,13 @@ fn scored(model: &Model, history: &[u32], precision: KvPrecision, piece: usize) 
         let mut batch = ForwardBatch::new();
         let new = &idx[start..end];
         batch
-            .push_scored(&history[start..end], new, new, &idx[..end], &idx[..end])
+            .push_scored(
+                &history[start..end],
+                new,
+                new,
+                &idx[..end],
+                idx[..end].len(),
+            )
             .unwrap();
         let logits: Tensor = llama.forward(&batch, &pool).unwrap();
         rows.extend(

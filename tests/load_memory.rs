@@ -49,7 +49,7 @@ fn gemma3_loads_in_about_its_file_size() {
     let ids: Vec<u32> = (0..64).map(|i| 1000 + i * 13).collect();
     let idx: Vec<u32> = (0..64).collect();
     let mut batch = ForwardBatch::new();
-    batch.push(&ids, &idx, &idx, &idx, &idx, true).unwrap();
+    batch.push(&ids, &idx, &idx, &idx, idx.len(), true).unwrap();
     llama.forward(&batch, &pool).unwrap();
     let peak = peak_rss();
     let mib = |b: usize| b as f64 / (1 << 20) as f64;

@@ -49,7 +49,7 @@ fn logits_at(model: &Model, tokens: &[u32], ends: &[usize]) -> Vec<Vec<f32>> {
         let mut batch = ForwardBatch::new();
         let new = &idx[start..end];
         batch
-            .push(&tokens[start..end], new, new, &idx, &idx, true)
+            .push(&tokens[start..end], new, new, &idx, idx.len(), true)
             .unwrap();
         out.push(
             llama
@@ -163,7 +163,9 @@ fn perplexity(model: &Model, replies: &[serde_json::Value]) -> (f64, usize) {
         let idx: Vec<u32> = (0..tokens.len() as u32).collect();
         let pool = pool(model, tokens.len());
         let mut batch = ForwardBatch::new();
-        batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();
+        batch
+            .push_scored(&tokens, &idx, &idx, &idx, idx.len())
+            .unwrap();
         let logits = llama.forward(&batch, &pool).unwrap();
         for (i, &t) in reply.iter().enumerate() {
             let row = logits

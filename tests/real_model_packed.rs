@@ -18,7 +18,9 @@ fn decode_in_batch(model: &Model, pool: &KvPool, others: &[usize], at: usize) ->
     let mut batch = ForwardBatch::new();
     let mut pushed_a = false;
     let push_a = |batch: &mut ForwardBatch| {
-        batch.push(&[1004], &[30], &[30], &ctx, &ctx, true).unwrap();
+        batch
+            .push(&[1004], &[30], &[30], &ctx, ctx.len(), true)
+            .unwrap();
     };
     for (j, &len) in others.iter().enumerate() {
         if j == at {
@@ -33,7 +35,7 @@ fn decode_in_batch(model: &Model, pool: &KvPool, others: &[usize], at: usize) ->
         let pos: Vec<u32> = (0..len as u32).collect();
         let slots: Vec<u32> = pos.iter().map(|p| base + p).collect();
         batch
-            .push(&tokens, &pos, &slots, &slots, &pos, true)
+            .push(&tokens, &pos, &slots, &slots, pos.len(), true)
             .unwrap();
     }
     if !pushed_a {
@@ -66,7 +68,7 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
     let a: Vec<u32> = prompt.iter().copied().cycle().take(30).collect();
     let pos: Vec<u32> = (0..30).collect();
     let mut batch = ForwardBatch::new();
-    batch.push(&a, &pos, &pos, &pos, &pos, false).unwrap();
+    batch.push(&a, &pos, &pos, &pos, pos.len(), false).unwrap();
     model.transformer().forward(&batch, &pool).unwrap();
 
     let alone = decode_in_batch(&model, &pool, &[], 0);

@@ -20,7 +20,7 @@ use std::ops::Range;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 use rayon::prelude::*;
 
-use super::{AttentionBatch, Dims};
+use super::{AttentionBatch, Dims, SequenceView};
 
 mod tiles;
 
@@ -137,7 +137,7 @@ pub(super) fn forward<T: KvElem>(
     let mut items = Vec::new();
     for (seq, view) in batch.sequences().enumerate() {
         let n = view.q_positions.len();
-        let tiles = view.ctx_slots.len().div_ceil(K_TILE);
+        let tiles = view.ctx_len.div_ceil(K_TILE);
         for r in (0..n).step_by(Q_BLOCK) {
             for g in 0..dims.n_kv_heads {
                 for t in (0..tiles.max(1)).step_by(SEGMENT) {
@@ -161,8 +161,7 @@ pub(super) fn forward<T: KvElem>(
             let block = Block {
                 q_rows: &q[first * row_len..(first + rows) * row_len],
                 q_positions: &view.q_positions[item.row0..item.row1],
-                ctx_slots: view.ctx_slots,
-                ctx_positions: view.ctx_positions,
+                context: view,
                 tiles: item.tiles.clone(),
                 k,
                 v,
@@ -240,8 +239,8 @@ impl Partial {
 struct Block<'a, T> {
     q_rows: &'a [f32],
     q_positions: &'a [u32],
-    ctx_slots: &'a [u32],
-    ctx_positions: &'a [u32],
+    /// The sequence, for its context's block table.
+    context: SequenceView<'a>,
     /// The context tiles (by index) this block reads.
     tiles: Range<usize>,
     k: &'a [T],
@@ -283,8 +282,7 @@ impl<T: KvElem> Block<'_, T> {
         let Block {
             q_rows,
             q_positions,
-            ctx_slots,
-            ctx_positions,
+            context,
             ref tiles,
             k,
             v,
@@ -325,33 +323,37 @@ impl<T: KvElem> Block<'_, T> {
                 qpos[i] = q_positions[r];
             }
         }
-        let all = ctx_slots.chunks(K_TILE).zip(ctx_positions.chunks(K_TILE));
-        for (slots, positions) in all.skip(tiles.start).take(tiles.len()) {
+        let mut slots = [0u32; K_TILE];
+        // Past the tile's end, positions read as "after every query": masked.
+        let mut positions = [u32::MAX; K_TILE];
+        for t in tiles.clone() {
+            let (lo, hi) = (t * K_TILE, ((t + 1) * K_TILE).min(context.ctx_len));
             // Tiles no query of the block sees (all after them, or all before every window)
             // are never read.
-            if positions
-                .iter()
-                .all(|&p| p > max_pos || min_pos.saturating_sub(p) >= window)
-            {
+            if lo as u32 > max_pos || min_pos.saturating_sub(hi as u32 - 1) >= window {
                 continue;
+            }
+            let n = hi - lo;
+            for (j, (slot, position)) in slots.iter_mut().zip(&mut positions).enumerate() {
+                (*slot, *position) = match j < n {
+                    true => (context.slot(lo + j), (lo + j) as u32),
+                    false => (0, u32::MAX),
+                };
             }
             let rows = |pool| TileRows {
                 pool,
-                slots,
+                slots: &slots[..n],
                 kv_row,
                 off: g * d,
                 d,
             };
             rows(k).gather_into(&mut kt, avx2);
             rows(v).gather_into(&mut vt, avx2);
-            // Past the tile's end, positions read as "after every query": masked.
-            let mut padded = [u32::MAX; K_TILE];
-            padded[..positions.len()].copy_from_slice(positions);
             let tile = Tile {
                 simd: avx2,
-                len: slots.len(),
+                len: n,
                 window,
-                positions: &padded,
+                positions: &positions,
                 kt: &kt,
                 vt: &vt,
             };

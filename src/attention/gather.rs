@@ -26,7 +26,7 @@ pub fn attention_gather(
     let mut outs = Vec::with_capacity(batch.num_sequences());
     for seq in batch.sequences() {
         let nq = seq.q_positions.len();
-        let nc = seq.ctx_slots.len();
+        let nc = seq.ctx_len;
         let qs = q
             .narrow(0, seq.first_row, nq)?
             .transpose(0, 1)?
@@ -35,7 +35,7 @@ pub fn attention_gather(
             outs.push(qs.zeros_like()?.transpose(0, 1)?);
             continue;
         }
-        let idx = Tensor::from_slice(seq.ctx_slots, nc, device)?;
+        let idx = Tensor::from_iter(seq.slots(), device)?;
         let expand = |pool: &Tensor| -> Result<Tensor> {
             let g = pool.index_select(&idx, 0)?.transpose(0, 1)?; // [kvh, nc, d]
             let (kvh, c, d) = g.dims3()?;
@@ -50,12 +50,10 @@ pub fn attention_gather(
             .q_positions
             .iter()
             .flat_map(|&qp| {
-                seq.ctx_positions
-                    .iter()
-                    .map(move |&cp| match visible(qp, cp, window) {
-                        true => 0.0,
-                        false => f32::NEG_INFINITY,
-                    })
+                (0..nc as u32).map(move |cp| match visible(qp, cp, window) {
+                    true => 0.0,
+                    false => f32::NEG_INFINITY,
+                })
             })
             .collect();
         let mask = Tensor::from_vec(mask, (1, nq, nc), device)?.to_dtype(qs.dtype())?;

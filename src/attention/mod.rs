@@ -8,15 +8,16 @@
 //!   sequence's rows contiguous and in [`AttentionBatch`] order;
 //! - `k_pool`, `v_pool`: `[n_slots, n_kv_heads, head_dim]`, the layer's KV pool;
 //! - the [`AttentionBatch`]: per sequence the positions of its query rows and its context as
-//!   slots with positions.
+//!   a block table (positions `0..ctx_len`, in blocks of the pool).
 //!
 //! **Rule.** A query at position `p` attends to exactly the context entries whose position is
 //! `<= p` and, on a layer with a sliding window of `w` (Gemma 3's local layers, Mistral),
 //! `> p - w` (the last `w` positions, its own included); query head `h` reads kv head
 //! `h / (n_heads / n_kv_heads)` (GQA). The new tokens' K/V
-//! must already be written to their slots and listed in the context. Because the rule is
+//! must already be written to their slots and covered by the context. Because the rule is
 //! positional, a sequence's query rows may form several disjoint position runs (recomputed
-//! leading tokens plus a new prompt) over one context, and the context may be in any slot order.
+//! leading tokens plus a new prompt) over one context, whose blocks may lie in any order in the
+//! pool.
 //!
 //! Implementations behind [`attention`]: a tiled online-softmax kernel on the CPU ([`cpu`]: no
 //! score matrix is materialised, work is spread over cores by rayon), a gather-then-matmul path
@@ -45,18 +46,26 @@ pub use cuda::emulator;
 use crate::{Error, Result};
 
 /// Plain-data description of one attention batch: which query rows belong to which sequence,
-/// their positions, and each sequence's context as `(slot, position)` pairs.
+/// their positions, and each sequence's context as a block table over the pool (paged KV, as
+/// vLLM and FlashInfer lay it out).
 ///
-/// Built once per step and shared by every layer (the slots are the same in all layers).
+/// A sequence's context holds positions `0..ctx_len`; position `p` lies in slot
+/// `blocks[p / block_size] * block_size + p % block_size`, so the table names one block per
+/// `block_size` positions (the engine's chunks) and its blocks may lie anywhere in the pool.
+/// With a block size of 1 the table lists every context slot. Built once per step and shared
+/// by every layer (the slots are the same in all layers).
 #[derive(Clone, Debug)]
 pub struct AttentionBatch {
+    /// Slots per block.
+    block_size: usize,
     /// `n_seqs + 1` offsets into the query rows.
     q_offsets: Vec<usize>,
-    /// `n_seqs + 1` offsets into `ctx_slots` / `ctx_positions`.
-    ctx_offsets: Vec<usize>,
     q_positions: Vec<u32>,
-    ctx_slots: Vec<u32>,
-    ctx_positions: Vec<u32>,
+    /// `n_seqs + 1` offsets into `blocks`.
+    block_offsets: Vec<usize>,
+    blocks: Vec<u32>,
+    /// Context entries of each sequence.
+    ctx_lens: Vec<usize>,
     /// The CUDA kernel's plan for this batch, uploaded once for every layer.
     #[cfg(feature = "cuda")]
     device_plan: cuda::PlanCache,
@@ -69,66 +78,85 @@ pub struct SequenceView<'a> {
     pub first_row: usize,
     /// Position of each query row.
     pub q_positions: &'a [u32],
-    /// Pool slot of each context entry.
-    pub ctx_slots: &'a [u32],
-    /// Position of each context entry.
-    pub ctx_positions: &'a [u32],
+    /// The block holding each `block_size` positions of the context.
+    pub blocks: &'a [u32],
+    /// Slots per block.
+    pub block_size: usize,
+    /// Context entries: positions `0..ctx_len`.
+    pub ctx_len: usize,
 }
 
-impl Default for AttentionBatch {
-    fn default() -> Self {
-        Self::new()
+impl SequenceView<'_> {
+    /// The pool slot of context position `p` (`p < ctx_len`).
+    pub fn slot(&self, p: usize) -> u32 {
+        let bs = self.block_size;
+        self.blocks[p / bs] * bs as u32 + (p % bs) as u32
+    }
+
+    /// The pool slot of every context position, in order.
+    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.ctx_len).map(|p| self.slot(p))
     }
 }
 
 impl AttentionBatch {
-    /// An empty batch.
-    pub fn new() -> Self {
+    /// An empty batch over a pool cut into blocks of `block_size` slots.
+    pub fn new(block_size: usize) -> Self {
         Self {
+            block_size,
             q_offsets: vec![0],
-            ctx_offsets: vec![0],
             q_positions: Vec::new(),
-            ctx_slots: Vec::new(),
-            ctx_positions: Vec::new(),
+            block_offsets: vec![0],
+            blocks: Vec::new(),
+            ctx_lens: Vec::new(),
             #[cfg(feature = "cuda")]
             device_plan: cuda::PlanCache::default(),
         }
     }
 
-    /// Appends a sequence whose query rows follow the previous sequence's in `q`.
+    /// Appends a sequence whose query rows follow the previous sequence's in `q`: queries at
+    /// `q_positions` over a context of `ctx_len` positions held by `blocks`.
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] if the sequence has no query, or its context slots and positions
-    /// differ in length.
+    /// [`Error::InvalidBatch`] if the sequence has no query, the block size is 0, or `blocks`
+    /// is not one block per `block_size` positions of the context.
     pub fn push_sequence(
         &mut self,
         q_positions: &[u32],
-        ctx_slots: &[u32],
-        ctx_positions: &[u32],
+        blocks: &[u32],
+        ctx_len: usize,
     ) -> Result<()> {
         if q_positions.is_empty() {
             return Err(Error::InvalidBatch(
                 "a sequence needs at least one query".into(),
             ));
         }
-        if ctx_slots.len() != ctx_positions.len() {
+        if self.block_size == 0 {
+            return Err(Error::InvalidBatch("blocks of 0 slots".into()));
+        }
+        if blocks.len() != ctx_len.div_ceil(self.block_size) {
             return Err(Error::InvalidBatch(format!(
-                "{} context slots but {} context positions",
-                ctx_slots.len(),
-                ctx_positions.len()
+                "{} blocks of {} slots for a context of {ctx_len}",
+                blocks.len(),
+                self.block_size
             )));
         }
         self.q_positions.extend_from_slice(q_positions);
-        self.ctx_slots.extend_from_slice(ctx_slots);
-        self.ctx_positions.extend_from_slice(ctx_positions);
+        self.blocks.extend_from_slice(blocks);
         self.q_offsets.push(self.q_positions.len());
-        self.ctx_offsets.push(self.ctx_slots.len());
+        self.block_offsets.push(self.blocks.len());
+        self.ctx_lens.push(ctx_len);
         #[cfg(feature = "cuda")]
         {
             // A plan cut for the sequences before is not this batch's (nor a clone's).
             self.device_plan = cuda::PlanCache::default();
         }
         Ok(())
+    }
+
+    /// Slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     /// Number of sequences.
@@ -143,18 +171,19 @@ impl AttentionBatch {
 
     /// Total context entries over all sequences.
     pub fn num_context_entries(&self) -> usize {
-        self.ctx_slots.len()
+        self.ctx_lens.iter().sum()
     }
 
     /// Sequence `i`; callers iterate `0..num_sequences()`, so the offsets exist.
     fn sequence(&self, i: usize) -> SequenceView<'_> {
         let (q0, q1) = (self.q_offsets[i], self.q_offsets[i + 1]);
-        let (c0, c1) = (self.ctx_offsets[i], self.ctx_offsets[i + 1]);
+        let (b0, b1) = (self.block_offsets[i], self.block_offsets[i + 1]);
         SequenceView {
             first_row: q0,
             q_positions: &self.q_positions[q0..q1],
-            ctx_slots: &self.ctx_slots[c0..c1],
-            ctx_positions: &self.ctx_positions[c0..c1],
+            blocks: &self.blocks[b0..b1],
+            block_size: self.block_size,
+            ctx_len: self.ctx_lens[i],
         }
     }
 
@@ -163,11 +192,13 @@ impl AttentionBatch {
         (0..self.num_sequences()).map(|i| self.sequence(i))
     }
 
-    /// Checks that every context slot lies inside a pool of `n_slots`.
+    /// Checks that every block lies wholly inside a pool of `n_slots`.
     fn check_slots(&self, n_slots: usize) -> Result<()> {
-        match self.ctx_slots.iter().find(|&&s| s as usize >= n_slots) {
-            Some(s) => Err(Error::InvalidBatch(format!(
-                "slot {s} outside a pool of {n_slots}"
+        let fits = |&&b: &&u32| (b as usize + 1) * self.block_size <= n_slots;
+        match self.blocks.iter().find(|b| !fits(b)) {
+            Some(b) => Err(Error::InvalidBatch(format!(
+                "block {b} of {} slots outside a pool of {n_slots}",
+                self.block_size
             ))),
             None => Ok(()),
         }
@@ -324,12 +355,16 @@ mod tests {
 
     #[test]
     fn push_sequence_rejects_mismatched_context() {
-        let mut b = AttentionBatch::new();
-        assert!(b.push_sequence(&[0], &[0, 1], &[0]).is_err());
-        assert!(b.push_sequence(&[], &[0], &[0]).is_err());
-        assert!(b.push_sequence(&[0], &[3], &[0]).is_ok());
+        let mut b = AttentionBatch::new(4);
+        assert!(b.push_sequence(&[0], &[0, 1], 4).is_err());
+        assert!(b.push_sequence(&[0], &[0], 5).is_err());
+        assert!(b.push_sequence(&[], &[0], 1).is_err());
+        assert!(b.push_sequence(&[6], &[3, 1], 7).is_ok());
         assert_eq!(b.num_sequences(), 1);
-        assert!(b.check_slots(3).is_err());
-        assert!(b.check_slots(4).is_ok());
+        let view = b.sequences().next().unwrap();
+        assert_eq!(view.slots().collect::<Vec<_>>(), [12, 13, 14, 15, 4, 5, 6]);
+        assert!(b.check_slots(15).is_err());
+        assert!(b.check_slots(16).is_ok());
+        assert!(AttentionBatch::new(0).push_sequence(&[0], &[], 0).is_err());
     }
 }

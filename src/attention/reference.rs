@@ -38,12 +38,9 @@ pub fn attention_reference(
             for h in 0..h_n {
                 let g = h / group;
                 let qh = &qv[(row * h_n + h) * d..][..d];
-                let visible: Vec<(usize, f64)> = seq
-                    .ctx_slots
-                    .iter()
-                    .zip(seq.ctx_positions)
-                    .filter(|(_, &p)| visible(qp, p, window))
-                    .map(|(&slot, _)| {
+                let visible: Vec<(usize, f64)> = (seq.slots().zip(0..))
+                    .filter(|&(_, p)| visible(qp, p, window))
+                    .map(|(slot, _)| {
                         let base = slot as usize * kv_row + g * d;
                         let s: f64 = qh
                             .iter()

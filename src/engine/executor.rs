@@ -120,19 +120,25 @@ impl Faults {
     }
 }
 
-/// One forward pass over `rows`; logits of the rows that sample, in row order.
-pub(super) fn forward(model: &Model, pool: &KvPool, rows: &[&RowPlan]) -> Result<Option<Tensor>> {
+/// One forward pass over `rows`, whose block tables name blocks of `chunk` slots; logits of
+/// the rows that sample, in row order.
+pub(super) fn forward(
+    model: &Model,
+    pool: &KvPool,
+    chunk: usize,
+    rows: &[&RowPlan],
+) -> Result<Option<Tensor>> {
     if rows.is_empty() {
         return Ok(None);
     }
-    let mut batch = ForwardBatch::new();
+    let mut batch = ForwardBatch::paged(chunk);
     for r in rows {
         batch.push(
             &r.tokens,
             &r.positions,
             &r.slots,
-            &r.ctx_slots,
-            &r.ctx_positions,
+            &r.blocks,
+            r.ctx_len,
             r.sample,
         )?;
     }
@@ -152,11 +158,11 @@ pub(super) fn measure_cost(model: &Model, pool: &KvPool, chunk: usize) -> Result
         }
         let end = (offset + chunk) as u32;
         let positions: Vec<u32> = (offset as u32..end).collect();
-        let context: Vec<u32> = (0..end).collect();
+        let blocks: Vec<u32> = (0..(end as usize).div_ceil(chunk) as u32).collect();
         let vocab = model.config().vocab_size.max(1) as u32;
         let tokens: Vec<u32> = positions.iter().map(|p| (100 + p) % vocab).collect();
-        let mut batch = ForwardBatch::new();
-        batch.push(&tokens, &positions, &positions, &context, &context, true)?;
+        let mut batch = ForwardBatch::paged(chunk);
+        batch.push(&tokens, &positions, &positions, &blocks, end as usize, true)?;
         // The first pass warms caches and allocations; time the second.
         model.transformer().forward(&batch, pool)?;
         let started = Instant::now();

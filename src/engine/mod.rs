@@ -465,7 +465,7 @@ impl Engine {
             .map(|(row, _)| row)
             .collect();
         let t2 = Instant::now();
-        let result = executor::forward(&self.model, &self.pool, &rows);
+        let result = executor::forward(&self.model, &self.pool, self.config.chunk_size, &rows);
         // Outputs exist once the pass is done: turn timings are taken then, while scheduling
         // decisions used the caller's `now`.
         let t3 = Instant::now();

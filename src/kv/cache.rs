@@ -275,6 +275,12 @@ impl CacheManager {
         self.tables.get(&id)
     }
 
+    /// The device block holding chunk `i` of `id`, if attention can read it this step.
+    pub fn block(&self, id: ConversationId, i: usize) -> Option<u32> {
+        let rec = *self.tables.get(&id)?.chunks.get(i)?;
+        Some(self.arena.loc(rec).readable_block()?.0)
+    }
+
     /// The device slot holding position `pos` of `id`, if attention can read it this step.
     pub fn slot(&self, id: ConversationId, pos: usize) -> Option<u32> {
         let chunk = self.chunk_size();

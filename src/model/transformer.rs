@@ -177,8 +177,8 @@ pub struct Transformer {
     format: WeightFormat,
 }
 
-/// One step's worth of work for [`Llama::forward`], as plain data.
-#[derive(Clone, Debug, Default)]
+/// One step's worth of work for [`Transformer::forward`], as plain data.
+#[derive(Clone, Debug)]
 pub struct ForwardBatch {
     tokens: Vec<u32>,
     slots: Vec<u32>,
@@ -187,28 +187,47 @@ pub struct ForwardBatch {
     logit_rows: Vec<u32>,
 }
 
+impl Default for ForwardBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ForwardBatch {
-    /// An empty batch.
+    /// An empty batch whose contexts list their slots one by one (blocks of one slot).
     pub fn new() -> Self {
-        Self::default()
+        Self::paged(1)
+    }
+
+    /// An empty batch whose contexts are block tables over a pool cut into blocks of
+    /// `block_size` slots (see [`AttentionBatch`]).
+    pub fn paged(block_size: usize) -> Self {
+        Self {
+            tokens: Vec::new(),
+            slots: Vec::new(),
+            positions: Vec::new(),
+            attention: AttentionBatch::new(block_size),
+            logit_rows: Vec::new(),
+        }
     }
 
     /// Appends one sequence: its new `tokens` at `positions`, to be written into `slots`, and
-    /// its whole context (which must include the new tokens' slots and positions). With
-    /// `want_logits`, the logits of the sequence's last new token are returned.
+    /// its whole context, positions `0..ctx_len` in `blocks` (which must cover the new
+    /// tokens). With `want_logits`, the logits of the sequence's last new token are returned.
     ///
     /// # Errors
-    /// [`Error::InvalidBatch`] if the per-token lists differ in length or are empty.
+    /// [`Error::InvalidBatch`] if the per-token lists differ in length or are empty, or the
+    /// blocks do not cover the context.
     pub fn push(
         &mut self,
         tokens: &[u32],
         positions: &[u32],
         slots: &[u32],
-        ctx_slots: &[u32],
-        ctx_positions: &[u32],
+        blocks: &[u32],
+        ctx_len: usize,
         want_logits: bool,
     ) -> Result<()> {
-        self.push_rows(tokens, positions, slots, ctx_slots, ctx_positions)?;
+        self.push_rows(tokens, positions, slots, blocks, ctx_len)?;
         if want_logits {
             self.logit_rows.push(self.tokens.len() as u32 - 1);
         }
@@ -224,11 +243,11 @@ impl ForwardBatch {
         tokens: &[u32],
         positions: &[u32],
         slots: &[u32],
-        ctx_slots: &[u32],
-        ctx_positions: &[u32],
+        blocks: &[u32],
+        ctx_len: usize,
     ) -> Result<()> {
         let first = self.tokens.len() as u32;
-        self.push_rows(tokens, positions, slots, ctx_slots, ctx_positions)?;
+        self.push_rows(tokens, positions, slots, blocks, ctx_len)?;
         self.logit_rows.extend(first..self.tokens.len() as u32);
         Ok(())
     }
@@ -238,8 +257,8 @@ impl ForwardBatch {
         tokens: &[u32],
         positions: &[u32],
         slots: &[u32],
-        ctx_slots: &[u32],
-        ctx_positions: &[u32],
+        blocks: &[u32],
+        ctx_len: usize,
     ) -> Result<()> {
         if tokens.len() != positions.len() || tokens.len() != slots.len() {
             return Err(Error::InvalidBatch(format!(
@@ -249,8 +268,7 @@ impl ForwardBatch {
                 slots.len()
             )));
         }
-        self.attention
-            .push_sequence(positions, ctx_slots, ctx_positions)?;
+        self.attention.push_sequence(positions, blocks, ctx_len)?;
         self.tokens.extend_from_slice(tokens);
         self.positions.extend_from_slice(positions);
         self.slots.extend_from_slice(slots);
@@ -262,7 +280,7 @@ impl ForwardBatch {
         self.tokens.len()
     }
 
-    /// Number of logit rows [`Llama::forward`] will return.
+    /// Number of logit rows [`Transformer::forward`] will return.
     pub fn num_logit_rows(&self) -> usize {
         self.logit_rows.len()
     }
@@ -367,14 +385,10 @@ impl Transformer {
                 vocab: c.vocab_size,
             });
         }
-        let max_pos = batch
-            .attention
-            .sequences()
-            .flat_map(|s| s.ctx_positions.iter())
-            .max();
-        if let Some(&p) = max_pos.filter(|&&p| p as usize >= c.max_position_embeddings) {
+        let longest = batch.attention.sequences().map(|s| s.ctx_len).max();
+        if let Some(n) = longest.filter(|&n| n > c.max_position_embeddings) {
             return Err(Error::ContextOverflow {
-                position: p as usize,
+                position: n - 1,
                 window: c.max_position_embeddings,
             });
         }

@@ -8,7 +8,8 @@ use std::ops::Range;
 use crate::ids::{ConversationId, RequestId};
 use crate::kv::{Moves, Violation};
 
-/// One request's share of a step: new tokens and where their KV goes, plus its context.
+/// One request's share of a step: new tokens and where their KV goes, plus its context as a
+/// block table (shared with the attention op).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RowPlan {
     pub request: RequestId,
@@ -16,8 +17,10 @@ pub(crate) struct RowPlan {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
     pub slots: Vec<u32>,
-    pub ctx_slots: Vec<u32>,
-    pub ctx_positions: Vec<u32>,
+    /// The context's block table: the device block of each chunk up to the last position.
+    pub blocks: Vec<u32>,
+    /// Context positions (`0..ctx_len`).
+    pub ctx_len: usize,
     /// The row completes the request's work: sample a token from its last position.
     pub sample: bool,
     /// Of `tokens`, how many recompute dropped KV.

@@ -206,7 +206,17 @@ fn admission_reclaims_chunks_being_swapped_out_in_the_same_step() {
     assert!(plan.moves.swap_out.is_empty(), "copies cancelled");
     let row = &plan.rows[0];
     assert_eq!(row.request, again);
-    assert_eq!(row.ctx_slots.len(), 11);
+    assert_eq!(row.ctx_len, 11);
+    assert_eq!(row.blocks.len(), 11usize.div_ceil(CHUNK));
+    // The block table names the blocks the chunk table holds, the row's slots inside them.
+    let named: Vec<u32> = (w.chunks(0).iter())
+        .filter_map(|c| c.readable_block().map(|b| b.0))
+        .collect();
+    assert_eq!(row.blocks, named[..row.blocks.len()]);
+    for (&p, &slot) in row.positions.iter().zip(&row.slots) {
+        let b = row.blocks[p as usize / CHUNK];
+        assert_eq!(slot as usize, b as usize * CHUNK + p as usize % CHUNK);
+    }
     assert!(w.chunks(0).iter().all(|c| matches!(c, ChunkLoc::Device(_))));
     w.commit(&plan);
     assert_eq!(w.cache.counters().bytes_swapped_out, 0);

@@ -1,5 +1,5 @@
 //! Random attention batches for the attention tests (the CPU op, the CUDA kernel on a GPU and
-//! under the emulator): shapes, GQA ratios, slot permutations, disjoint query runs in one
+//! under the emulator): shapes, GQA ratios, block tables of shuffled blocks of several sizes, disjoint query runs in one
 //! sequence, decode and prefill mixed, sliding windows.
 
 use candle_core::{Device, Tensor};
@@ -81,27 +81,24 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Builds q, pools and batch; every sequence's context lives in a shuffled set of slots.
+/// Builds q, pools and batch; every sequence's context lives in a shuffled set of blocks of
+/// 1, 3 or 16 slots (by the seed: a table of single slots, an odd size, the engine's kind).
 pub fn build(c: &Case) -> (Tensor, Tensor, Tensor, AttentionBatch) {
-    let total_ctx: usize = c.seqs.iter().map(|s| s.ctx_len).sum();
-    let n_slots = total_ctx + 7;
-    // A seeded permutation of the pool's slots hands out non-contiguous slots.
-    let mut slots: Vec<u32> = (0..n_slots as u32).collect();
-    let keys = values(n_slots, c.seed ^ 0xabc);
-    slots.sort_by(|a, b| keys[*a as usize].total_cmp(&keys[*b as usize]));
+    let bs = [1usize, 3, 16][(c.seed % 3) as usize];
+    let n_blocks = c.seqs.iter().map(|s| s.ctx_len.div_ceil(bs)).sum::<usize>() + 2;
+    let n_slots = n_blocks * bs;
+    // A seeded permutation of the pool's blocks hands them out in no order.
+    let mut blocks: Vec<u32> = (0..n_blocks as u32).collect();
+    let keys = values(n_blocks, c.seed ^ 0xabc);
+    blocks.sort_by(|a, b| keys[*a as usize].total_cmp(&keys[*b as usize]));
     let mut next = 0;
-    let mut batch = AttentionBatch::new();
+    let mut batch = AttentionBatch::new(bs);
     for s in &c.seqs {
-        let ctx_slots = &slots[next..next + s.ctx_len];
-        next += s.ctx_len;
-        // Context listed in a scrambled order too: the rule is positional, not by index.
-        let mut order: Vec<u32> = (0..s.ctx_len as u32).collect();
-        order.reverse();
-        let ctx_positions: Vec<u32> = order.clone();
-        let ctx_slots: Vec<u32> = order.iter().map(|&p| ctx_slots[p as usize]).collect();
+        let n = s.ctx_len.div_ceil(bs);
         batch
-            .push_sequence(&s.queries, &ctx_slots, &ctx_positions)
+            .push_sequence(&s.queries, &blocks[next..next + n], s.ctx_len)
             .unwrap();
+        next += n;
     }
     let n_heads = c.n_kv_heads * c.group;
     let t = batch.num_queries();

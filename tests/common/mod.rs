@@ -56,11 +56,10 @@ pub fn greedy(
         history.extend_from_slice(&new);
         let positions: Vec<u32> = (start as u32..history.len() as u32).collect();
         let slots: Vec<u32> = (start..history.len()).map(&slots_for).collect();
-        let ctx_positions: Vec<u32> = (0..history.len() as u32).collect();
         let ctx_slots: Vec<u32> = (0..history.len()).map(&slots_for).collect();
         let mut batch = ForwardBatch::new();
         batch
-            .push(&new, &positions, &slots, &ctx_slots, &ctx_positions, true)
+            .push(&new, &positions, &slots, &ctx_slots, history.len(), true)
             .unwrap();
         let logits = llama.forward(&batch, &pool).unwrap();
         if !pending.is_empty() {
@@ -196,7 +195,9 @@ pub fn score_all_with(
     .unwrap();
     let pos: Vec<u32> = (0..tokens.len() as u32).collect();
     let mut batch = ForwardBatch::new();
-    batch.push_scored(tokens, &pos, &pos, &pos, &pos).unwrap();
+    batch
+        .push_scored(tokens, &pos, &pos, &pos, pos.len())
+        .unwrap();
     llama
         .forward(&batch, &pool)
         .unwrap()

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::{Block, Dims, KvElem};
+use super::{Block, Dims, KvElem, SequenceView};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, mut state: u64) -> Vec<f32> {
@@ -27,8 +27,8 @@ fn bits(p: &super::Partial) -> Vec<u32> {
 }
 
 /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
-/// 7 prefill rows (21 queries: full and partial query groups) over 150 shuffled slots with
-/// a partial last tile, for head dims on and off the vector paths' chunk sizes (256:
+/// 7 prefill rows (21 queries: full and partial query groups) over 150 slots in shuffled
+/// blocks of 5 with a partial last tile, for head dims on and off the vector paths' chunk sizes (256:
 /// Gemma 3's), with and without a sliding window.
 fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
     let cases = [256, 64, 40, 12]
@@ -36,8 +36,7 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
         .flat_map(|d| [(d, u32::MAX), (d, 40)]);
     for (d, window) in cases {
         let (n_heads, n_kv_heads, ctx, rows) = (6, 2, 150, 7);
-        let slots: Vec<u32> = (0..ctx as u32).map(|i| (i * 37) % ctx as u32).collect();
-        let positions: Vec<u32> = (0..ctx as u32).collect();
+        let blocks: Vec<u32> = (0..30).map(|i| (i * 7) % 30).collect();
         let q_positions: Vec<u32> = (ctx as u32 - rows as u32..ctx as u32).collect();
         let q = values(rows * n_heads * d, 1);
         let kv = |seed| -> Vec<T> {
@@ -50,8 +49,13 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
         let block = Block {
             q_rows: &q,
             q_positions: &q_positions,
-            ctx_slots: &slots,
-            ctx_positions: &positions,
+            context: SequenceView {
+                first_row: 0,
+                q_positions: &q_positions,
+                blocks: &blocks,
+                block_size: 5,
+                ctx_len: ctx,
+            },
             tiles: 0..ctx.div_ceil(super::K_TILE),
             k: &k,
             v: &v,

@@ -37,17 +37,16 @@ pub(crate) fn k_tile(head_dim: usize, dtype_bytes: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Params {
     pub q_offsets: i32,
-    pub ctx_offsets: i32,
     pub q_positions: i32,
-    pub ctx_slots: i32,
-    pub ctx_positions: i32,
-    pub tile_offsets: i32,
-    pub tile_bounds: i32,
+    pub block_offsets: i32,
+    pub blocks: i32,
+    pub ctx_lens: i32,
     pub items: i32,
     pub merges: i32,
     pub mma_items: i32,
     pub n_heads: i32,
     pub n_kv_heads: i32,
+    pub block_size: i32,
     pub scale: f32,
     pub window: u32,
 }
@@ -114,7 +113,7 @@ impl Plan {
         let mut base = Vec::new();
         for (seq, view) in batch.sequences().enumerate() {
             let rows = view.q_positions.len();
-            let tiles = view.ctx_slots.len().div_ceil(tile);
+            let tiles = view.ctx_len.div_ceil(tile);
             for g in 0..shape.n_kv_heads {
                 for q0 in (0..rows * group).step_by(MAX_Q) {
                     let q1 = (q0 + MAX_Q).min(rows * group);
@@ -177,33 +176,28 @@ impl Plan {
             words.extend_from_slice(data);
             Ok(at)
         };
-        let offsets = |o: &[usize]| o.iter().map(|&x| x as u32).collect::<Vec<u32>>();
-        let (mut tile_offsets, mut tile_bounds) = (vec![0u32], Vec::new());
-        for view in batch.sequences() {
-            for chunk in view.ctx_positions.chunks(tile) {
-                let lo = chunk.iter().copied().min().unwrap_or(0);
-                tile_bounds.extend([lo, chunk.iter().copied().max().unwrap_or(0)]);
-            }
-            tile_offsets.push((tile_bounds.len() / 2) as u32);
-        }
+        let words32 = |o: &[usize]| o.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let params = Params {
-            q_offsets: place(&mut words, &offsets(&batch.q_offsets))?,
-            ctx_offsets: place(&mut words, &offsets(&batch.ctx_offsets))?,
+            q_offsets: place(&mut words, &words32(&batch.q_offsets))?,
             q_positions: place(&mut words, &batch.q_positions)?,
-            ctx_slots: place(&mut words, &batch.ctx_slots)?,
-            ctx_positions: place(&mut words, &batch.ctx_positions)?,
-            tile_offsets: place(&mut words, &tile_offsets)?,
-            tile_bounds: place(&mut words, &tile_bounds)?,
+            block_offsets: place(&mut words, &words32(&batch.block_offsets))?,
+            blocks: place(&mut words, &batch.blocks)?,
+            ctx_lens: place(&mut words, &words32(&batch.ctx_lens))?,
             items: place(&mut words, &items)?,
             merges: place(&mut words, &merges)?,
             mma_items: place(&mut words, &mma_items)?,
             n_heads: shape.n_heads as i32,
             n_kv_heads: shape.n_kv_heads as i32,
+            block_size: batch.block_size as i32,
             scale: 1.0,
             window: NO_WINDOW,
         };
-        // Every word is addressed by a 32-bit index in the kernel, slots and offsets included.
-        if words.len() > i32::MAX as usize || batch.ctx_slots.len() > i32::MAX as usize {
+        // Every word, context entry and block size is a 32-bit number in the kernel.
+        let too_large = |n: usize| n > i32::MAX as usize;
+        if too_large(words.len())
+            || batch.ctx_lens.iter().any(|&n| too_large(n))
+            || too_large(batch.block_size)
+        {
             return Err(Error::InvalidBatch(
                 "a batch too large for the CUDA kernel".into(),
             ));
@@ -256,12 +250,12 @@ mod tests {
     /// partials are bounded by the grid, not by the context.
     #[test]
     fn the_plan_covers_every_query_and_tile_once() -> crate::Result<()> {
-        let mut batch = AttentionBatch::new();
-        let ctx: Vec<u32> = (0..5000).collect();
-        batch.push_sequence(&[4999], &ctx, &ctx)?; // a long decode row
+        let mut batch = AttentionBatch::new(16);
+        let blocks: Vec<u32> = (0..313).rev().collect();
+        batch.push_sequence(&[4999], &blocks, 5000)?; // a long decode row
         let rows: Vec<u32> = (0..50).collect();
-        batch.push_sequence(&rows, &ctx[..50], &ctx[..50])?; // a prefill run
-        batch.push_sequence(&[0], &[], &[])?; // no context at all
+        batch.push_sequence(&rows, &blocks[..4], 50)?; // a prefill run
+        batch.push_sequence(&[0], &[], 0)?; // no context at all
         for (heads, kv_heads, head_dim, sms) in [
             (9, 3, 64, 132),
             (32, 8, 128, 132),
@@ -326,19 +320,19 @@ mod tests {
     /// A grid already full, or a decode row too short to split, is not split.
     #[test]
     fn decode_rows_are_split_only_to_fill_the_gpu() -> crate::Result<()> {
-        let ctx: Vec<u32> = (0..4096).collect();
-        let mut batch = AttentionBatch::new();
+        let blocks: Vec<u32> = (0..128).collect();
+        let mut batch = AttentionBatch::new(32);
         for _ in 0..300 {
-            batch.push_sequence(&[4095], &ctx, &ctx)?;
+            batch.push_sequence(&[4095], &blocks, 4096)?;
         }
         let full = Plan::new(&batch, shape(32, 8, 128, 132))?;
         assert_eq!((full.parts, full.merges), (0, 0));
-        let mut one = AttentionBatch::new();
-        one.push_sequence(&[4095], &ctx, &ctx)?;
+        let mut one = AttentionBatch::new(32);
+        one.push_sequence(&[4095], &blocks, 4096)?;
         let spread = Plan::new(&one, shape(32, 8, 128, 132))?;
         assert!(spread.merges == 8 && spread.parts >= 8 * 4, "{spread:?}");
-        let mut short = AttentionBatch::new();
-        short.push_sequence(&[100], &ctx[..101], &ctx[..101])?;
+        let mut short = AttentionBatch::new(32);
+        short.push_sequence(&[100], &blocks[..4], 101)?;
         assert_eq!(Plan::new(&short, shape(32, 8, 128, 132))?.parts, 0);
         Ok(())
     }

@@ -538,7 +538,9 @@ mod tests {
         let logits = |m: &Transformer| {
             let pool = KvPool::new(m.config().kv_shape(), n as usize, DType::F16, &cpu).unwrap();
             let mut batch = ForwardBatch::new();
-            batch.push_scored(&tokens, &idx, &idx, &idx, &idx).unwrap();
+            batch
+                .push_scored(&tokens, &idx, &idx, &idx, idx.len())
+                .unwrap();
             let out = m.forward(&batch, &pool).unwrap();
             assert_eq!(out.dtype(), DType::F32);
             out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
