@@ -276,11 +276,32 @@ impl<T: KvElem> Block<'_, T> {
         self.body(true)
     }
 
+    /// This group's query vectors, pre-scaled, and their positions; index = row * group +
+    /// head-in-group.
+    fn queries(&self) -> (Vec<f32>, Vec<u32>) {
+        let (d, dims) = (self.dims.head_dim, self.dims);
+        let group = dims.n_heads / dims.n_kv_heads;
+        let nq = self.q_positions.len() * group;
+        let mut qv = vec![0f32; nq * d];
+        let mut qpos = vec![0u32; nq];
+        for (r, &position) in self.q_positions.iter().enumerate() {
+            for j in 0..group {
+                let h = self.g * group + j;
+                let src = &self.q_rows[(r * dims.n_heads + h) * d..][..d];
+                let i = r * group + j;
+                for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
+                    *dst = s * self.scale;
+                }
+                qpos[i] = position;
+            }
+        }
+        (qv, qpos)
+    }
+
     /// `avx2`: the caller runs with AVX2 and F16C enabled (tiles move 8 values at a time).
     #[inline(always)]
     fn body(&self, avx2: bool) -> Partial {
         let Block {
-            q_rows,
             q_positions,
             context,
             ref tiles,
@@ -288,8 +309,8 @@ impl<T: KvElem> Block<'_, T> {
             v,
             g,
             dims,
-            scale,
             window,
+            ..
         } = *self;
         let d = dims.head_dim;
         let group = dims.n_heads / dims.n_kv_heads;
@@ -299,8 +320,7 @@ impl<T: KvElem> Block<'_, T> {
         let max_pos = q_positions.iter().copied().max().unwrap_or(0);
         let min_pos = q_positions.iter().copied().min().unwrap_or(0);
 
-        let mut qv = vec![0f32; nq * d];
-        let mut qpos = vec![0u32; nq];
+        let (qv, qpos) = self.queries();
         let mut m = vec![f32::NEG_INFINITY; nq];
         let mut l = vec![0f32; nq];
         let mut acc = vec![0f32; nq * d];
@@ -311,18 +331,6 @@ impl<T: KvElem> Block<'_, T> {
         let mut kt = vec![0f32; K_TILE * d];
         let mut vt = vec![0f32; K_TILE * d];
 
-        // Gather this group's query vectors, pre-scaled; index = row * group + head-in-group.
-        for r in 0..rows {
-            for j in 0..group {
-                let h = g * group + j;
-                let src = &q_rows[(r * dims.n_heads + h) * d..][..d];
-                let i = r * group + j;
-                for (dst, s) in qv[i * d..(i + 1) * d].iter_mut().zip(src) {
-                    *dst = s * scale;
-                }
-                qpos[i] = q_positions[r];
-            }
-        }
         let mut slots = [0u32; K_TILE];
         // Past the tile's end, positions read as "after every query": masked.
         let mut positions = [u32::MAX; K_TILE];
@@ -334,12 +342,7 @@ impl<T: KvElem> Block<'_, T> {
                 continue;
             }
             let n = hi - lo;
-            for (j, (slot, position)) in slots.iter_mut().zip(&mut positions).enumerate() {
-                (*slot, *position) = match j < n {
-                    true => (context.slot(lo + j), (lo + j) as u32),
-                    false => (0, u32::MAX),
-                };
-            }
+            fill_tile(&context, lo..hi, &mut slots, &mut positions);
             let rows = |pool| TileRows {
                 pool,
                 slots: &slots[..n],
@@ -375,6 +378,23 @@ impl<T: KvElem> Block<'_, T> {
         }
 
         Partial { acc, m, l }
+    }
+}
+
+/// The slots and positions of context entries `entries` (at most [`K_TILE`]); past them, slot
+/// 0 and the position that no query sees.
+fn fill_tile(
+    context: &SequenceView<'_>,
+    entries: Range<usize>,
+    slots: &mut [u32; K_TILE],
+    positions: &mut [u32; K_TILE],
+) {
+    for (j, (slot, position)) in slots.iter_mut().zip(positions).enumerate() {
+        let p = entries.start + j;
+        (*slot, *position) = match entries.contains(&p) {
+            true => (context.slot(p), p as u32),
+            false => (0, u32::MAX),
+        };
     }
 }
 

@@ -158,29 +158,11 @@ pub fn attention(
 ) -> Result<Tensor, EmulationError> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     let dtype = k_pool.dtype();
-    let (Some(t), Some(d)) = (
-        [DType::F32, DType::F16, DType::BF16]
-            .iter()
-            .position(|&x| x == dtype),
-        [64, 128, 256].iter().position(|&x| x == dims.head_dim),
-    ) else {
-        return Err(crate::Error::InvalidBatch(format!(
-            "the CUDA kernel takes f32, f16 or bf16 pools of head dim 64, 128 or 256, not {dtype:?} of {}",
-            dims.head_dim
-        ))
-        .into());
-    };
+    let (t, d) = kernel_index(dtype, dims.head_dim)?;
     let variant = VARIANTS
         .get(how.variant)
         .ok_or_else(|| crate::Error::InvalidBatch(format!("no kernel variant {}", how.variant)))?;
-    let shape = PlanShape {
-        n_heads: dims.n_heads,
-        n_kv_heads: dims.n_kv_heads,
-        head_dim: dims.head_dim,
-        dtype_bytes: dtype.size_in_bytes(),
-        sms: how.sms,
-        mma: how.mma,
-    };
+    let shape = PlanShape::of(dims, dtype.size_in_bytes(), how.sms, how.mma);
     let plan = Plan::new(batch, shape)?;
     let params = Params {
         scale,
@@ -232,6 +214,22 @@ pub fn attention(
     }
     let shape = (dims.tokens, dims.n_heads, dims.head_dim);
     Tensor::from_vec(out, shape, &Device::Cpu).map_err(candle)
+}
+
+/// Which build of the kernel takes pools of `dtype` at `head_dim`: the indices into a
+/// variant's `attend` table.
+fn kernel_index(dtype: DType, head_dim: usize) -> Result<(usize, usize), EmulationError> {
+    let t = [DType::F32, DType::F16, DType::BF16]
+        .iter()
+        .position(|&x| x == dtype);
+    let d = [64, 128, 256].iter().position(|&x| x == head_dim);
+    match (t, d) {
+        (Some(t), Some(d)) => Ok((t, d)),
+        _ => Err(crate::Error::InvalidBatch(format!(
+            "the CUDA kernel takes f32, f16 or bf16 pools of head dim 64, 128 or 256, not {dtype:?} of {head_dim}"
+        ))
+        .into()),
+    }
 }
 
 /// The pool's values as stored, contiguous, in a 16-byte aligned buffer (the kernel loads

@@ -158,15 +158,9 @@ impl CustomOp3 for CudaAttention<'_> {
                 d.head_dim
             )
         }
-        let shape = PlanShape {
-            n_heads: d.n_heads,
-            n_kv_heads: d.n_kv_heads,
-            head_dim: d.head_dim,
-            dtype_bytes: bytes,
-            sms: 0,
-            // A switch for comparing the two kernels (`examples/bench_gpu.rs`).
-            mma: std::env::var("PENSIEVE_CUDA_MMA").map_or(true, |v| v != "0"),
-        };
+        // A switch for comparing the two kernels (`examples/bench_gpu.rs`).
+        let mma = std::env::var("PENSIEVE_CUDA_MMA").map_or(true, |v| v != "0");
+        let shape = PlanShape::of(d, bytes, 0, mma);
         let plan = device_plan(self.batch, dev, shape)?;
         let params = Params {
             scale: self.scale,
@@ -184,51 +178,13 @@ impl CustomOp3 for CudaAttention<'_> {
             params: &params,
         };
         for (blocks, kernel) in [(plan.items, ""), (plan.mma_items, "mma_")] {
-            if blocks == 0 {
-                continue;
-            }
-            let func = function(
-                dev,
-                &format!("pensieve_attention_{kernel}{dtype}_d{}", d.head_dim),
-            )?;
-            match (&k.slice, &v.slice) {
-                (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => run.attend(
-                    &func,
-                    blocks,
-                    view(ks, k_l, "k", 4)?,
-                    view(vs, v_l, "v", 4)?,
-                )?,
-                (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => run.attend(
-                    &func,
-                    blocks,
-                    view(ks, k_l, "k", 2)?,
-                    view(vs, v_l, "v", 2)?,
-                )?,
-                (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => run.attend(
-                    &func,
-                    blocks,
-                    view(ks, k_l, "k", 2)?,
-                    view(vs, v_l, "v", 2)?,
-                )?,
-                _ => {
-                    candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools")
-                }
+            if blocks > 0 {
+                let name = format!("pensieve_attention_{kernel}{dtype}_d{}", d.head_dim);
+                run.attend_pools(&function(dev, &name)?, blocks, (k, k_l), (v, v_l))?;
             }
         }
         if plan.merges > 0 {
-            let func = function(dev, "pensieve_attention_merge")?;
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            let head_dim = d.head_dim as i32;
-            b.arg(&plan.words);
-            b.arg(&plan.part_acc);
-            b.arg(&plan.part_ml);
-            b.arg(&out);
-            b.arg(&params);
-            b.arg(&head_dim);
-            // SAFETY: as above, for `pensieve_attention_merge`; the partials were written by
-            // the attention launches before it on the same stream.
-            unsafe { b.launch(grid(plan.merges, MERGE_THREADS)) }.w()?;
+            run.merge(d.head_dim)?;
         }
         let storage = CudaStorage {
             slice: CudaStorageSlice::F32(out),
@@ -248,6 +204,47 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
+    /// [`Self::attend`] over pools of whichever storage type they hold (both the same).
+    fn attend_pools(
+        &self,
+        func: &CudaFunction,
+        blocks: usize,
+        (k, k_l): (&CudaStorage, &Layout),
+        (v, v_l): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        match (&k.slice, &v.slice) {
+            (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => {
+                self.attend(func, blocks, view(ks, k_l, "k", 4)?, view(vs, v_l, "v", 4)?)
+            }
+            (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => {
+                self.attend(func, blocks, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
+            }
+            (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
+                self.attend(func, blocks, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
+            }
+            _ => candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools"),
+        }
+    }
+
+    /// Folds the split items' partials into their outputs (`pensieve_attention_merge`).
+    fn merge(&self, head_dim: usize) -> candle_core::Result<()> {
+        let func = function(self.dev, "pensieve_attention_merge")?;
+        let stream = self.dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        let head_dim = head_dim as i32;
+        b.arg(&self.plan.words);
+        b.arg(&self.plan.part_acc);
+        b.arg(&self.plan.part_ml);
+        b.arg(self.out);
+        b.arg(self.params);
+        b.arg(&head_dim);
+        // SAFETY: the arguments match `pensieve_attention_merge`'s parameters in order and
+        // type; the partials were written by the attention launches before it on the same
+        // stream.
+        unsafe { b.launch(grid(self.plan.merges, MERGE_THREADS)) }.w()?;
+        Ok(())
+    }
+
     /// `blocks` items of `func` (one attention kernel), a block of `ATTEND_THREADS` each.
     fn attend<T: DeviceRepr>(
         &self,

@@ -67,6 +67,24 @@ pub(crate) struct PlanShape {
 }
 
 impl PlanShape {
+    /// The shape of a call of `dims` over pools of `dtype_bytes` values, cut for `sms`
+    /// processors.
+    pub(crate) fn of(
+        dims: crate::attention::Dims,
+        dtype_bytes: usize,
+        sms: usize,
+        mma: bool,
+    ) -> Self {
+        Self {
+            n_heads: dims.n_heads,
+            n_kv_heads: dims.n_kv_heads,
+            head_dim: dims.head_dim,
+            dtype_bytes,
+            sms,
+            mma,
+        }
+    }
+
     /// Whether the tensor-core kernel takes this shape's items of many queries.
     pub(crate) fn uses_mma(&self) -> bool {
         self.mma && self.dtype_bytes == 2 && matches!(self.head_dim, 64 | 128)
@@ -99,18 +117,12 @@ struct Item {
     q_hi: u32,
 }
 
-impl Plan {
-    /// Cuts `batch` into items: each kv head's queries in runs of at most [`MAX_Q`], each over
-    /// its sequence's whole context, except that decode rows are split into segments of
-    /// context when the grid would not fill `shape.sms` processors. Items of at least
-    /// [`MMA_MIN_Q`] queries go to the tensor-core kernel where the shape has one.
-    ///
-    /// # Errors
-    /// [`Error::InvalidBatch`] if the batch does not fit 32-bit offsets.
-    pub(crate) fn new(batch: &AttentionBatch, shape: PlanShape) -> Result<Self> {
+impl Item {
+    /// Each kv head's queries of each sequence in runs of at most [`MAX_Q`], over the whole
+    /// context (tiles of `tile` entries).
+    fn all(batch: &AttentionBatch, shape: PlanShape, tile: usize) -> Vec<Item> {
         let group = shape.n_heads / shape.n_kv_heads.max(1);
-        let tile = k_tile(shape.head_dim, shape.dtype_bytes).max(1);
-        let mut base = Vec::new();
+        let mut all = Vec::new();
         for (seq, view) in batch.sequences().enumerate() {
             let rows = view.q_positions.len();
             let tiles = view.ctx_len.div_ceil(tile);
@@ -118,7 +130,7 @@ impl Plan {
                 for q0 in (0..rows * group).step_by(MAX_Q) {
                     let q1 = (q0 + MAX_Q).min(rows * group);
                     let positions = &view.q_positions[q0 / group..=(q1 - 1) / group];
-                    base.push(Item {
+                    all.push(Item {
                         seq,
                         g,
                         q0,
@@ -131,6 +143,22 @@ impl Plan {
                 }
             }
         }
+        all
+    }
+}
+
+/// The plan's lists of words: items for each kernel, merges of split items, partials.
+struct Lists {
+    items: Vec<u32>,
+    mma_items: Vec<u32>,
+    merges: Vec<u32>,
+    parts: usize,
+}
+
+impl Lists {
+    /// Lists `base`, splitting decode rows into segments of context when the grid would not
+    /// fill `shape.sms` processors.
+    fn cut(base: &[Item], shape: PlanShape, tile: usize) -> Self {
         let target = WAVES * shape.sms.max(1);
         let split_to = if base.len() < target {
             target.div_ceil(base.len().max(1))
@@ -138,12 +166,13 @@ impl Plan {
             1
         };
         let min_tiles = MIN_SEGMENT_ENTRIES.div_ceil(tile);
-
-        let mut items = Vec::with_capacity(base.len() * ITEM_WORDS);
-        let mut mma_items = Vec::new();
-        let mut merges = Vec::new();
-        let mut parts = 0usize;
-        for it in &base {
+        let mut lists = Lists {
+            items: Vec::with_capacity(base.len() * ITEM_WORDS),
+            mma_items: Vec::new(),
+            merges: Vec::new(),
+            parts: 0,
+        };
+        for it in base {
             let segments = if it.decode {
                 split_to.min(it.tiles / min_tiles).max(1)
             } else {
@@ -151,23 +180,43 @@ impl Plan {
             };
             let head = [it.seq, it.g, it.q0, it.q1].map(|x| x as u32);
             let list = match shape.uses_mma() && it.q1 - it.q0 >= MMA_MIN_Q {
-                true => &mut mma_items,
-                false => &mut items,
+                true => &mut lists.mma_items,
+                false => &mut lists.items,
             };
             if segments == 1 {
                 list.extend(head);
                 list.extend([0, it.tiles as u32, u32::MAX, it.q_lo, it.q_hi]);
                 continue;
             }
-            merges.extend([parts as u32, segments as u32]);
-            merges.extend(head);
+            lists.merges.extend([lists.parts as u32, segments as u32]);
+            lists.merges.extend(head);
             for s in 0..segments {
                 let (t0, t1) = (it.tiles * s / segments, it.tiles * (s + 1) / segments);
                 list.extend(head);
-                list.extend([t0 as u32, t1 as u32, parts as u32, it.q_lo, it.q_hi]);
-                parts += 1;
+                list.extend([t0 as u32, t1 as u32, lists.parts as u32, it.q_lo, it.q_hi]);
+                lists.parts += 1;
             }
         }
+        lists
+    }
+}
+
+impl Plan {
+    /// Cuts `batch` into items: each kv head's queries in runs of at most [`MAX_Q`], each over
+    /// its sequence's whole context, except that decode rows are split into segments of
+    /// context when the grid would not fill `shape.sms` processors. Items of at least
+    /// [`MMA_MIN_Q`] queries go to the tensor-core kernel where the shape has one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] if the batch does not fit 32-bit offsets.
+    pub(crate) fn new(batch: &AttentionBatch, shape: PlanShape) -> Result<Self> {
+        let tile = k_tile(shape.head_dim, shape.dtype_bytes).max(1);
+        let Lists {
+            items,
+            mma_items,
+            merges,
+            parts,
+        } = Lists::cut(&Item::all(batch, shape, tile), shape, tile);
 
         let mut words = Vec::new();
         let place = |words: &mut Vec<u32>, data: &[u32]| -> Result<i32> {

@@ -20,6 +20,86 @@ fn patterned_windows(layers: usize, window: Option<u32>, pattern: usize) -> Vec<
         .collect()
 }
 
+/// A GGUF file's metadata, read by key under its architecture's prefix (`<arch>.<key>`).
+struct Gguf<'a> {
+    md: &'a std::collections::HashMap<String, gguf_file::Value>,
+    arch: String,
+}
+
+impl<'a> Gguf<'a> {
+    fn new(md: &'a std::collections::HashMap<String, gguf_file::Value>) -> Self {
+        let arch = md
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        Self { md, arch }
+    }
+
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// An integer key that must be there.
+    fn get(&self, k: &str) -> Result<usize> {
+        let k = self.key(k);
+        self.md
+            .get(&k)
+            .ok_or_else(|| Error::invalid_model(&k, "missing"))?
+            .to_u32()
+            .map(|v| v as usize)
+            .map_err(|e| Error::invalid_model(&k, e))
+    }
+
+    fn get_f(&self, k: &str) -> Option<f32> {
+        self.md.get(&self.key(k)).and_then(|v| v.to_f32().ok())
+    }
+
+    fn get_s(&self, k: &str) -> Option<String> {
+        self.md
+            .get(&self.key(k))
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+    }
+
+    /// The vocabulary's size: its key, or the tokenizer's token list.
+    fn vocab_size(&self) -> Result<usize> {
+        self.get("vocab_size").or_else(|_| {
+            self.md
+                .get("tokenizer.ggml.tokens")
+                .and_then(|t| t.to_vec().ok())
+                .map(|t| t.len())
+                .ok_or_else(|| Error::invalid_model(self.key("vocab_size"), "missing"))
+        })
+    }
+
+    /// The head size (`default` where no key gives it); values of another size are refused.
+    fn head_dim(&self, default: usize) -> Result<usize> {
+        let head_dim = (self.get("attention.key_length"))
+            .or_else(|_| self.get("rope.dimension_count"))
+            .unwrap_or(default);
+        match self.get("attention.value_length") {
+            Ok(v) if v != head_dim => Err(Error::invalid_model(
+                self.key("attention.value_length"),
+                format!("{v} differs from the key length {head_dim} (not supported)"),
+            )),
+            _ => Ok(head_dim),
+        }
+    }
+
+    /// A linear RoPE scaling factor, if the file sets one.
+    fn linear_factor(&self) -> Result<Option<f32>> {
+        match self.get_s("rope.scaling.type").as_deref() {
+            None | Some("none") => Ok(None),
+            Some("linear") => Ok(self.get_f("rope.scaling.factor").filter(|&f| f != 1.0)),
+            Some(other) => Err(Error::invalid_model(
+                self.key("rope.scaling.type"),
+                format!("'{other}' is not supported (supported: none, linear)"),
+            )),
+        }
+    }
+}
+
 impl ModelConfig {
     /// Reads the config of a GGUF file of a supported architecture.
     ///
@@ -27,56 +107,15 @@ impl ModelConfig {
     /// [`Error::InvalidModel`] naming the key for another architecture, missing keys or values
     /// out of range.
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
-        let md = &content.metadata;
-        let arch_name = md
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .cloned()
-            .unwrap_or_default();
-        let arch = Architecture::from_gguf_name(&arch_name)?;
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let get = |k: &str| -> Result<usize> {
-            let k = key(k);
-            md.get(&k)
-                .ok_or_else(|| Error::invalid_model(&k, "missing"))?
-                .to_u32()
-                .map(|v| v as usize)
-                .map_err(|e| Error::invalid_model(&k, e))
-        };
-        let get_f = |k: &str| md.get(&key(k)).and_then(|v| v.to_f32().ok());
-        let get_s = |k: &str| md.get(&key(k)).and_then(|v| v.to_string().ok()).cloned();
+        let md = Gguf::new(&content.metadata);
+        let arch = Architecture::from_gguf_name(&md.arch)?;
+        let (get, get_f) = (|k: &str| md.get(k), |k: &str| md.get_f(k));
         let hidden_size = get("embedding_length")?;
         let num_heads = get("attention.head_count")?;
         let num_layers = get("block_count")?;
-        let vocab_size = match get("vocab_size") {
-            Ok(v) => v,
-            Err(_) => md
-                .get("tokenizer.ggml.tokens")
-                .and_then(|t| t.to_vec().ok())
-                .map(|t| t.len())
-                .ok_or_else(|| Error::invalid_model(key("vocab_size"), "missing"))?,
-        };
-        let head_dim = get("attention.key_length")
-            .or_else(|_| get("rope.dimension_count"))
-            .unwrap_or(hidden_size / num_heads.max(1));
-        if let Ok(v) = get("attention.value_length") {
-            if v != head_dim {
-                return Err(Error::invalid_model(
-                    key("attention.value_length"),
-                    format!("{v} differs from the key length {head_dim} (not supported)"),
-                ));
-            }
-        }
-        let linear_factor = match get_s("rope.scaling.type").as_deref() {
-            None | Some("none") => None,
-            Some("linear") => get_f("rope.scaling.factor").filter(|&f| f != 1.0),
-            Some(other) => {
-                return Err(Error::invalid_model(
-                    key("rope.scaling.type"),
-                    format!("'{other}' is not supported (supported: none, linear)"),
-                ))
-            }
-        };
+        let vocab_size = md.vocab_size()?;
+        let head_dim = md.head_dim(hidden_size / num_heads.max(1))?;
+        let linear_factor = md.linear_factor()?;
         let window = get("attention.sliding_window")
             .ok()
             .filter(|&w| w > 0)
@@ -136,76 +175,11 @@ impl ModelConfig {
     pub fn from_hf_json(json: &str) -> Result<Self> {
         let hf: Hf =
             serde_json::from_str(json).map_err(|e| Error::invalid_model("config.json", e))?;
-        let arch = match (&hf.architectures, hf.model_type.as_deref()) {
-            (Some(list), _) => match list.as_slice() {
-                [one] => Architecture::from_hf_name(one)?,
-                _ => {
-                    return Err(Error::invalid_model(
-                        "config.json architectures",
-                        format!("{list:?}: expected exactly one"),
-                    ))
-                }
-            },
-            (None, Some(t)) => {
-                let t = t.strip_suffix("_text").unwrap_or(t);
-                Architecture::from_gguf_name(t).map_err(|_| {
-                    Error::invalid_model(
-                        "config.json model_type",
-                        format!("'{t}' is not supported"),
-                    )
-                })?
-            }
-            (None, None) => {
-                return Err(Error::invalid_model(
-                    "config.json",
-                    "names no architecture (neither `architectures` nor `model_type`)",
-                ))
-            }
-        };
+        let arch = hf.architecture()?;
         hf.refuse_unsupported(arch)?;
-        let (llama3_scaling, linear_factor) = match hf.rope_scaling {
-            None => (None, None),
-            Some(s) => match s.rope_type.as_deref() {
-                Some("llama3") => (
-                    Some(
-                        serde_json::from_value::<Llama3RopeScaling>(s.params)
-                            .map_err(|e| Error::invalid_model("config.json rope_scaling", e))?,
-                    ),
-                    None,
-                ),
-                Some("linear") => (None, s.params["factor"].as_f64().map(|f| f as f32)),
-                other => {
-                    return Err(Error::invalid_model(
-                        "config.json rope_scaling",
-                        format!("rope_type {other:?} is not supported (supported: llama3, linear)"),
-                    ))
-                }
-            },
-        };
+        let (llama3_scaling, linear_factor) = hf.rope_scaling()?;
         let n = hf.num_hidden_layers;
-        let window = hf.sliding_window.filter(|&w| w > 0);
-        let layer_windows = match arch {
-            Architecture::Gemma3 => match &hf.layer_types {
-                Some(types) => types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "sliding_attention" => Ok(window),
-                        "full_attention" => Ok(None),
-                        other => Err(Error::invalid_model(
-                            "config.json layer_types",
-                            format!("'{other}' is not supported"),
-                        )),
-                    })
-                    .collect::<Result<_>>()?,
-                None => patterned_windows(
-                    n,
-                    window,
-                    hf.sliding_window_pattern.unwrap_or(GEMMA3_PATTERN),
-                ),
-            },
-            Architecture::Mistral => vec![window; n],
-            _ => vec![None; n],
-        };
+        let layer_windows = hf.layer_windows(arch)?;
         let gemma = arch == Architecture::Gemma3;
         let config = Self {
             architecture: arch,
@@ -282,6 +256,81 @@ struct Hf {
 }
 
 impl Hf {
+    /// The architecture `architectures` names (exactly one), or else `model_type`.
+    fn architecture(&self) -> Result<Architecture> {
+        match (&self.architectures, self.model_type.as_deref()) {
+            (Some(list), _) => match list.as_slice() {
+                [one] => Architecture::from_hf_name(one),
+                _ => Err(Error::invalid_model(
+                    "config.json architectures",
+                    format!("{list:?}: expected exactly one"),
+                )),
+            },
+            (None, Some(t)) => {
+                let t = t.strip_suffix("_text").unwrap_or(t);
+                Architecture::from_gguf_name(t).map_err(|_| {
+                    Error::invalid_model(
+                        "config.json model_type",
+                        format!("'{t}' is not supported"),
+                    )
+                })
+            }
+            (None, None) => Err(Error::invalid_model(
+                "config.json",
+                "names no architecture (neither `architectures` nor `model_type`)",
+            )),
+        }
+    }
+
+    /// Llama 3's RoPE scaling, or a linear factor, or neither.
+    fn rope_scaling(&self) -> Result<(Option<Llama3RopeScaling>, Option<f32>)> {
+        let Some(s) = &self.rope_scaling else {
+            return Ok((None, None));
+        };
+        match s.rope_type.as_deref() {
+            Some("llama3") => {
+                let scaling = serde_json::from_value::<Llama3RopeScaling>(s.params.clone())
+                    .map_err(|e| Error::invalid_model("config.json rope_scaling", e))?;
+                Ok((Some(scaling), None))
+            }
+            Some("linear") => Ok((None, s.params["factor"].as_f64().map(|f| f as f32))),
+            other => Err(Error::invalid_model(
+                "config.json rope_scaling",
+                format!("rope_type {other:?} is not supported (supported: llama3, linear)"),
+            )),
+        }
+    }
+
+    /// Each layer's sliding window (`None`: global attention).
+    fn layer_windows(&self, arch: Architecture) -> Result<Vec<Option<u32>>> {
+        let (n, window) = (
+            self.num_hidden_layers,
+            self.sliding_window.filter(|&w| w > 0),
+        );
+        Ok(match arch {
+            Architecture::Gemma3 => match &self.layer_types {
+                Some(types) => types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "sliding_attention" => Ok(window),
+                        "full_attention" => Ok(None),
+                        other => Err(Error::invalid_model(
+                            "config.json layer_types",
+                            format!("'{other}' is not supported"),
+                        )),
+                    })
+                    .collect::<Result<_>>()?,
+                None => patterned_windows(
+                    n,
+                    window,
+                    self.sliding_window_pattern.unwrap_or(GEMMA3_PATTERN),
+                ),
+            },
+            Architecture::Mistral => vec![window; n],
+            _ => vec![None; n],
+        })
+    }
+
     /// Settings that would change what the graph computes and that it does not implement.
     fn refuse_unsupported(&self, arch: Architecture) -> Result<()> {
         let refuse = |field: &str, value: String| {

@@ -141,6 +141,24 @@ impl Bits {
             Bits::Four | Bits::Eight => (NIBBLES, 0, 0),
         }
     }
+
+    /// Writes a block's `codes` (in `k` order) as row `c` of a panel's block `dst`.
+    fn place(self, codes: &[u8; QK], dst: &mut [u8], c: usize) {
+        for (kk, &q) in codes.iter().enumerate() {
+            let (g, t) = (kk / 4, kk % 4);
+            let at = (g % 4) * GROUP + c * 4 + t;
+            match self {
+                Bits::Eight => dst[g * GROUP + c * 4 + t] = q,
+                _ => {
+                    dst[at] |= (q & 0x0F) << (4 * (g / 4));
+                    let (plane, shift, _) = self.plane(g);
+                    if self != Bits::Four {
+                        dst[plane + c * 4 + t] |= (q >> 4) << shift;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// How a block's codes become weights (see the module's formulas). Layouts: `[panel][block]
@@ -161,6 +179,60 @@ pub(super) enum Factors {
     /// `w = D · sc_h · (q − 32)`, an 8-bit `sc_h` per 16 values and f32 `D` per super-block
     /// (`Q6_K`).
     Halves { d: Vec<f32>, sc: Vec<i8> },
+}
+
+impl Factors {
+    /// All-zero factors of `form` for `per_block` blocks and `per_super` super-blocks (each
+    /// times `NR` rows).
+    fn zeros(form: Form, per_block: usize, per_super: usize) -> Self {
+        match form {
+            Form::Block => Factors::Block {
+                d: vec![f16::ZERO; per_block],
+                m: vec![f16::ZERO; per_block],
+            },
+            Form::Super => Factors::Super {
+                d: vec![0.0; per_super],
+                m: vec![0.0; per_super],
+                sc: vec![0; per_block],
+                mn: vec![0; per_block],
+            },
+            Form::Halves => Factors::Halves {
+                d: vec![0.0; per_super],
+                sc: vec![0; 2 * per_block],
+            },
+        }
+    }
+
+    /// Stores `raw`'s factors as those of block `pb` (of its panel's blocks), row `c` of the
+    /// panel, in super-block entry `sb`; why not, when one does not fit its type.
+    fn set(&mut self, raw: &RawBlock, pb: usize, c: usize, sb: usize) -> Result<(), String> {
+        match self {
+            Factors::Block { d, m } => {
+                let (hd, hm) = (f16::from_f32(raw.d), f16::from_f32(raw.m));
+                if hd.to_f32() != raw.d || hm.to_f32() != raw.m {
+                    return Err(format!("block factors {} {} overflow f16", raw.d, raw.m));
+                }
+                d[pb * NR + c] = hd;
+                m[pb * NR + c] = hm;
+            }
+            Factors::Super { d, m, sc, mn } => {
+                (d[sb], m[sb]) = (raw.d, raw.m);
+                let six = |v: i32| u8::try_from(v).ok().filter(|&v| v < 64);
+                match (six(raw.sub[0]), six(raw.sub[1])) {
+                    (Some(s), Some(n)) => (sc[pb * NR + c], mn[pb * NR + c]) = (s, n),
+                    _ => return Err(format!("sub-scales {:?}", raw.sub)),
+                }
+            }
+            Factors::Halves { d, sc } => {
+                d[sb] = raw.d;
+                for h in 0..2 {
+                    sc[(2 * pb + h) * NR + c] = i8::try_from(raw.sub[h])
+                        .map_err(|_| format!("sub-scales {:?}", raw.sub))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Which of [`Factors`] a format packs into.
@@ -214,22 +286,7 @@ impl QuantWeights {
         let per_block = bits.block_bytes();
         let mut codes = vec![0u8; panels * blocks * per_block];
         let (per_b, per_sb) = (panels * blocks * NR, panels * (blocks / SUPER) * NR);
-        let mut factors = match form {
-            Form::Block => Factors::Block {
-                d: vec![f16::ZERO; per_b],
-                m: vec![f16::ZERO; per_b],
-            },
-            Form::Super => Factors::Super {
-                d: vec![0.0; per_sb],
-                m: vec![0.0; per_sb],
-                sc: vec![0; per_b],
-                mn: vec![0; per_b],
-            },
-            Form::Halves => Factors::Halves {
-                d: vec![0.0; per_sb],
-                sc: vec![0; 2 * per_b],
-            },
-        };
+        let mut factors = Factors::zeros(form, per_b, per_sb);
         let mut raw = RawBlock {
             codes: [0; QK],
             d: 0.0,
@@ -242,49 +299,8 @@ impl QuantWeights {
                 read(row, b, &mut raw)?;
                 let pb = p * blocks + b;
                 let sb = (p * (blocks / SUPER).max(1) + b / SUPER) * NR + c;
-                match &mut factors {
-                    Factors::Block { d, m } => {
-                        let (hd, hm) = (f16::from_f32(raw.d), f16::from_f32(raw.m));
-                        if hd.to_f32() != raw.d || hm.to_f32() != raw.m {
-                            return Err(bad(format!(
-                                "block factors {} {} overflow f16",
-                                raw.d, raw.m
-                            )));
-                        }
-                        d[pb * NR + c] = hd;
-                        m[pb * NR + c] = hm;
-                    }
-                    Factors::Super { d, m, sc, mn } => {
-                        (d[sb], m[sb]) = (raw.d, raw.m);
-                        let six = |v: i32| u8::try_from(v).ok().filter(|&v| v < 64);
-                        match (six(raw.sub[0]), six(raw.sub[1])) {
-                            (Some(s), Some(n)) => (sc[pb * NR + c], mn[pb * NR + c]) = (s, n),
-                            _ => return Err(bad(format!("sub-scales {:?}", raw.sub))),
-                        }
-                    }
-                    Factors::Halves { d, sc } => {
-                        d[sb] = raw.d;
-                        for h in 0..2 {
-                            sc[(2 * pb + h) * NR + c] = i8::try_from(raw.sub[h])
-                                .map_err(|_| bad(format!("sub-scales {:?}", raw.sub)))?;
-                        }
-                    }
-                }
-                let dst = &mut codes[pb * per_block..][..per_block];
-                for (kk, &q) in raw.codes.iter().enumerate() {
-                    let (g, t) = (kk / 4, kk % 4);
-                    let at = (g % 4) * GROUP + c * 4 + t;
-                    match bits {
-                        Bits::Eight => dst[g * GROUP + c * 4 + t] = q,
-                        _ => {
-                            dst[at] |= (q & 0x0F) << (4 * (g / 4));
-                            let (plane, shift, _) = bits.plane(g);
-                            if bits != Bits::Four {
-                                dst[plane + c * 4 + t] |= (q >> 4) << shift;
-                            }
-                        }
-                    }
-                }
+                factors.set(&raw, pb, c, sb).map_err(bad)?;
+                bits.place(&raw.codes, &mut codes[pb * per_block..][..per_block], c);
             }
         }
         Ok(Self {
