@@ -27,7 +27,6 @@ import threading
 import time
 import urllib.request
 
-import jinja2
 from summary import summarize
 
 
@@ -64,8 +63,9 @@ def main() -> None:
     ap.add_argument("--url", default="http://127.0.0.1:8000",
                     help="server URL, or several comma-separated (turns alternate among them)")
     ap.add_argument("--model", required=True, help="served model name")
-    ap.add_argument("--chat-template", required=True,
-                    help="the model's chat template: a .jinja file, or a tokenizer_config.json holding it")
+    ap.add_argument("--chat-template",
+                    help="the model's chat template: a .jinja file, or a tokenizer_config.json "
+                         "holding it (with --api completions; the server renders it for chat)")
     ap.add_argument("--trace", required=True)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--open", action="store_true", help="open loop: the trace's arrivals, think time")
@@ -75,10 +75,16 @@ def main() -> None:
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
-    source = open(a.chat_template).read()
-    if a.chat_template.endswith(".json"):
-        source = json.loads(source)["chat_template"]
-    template = jinja2.Environment().from_string(source)
+    template = None
+    if a.api == "completions":
+        if not a.chat_template:
+            ap.error("--api completions needs --chat-template")
+        import jinja2  # only the client that renders prompts needs it
+
+        source = open(a.chat_template).read()
+        if a.chat_template.endswith(".json"):
+            source = json.loads(source)["chat_template"]
+        template = jinja2.Environment().from_string(source)
     urls = a.url.split(",")
     pending = queue.Queue()
     for k, conv in enumerate(trace):
