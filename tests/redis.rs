@@ -430,7 +430,7 @@ fn a_stalled_lookup_holds_only_the_turn_that_asked() {
 /// deadline longer than the stall, a resume read on the engine thread would stop every turn
 /// until Redis wakes; the decoder goes on instead.
 #[test]
-fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
+fn a_resume_or_a_named_open_through_the_service_does_not_hold_the_engine_thread() {
     let server = Server::start(None);
     let model = model();
     alice_served(&model, &server, "fleet");
@@ -452,9 +452,13 @@ fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
         token(&mut decoder).await;
 
         let stall = stall(&server, 3);
-        let resume = {
-            let service = service.clone();
-            tokio::spawn(async move { service.resume("alice").await })
+        let (resume, open) = {
+            let (s1, s2) = (service.clone(), service.clone());
+            let resume = tokio::spawn(async move { s1.resume("alice").await });
+            (
+                resume,
+                tokio::spawn(async move { s2.open(tutor(Some("bob"))).await }),
+            )
         };
         // Past the tokens already waiting in the stream, new ones keep coming.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -464,8 +468,9 @@ fn a_resume_through_the_service_does_not_hold_the_engine_thread() {
         }
         assert!(!stall.is_finished(), "the decoder waited for Redis");
         stall.join().unwrap().unwrap();
-        // Once Redis answers, the resume does too.
+        // Once Redis answers, the resume and the open do too.
         resume.await.unwrap().unwrap();
+        open.await.unwrap().unwrap();
     });
 }
 

@@ -200,6 +200,17 @@ fn a_restarted_engine_resumes_named_conversations_as_if_it_never_stopped() {
 
 #[test]
 fn damaged_files_are_detected_and_recomputed_never_used() {
+    damaged_files_are_refused(true);
+}
+
+/// The same with restores that wait for whole chunks (a GPU's copy stream), each read and
+/// checked whole on the store's reader thread before its copy.
+#[test]
+fn damaged_files_read_whole_are_detected_and_recomputed_never_used() {
+    damaged_files_are_refused(false);
+}
+
+fn damaged_files_are_refused(pipelined: bool) {
     let model = model();
     let dir = tempfile::tempdir().unwrap();
     let names = names(6);
@@ -245,11 +256,14 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
     std::fs::write(&files[3][1], x).unwrap();
     std::fs::copy(&foreign[0], &files[4][0]).unwrap();
 
-    // No read-ahead: every file is read on demand, layer by layer into the running pass, so
-    // the flipped byte (in the last layer) is found after the pass has used the first layers:
-    // that conversation's row is discarded and redone.
+    // No read-ahead: every file is read on demand. Pipelined, layer by layer into the running
+    // pass, so the flipped byte (in the last layer) is found after the pass has used the first
+    // layers: that conversation's row is discarded and redone. Otherwise whole, before the
+    // copy: that conversation's swap-in fails and its row waits to recompute.
     let budgets = Budgets::default().device_tokens(2048).host_bytes(1 << 30);
-    let config = config(CacheMode::Tiered, Some((dir.path(), 1 << 30)), budgets).prefetch_window(0);
+    let config = config(CacheMode::Tiered, Some((dir.path(), 1 << 30)), budgets)
+        .prefetch_window(0)
+        .pipelined_restore(pipelined);
     // Each refusal is also a warning for the host's logs (here captured from this thread).
     let log = Log::default();
     let subscriber = tracing_subscriber::fmt()
@@ -289,7 +303,8 @@ fn damaged_files_are_detected_and_recomputed_never_used() {
         "{f:?}"
     );
     // The other files were refused by the start-up scan or at adoption; the corrupt one failed
-    // its swap-in after the pass had started on it (and its row was redone, equal above).
+    // its swap-in (pipelined, after the pass had started on it; its row was redone, equal
+    // above).
     assert_eq!(b.stats().swap_in_failures, 1, "{:?}", b.stats());
 }
 

@@ -40,6 +40,7 @@ pub use config::{
 };
 pub use handle::EngineHandle;
 pub use persist::Durability;
+pub(crate) use persist::Registered;
 #[cfg(feature = "service")]
 pub(crate) use persist::{Fetched, ResumeReader};
 pub use turn::TurnSize;
@@ -203,9 +204,21 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::ConversationExists`] if `options.name` is taken.
-    pub fn open(&mut self, mut options: ConversationOptions) -> Result<ConversationId> {
+    pub fn open(&mut self, options: ConversationOptions) -> Result<ConversationId> {
+        self.open_with(options, None)
+    }
+
+    /// [`Self::open`], given who registered `options.name` as read off this thread (`None`:
+    /// read it now).
+    pub(crate) fn open_with(
+        &mut self,
+        mut options: ConversationOptions,
+        registration: Option<Registered>,
+    ) -> Result<ConversationId> {
         match options.name.take() {
-            Some(name) if self.cache.store().is_some() => self.open_named(name, options),
+            Some(name) if self.cache.store().is_some() => {
+                self.open_named(name, options, registration)
+            }
             _ => Ok(self.open_unnamed(options)),
         }
     }

@@ -30,6 +30,7 @@ use crate::{Error, Result};
 
 mod fetch;
 
+pub(crate) use fetch::Registered;
 #[cfg(feature = "service")]
 pub(crate) use fetch::{Fetched, ResumeReader};
 
@@ -219,13 +220,15 @@ impl Engine {
         &mut self,
         name: String,
         options: ConversationOptions,
+        registration: Option<Registered>,
     ) -> Result<ConversationId> {
         if self.find(&name).is_some() {
             return Err(Error::ConversationExists(name));
         }
         // Another model's name is refused now; one stored here, and not held, is refused by
         // its first manifest write's compare-and-set (a removal queued before it may free it).
-        let registration = self.resume_reader().map(|r| r.registration(&name));
+        let registration =
+            registration.or_else(|| self.resume_reader().map(|r| r.registration(&name)));
         if let Error::StoredElsewhere { name, owner } = fetch::unstored(&name, registration) {
             return Err(Error::StoredElsewhere { name, owner });
         }

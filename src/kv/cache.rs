@@ -397,14 +397,15 @@ impl CacheManager {
         self.counters.chunks_dropped_from_device += 1;
     }
 
-    /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or from its file:
-    /// read and checked whole, or with `layered` read behind layer by layer, each layer
-    /// checked before it is used. `None` if they are gone or the file was refused (counted).
+    /// Hands over a swap-in's bytes: from the host (freeing the host chunk), or from its file,
+    /// read on the store's reader thread: whole and checked, or with `layered` layer by layer,
+    /// each layer checked before it is used (the bytes wait for their read). `None` if they are
+    /// gone or the store has no usable file (counted).
     pub fn take_swap_in(&mut self, s: &SwapIn, layered: bool) -> Option<Arc<ChunkBytes>> {
         match s.from {
             Source::Host(h) => self.host.get(h),
             Source::Stored(a) if layered => self.store.as_mut()?.store.load_layered(&a, s.len),
-            Source::Stored(a) => self.store.as_mut()?.store.load(&a, s.len).ok(),
+            Source::Stored(a) => self.store.as_mut()?.store.read_behind(&a, s.len),
         }
     }
 

@@ -390,27 +390,19 @@ impl Store {
         }
     }
 
-    /// Reads the chunk at `address` of `tokens` KV-tokens and checks it whole (from memory if
-    /// its write is still queued). A refused file is deleted and its entry marked failed
-    /// (references stay until released); the fault is counted.
-    ///
-    /// # Errors
-    /// The [`Fault`] that refused it.
-    pub fn load(&mut self, address: &Address, tokens: usize) -> Result<Arc<ChunkBytes>, Fault> {
-        let read = match self.entries.get(address).map(|e| &e.state) {
-            Some(State::Pending(_, bytes)) => return Ok(Arc::clone(bytes)),
-            Some(State::Stored) => self.read(address, tokens),
-            Some(State::Failed) | None => Err(Fault::Missing),
-        };
-        match read {
-            Ok(payload) => {
-                self.stats.chunks_read += 1;
-                self.stats.bytes_read += payload.len() as u64;
-                Ok(Arc::new(payload.into()))
+    /// Starts reading the chunk at `address` of `tokens` KV-tokens whole on the reader thread,
+    /// for a restore that needs it now (from memory if its write is still queued): the
+    /// returned bytes wait for the read, and fail if the file is refused ([`Store::poll`] then
+    /// reports it). `None`, counted as missing, if the store has no usable file.
+    pub fn read_behind(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
+        match self.read_whole(address, tokens) {
+            Some((bytes, queued)) => {
+                self.stats.chunks_read += u64::from(queued);
+                Some(bytes)
             }
-            Err(fault) => {
-                self.refuse(address, fault);
-                Err(fault)
+            None => {
+                self.refuse(address, Fault::Missing);
+                None
             }
         }
     }
@@ -463,16 +455,21 @@ impl Store {
         }
     }
 
-    fn read(&self, address: &Address, tokens: usize) -> Result<Vec<u8>, Fault> {
-        worker::read_chunk(&*self.medium, &self.format, address, tokens)
-    }
-
     /// Starts reading the chunk at `address` of `tokens` KV-tokens ahead of its use, on the
     /// reader thread; the returned bytes wait for the read (and fail if the file is refused,
     /// which [`Store::poll`] then reports). `None` if the store has no usable file.
     pub fn prefetch(&mut self, address: &Address, tokens: usize) -> Option<Arc<ChunkBytes>> {
+        let (bytes, queued) = self.read_whole(address, tokens)?;
+        self.stats.chunks_prefetched += u64::from(queued);
+        Some(bytes)
+    }
+
+    /// The bytes of the chunk at `address`, whole: from memory while its write is queued (and
+    /// `false`), or read on the reader thread (and `true`). `None` if the store has no usable
+    /// file.
+    fn read_whole(&mut self, address: &Address, tokens: usize) -> Option<(Arc<ChunkBytes>, bool)> {
         match &self.entries.get(address)?.state {
-            State::Pending(_, bytes) => Some(Arc::clone(bytes)),
+            State::Pending(_, bytes) => Some((Arc::clone(bytes), false)),
             State::Stored => {
                 let cell = Arc::new(OnceLock::new());
                 let job = Job::Read {
@@ -484,10 +481,9 @@ impl Store {
                 if !self.reader.send(job) {
                     return None;
                 }
-                self.stats.chunks_prefetched += 1;
                 let len = self.format.payload_bytes(tokens);
                 self.stats.bytes_read += len as u64;
-                Some(Arc::new(ChunkBytes::reading(len, cell)))
+                Some((Arc::new(ChunkBytes::reading(len, cell)), true))
             }
             State::Failed => None,
         }

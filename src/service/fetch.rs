@@ -5,18 +5,35 @@
 use tokio::sync::oneshot;
 
 use super::Service;
-use crate::engine::Fetched;
+use crate::engine::{Fetched, Registered, ResumeReader};
 
 impl Service {
     /// What the store holds of `name`, read on a thread of its own; `None` without a name or
     /// a store, or if the thread could not start (the engine thread then reads it).
     pub(super) async fn fetched(&self, name: Option<&str>) -> Option<Fetched> {
-        let (reader, name) = (self.inner.reader.clone()?, name?.to_string());
+        let name = name?.to_string();
+        self.read_store(move |reader| reader.fetch(&name)).await
+    }
+
+    /// Who registered `name` in the store, read on a thread of its own; `None` as for
+    /// [`Self::fetched`].
+    pub(super) async fn registered(&self, name: Option<&str>) -> Option<Registered> {
+        let name = name?.to_string();
+        self.read_store(move |reader| reader.registration(&name))
+            .await
+    }
+
+    /// `read` run on a thread of its own with the store's reader.
+    async fn read_store<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&ResumeReader) -> T + Send + 'static,
+    ) -> Option<T> {
+        let reader = self.inner.reader.clone()?;
         let (tx, rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("pensieve-fetch".into())
             .spawn(move || {
-                let _ = tx.send(reader.fetch(&name));
+                let _ = tx.send(read(&reader));
             })
             .ok()?;
         rx.await.ok()

@@ -351,7 +351,9 @@ impl Service {
     /// # Errors
     /// As [`Engine::open`]; [`Error::ServiceStopped`].
     pub async fn open(&self, options: ConversationOptions) -> Result<ConversationId> {
-        self.call(move |d| d.engine_mut().open(options)).await?
+        let registration = self.registered(options.name.as_deref()).await;
+        self.call(move |d| d.engine_mut().open_with(options, registration))
+            .await?
     }
 
     /// Resumes a stored conversation by name ([`Engine::resume`]).

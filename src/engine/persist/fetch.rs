@@ -15,6 +15,9 @@ use crate::{Error, Result};
 /// Who registered a name: its owner's label, and whether it is this engine's model.
 type Registration = Option<(String, bool)>;
 
+/// Who registered a name, as read from the store (or why it could not be read).
+pub(crate) type Registered = std::result::Result<Registration, StoreError>;
+
 /// What the store held of a conversation name when it was read.
 #[derive(Debug)]
 pub(crate) struct Fetched {

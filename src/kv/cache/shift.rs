@@ -46,10 +46,11 @@ impl CacheManager {
             .collect()
     }
 
-    /// Reads a saved chunk of `len` tokens whole and checked; `None` if it is refused
-    /// (counted).
+    /// Reads a saved chunk of `len` tokens whole on the store's reader thread: the bytes wait
+    /// for the read, and fail if it is refused (counted at the next poll); `None` if the store
+    /// has no usable file.
     pub fn read_saved(&mut self, address: &Address, len: usize) -> Option<Arc<ChunkBytes>> {
-        self.store.as_mut()?.store.load(address, len).ok()
+        self.store.as_mut()?.store.read_behind(address, len)
     }
 
     /// Replaces the chunks of `id` from `from` on with `new`, `computed` tokens of the table

@@ -370,7 +370,7 @@ fn read_layers(
 ///
 /// # Errors
 /// The [`Fault`] that refuses it.
-pub(super) fn read_chunk(
+fn read_chunk(
     medium: &dyn Medium,
     format: &ChunkFormat,
     address: &Address,
