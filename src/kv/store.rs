@@ -429,12 +429,8 @@ impl Store {
             tokens,
             layers: Arc::clone(&layers),
         };
-        if !self.reader.send(job) {
-            return None;
-        }
-        let len = self.format.payload_bytes(tokens);
+        let len = self.queue_read(job, tokens)?;
         self.stats.chunks_read += 1;
-        self.stats.bytes_read += len as u64;
         Some(Arc::new(ChunkBytes::layered(len, layers)))
     }
 
@@ -478,15 +474,22 @@ impl Store {
                     tokens,
                     cell: Arc::clone(&cell),
                 };
-                if !self.reader.send(job) {
-                    return None;
-                }
-                let len = self.format.payload_bytes(tokens);
-                self.stats.bytes_read += len as u64;
+                let len = self.queue_read(job, tokens)?;
                 Some((Arc::new(ChunkBytes::reading(len, cell)), true))
             }
             State::Failed => None,
         }
+    }
+
+    /// Queues `job`, a read of `tokens` KV-tokens, on the reader thread and counts its bytes:
+    /// the payload's length, or `None` if the thread is gone.
+    fn queue_read(&mut self, job: Job, tokens: usize) -> Option<usize> {
+        if !self.reader.send(job) {
+            return None;
+        }
+        let len = self.format.payload_bytes(tokens);
+        self.stats.bytes_read += len as u64;
+        Some(len)
     }
 
     /// Calls `waker` whenever the store's writer or reader finishes a job.
