@@ -213,14 +213,9 @@ fn turns_finish_by_recompute_when_redis_dies_and_the_tier_reconnects() {
     assert_eq!(stats.recomputed_tokens, 0, "{stats:?}");
 }
 
-#[test]
-fn damaged_and_evicted_keys_are_refused_and_recomputed() {
-    let server = Server::start(None);
-    let model = model();
-    let want = stateless(&model, 2);
-    let a = alice_served(&model, &server, "fleet");
-    let computed = a.tokens(a.find("alice").unwrap()).unwrap().len() - 1;
-
+/// Damages alice's stored chunks: one flipped payload byte (the first key returned), one chunk
+/// evicted (the second), one replaced by another chunk's bytes (the third).
+fn damage(server: &Server) -> Vec<String> {
     let mut raw = server.raw().unwrap();
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("fleet:*:chunk:*")
@@ -228,25 +223,33 @@ fn damaged_and_evicted_keys_are_refused_and_recomputed() {
         .unwrap();
     keys.sort();
     assert!(keys.len() >= 3, "{keys:?}");
-    // One flipped payload byte, one chunk evicted, one replaced by another chunk's bytes.
     let mut bytes: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut raw).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
-    redis::cmd("SET")
-        .arg(&keys[0])
-        .arg(bytes)
-        .query::<()>(&mut raw)
-        .unwrap();
+    let set = |key: &str, bytes: &[u8], raw: &mut redis::Connection| {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(bytes)
+            .query::<()>(raw)
+            .unwrap();
+    };
+    set(&keys[0], &bytes, &mut raw);
     redis::cmd("DEL")
         .arg(&keys[1])
         .query::<()>(&mut raw)
         .unwrap();
-    let other: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(&mut raw).unwrap();
-    redis::cmd("SET")
-        .arg(&keys[2])
-        .arg(other)
-        .query::<()>(&mut raw)
-        .unwrap();
+    set(&keys[2], &bytes, &mut raw);
+    keys
+}
+
+#[test]
+fn damaged_and_evicted_keys_are_refused_and_recomputed() {
+    let server = Server::start(None);
+    let model = model();
+    let want = stateless(&model, 2);
+    let a = alice_served(&model, &server, "fleet");
+    let computed = a.tokens(a.find("alice").unwrap()).unwrap().len() - 1;
+    damage(&server);
 
     let mut b = fleet_member(&model, &server, "fleet");
     let c = b.resume("alice").unwrap();
@@ -257,6 +260,37 @@ fn damaged_and_evicted_keys_are_refused_and_recomputed() {
     let faults = b.stats().store.unwrap().faults;
     assert_eq!(faults.missing, 1, "{faults:?}");
     assert_eq!(faults.corrupt + faults.wrong_content, 2, "{faults:?}");
+}
+
+/// A key whose bytes a read proved bad is deleted, though the failed restore let its chunk go
+/// before the read's verdict came back from the reader thread: no other turn or engine reads
+/// it again.
+#[test]
+fn keys_proven_bad_are_deleted_after_their_restore_let_them_go() {
+    let server = Server::start(None);
+    let model = model();
+    alice_served(&model, &server, "fleet");
+    let keys = damage(&server);
+    let mut b = fleet_member(&model, &server, "fleet");
+    let c = b.resume("alice").unwrap();
+    let params = SamplingParams::greedy().max_tokens(64).ignore_eos(true);
+    b.submit(c, Turn::user(QUESTIONS[1]), params).unwrap();
+    let refused = |b: &Engine| {
+        let f = b.stats().store.unwrap().faults;
+        f.corrupt + f.wrong_content
+    };
+    while refused(&b) < 2 {
+        assert!(b.has_work(), "the turn ended before both keys were refused");
+        b.step().unwrap();
+    }
+    // Still running: the recomputed chunks are not saved again until the turn ends.
+    assert!(b.has_work());
+    b.flush();
+    let mut raw = server.raw().unwrap();
+    for key in [&keys[0], &keys[2]] {
+        let there: bool = redis::cmd("EXISTS").arg(key).query(&mut raw).unwrap();
+        assert!(!there, "{key} still holds bytes proven bad");
+    }
 }
 
 #[test]

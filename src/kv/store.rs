@@ -439,15 +439,22 @@ impl Store {
     fn refuse(&mut self, address: &Address, fault: Fault) {
         tracing::warn!(%fault, "a stored chunk was refused when read; it will be recomputed");
         self.stats.faults.count(fault);
-        if let Some(e) = self.entries.get_mut(address) {
-            if matches!(e.state, State::Stored) {
+        // Bytes proven bad are deleted; a read that failed (a timeout, a lost connection) says
+        // nothing about them, and other engines may read them fine.
+        let bad_bytes = !matches!(fault, Fault::Io(_) | Fault::Missing);
+        let delete = match self.entries.get_mut(address) {
+            Some(e) if matches!(e.state, State::Stored) => {
                 e.state = State::Failed;
-                // Bytes proven bad are deleted; a read that failed (a timeout, a lost
-                // connection) says nothing about them, and other engines may read them fine.
-                if !matches!(fault, Fault::Io(_) | Fault::Missing) {
-                    self.worker.send(Job::RemoveChunk(*address));
-                }
+                bad_bytes
             }
+            // Written again since (pending), or already refused.
+            Some(_) => false,
+            // Forgotten while its read was behind (the failed restore released it): the bad
+            // bytes are still stored, where another turn (or engine) would find them.
+            None => bad_bytes,
+        };
+        if delete {
+            self.worker.send(Job::RemoveChunk(*address));
         }
     }
 

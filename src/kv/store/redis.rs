@@ -60,7 +60,7 @@ pub struct RedisConfig {
 setters!(RedisConfig {
     into url: String,
     into key_prefix: String,
-    value ttl: Option<Duration>,
+    some ttl: Duration,
     value timeout: Duration,
     some_into ca_file: PathBuf,
     value cluster: bool,

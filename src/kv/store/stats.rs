@@ -55,10 +55,11 @@ pub struct StoreStats {
     pub chunks_written: u64,
     /// Bytes of those files' payloads.
     pub bytes_written: u64,
-    /// Chunks read back and verified on demand, when their turn was admitted (a prefetch
-    /// miss).
+    /// Chunks read back on demand, when their turn was admitted (a prefetch miss); each is
+    /// verified before use, and one refused is counted in `faults` too.
     pub chunks_read: u64,
-    /// Bytes of payloads read back, on demand and ahead.
+    /// Bytes of payloads read back (or asked for: a refused read counts), on demand and
+    /// ahead.
     pub bytes_read: u64,
     /// Chunks read ahead of their turn into the host tier (the look-ahead window).
     pub chunks_prefetched: u64,
