@@ -36,8 +36,14 @@ pub(super) fn transfer(
         }
     }
     let mut ins = Vec::new();
-    for s in &moves.swap_in {
-        match cache.take_swap_in(s, pipelined && pool.restores_by_layer()) {
+    // Every read is queued before the first is waited for: the reader thread goes on with the
+    // next chunks meanwhile.
+    let layered = pipelined && pool.restores_by_layer();
+    let taken: Vec<_> = (moves.swap_in.iter())
+        .map(|s| (s, cache.take_swap_in(s, layered)))
+        .collect();
+    for (s, data) in taken {
+        match data {
             // Bytes still being read ahead wait here, unless they come layer by layer (the
             // pass waits per layer; see `restored`); a file refused by a read fails only its
             // own swap-in.
