@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench_scale -- [--idle 100,1000,10000] [--steps 64] [--json]
+//!     [--shared-prompt-words 100]
 //! ```
 
 use std::error::Error;
@@ -32,6 +33,10 @@ struct Args {
     /// Conversations decoding while the others are held.
     #[arg(long, default_value_t = 8, value_parser = pensieve::cli::positive)]
     running: usize,
+    /// Every conversation opens with this many words of one system prompt, shared by content
+    /// (0: none): its chunks are then held by every conversation at once.
+    #[arg(long, default_value_t = 0)]
+    shared_prompt_words: usize,
     /// One JSON object per run on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -83,9 +88,13 @@ fn measure(
     )?);
     bar.set_message(format!("filling {idle}"));
     let one = SamplingParams::greedy().max_tokens(1);
+    let mut options = ConversationOptions::default();
+    if args.shared_prompt_words > 0 {
+        options = options.system(vec!["word"; args.shared_prompt_words].join(" "));
+    }
     for batch in (0..idle).collect::<Vec<_>>().chunks(64) {
         for &i in batch {
-            let conv = engine.open(ConversationOptions::default())?;
+            let conv = engine.open(options.clone())?;
             engine.submit(conv, Turn::user(format!("conversation {i}")), one.clone())?;
         }
         while engine.has_work() {
@@ -98,7 +107,7 @@ fn measure(
         .max_tokens(args.steps + 1)
         .ignore_eos(true);
     for i in 0..args.running {
-        let conv = engine.open(ConversationOptions::default())?;
+        let conv = engine.open(options.clone())?;
         engine.submit(conv, Turn::user(format!("running {i}")), decode.clone())?;
     }
     // The first step prefills the running turns; the rest decode.

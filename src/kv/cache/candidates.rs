@@ -23,6 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
+use super::arena::ChunkId;
 use super::{CacheManager, ChunkTable};
 use crate::ids::ConversationId;
 use crate::kv::policy::Candidate;
@@ -229,11 +230,14 @@ impl CacheManager {
                 }
             }
         }
+        // A shared chunk's verdict (kept for a protected holder, or its value over all its
+        // holders) is the same for each holder: worked out once per decision.
+        let mut shared = HashMap::new();
         for &id in &index.shared {
             if protect(id) {
                 continue;
             }
-            if let Some(found) = self.offer(tier, id, protect, now) {
+            if let Some(found) = self.offer(tier, id, protect, now, &mut shared) {
                 if better(found, best) {
                     best = Some(found);
                 }
@@ -243,22 +247,42 @@ impl CacheManager {
     }
 
     /// `id`'s offer in `tier`: its first chunk there not shared with a protected conversation,
-    /// valued for all of its holders.
+    /// valued for all of its holders (`verdicts`: those of the chunks weighed so far).
     fn offer(
         &self,
         tier: Tier,
         id: ConversationId,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
+        verdicts: &mut HashMap<ChunkId, Option<f64>>,
     ) -> Option<Found> {
         let chunk = self.chunk_size();
         let t = self.tables.get(&id)?;
-        let (i, sharers) = (0..t.computed_chunks(chunk))
+        (0..t.computed_chunks(chunk))
             .filter(|&i| tier.holds(self.arena.loc(t.chunks[i]), t.saved[i].is_some()))
-            .map(|i| (i, self.arena.holders(t.chunks[i])))
-            .find(|(_, s)| !s.iter().any(|&c| c != id && protect(c)))?;
+            .find_map(|i| {
+                let verdict = *(verdicts.entry(t.chunks[i]))
+                    .or_insert_with(|| self.verdict(t.chunks[i], i, protect, now));
+                verdict.map(|value| (value, id, i))
+            })
+    }
+
+    /// Chunk `i` of its holders, `record`: kept (`None`) if a protected conversation holds it
+    /// (the holder asking is never protected), or what losing it costs them all.
+    fn verdict(
+        &self,
+        record: ChunkId,
+        i: usize,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) -> Option<f64> {
+        let holders = self.arena.holders(record);
+        if holders.iter().any(|&c| protect(c)) {
+            return None;
+        }
+        let chunk = self.chunk_size();
         // Losing a shared chunk costs each of its holders.
-        let value: f64 = (sharers.iter())
+        let value = (holders.iter())
             .filter_map(|c| self.tables.get(c))
             .map(|t| {
                 self.policy.value(&Candidate {
@@ -268,7 +292,7 @@ impl CacheManager {
                 })
             })
             .sum();
-        Some((value, id, i))
+        Some(value)
     }
 }
 

@@ -128,7 +128,7 @@ fn scan(
 ) -> Option<f64> {
     (m.tables.keys())
         .filter(|&&c| !protect(c))
-        .filter_map(|&c| m.offer(tier, c, protect, now))
+        .filter_map(|&c| m.offer(tier, c, protect, now, &mut HashMap::new()))
         .map(|f| f.0)
         .min_by(f64::total_cmp)
 }
@@ -154,7 +154,8 @@ proptest! {
                     let protect = |c: ConversationId| mask & (1 << c.0) != 0;
                     let want = scan(&m, tier, &protect, now);
                     let got = m.victim(tier, &protect, now);
-                    let got = got.and_then(|(c, _)| m.offer(tier, c, &protect, now)).map(|f| f.0);
+                    let got = got.and_then(|(c, _)| m.offer(tier, c, &protect, now, &mut HashMap::new()));
+                    let got = got.map(|f| f.0);
                     prop_assert_eq!(got, want, "{:?} after {:?}", tier, op);
                 }
             }
