@@ -152,18 +152,21 @@ impl Engine {
         name: &str,
         fetched: Option<Fetched>,
     ) -> Result<ConversationId> {
-        let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
         let held = self.find(name);
-        let (Some(store), Some(fetched)) = (self.cache.store(), fetched) else {
-            return held.ok_or_else(|| Error::NotStored(name.to_string()));
-        };
-        // Closed here and its removal not yet written: gone, whatever the store still says.
+        let mut fetched = fetched;
+        // Closed here: gone while its removal is not written, whatever the store still says.
+        // Once it is, a read made before it may still show the manifest: it is read again.
         if let Some(&mark) = self.removals.get(name).filter(|_| held.is_none()) {
-            if !store.reached(mark) {
+            if self.cache.store().is_some_and(|s| !s.reached(mark)) {
                 return Err(Error::NotStored(name.to_string()));
             }
             self.removals.remove(name);
+            fetched = None;
         }
+        let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
+        let (Some(_), Some(fetched)) = (self.cache.store(), fetched) else {
+            return held.ok_or_else(|| Error::NotStored(name.to_string()));
+        };
         let damaged = |cause: String| Error::StoreDamaged {
             name: name.to_string(),
             cause,
