@@ -38,9 +38,12 @@ pub(super) struct Arena {
     /// The content index: records by their content address (several records may have equal
     /// contents, computed apart before either was indexed).
     index: HashMap<Address, Vec<ChunkId>>,
-    /// Conversations whose chunks moved or changed hands since the eviction candidates last
-    /// read them.
+    /// Conversations whose own chunks (those no one else holds) moved, came or went since the
+    /// eviction candidates last read them.
     changed: Vec<ConversationId>,
+    /// Shared records that moved or changed hands since then: their holders are not listed
+    /// (a chunk shared by every conversation would list them all).
+    changed_shared: Vec<ChunkId>,
 }
 
 impl Arena {
@@ -74,9 +77,17 @@ impl Arena {
 
     /// Moves the chunk (for all of its holders).
     pub fn set_loc(&mut self, id: ChunkId, loc: ChunkLoc) {
-        let r = &mut self.records[id.0 as usize];
-        r.loc = loc;
-        self.changed.extend_from_slice(&r.holders);
+        self.records[id.0 as usize].loc = loc;
+        self.note(id);
+    }
+
+    /// The record changed: listed as shared, or by its one holder.
+    fn note(&mut self, id: ChunkId) {
+        match self.records[id.0 as usize].holders.as_slice() {
+            [] => {}
+            [one] => self.changed.push(*one),
+            _ => self.changed_shared.push(id),
+        }
     }
 
     pub fn holders(&self, id: ChunkId) -> &[ConversationId] {
@@ -125,22 +136,37 @@ impl Arena {
     /// `conv` holds the chunk too.
     pub fn add_holder(&mut self, id: ChunkId, conv: ConversationId) {
         let r = &mut self.records[id.0 as usize];
+        // A chunk that was its holder's own is shared now: that holder's own chunks changed.
+        if let [one] = r.holders.as_slice() {
+            self.changed.push(*one);
+        }
         r.holders.push(conv);
-        self.changed.extend_from_slice(&r.holders);
+        self.changed.push(conv);
+        self.changed_shared.push(id);
         self.extra_holders += 1;
+    }
+
+    /// `conv` no longer holds the shared chunk (listed as changed; the one holder left, if
+    /// only one is, owns it now).
+    fn leave(&mut self, id: ChunkId, conv: ConversationId) {
+        let r = &mut self.records[id.0 as usize];
+        r.holders.retain(|&c| c != conv);
+        self.changed.push(conv);
+        self.changed_shared.push(id);
+        if let [one] = r.holders.as_slice() {
+            self.changed.push(*one);
+        }
     }
 
     /// `conv` lets go of the chunk. When it was the last holder the record is freed and its
     /// location returned, for the caller to release what it names.
     pub fn remove_holder(&mut self, id: ChunkId, conv: ConversationId) -> Option<ChunkLoc> {
-        let r = &mut self.records[id.0 as usize];
-        let before = r.holders.len();
-        r.holders.retain(|&c| c != conv);
-        if r.holders.len() == before {
+        let r = &self.records[id.0 as usize];
+        if !r.holders.contains(&conv) {
             return None;
         }
-        self.changed.push(conv);
-        self.changed.extend_from_slice(&r.holders);
+        self.leave(id, conv);
+        let r = &mut self.records[id.0 as usize];
         if !r.holders.is_empty() {
             self.extra_holders -= 1;
             return None;
@@ -159,19 +185,21 @@ impl Arena {
             self.set_loc(id, loc);
             return id;
         }
-        let r = &mut self.records[id.0 as usize];
-        r.holders.retain(|&c| c != conv);
-        self.changed.extend_from_slice(&r.holders);
-        let addr = r.addr;
+        self.leave(id, conv);
+        let addr = self.records[id.0 as usize].addr;
         self.extra_holders -= 1;
         let own = self.insert(loc, conv);
         self.set_addr(own, addr);
         own
     }
 
-    /// The conversations whose chunks changed since the last call.
-    pub fn take_changed(&mut self) -> Vec<ConversationId> {
-        std::mem::take(&mut self.changed)
+    /// The conversations whose own chunks changed, and the shared records that changed,
+    /// since the last call.
+    pub fn take_changed(&mut self) -> (Vec<ConversationId>, Vec<ChunkId>) {
+        (
+            std::mem::take(&mut self.changed),
+            std::mem::take(&mut self.changed_shared),
+        )
     }
 
     /// Holders past the first, over every record.

@@ -1,27 +1,36 @@
 //! Eviction candidates kept in order, updated as conversations change rather than found by
 //! a scan over every table at each decision.
 //!
-//! A tier's candidate from a conversation is its leading chunk in that tier. A policy's value
-//! falls as the idle time grows for a chunk of the same position and length (what
-//! [`crate::kv::EvictionPolicy`] requires), so candidates are grouped by (chunk index, tokens)
-//! and, in each group, ordered by idle time: the first unprotected member of a group is that
-//! group's lowest value, and a decision reads one member per group (plus the protected ones it
-//! passes over). Idle time runs two ways: since the last activity (or an overdue expected
-//! resume), growing; or until an expected resume, shrinking. Each group keeps one order per
-//! way, and a resume that falls due moves its conversation from one to the other.
+//! A tier's candidates are, for each conversation, its first chunk there that no one else
+//! holds, and each chunk there that several conversations share (valued for all of its
+//! holders together: losing it costs each of them). A chunk a protected conversation holds
+//! stays.
 //!
-//! A conversation whose leading chunk in the tier is shared is kept apart and valued in full
-//! at each decision (the chunk's value is its holders' together, and a chunk shared with a
-//! running conversation passes the offer to the next one): their number is that of the
-//! conversations whose front is shared in that tier, not of all conversations.
+//! A policy's value falls as the idle time grows for a chunk of the same position and length
+//! (what [`crate::kv::EvictionPolicy`] requires), so a conversation's own candidates are
+//! grouped by (chunk index, tokens) and, in each group, ordered by idle time: the first
+//! unprotected member of a group is that group's lowest value, and a decision reads one member
+//! per group (plus the protected ones it passes over). Idle time runs two ways: since the last
+//! activity (or an overdue expected resume), growing; or until an expected resume, shrinking.
+//! Each group keeps one order per way, and a resume that falls due moves its conversation from
+//! one to the other.
 //!
-//! The index learns what changed from the arena (chunks moved or changing hands) and from the
-//! manager (activity, hints, files, computed tokens): those conversations are re-read before
-//! the next decision, each in `O(its chunks)`.
+//! A shared chunk's value is a sum over its holders, which no one clock orders. Each shared
+//! chunk keeps a bound instead: an instant no holder has been idle since (an expected resume
+//! counts by the idle time it can have at most). Its value is at least its holders' number
+//! times the value of the bound's idle time, so shared chunks are grouped by (chunk index,
+//! holders) and ordered by bound, and a decision sums a chunk's holders only while that lower
+//! value could still beat the best found. A summed chunk's bound is tightened to its holders'
+//! least; a holder's change only ever lowers it (its own clock), never rescans the others.
+//!
+//! The index learns what changed from the arena (own chunks moved, shared chunks moved or
+//! changed hands) and from the manager (activity, hints, files, computed tokens): those
+//! conversations are re-read before the next decision, each in `O(its chunks)`, and those
+//! shared chunks in `O(log)`; no change reads every holder of a chunk.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::arena::ChunkId;
 use super::{CacheManager, ChunkTable};
@@ -71,14 +80,8 @@ impl ChunkTable {
     }
 }
 
-/// Where a conversation is listed in one tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Entry {
-    /// Its leading chunk there is its own: in a group, by (chunk index, tokens).
-    Own((usize, usize), Clock),
-    /// Its leading chunk there is shared.
-    Shared,
-}
+/// A conversation's own candidate in one tier: its group, (chunk index, tokens), and clock.
+type Own = ((usize, usize), Clock);
 
 /// One group's members, most idle first in each order.
 #[derive(Debug, Default)]
@@ -87,15 +90,20 @@ struct Group {
     until: BTreeSet<(Reverse<Instant>, ConversationId)>,
 }
 
+/// A shared chunk's group, (chunk index, holders), and bound (see [`Candidates::key`]).
+type Shared = ((usize, usize), i64);
+
 #[derive(Debug, Default)]
 struct TierIndex {
     groups: BTreeMap<(usize, usize), Group>,
-    shared: BTreeSet<ConversationId>,
-    entries: HashMap<ConversationId, Entry>,
+    entries: HashMap<ConversationId, Own>,
+    /// Shared chunks in the tier by group, lowest bound (longest idle) first.
+    shared: BTreeMap<(usize, usize), BTreeSet<(i64, ChunkId)>>,
+    records: HashMap<ChunkId, Shared>,
 }
 
 impl TierIndex {
-    fn set(&mut self, id: ConversationId, entry: Option<Entry>) {
+    fn set(&mut self, id: ConversationId, entry: Option<Own>) {
         let old = match entry {
             Some(e) => self.entries.insert(id, e),
             None => self.entries.remove(&id),
@@ -103,31 +111,44 @@ impl TierIndex {
         if old == entry {
             return;
         }
-        match old {
-            Some(Entry::Own(g, clock)) => {
-                if let Some(group) = self.groups.get_mut(&g) {
-                    match clock {
-                        Clock::Since(t) => group.since.remove(&(t, id)),
-                        Clock::Until(t) => group.until.remove(&(Reverse(t), id)),
-                    };
-                    if group.since.is_empty() && group.until.is_empty() {
-                        self.groups.remove(&g);
-                    }
+        if let Some((g, clock)) = old {
+            if let Some(group) = self.groups.get_mut(&g) {
+                match clock {
+                    Clock::Since(t) => group.since.remove(&(t, id)),
+                    Clock::Until(t) => group.until.remove(&(Reverse(t), id)),
+                };
+                if group.since.is_empty() && group.until.is_empty() {
+                    self.groups.remove(&g);
                 }
             }
-            Some(Entry::Shared) => _ = self.shared.remove(&id),
-            None => {}
         }
-        match entry {
-            Some(Entry::Own(g, clock)) => {
-                let group = self.groups.entry(g).or_default();
-                match clock {
-                    Clock::Since(t) => group.since.insert((t, id)),
-                    Clock::Until(t) => group.until.insert((Reverse(t), id)),
-                };
+        if let Some((g, clock)) = entry {
+            let group = self.groups.entry(g).or_default();
+            match clock {
+                Clock::Since(t) => group.since.insert((t, id)),
+                Clock::Until(t) => group.until.insert((Reverse(t), id)),
+            };
+        }
+    }
+
+    fn set_shared(&mut self, rec: ChunkId, entry: Option<Shared>) {
+        let old = match entry {
+            Some(e) => self.records.insert(rec, e),
+            None => self.records.remove(&rec),
+        };
+        if old == entry {
+            return;
+        }
+        if let Some((g, bound)) = old {
+            if let Some(set) = self.shared.get_mut(&g) {
+                set.remove(&(bound, rec));
+                if set.is_empty() {
+                    self.shared.remove(&g);
+                }
             }
-            Some(Entry::Shared) => _ = self.shared.insert(id),
-            None => {}
+        }
+        if let Some((g, bound)) = entry {
+            self.shared.entry(g).or_default().insert((bound, rec));
         }
     }
 }
@@ -140,6 +161,10 @@ pub(super) struct Candidates {
     changed: Vec<ConversationId>,
     /// Expected resumes still ahead, by time: at each one, its conversation's clock turns.
     due: BTreeSet<(Instant, ConversationId)>,
+    /// Each shared chunk's bound: no holder has been idle longer than since it.
+    bounds: HashMap<ChunkId, i64>,
+    /// The instant keys count from (the first decision's).
+    base: Option<Instant>,
 }
 
 impl Candidates {
@@ -147,19 +172,47 @@ impl Candidates {
     pub fn mark(&mut self, id: ConversationId) {
         self.changed.push(id);
     }
+
+    /// `t` in signed nanoseconds from the base: a bound may lie before any instant.
+    fn key(&self, t: Instant) -> i64 {
+        let base = self.base.unwrap_or(t);
+        match t.checked_duration_since(base) {
+            Some(d) => d.as_nanos() as i64,
+            None => -((base - t).as_nanos() as i64),
+        }
+    }
+
+    /// The key no earlier than which the clock's idle time can start, from `now` on: its
+    /// start, or for an expected resume an instant as far before `now` as the resume is ahead
+    /// (the idle time it has at most, and only shrinks).
+    fn since_key(&self, clock: Clock, now: Instant) -> i64 {
+        match clock {
+            Clock::Since(t) => self.key(t),
+            Clock::Until(at) => self.key(now) - (at - now).as_nanos() as i64,
+        }
+    }
 }
 
 /// A candidate found: its value (lower goes first), conversation and chunk index.
-type Found = (f64, ConversationId, usize);
+pub(super) type Found = (f64, ConversationId, usize);
 
+/// Whether `a` goes before `b`: lower value, then conversation, then chunk (a conversation's
+/// own chunk and one it shares may tie).
 fn better(a: Found, b: Option<Found>) -> bool {
-    b.is_none_or(|b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).is_lt())
+    b.is_none_or(|b| (a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))).is_lt())
+}
+
+/// Whether a lower bound `lb` on a value cannot beat `best` (with room for the rounding of a
+/// sum, which may fall a hair below the bound's product).
+fn beyond(lb: f64, best: Option<Found>) -> bool {
+    best.is_some_and(|b| lb - lb.abs() * 1e-9 > b.0)
 }
 
 impl CacheManager {
     /// Brings the candidates up to date with every change since the last decision.
     fn refresh_candidates(&mut self, now: Instant) {
-        let mut changed = self.arena.take_changed();
+        self.candidates.base.get_or_insert(now);
+        let (mut changed, mut shared) = self.arena.take_changed();
         changed.append(&mut self.candidates.changed);
         while let Some(&(at, id)) = self.candidates.due.first() {
             if at > now {
@@ -170,40 +223,155 @@ impl CacheManager {
         }
         changed.sort_unstable();
         changed.dedup();
-        let chunk = self.chunk_size();
         for id in changed {
-            let table = self.tables.get(&id);
-            for (k, tier) in Tier::ALL.into_iter().enumerate() {
-                let entry = table.and_then(|t| {
-                    let i = (0..t.computed_chunks(chunk))
-                        .find(|&i| tier.holds(self.arena.loc(t.chunks[i]), t.saved[i].is_some()))?;
-                    Some(match self.arena.is_shared(t.chunks[i]) {
-                        true => Entry::Shared,
-                        false => Entry::Own((i, t.chunk_len(i, chunk)), t.clock(now)),
-                    })
-                });
-                self.candidates.tiers[k].set(id, entry);
+            self.refresh_own(id, now, &mut shared);
+        }
+        shared.sort_unstable();
+        shared.dedup();
+        for rec in shared {
+            self.refresh_shared(rec, now);
+        }
+    }
+
+    /// Re-reads `id`: its own candidate in each tier, and its clock in the bounds of the
+    /// shared chunks it holds (those lowered go to `shared`, to be re-listed).
+    fn refresh_own(&mut self, id: ConversationId, now: Instant, shared: &mut Vec<ChunkId>) {
+        let chunk = self.chunk_size();
+        let table = self.tables.get(&id);
+        for (k, tier) in Tier::ALL.into_iter().enumerate() {
+            // A file is each holder's own (the store counts references per holder).
+            let entry = table.and_then(|t| {
+                let i = (0..t.computed_chunks(chunk)).find(|&i| {
+                    let rec = t.chunks[i];
+                    tier.holds(self.arena.loc(rec), t.saved[i].is_some())
+                        && (tier == Tier::Saved || !self.arena.is_shared(rec))
+                })?;
+                Some(((i, t.chunk_len(i, chunk)), t.clock(now)))
+            });
+            self.candidates.tiers[k].set(id, entry);
+        }
+        let Some(t) = table else {
+            return;
+        };
+        let clock = t.clock(now);
+        if let Clock::Until(at) = clock {
+            self.candidates.due.insert((at, id));
+        }
+        let key = self.candidates.since_key(clock, now);
+        for &rec in &t.chunks[..t.computed_chunks(chunk)] {
+            if !self.arena.is_shared(rec) {
+                continue;
             }
-            if let Some(Clock::Until(at)) = table.map(|t| t.clock(now)) {
-                self.candidates.due.insert((at, id));
+            match self.candidates.bounds.get(&rec) {
+                Some(&bound) if bound <= key => {}
+                Some(_) => {
+                    self.candidates.bounds.insert(rec, key);
+                    shared.push(rec);
+                }
+                // Newly shared: its holders are all re-read in this refresh, but not yet.
+                None => {
+                    let least = self.least_key(rec, now);
+                    self.candidates.bounds.insert(rec, least);
+                    shared.push(rec);
+                }
             }
         }
     }
 
-    /// The lowest-value leading chunk in `tier` among conversations `protect` does not cover
-    /// (a chunk shared with a protected conversation stays, and the next one is offered).
+    /// Re-lists shared chunk `rec` in the tier it is in (none if it is not shared or not in
+    /// memory).
+    fn refresh_shared(&mut self, rec: ChunkId, now: Instant) {
+        let r = self.arena.get(rec);
+        let tier = match r.loc {
+            ChunkLoc::Device(_) => Some(0),
+            ChunkLoc::Host(_) => Some(1),
+            _ => None,
+        };
+        let n = r.holders.len();
+        if n < 2 {
+            self.candidates.bounds.remove(&rec);
+        }
+        let entry = match tier.filter(|_| n > 1) {
+            Some(_) => self.shared_entry(rec, now),
+            None => None,
+        };
+        for k in [0, 1] {
+            self.candidates.tiers[k].set_shared(rec, entry.filter(|_| tier == Some(k)));
+        }
+    }
+
+    /// Shared chunk `rec`'s place in an index: its group and bound.
+    fn shared_entry(&mut self, rec: ChunkId, now: Instant) -> Option<Shared> {
+        let listed = (self.candidates.tiers.iter()).find_map(|t| t.records.get(&rec));
+        let i = match listed {
+            Some(&((i, _), _)) => i,
+            None => {
+                let h = self.arena.holders(rec).first()?;
+                self.tables.get(h)?.chunks.iter().position(|&r| r == rec)?
+            }
+        };
+        let bound = match self.candidates.bounds.get(&rec) {
+            Some(&b) => b,
+            None => {
+                let least = self.least_key(rec, now);
+                self.candidates.bounds.insert(rec, least);
+                least
+            }
+        };
+        Some(((i, self.arena.holders(rec).len()), bound))
+    }
+
+    /// The least since-key of `rec`'s holders now.
+    fn least_key(&self, rec: ChunkId, now: Instant) -> i64 {
+        (self.arena.holders(rec).iter())
+            .filter_map(|h| self.tables.get(h))
+            .map(|t| self.candidates.since_key(t.clock(now), now))
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    /// The lowest-value candidate in `tier` that `protect` leaves: (conversation, chunk index).
     pub(super) fn victim(
         &mut self,
         tier: Tier,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<(ConversationId, usize)> {
+        self.lowest(tier, protect, now).map(|(_, id, i)| (id, i))
+    }
+
+    /// [`Self::victim`] with its value.
+    pub(super) fn lowest(
+        &mut self,
+        tier: Tier,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) -> Option<Found> {
         self.refresh_candidates(now);
         let k = Tier::ALL.iter().position(|&t| t == tier)?;
-        let index = &self.candidates.tiers[k];
+        let best = self.lowest_own(k, protect, now);
+        let (best, tighter) = self.lowest_shared(k, protect, now, best);
+        for (rec, bound) in tighter {
+            self.candidates.bounds.insert(rec, bound);
+            for index in &mut self.candidates.tiers {
+                if let Some(&(g, _)) = index.records.get(&rec) {
+                    index.set_shared(rec, Some((g, bound)));
+                }
+            }
+        }
+        best
+    }
+
+    /// The lowest own candidate of tier `k` that `protect` leaves.
+    fn lowest_own(
+        &self,
+        k: usize,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) -> Option<Found> {
         let chunk = self.chunk_size();
         let mut best: Option<Found> = None;
-        for (&(i, len), group) in &index.groups {
+        for (&(i, len), group) in &self.candidates.tiers[k].groups {
             let value = |idle: std::time::Duration| {
                 self.policy.value(&Candidate {
                     start: i * chunk,
@@ -211,7 +379,8 @@ impl CacheManager {
                     idle_s: idle.as_secs_f64(),
                 })
             };
-            // Along each order values only rise: the walk stops at the first above the best.
+            // Along each order values only rise: the walk stops at the first above the best
+            // (an equal one may still win on its id).
             let since = (group.since.iter()).map(|&(t, id)| (id, now.saturating_duration_since(t)));
             let until = (group.until.iter()).map(|&(Reverse(t), id)| (id, t - now));
             for members in [
@@ -223,66 +392,66 @@ impl CacheManager {
                         continue;
                     }
                     let found = (value(idle), id, i);
-                    if !better(found, best) {
+                    if best.is_some_and(|b| found.0 > b.0) {
                         break;
                     }
-                    best = Some(found);
+                    if better(found, best) {
+                        best = Some(found);
+                    }
                 }
             }
         }
-        // A shared chunk's verdict (kept for a protected holder, or its value over all its
-        // holders) is the same for each holder: worked out once per decision.
-        let mut shared = HashMap::new();
-        for &id in &index.shared {
-            if protect(id) {
-                continue;
-            }
-            if let Some(found) = self.offer(tier, id, protect, now, &mut shared) {
-                if better(found, best) {
-                    best = Some(found);
+        best
+    }
+
+    /// The lowest of `best` and tier `k`'s shared candidates that `protect` leaves, with the
+    /// tighter bounds of the chunks summed on the way.
+    fn lowest_shared(
+        &self,
+        k: usize,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+        mut best: Option<Found>,
+    ) -> (Option<Found>, Vec<(ChunkId, i64)>) {
+        let chunk = self.chunk_size();
+        let now_key = self.candidates.key(now);
+        let mut tighter = Vec::new();
+        for (&(i, n), set) in &self.candidates.tiers[k].shared {
+            for &(bound, rec) in set {
+                let idle = Duration::from_nanos(now_key.saturating_sub(bound).max(0) as u64);
+                let lb = n as f64
+                    * self.policy.value(&Candidate {
+                        start: i * chunk,
+                        len: chunk,
+                        idle_s: idle.as_secs_f64(),
+                    });
+                if beyond(lb, best) {
+                    break;
+                }
+                let holders = self.arena.holders(rec);
+                // The latest holders are the likeliest to be running.
+                if holders.iter().rev().any(|&c| protect(c)) {
+                    continue;
+                }
+                let least = self.least_key(rec, now);
+                if least > bound {
+                    tighter.push((rec, least));
+                }
+                let first = holders.iter().copied().min();
+                if let Some(found) = first.map(|c| (self.shared_value(rec, i, now), c, i)) {
+                    if better(found, best) {
+                        best = Some(found);
+                    }
                 }
             }
         }
-        best.map(|(_, id, i)| (id, i))
+        (best, tighter)
     }
 
-    /// `id`'s offer in `tier`: its first chunk there not shared with a protected conversation,
-    /// valued for all of its holders (`verdicts`: those of the chunks weighed so far).
-    fn offer(
-        &self,
-        tier: Tier,
-        id: ConversationId,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-        verdicts: &mut HashMap<ChunkId, Option<f64>>,
-    ) -> Option<Found> {
+    /// What losing chunk `i`, shared record `rec`, costs all of its holders.
+    pub(super) fn shared_value(&self, rec: ChunkId, i: usize, now: Instant) -> f64 {
         let chunk = self.chunk_size();
-        let t = self.tables.get(&id)?;
-        (0..t.computed_chunks(chunk))
-            .filter(|&i| tier.holds(self.arena.loc(t.chunks[i]), t.saved[i].is_some()))
-            .find_map(|i| {
-                let verdict = *(verdicts.entry(t.chunks[i]))
-                    .or_insert_with(|| self.verdict(t.chunks[i], i, protect, now));
-                verdict.map(|value| (value, id, i))
-            })
-    }
-
-    /// Chunk `i` of its holders, `record`: kept (`None`) if a protected conversation holds it
-    /// (the holder asking is never protected), or what losing it costs them all.
-    fn verdict(
-        &self,
-        record: ChunkId,
-        i: usize,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-    ) -> Option<f64> {
-        let holders = self.arena.holders(record);
-        if holders.iter().any(|&c| protect(c)) {
-            return None;
-        }
-        let chunk = self.chunk_size();
-        // Losing a shared chunk costs each of its holders.
-        let value = (holders.iter())
+        (self.arena.holders(rec).iter())
             .filter_map(|c| self.tables.get(c))
             .map(|t| {
                 self.policy.value(&Candidate {
@@ -291,8 +460,7 @@ impl CacheManager {
                     idle_s: t.until_next_use(now).as_secs_f64(),
                 })
             })
-            .sum();
-        Some(value)
+            .sum()
     }
 }
 

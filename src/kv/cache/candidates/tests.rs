@@ -17,7 +17,6 @@ const CONVS: u64 = 6;
 enum Op {
     Open(u64),
     Compute(u64, usize),
-    Index(u64),
     Adopt(u64, usize),
     Touch(u64),
     Resume(u64, u64),
@@ -32,7 +31,6 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         conv.clone().prop_map(Op::Open),
         (conv.clone(), 1..10usize).prop_map(|(c, n)| Op::Compute(c, n)),
-        conv.clone().prop_map(Op::Index),
         (conv.clone(), 1..4usize).prop_map(|(c, n)| Op::Adopt(c, n)),
         conv.clone().prop_map(Op::Touch),
         (conv.clone(), 0..400u64).prop_map(|(c, ms)| Op::Resume(c, ms)),
@@ -68,12 +66,13 @@ fn apply(m: &mut CacheManager, op: &Op, now: &mut Instant) {
                 m.mark_computed(id(c), computed + 1);
             }
             m.settle(id(c), usize::MAX);
-        }
-        Op::Index(c) => {
             let computed = m.table(id(c)).map_or(0, |t| t.computed());
             m.index_chunks(id(c), &tokens(computed));
         }
         Op::Adopt(c, n) => {
+            if m.table(id(c)).is_none() {
+                m.open(id(c), *now);
+            }
             let Some(t) = m.table(id(c)) else { return };
             let have = t.len();
             let addrs = Address::of_chunks(&tokens((have + n) * CHUNK), CHUNK);
@@ -119,44 +118,83 @@ fn finish(m: &mut CacheManager, moves: &Moves) {
     }
 }
 
-/// The lowest value over every table's offer, as a scan finds it.
+/// The lowest candidate, as a scan of every table finds it: each unprotected conversation's
+/// first chunk in the tier that it alone holds, and each shared chunk in the tier that no
+/// protected conversation holds, valued for all of its holders.
 fn scan(
     m: &CacheManager,
     tier: Tier,
     protect: &dyn Fn(ConversationId) -> bool,
     now: Instant,
-) -> Option<f64> {
-    (m.tables.keys())
-        .filter(|&&c| !protect(c))
-        .filter_map(|&c| m.offer(tier, c, protect, now, &mut HashMap::new()))
-        .map(|f| f.0)
-        .min_by(f64::total_cmp)
+) -> Option<Found> {
+    let mut best = None;
+    let mut offer = |found: Found| {
+        if better(found, best) {
+            best = Some(found);
+        }
+    };
+    for (&c, t) in &m.tables {
+        let mut own = !protect(c);
+        for i in 0..t.computed_chunks(CHUNK) {
+            let rec = t.chunks[i];
+            if !tier.holds(m.arena.loc(rec), t.saved[i].is_some()) {
+                continue;
+            }
+            let holders = m.arena.holders(rec);
+            if holders.len() > 1 {
+                if !holders.iter().any(|&h| protect(h)) && holders.iter().min() == Some(&c) {
+                    offer((m.shared_value(rec, i, now), c, i));
+                }
+                continue;
+            }
+            if own {
+                let len = t.chunk_len(i, CHUNK);
+                let idle_s = t.until_next_use(now).as_secs_f64();
+                let start = i * CHUNK;
+                offer((m.policy.value(&Candidate { start, len, idle_s }), c, i));
+                own = false;
+            }
+        }
+    }
+    best
+}
+
+/// Every listed shared chunk's bound is a lower bound on its holders' since-keys.
+fn bounds_hold(m: &CacheManager, now: Instant) -> bool {
+    (m.candidates.tiers.iter())
+        .flat_map(|t| t.records.iter())
+        .all(|(&rec, &(_, bound))| bound <= m.least_key(rec, now))
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
     fn the_ordered_victim_is_the_lowest_value_a_scan_finds(
         ops in prop::collection::vec(op(), 1..60),
         masks in prop::collection::vec(any::<u8>(), 3),
+        sparse in prop::collection::vec(any::<u8>(), 3),
+        lru in any::<bool>(),
     ) {
-        let policy = ValuePolicy {
-            cost: CostModel { per_token_s: 1.0, per_token_per_position_s: 0.05 },
+        let policy: Box<dyn crate::kv::EvictionPolicy> = match lru {
+            true => Box::new(crate::kv::LruPolicy),
+            false => Box::new(ValuePolicy {
+                cost: CostModel { per_token_s: 1.0, per_token_per_position_s: 0.05 },
+            }),
         };
         // 10 blocks of 4 tokens, 2 bytes a token: a host tier of 5 chunks.
-        let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, Box::new(policy), 2);
+        let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, policy, 2);
         let mut now = Instant::now();
         for op in &ops {
             apply(&mut m, op, &mut now);
             prop_assert!(m.check().is_ok(), "{:?} after {op:?}", m.check());
             for tier in [Tier::Device, Tier::Host] {
-                for &mask in &masks {
+                // Protected with odds of one in two, and of one in four.
+                for mask in masks.iter().chain(&sparse).zip(masks.iter().chain(&[u8::MAX; 3])).map(|(a, b)| a & b) {
                     let protect = |c: ConversationId| mask & (1 << c.0) != 0;
                     let want = scan(&m, tier, &protect, now);
-                    let got = m.victim(tier, &protect, now);
-                    let got = got.and_then(|(c, _)| m.offer(tier, c, &protect, now, &mut HashMap::new()));
-                    let got = got.map(|f| f.0);
+                    let got = m.lowest(tier, &protect, now);
                     prop_assert_eq!(got, want, "{:?} after {:?}", tier, op);
+                    prop_assert!(bounds_hold(&m, now), "a bound above its holders after {op:?}");
                 }
             }
         }
