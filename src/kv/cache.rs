@@ -6,9 +6,10 @@
 //! two-phase: planning marks a chunk `SwappingOut` / `SwappingIn` and books the destination
 //! (the plan's [`Moves`]); the executor copies the bytes; `complete_*` frees the source, or
 //! `abort_*` drops the chunk when the copy failed (counted). Drops take effect at once (nothing
-//! to copy). Eviction picks, among the leading chunk of each unprotected conversation in a
-//! tier, the lowest value under the policy. Ahead-of-time eviction only moves KV to a lower
-//! tier with free room; dropping happens only on demand.
+//! to copy). Eviction picks, among each unprotected conversation's first own chunk in a tier
+//! and the shared chunks there no protected conversation holds, the lowest value under the
+//! policy. Ahead-of-time eviction only moves KV to a lower tier with free room; dropping
+//! happens only on demand.
 //!
 //! A table is a list of handles to chunk records (see `arena`): a chunk shared by
 //! conversations whose histories start alike (see `share`) is one record with several

@@ -49,7 +49,8 @@ impl CostModel {
     }
 }
 
-/// An eviction candidate: the leading chunk of one conversation in one tier.
+/// An eviction candidate: a chunk of one conversation in one tier (a shared chunk is valued
+/// once per holder, and the values summed).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     /// Position of the chunk's first token.

@@ -1,6 +1,7 @@
 //! Eviction: which chunk leaves a tier, and where it goes (Pensieve §4.3.1). A victim is the
-//! lowest-value leading chunk of an unprotected conversation, a shared chunk valued for all of
-//! its holders; a device chunk moves to the host if it has room (on demand, after host chunks
+//! lowest-value candidate (see `candidates`): an unprotected conversation's first chunk of its
+//! own in the tier, or a shared chunk no protected conversation holds, valued for all of its
+//! holders; a device chunk moves to the host if it has room (on demand, after host chunks
 //! are dropped to make it), to its file if it has one, else it is dropped.
 
 use std::time::Instant;
@@ -11,7 +12,7 @@ use crate::ids::ConversationId;
 use crate::kv::ChunkLoc;
 
 impl CacheManager {
-    /// Evicts leading device chunks of unprotected conversations until `free + pending` device
+    /// Evicts device chunks of unprotected conversations, lowest value first, until `free + pending` device
     /// blocks reach `target_free` (swap-outs free their blocks at commit; they count as
     /// pending), or until `how` allows no more.
     pub fn evict_device(
@@ -123,7 +124,7 @@ impl CacheManager {
         true
     }
 
-    /// Drops leading host chunks of unprotected conversations, lowest value first, until
+    /// Drops host chunks of unprotected conversations, lowest value first, until
     /// `bytes` fit in the host pool (or nothing more can be dropped).
     fn make_host_room(
         &mut self,
