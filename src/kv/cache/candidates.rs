@@ -302,14 +302,11 @@ impl CacheManager {
 
     /// Shared chunk `rec`'s place in an index: its group and bound.
     fn shared_entry(&mut self, rec: ChunkId, now: Instant) -> Option<Shared> {
-        let listed = (self.candidates.tiers.iter()).find_map(|t| t.records.get(&rec));
-        let i = match listed {
-            Some(&((i, _), _)) => i,
-            None => {
-                let h = self.arena.holders(rec).first()?;
-                self.tables.get(h)?.chunks.iter().position(|&r| r == rec)?
-            }
-        };
+        // Read from a holder's table, not from the index: a record freed and taken again
+        // since the last decision may sit at another index. Shared chunks are mostly a prefix
+        // others computed, near the front, so the search is short.
+        let h = self.arena.holders(rec).first()?;
+        let i = self.tables.get(h)?.chunks.iter().position(|&r| r == rec)?;
         let bound = match self.candidates.bounds.get(&rec) {
             Some(&b) => b,
             None => {

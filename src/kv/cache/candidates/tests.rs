@@ -166,6 +166,47 @@ fn bounds_hold(m: &CacheManager, now: Instant) -> bool {
         .all(|(&rec, &(_, bound))| bound <= m.least_key(rec, now))
 }
 
+#[test]
+fn a_record_taken_again_is_listed_at_its_new_index() {
+    let policy = ValuePolicy {
+        cost: CostModel {
+            per_token_s: 1.0,
+            per_token_per_position_s: 0.05,
+        },
+    };
+    let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, Box::new(policy), 2);
+    let now = Instant::now();
+    let [a, b, c, d] = [1, 2, 3, 4].map(ConversationId);
+    let none = |_: ConversationId| false;
+    // `b` shares both of `a`'s chunks; a decision lists them.
+    m.open(a, now);
+    m.open(b, now);
+    assert!(m.grow(a) && m.grow(a));
+    m.mark_computed(a, 8);
+    m.index_chunks(a, &tokens(8));
+    assert_eq!(
+        m.adopt_resident(b, &Address::of_chunks(&tokens(8), CHUNK)),
+        2
+    );
+    assert_eq!(
+        m.lowest(Tier::Device, &none, now),
+        scan(&m, Tier::Device, &none, now)
+    );
+    // Both close; `c` takes the record that was chunk 1 for its chunk 0, and `d` shares it.
+    m.close(a);
+    m.close(b);
+    let other: Vec<u32> = (100..104).collect();
+    m.open(c, now);
+    assert!(m.grow(c));
+    m.mark_computed(c, 4);
+    m.index_chunks(c, &other);
+    m.open(d, now);
+    assert_eq!(m.adopt_resident(d, &Address::of_chunks(&other, CHUNK)), 1);
+    let got = m.lowest(Tier::Device, &none, now);
+    assert_eq!(got.map(|f| f.2), Some(0));
+    assert_eq!(got, scan(&m, Tier::Device, &none, now));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
