@@ -177,8 +177,8 @@ impl Candidates {
     fn key(&self, t: Instant) -> i64 {
         let base = self.base.unwrap_or(t);
         match t.checked_duration_since(base) {
-            Some(d) => d.as_nanos() as i64,
-            None => -((base - t).as_nanos() as i64),
+            Some(d) => nanos(d),
+            None => -nanos(base - t),
         }
     }
 
@@ -188,9 +188,14 @@ impl Candidates {
     fn since_key(&self, clock: Clock, now: Instant) -> i64 {
         match clock {
             Clock::Since(t) => self.key(t),
-            Clock::Until(at) => self.key(now) - (at - now).as_nanos() as i64,
+            Clock::Until(at) => self.key(now).saturating_sub(nanos(at - now)),
         }
     }
+}
+
+/// `d` in nanoseconds, at most `i64::MAX` (a resume hinted centuries ahead stays a bound).
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
 /// A candidate found: its value (lower goes first), conversation and chunk index.

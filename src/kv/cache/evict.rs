@@ -31,10 +31,15 @@ impl CacheManager {
                 break;
             };
             if !self.evict_chunk(id, i, protect, how, now, moves) {
-                if !self.tables.get(&id).is_some_and(|t| t.pinned) {
+                // A chunk a pinned conversation holds (itself or shared with it) stays; the
+                // other candidates are still tried.
+                let pinned: Vec<_> = (self.sharers(id, i).into_iter())
+                    .filter(|c| self.tables.get(c).is_some_and(|t| t.pinned))
+                    .collect();
+                if pinned.is_empty() {
                     break;
                 }
-                stuck.insert(id);
+                stuck.extend(pinned);
             }
         }
     }

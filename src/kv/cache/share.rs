@@ -179,6 +179,31 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_a_pinned_holder_keeps_does_not_stop_eviction_of_the_others() {
+        // No host tier: a chunk leaving the device is dropped, unless a pinned holder keeps it.
+        let mut m = CacheManager::new(8, CHUNK, 0, Box::new(LruPolicy), 2);
+        let (a, b, c) = (ConversationId(1), ConversationId(2), ConversationId(3));
+        let now = Instant::now();
+        for id in [a, b, c] {
+            m.open(id, now);
+        }
+        assert!(m.grow(a) && m.grow(c));
+        m.mark_computed(a, 4);
+        m.mark_computed(c, 4);
+        let tokens: Vec<u32> = (0..4).collect();
+        m.index_chunks(a, &tokens);
+        assert_eq!(m.adopt_resident(b, &Address::of_chunks(&tokens, CHUNK)), 1);
+        assert!(m.pin(b, true));
+        // The shared chunk goes first by value (two holders' idle times), and stays.
+        let later = now + std::time::Duration::from_secs(1);
+        let mut moves = Moves::default();
+        m.evict_device(&|_| false, 8, Eviction::OnDemand, later, &mut moves);
+        m.check().unwrap();
+        assert!(matches!(m.locs(a)[0], ChunkLoc::Device(_)));
+        assert_eq!(m.locs(c), vec![ChunkLoc::Dropped]);
+    }
+
+    #[test]
     fn dropping_releases_every_reference_and_a_closed_holder_leaves_the_index() {
         let (mut m, a, b, addrs) = two_sharing();
         let c = ConversationId(3);

@@ -207,6 +207,47 @@ fn a_record_taken_again_is_listed_at_its_new_index() {
     assert_eq!(got, scan(&m, Tier::Device, &none, now));
 }
 
+#[test]
+fn a_resume_hinted_centuries_ahead_keeps_the_bound_below_its_holders() {
+    let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, Box::new(crate::kv::LruPolicy), 2);
+    let mut now = Instant::now();
+    let [a, b, c] = [1, 2, 3].map(ConversationId);
+    let none = |_: ConversationId| false;
+    // `c` idle for 110 s; `a` and `b` share a chunk and are idle for 10 s.
+    m.open(c, now);
+    assert!(m.grow(c));
+    m.mark_computed(c, 4);
+    now += Duration::from_secs(100);
+    m.open(a, now);
+    m.open(b, now);
+    assert!(m.grow(a));
+    m.mark_computed(a, 4);
+    m.index_chunks(a, &tokens(4));
+    assert_eq!(
+        m.adopt_resident(b, &Address::of_chunks(&tokens(4), CHUNK)),
+        1
+    );
+    now += Duration::from_secs(10);
+    assert_eq!(
+        m.lowest(Tier::Device, &none, now),
+        scan(&m, Tier::Device, &none, now)
+    );
+    // About 317 years: more nanoseconds than an i64 holds. The shared chunk's value is now
+    // far below `c`'s, and its bound must say so.
+    let Some(far) = now.checked_add(Duration::from_secs(10_000_000_000)) else {
+        return;
+    };
+    assert!(m.expect_resume(b, far));
+    let got = m.lowest(Tier::Device, &none, now);
+    assert!(bounds_hold(&m, now));
+    assert_eq!(got, scan(&m, Tier::Device, &none, now));
+    assert_eq!(
+        got.map(|f| (f.1, f.2)),
+        Some((a, 0)),
+        "the shared chunk, valued for `b` too"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
