@@ -165,6 +165,9 @@ pub(super) struct Candidates {
     bounds: HashMap<ChunkId, i64>,
     /// The instant keys count from (the first decision's).
     base: Option<Instant>,
+    /// The latest decision's instant: an earlier one is taken as it (the bounds and resumes
+    /// due hold only as time goes forward).
+    latest: Option<Instant>,
 }
 
 impl Candidates {
@@ -342,13 +345,18 @@ impl CacheManager {
         self.lowest(tier, protect, now).map(|(_, id, i)| (id, i))
     }
 
-    /// [`Self::victim`] with its value.
+    /// [`Self::victim`] with its value, as at `now` or the latest decision's instant if that
+    /// is later.
     pub(super) fn lowest(
         &mut self,
         tier: Tier,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<Found> {
+        let now = *self
+            .candidates
+            .latest
+            .insert(self.candidates.latest.map_or(now, |l| l.max(now)));
         self.refresh_candidates(now);
         let k = Tier::ALL.iter().position(|&t| t == tier)?;
         let best = self.lowest_own(k, protect, now);

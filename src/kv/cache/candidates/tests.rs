@@ -248,6 +248,35 @@ fn a_resume_hinted_centuries_ahead_keeps_the_bound_below_its_holders() {
     );
 }
 
+#[test]
+fn a_decision_at_an_earlier_instant_is_made_as_at_the_latest() {
+    let mut m = CacheManager::new(10, CHUNK, 5 * CHUNK * 2, Box::new(crate::kv::LruPolicy), 2);
+    let start = Instant::now();
+    let [a, b, c] = [1, 2, 3].map(ConversationId);
+    let none = |_: ConversationId| false;
+    for id in [a, b, c] {
+        m.open(id, start);
+    }
+    assert!(m.grow(a) && m.grow(c));
+    m.mark_computed(a, 4);
+    m.mark_computed(c, 4);
+    m.index_chunks(a, &tokens(4));
+    assert_eq!(
+        m.adopt_resident(b, &Address::of_chunks(&tokens(4), CHUNK)),
+        1
+    );
+    // `b` is expected back 100 s after a decision at 50 s; a decision then comes at 10 s.
+    let later = start + Duration::from_secs(50);
+    assert!(m.expect_resume(b, later + Duration::from_secs(100)));
+    assert_eq!(
+        m.lowest(Tier::Device, &none, later),
+        scan(&m, Tier::Device, &none, later)
+    );
+    let got = m.lowest(Tier::Device, &none, start + Duration::from_secs(10));
+    assert!(bounds_hold(&m, later));
+    assert_eq!(got, scan(&m, Tier::Device, &none, later));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
