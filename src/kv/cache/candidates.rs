@@ -276,12 +276,8 @@ impl CacheManager {
                     self.candidates.bounds.insert(rec, key);
                     shared.push(rec);
                 }
-                // Newly shared: its holders are all re-read in this refresh, but not yet.
-                None => {
-                    let least = self.least_key(rec, now);
-                    self.candidates.bounds.insert(rec, least);
-                    shared.push(rec);
-                }
+                // Newly shared: listing it reads all of its holders.
+                None => shared.push(rec),
             }
         }
     }
@@ -299,10 +295,9 @@ impl CacheManager {
         if n < 2 {
             self.candidates.bounds.remove(&rec);
         }
-        let entry = match tier.filter(|_| n > 1) {
-            Some(_) => self.shared_entry(rec, now),
-            None => None,
-        };
+        let entry = tier
+            .filter(|_| n > 1)
+            .and_then(|_| self.shared_entry(rec, now));
         for k in [0, 1] {
             self.candidates.tiers[k].set_shared(rec, entry.filter(|_| tier == Some(k)));
         }
