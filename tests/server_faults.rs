@@ -1,7 +1,7 @@
 //! The server under hostile input and faults (issue 22), on the real SmolLM2 weights: the
 //! requests that used to kill the engine or leak queue places are answered and the server
-//! serves on; an acknowledged turn of a named conversation survives SIGINT, SIGTERM and
-//! SIGKILL sent the moment its answer arrives; shutdown completes within its deadline with a
+//! serves on; an acknowledged turn of a named conversation survives SIGINT, SIGTERM, SIGHUP
+//! and SIGKILL sent the moment its answer arrives; shutdown completes within its deadline with a
 //! stream and a half-sent request open; a turn cut short leaves no trace; a stop string ends
 //! the reply and the history alike; a store that cannot write says so.
 
@@ -174,10 +174,10 @@ fn real_model_an_acknowledged_named_turn_survives_any_signal() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().to_str().unwrap().to_string();
     let mut before = 0;
-    for (i, sig) in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL]
+    for (i, sig) in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGKILL]
         .iter()
         .cycle()
-        .take(15)
+        .take(16)
         .enumerate()
     {
         let mut server = start(&["--store", &store]);
@@ -339,7 +339,14 @@ fn real_model_an_engine_thread_that_dies_stops_the_server_with_a_failure() {
 
 #[test]
 fn real_model_half_sent_heads_and_idle_connections_are_cut_off_and_connections_are_bounded() {
-    let server = start(&["--header-timeout-s", "1", "--max-connections", "4"]);
+    let server = start(&[
+        "--header-timeout-s",
+        "1",
+        "--max-connections",
+        "4",
+        "--max-connections-per-client",
+        "4",
+    ]);
     // Four connections take every place: each sends half a request head, then stalls.
     let stalled: Vec<TcpStream> = (0..4)
         .map(|_| {

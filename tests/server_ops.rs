@@ -97,7 +97,7 @@ fn requests_are_logged() {
     child.wait().unwrap();
     let requests: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("uri=/v1/completions") && l.contains("finished processing"))
+        .filter(|l| l.contains("path=/v1/completions") && l.contains("finished processing"))
         .collect();
     assert_eq!(requests.len(), 2, "{log}");
     assert!(

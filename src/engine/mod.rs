@@ -347,6 +347,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Checks sampling parameters as [`Engine::submit`] does, without touching any
+    /// conversation: a host validates a request with it before changing anything for it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] naming the bad value.
+    pub fn validate_params(&self, params: &SamplingParams) -> Result<()> {
+        sampler::validate(params, self.model.config().vocab_size)
+    }
+
     /// Cancels a queued or running turn; it finishes with [`FinishReason::Cancelled`] in the
     /// next events, and the conversation is left as it was before the turn.
     ///

@@ -215,6 +215,47 @@ impl Engine {
         Ok(())
     }
 
+    /// Makes `new` the conversation stored under `old`'s name, in `old`'s place: `new` (an
+    /// unnamed conversation, opened with a history that rewrites `old`'s) takes the name and
+    /// the stored revision it replaces, its manifest is written over `old`'s (compare-and-set
+    /// against the state `old` continued, as `old`'s next turn would be), and this engine drops
+    /// its copy of `old`. A client that rewrote a named conversation's history so replaces it
+    /// only once the new history's turn has finished: a refused, failed or cancelled turn
+    /// leaves `old` stored as it was.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`] for either; [`Error::InvalidRequest`] if `old` is not
+    /// named, `new` is, or either has a turn running.
+    pub fn replace(&mut self, old: ConversationId, new: ConversationId) -> Result<()> {
+        let (Some(o), Some(n)) = (self.convs.get(&old), self.convs.get(&new)) else {
+            let missing = if self.convs.contains_key(&old) {
+                new
+            } else {
+                old
+            };
+            return Err(Error::UnknownConversation(missing));
+        };
+        let bad = |why: &str| Err(Error::InvalidRequest(why.into()));
+        let Some(name) = o.name().map(str::to_string) else {
+            return bad("only a named conversation is replaced");
+        };
+        if n.name().is_some() || old == new {
+            return bad("a conversation replaces another only while unnamed");
+        }
+        if self.sched.turn_of(old).is_some() || self.sched.turn_of(new).is_some() {
+            return bad("a conversation with a turn running is not replaced");
+        }
+        let (revision, stamp) = (o.revision(), o.stamp().to_string());
+        self.detach(old)?;
+        if let Some(c) = self.convs.remove(&new) {
+            let mut c = c.named(Some(name));
+            c.set_stored(revision, stamp);
+            self.convs.insert(new, c);
+        }
+        self.write_manifest(new);
+        Ok(())
+    }
+
     /// Opens a conversation stored under `options.name`, writing its first manifest.
     pub(super) fn open_named(
         &mut self,

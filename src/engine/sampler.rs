@@ -17,6 +17,15 @@ use crate::{Error, Result};
 /// The highest temperature taken.
 const MAX_TEMPERATURE: f64 = 100.0;
 
+/// Temperatures below this decode greedily, as vLLM's `_SAMPLING_EPS`: logits divided by a
+/// temperature near zero overflow f32 to infinities, whose softmax is NaN.
+const GREEDY_BELOW: f64 = 1e-5;
+
+/// The smallest `top_p` the sampler is given: candle's nucleus keeps nothing for a `top_p` that
+/// rounds to 0 in f32, and any `top_p` below the most likely token's probability keeps that
+/// token alone, as this one does.
+const MIN_TOP_P: f64 = f32::MIN_POSITIVE as f64;
+
 /// Checks parameters at the API edge.
 ///
 /// # Errors
@@ -97,8 +106,9 @@ impl Sampler {
     /// A sampler for validated `params`, on a model whose end-of-turn tokens are `eos`, the
     /// reply held to `guide`.
     pub fn new(params: &SamplingParams, eos: &[u32], guide: Option<Guide>) -> Self {
-        let sampling = match (params.temperature, params.top_k, params.top_p) {
-            (t, _, _) if t <= 0.0 => Sampling::ArgMax,
+        let top_p = params.top_p.map(|p| p.max(MIN_TOP_P));
+        let sampling = match (params.temperature, params.top_k, top_p) {
+            (t, _, _) if t < GREEDY_BELOW => Sampling::ArgMax,
             (temperature, None, None) => Sampling::All { temperature },
             (temperature, Some(k), None) => Sampling::TopK { k, temperature },
             (temperature, None, Some(p)) => Sampling::TopP { p, temperature },
@@ -108,7 +118,7 @@ impl Sampler {
             true => Vec::new(),
             false => eos.iter().chain(&params.stop_token_ids).copied().collect(),
         };
-        let min_p_gap = (params.min_p > 0.0 && params.temperature > 0.0)
+        let min_p_gap = (params.min_p > 0.0 && params.temperature >= GREEDY_BELOW)
             .then(|| (params.min_p.ln() * params.temperature) as f32);
         Self {
             processor: LogitsProcessor::from_sampling(params.seed, sampling),

@@ -61,7 +61,8 @@ setters!(ConversationOptions {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct SamplingParams {
-    /// 0 (or below) means greedy.
+    /// 0 means greedy, and so does any temperature below 1e-5 (vLLM's rule: dividing logits
+    /// by less overflows them).
     pub temperature: f64,
     /// Keep only the `k` most likely tokens.
     pub top_k: Option<usize>,

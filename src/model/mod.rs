@@ -75,6 +75,13 @@ setters!(LoadOptions {
     some_into tokenizer: std::path::PathBuf,
 });
 
+/// Which special tokens the vocabulary puts around raw text.
+#[derive(Debug, Clone, Copy)]
+struct AddSpecial {
+    bos: bool,
+    eos: bool,
+}
+
 /// A loaded model with its tokenizer and chat template.
 #[derive(Debug)]
 pub struct Model {
@@ -90,6 +97,8 @@ pub struct Model {
     eos_text: String,
     /// The token raw text (no template) starts with, when the vocabulary asks for one.
     bos_token_id: Option<u32>,
+    /// The token a raw prompt ends with, when the vocabulary asks for one (`add_eos_token`).
+    appended_eos: Option<u32>,
     /// See [`Model::prefixes_space`].
     prefixes_space: bool,
     /// See [`Model::generation_defaults`].
@@ -124,6 +133,7 @@ impl Model {
             bos_text: String::new(),
             eos_text: String::new(),
             bos_token_id: None,
+            appended_eos: None,
             prefixes_space,
             generation: GenerationDefaults::default(),
             grammars: grammar::Grammars::default(),
@@ -153,15 +163,16 @@ impl Model {
     }
 
     /// The same model with its begin and end tokens named (`bos`, `eos`: ids in the
-    /// vocabulary) for templates; with `add_bos`, raw text (a turn without a template) starts
-    /// with `bos`.
-    fn with_special(mut self, bos: Option<u32>, eos: Option<u32>, add_bos: bool) -> Self {
+    /// vocabulary) for templates; raw text (a turn without a template, a raw prompt) starts
+    /// with `bos` where `add.bos`, and a raw prompt ends with `eos` where `add.eos`.
+    fn with_special(mut self, bos: Option<u32>, eos: Option<u32>, add: AddSpecial) -> Self {
         let name = |id: Option<u32>| {
             id.and_then(|i| self.tokenizer.id_to_token(i))
                 .unwrap_or_default()
         };
         (self.bos_text, self.eos_text) = (name(bos), name(eos));
-        self.bos_token_id = bos.filter(|_| add_bos);
+        self.bos_token_id = bos.filter(|_| add.bos);
+        self.appended_eos = eos.filter(|_| add.eos);
         self
     }
 
@@ -336,11 +347,12 @@ impl Model {
         for t in END_OF_TURN {
             add_stop_token(&tokenizer, &mut eos_token_ids, t);
         }
-        let add_bos = md
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(|v| v.to_bool().ok())
-            .unwrap_or(false);
-        Ok(Self::new(llama, tokenizer, template, eos_token_ids).with_special(bos, eos, add_bos))
+        let flag = |key: &str| md.get(key).and_then(|v| v.to_bool().ok()).unwrap_or(false);
+        let add = AddSpecial {
+            bos: flag("tokenizer.ggml.add_bos_token"),
+            eos: flag("tokenizer.ggml.add_eos_token"),
+        };
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids).with_special(bos, eos, add))
     }
 
     fn from_hf_parts(
@@ -385,9 +397,11 @@ impl Model {
         let (bos_id, eos_id) = (tokenizer.token_to_id(&bos), tokenizer.token_to_id(&eos));
         // tokenizer.json adds BOS through its post-processor, which pensieve does not run
         // (templates write it): raw text gets it when tokenizer_config.json asks.
-        let add_bos = tok_config["add_bos_token"].as_bool().unwrap_or(false);
-        Ok(Self::new(llama, tokenizer, template, eos_token_ids)
-            .with_special(bos_id, eos_id, add_bos))
+        let add = AddSpecial {
+            bos: tok_config["add_bos_token"].as_bool().unwrap_or(false),
+            eos: tok_config["add_eos_token"].as_bool().unwrap_or(false),
+        };
+        Ok(Self::new(llama, tokenizer, template, eos_token_ids).with_special(bos_id, eos_id, add))
     }
 
     /// Token ids of `text`, special tokens (`<|im_start|>`, ...) recognised.
@@ -401,6 +415,24 @@ impl Model {
             .map_err(Error::Tokenizer)?
             .get_ids()
             .to_vec())
+    }
+
+    /// Token ids of a raw prompt (`/v1/completions`) as llama.cpp and vLLM make them: `text`
+    /// with special tokens recognised and, with `add_special`, the begin token before it and
+    /// the end token after it where the vocabulary asks for them (`add_bos_token`,
+    /// `add_eos_token`). Base models such as Gemma 3 continue text sensibly only after BOS.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] if encoding fails.
+    pub fn encode_prompt(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let (bos, eos) = match add_special {
+            true => (self.bos_token_id, self.appended_eos),
+            false => (None, None),
+        };
+        let mut ids: Vec<u32> = bos.into_iter().collect();
+        ids.extend(self.encode(text)?);
+        ids.extend(eos);
+        Ok(ids)
     }
 
     /// Token ids of `text` taken as plain text: the text of a special token (`<|im_end|>`)

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
+use super::sessions::Opened;
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
@@ -86,13 +87,17 @@ struct Running {
     reply: String,
     hints: Hints,
     last_token: Option<Instant>,
+    /// The named conversation this turn's history rewrote, which it replaces once it has a
+    /// reply (see [`Opened::Replacing`]).
+    replaces: Option<ConversationId>,
 }
 
 /// What a turn's end waits for.
 enum Wait {
     /// The named conversation's state to be durable in the store.
     Durable(ConversationId),
-    /// The store to have written what was queued before this mark (a fleet's shared chunks).
+    /// The store to have written what was queued before this mark (a fleet's shared chunks,
+    /// or the removal of a conversation its turn ended).
     Mark(u64),
 }
 
@@ -263,6 +268,8 @@ impl Driver {
                 "several choices are for chats and completions; fork the conversation".into(),
             ));
         }
+        // Nothing a request names changes before its parameters are known good.
+        self.engine.validate_params(&params)?;
         let (conv, turn, hints, opened) = match what {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
             What::Chat(chat, fetched) => {
@@ -302,12 +309,20 @@ impl Driver {
                 self.forget(fork, true);
             }
             match opened {
-                Some(true) => self.forget(conv, true),
-                Some(false) => self.unsend(conv),
+                Some(Opened::New | Opened::Replacing(_)) => self.forget(conv, true),
+                Some(Opened::Continued) => self.unsend(conv),
                 None => {}
             }
             return Err(e);
         }
+        let replaces = match opened {
+            Some(Opened::Replacing(old)) => {
+                // No other turn continues it meanwhile: the name is this turn's.
+                self.mark_busy(old);
+                Some(old)
+            }
+            _ => None,
+        };
         for (i, (&(request, conv), (events, slot))) in accepted.iter().zip(choices).enumerate() {
             self.mark_busy(conv);
             let running = Running {
@@ -320,6 +335,7 @@ impl Driver {
                     _ => Hints::default(),
                 },
                 last_token: None,
+                replaces: replaces.filter(|_| i == 0),
             };
             self.running.insert(request, running);
         }
@@ -388,8 +404,16 @@ impl Driver {
                     o.finished(&reason, &stats);
                 }
                 let history_tokens = self.engine.tokens(conversation).map_or(0, <[u32]>::len);
+                let mut reason = reason;
+                if let Some(old) = r.replaces {
+                    let replied = settled(&reason);
+                    if let Err(e) = self.finish_replacement(old, r.conv, replied) {
+                        reason = FinishReason::Failed(Arc::new(e));
+                    }
+                }
                 let settled = settled(&reason);
                 let message = settled.then(|| self.reply_message(r.conv, r.reply));
+                let named = self.stored && self.named(r.conv);
                 self.settle(r.conv, message.clone(), &r.hints);
                 let end = TurnEnd {
                     reason,
@@ -397,8 +421,11 @@ impl Driver {
                     history_tokens,
                     message,
                 };
-                let named = self.stored && self.named(r.conv);
+                // A turn that ended its stored conversation is answered once the removal is
+                // written: a client told it is forgotten is not resumed after a crash.
+                let ended = named && settled && r.hints.end;
                 let wait = match (named, self.engine.store_mark()) {
+                    (true, Some(mark)) if ended => Some(Wait::Mark(mark)),
                     (true, _) if settled => Some(Wait::Durable(r.conv)),
                     (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
                     _ => None,

@@ -10,15 +10,28 @@ use crate::engine::{ConversationId, ConversationOptions, Durability, Fetched, Tu
 use crate::model::Message;
 use crate::{Error, Result};
 
+/// How a request found its conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Opened {
+    /// It continues one held.
+    Continued,
+    /// It was opened for this request.
+    New,
+    /// It was opened, unnamed, with a history that rewrites the named conversation given:
+    /// it takes that one's name (and stored state) once its turn has a reply, and closes
+    /// otherwise, so that a refused, failed or cancelled request changes nothing stored.
+    Replacing(ConversationId),
+}
+
 impl Driver {
-    /// The conversation a chat continues (or a new one with its history), and its turn: the
-    /// messages after the last assistant message (the user's, or tools' results); `true` if
-    /// the conversation was opened for this turn.
+    /// The conversation a chat continues (or a new one with its history), its turn (the
+    /// messages after the last assistant message: the user's, or tools' results), and how it
+    /// was found.
     pub(super) fn chat_conversation(
         &mut self,
         chat: Chat,
         fetched: Option<Fetched>,
-    ) -> Result<(ConversationId, Turn, bool)> {
+    ) -> Result<(ConversationId, Turn, Opened)> {
         let Chat {
             messages,
             name,
@@ -55,6 +68,7 @@ impl Driver {
                 .get(&transcript_key(history, &tools))
                 .copied(),
         };
+        let mut replaces = None;
         if let Some(conv) = found {
             match self.sessions.get_mut(&conv) {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
@@ -64,9 +78,11 @@ impl Driver {
                         m.extend_from_slice(last);
                         self.by_content.remove(&key);
                     }
-                    return Ok((conv, turn, false));
+                    return Ok((conv, turn, Opened::Continued));
                 }
-                // A named conversation whose history the request rewrote starts over.
+                // A named conversation whose history the request rewrote starts over, once
+                // the new history's turn has a reply.
+                Some(_) if name.is_some() => replaces = Some(conv),
                 _ => self.forget(conv, true),
             }
         }
@@ -82,14 +98,51 @@ impl Driver {
         let conv = self.engine.open(ConversationOptions {
             system,
             history: rest.to_vec(),
-            name: name.clone().filter(|_| self.stored),
+            name: name.clone().filter(|_| self.stored && replaces.is_none()),
             tools: tools.clone(),
         })?;
+        if let Some(old) = replaces {
+            self.add_session(conv, Some(messages), None, tools);
+            return Ok((conv, turn, Opened::Replacing(old)));
+        }
         if let Some(n) = &name {
             self.by_name.insert(n.clone(), conv);
         }
         self.add_session(conv, Some(messages), name, tools);
-        Ok((conv, turn, true))
+        Ok((conv, turn, Opened::New))
+    }
+
+    /// Ends the turn of `new`, which rewrote the named conversation `old`: with a reply
+    /// (`replied`), `new` takes `old`'s name and, in a store, its place there; without one,
+    /// `new` closes and `old` stays as it was.
+    ///
+    /// # Errors
+    /// The engine's refusal to replace (nothing changed then, and `new` is closed).
+    pub(super) fn finish_replacement(
+        &mut self,
+        old: ConversationId,
+        new: ConversationId,
+        replied: bool,
+    ) -> Result<()> {
+        self.mark_idle(old);
+        if !replied {
+            self.forget(new, true);
+            return Ok(());
+        }
+        let name = self.sessions.get(&old).and_then(|s| s.name.clone());
+        let replaced = match self.stored && self.named(old) {
+            true => self.engine.replace(old, new).map(|()| self.unlink(old)),
+            false => self.close(old, true),
+        };
+        if let Err(e) = replaced {
+            self.forget(new, true);
+            return Err(e);
+        }
+        if let (Some(n), Some(s)) = (name, self.sessions.get_mut(&new)) {
+            s.name = Some(n.clone());
+            self.by_name.insert(n, new);
+        }
+        Ok(())
     }
 
     /// The idle completion conversation whose tokens are the longest proper prefix of
@@ -97,7 +150,7 @@ impl Driver {
     pub(super) fn completion_conversation(
         &mut self,
         tokens: Vec<u32>,
-    ) -> Result<(ConversationId, Vec<u32>, bool)> {
+    ) -> Result<(ConversationId, Vec<u32>, Opened)> {
         if tokens.is_empty() {
             return Err(Error::InvalidRequest("the prompt is empty".into()));
         }
@@ -111,11 +164,11 @@ impl Driver {
             })
             .max_by_key(|&(_, n)| n);
         if let Some((conv, n)) = best {
-            return Ok((conv, tokens[n..].to_vec(), false));
+            return Ok((conv, tokens[n..].to_vec(), Opened::Continued));
         }
         let conv = self.engine.open(ConversationOptions::default())?;
         self.add_session(conv, None, None, Vec::new());
-        Ok((conv, tokens, true))
+        Ok((conv, tokens, Opened::New))
     }
 
     /// A fork of the session `conv` before its new turn, as an unnamed session of its own.

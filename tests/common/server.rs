@@ -38,12 +38,21 @@ pub fn start(extra: &[&str]) -> Server {
 
 /// [`start`] with these environment variables set for the server.
 pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    spawn(extra, env, Stdio::inherit())
+}
+
+/// [`start`] with the server's log (stderr) written to `log`.
+pub fn start_logged(extra: &[&str], log: &std::path::Path) -> Server {
+    spawn(extra, &[], Stdio::from(std::fs::File::create(log).unwrap()))
+}
+
+fn spawn(extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
     let mut child = Command::new(server_exe())
         .args(["--port", "0"])
         .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("the server binary is built by `cargo test`");
     let mut line = String::new();
@@ -108,6 +117,31 @@ pub fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
         status,
         serde_json::from_str(&resp.into_string().unwrap()).unwrap(),
     )
+}
+
+/// The manifest a folder store at `store` holds for the conversation `name`, if any: what a
+/// restart would resume.
+pub fn stored_manifest(store: &std::path::Path, name: &str) -> Option<Value> {
+    // `<store>/<model fingerprint>/conversations/<hex name>.json`
+    let models = std::fs::read_dir(store).ok()?.filter_map(|e| e.ok());
+    let files = models
+        .filter_map(|m| std::fs::read_dir(m.path().join("conversations")).ok())
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"));
+    files
+        .filter_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok())
+        .find(|m| m["name"] == name)
+}
+
+/// The contents of a manifest's messages, in order.
+pub fn stored_contents(manifest: &Value) -> Vec<String> {
+    manifest["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// `/metrics`, read by a parser of the Prometheus text format.

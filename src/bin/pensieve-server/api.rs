@@ -78,10 +78,27 @@ impl ApiError {
         match e {
             // Pins free up as conversations end, which takes longer than a queue drains.
             pensieve::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
-            _ if matches!(e.kind(), K::Capacity | K::Unavailable) => {
-                Self::busy(status, e.to_string(), 1)
-            }
+            _ if status.is_server_error() => Self::internal(e, status),
+            _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
             _ => Self::new(status, e.to_string()),
+        }
+    }
+
+    /// A failure on the server's side: the client learns what kind it is, the log what it
+    /// was. Its text may name files, a store's address or a backtrace (candle's errors carry
+    /// one), none of which a client should see.
+    fn internal(e: &pensieve::Error, status: StatusCode) -> Self {
+        tracing::error!(error = %e, status = status.as_u16(), "request failed");
+        match e {
+            pensieve::Error::ServiceStopped => {
+                Self::busy(status, "the server is stopping; retry on another", 1)
+            }
+            _ if status == StatusCode::SERVICE_UNAVAILABLE => Self::busy(
+                status,
+                "the conversation store is unavailable; retry later (the server log says why)",
+                1,
+            ),
+            _ => Self::new(status, "internal error (the server log says what failed)"),
         }
     }
 
@@ -161,6 +178,9 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f64>,
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's: log-probabilities name tokens `token_id:N` instead of by their text.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: bool,
 }
 
 /// The request fields both endpoints take, [`Common`]'s.
@@ -184,6 +204,7 @@ const COMMON_FIELDS: &[&str] = &[
     "repetition_penalty",
     "min_p",
     "response_format",
+    "return_tokens_as_token_ids",
     // OpenAI's end-user id, for its abuse monitoring: accepted, without effect here.
     "user",
 ];
@@ -203,7 +224,7 @@ pub const CHAT_FIELDS: &[&str] = &[
 ];
 
 /// The fields of `/v1/completions` beside [`COMMON_FIELDS`].
-pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "add_special_tokens"];
 
 /// vLLM's `/tokenize`: a prompt, or chat messages rendered with the model's template.
 #[derive(Deserialize, Debug)]
@@ -214,6 +235,10 @@ pub struct TokenizeRequest {
     /// With messages: end with the assistant's turn opening, as a chat request does.
     #[serde(default = "yes")]
     pub add_generation_prompt: bool,
+    /// vLLM's: add the begin (and end) tokens the vocabulary asks for around the text. By
+    /// default, yes for a prompt (as `/v1/completions` encodes it) and no for messages (the
+    /// template writes them).
+    pub add_special_tokens: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -221,7 +246,13 @@ fn yes() -> bool {
 }
 
 /// The fields of [`TokenizeRequest`].
-pub const TOKENIZE_FIELDS: &[&str] = &["model", "prompt", "messages", "add_generation_prompt"];
+pub const TOKENIZE_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_generation_prompt",
+    "add_special_tokens",
+];
 
 /// vLLM's `/detokenize`.
 #[derive(Deserialize, Debug)]
@@ -305,6 +336,10 @@ pub struct CompletionRequest {
     pub common: Common,
     /// Report each token's log-probability and this many most likely alternatives (0 to 20).
     pub logprobs: Option<usize>,
+    /// vLLM's: add the begin (and end) tokens the vocabulary asks for around a text prompt
+    /// (`add_bos_token`, as llama.cpp and vLLM do); true by default. Token prompts are taken
+    /// as they are.
+    pub add_special_tokens: Option<bool>,
 }
 
 impl CompletionRequest {
@@ -316,6 +351,18 @@ impl CompletionRequest {
             ))),
             n => Ok(n),
         }
+    }
+}
+
+/// A chat request needs a chat template: a base model without one serves completions only.
+pub fn check_template(model: &pensieve::model::Model) -> Result<(), ApiError> {
+    match model.template() {
+        Some(_) => Ok(()),
+        None => Err(ApiError::bad(
+            "this model has no chat template, so it serves /v1/completions only: start the \
+             server with --chat-template NAME|FILE (built-in: chatml, gemma, llama3) to serve \
+             chat requests",
+        )),
     }
 }
 
@@ -352,6 +399,26 @@ fn parse_fields<T: for<'de> Deserialize<'de>>(
 }
 
 impl ChatMessage {
+    /// Bytes of text the message carries (its content and its calls' arguments).
+    pub fn text_bytes(&self) -> usize {
+        let content = match &self.content {
+            None => 0,
+            Some(Content::Text(t)) => t.len(),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| p.text.as_ref())
+                .map(String::len)
+                .sum(),
+        };
+        let calls = self
+            .tool_calls
+            .iter()
+            .flatten()
+            .map(WireCall::text_bytes)
+            .sum::<usize>();
+        content + calls
+    }
+
     /// The message as the engine takes it.
     pub fn to_message(&self) -> Result<Message, ApiError> {
         let text = match &self.content {
@@ -410,6 +477,39 @@ pub const MAX_RESUME_S: f64 = 30.0 * 24.0 * 3600.0;
 /// The longest conversation name taken (a name is stored under a digest, but is kept whole
 /// in memory and in its manifest).
 pub const MAX_NAME_BYTES: usize = 1024;
+
+/// The conversation a request names: its `conversation_id`, or the `X-Conversation-Id`
+/// header's value (UTF-8, so a name the body can carry the header can too), or none. Refused:
+/// an empty name, one longer than [`MAX_NAME_BYTES`], one with control characters, a header
+/// that is not UTF-8, and a header that names another conversation than the body.
+pub fn conversation_name(
+    body: Option<&str>,
+    header: Option<&[u8]>,
+) -> Result<Option<String>, ApiError> {
+    let header = match header.map(std::str::from_utf8) {
+        Some(Err(_)) => return Err(ApiError::bad("X-Conversation-Id must be UTF-8 text")),
+        Some(Ok(h)) => Some(h),
+        None => None,
+    };
+    let name = match (body, header) {
+        (Some(b), Some(h)) if b != h => {
+            return Err(ApiError::bad(
+                "conversation_id and X-Conversation-Id name different conversations",
+            ))
+        }
+        (b, h) => b.or(h),
+    };
+    match name {
+        Some("") => Err(ApiError::bad("conversation_id must not be empty")),
+        Some(n) if n.len() > MAX_NAME_BYTES => Err(ApiError::bad(format!(
+            "conversation_id is longer than {MAX_NAME_BYTES} bytes"
+        ))),
+        Some(n) if n.chars().any(char::is_control) => Err(ApiError::bad(
+            "conversation_id must not contain control characters",
+        )),
+        n => Ok(n.map(str::to_string)),
+    }
+}
 
 impl ChatRequest {
     /// `logprobs` and `top_logprobs` as the engine takes them.

@@ -17,7 +17,7 @@ pub async fn require_key(State(key): State<Arc<str>>, request: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     match sent {
         Some(sent) if same(sent.as_bytes(), key.as_bytes()) => next.run(request).await,
         _ => ApiError::new(
@@ -28,8 +28,31 @@ pub async fn require_key(State(key): State<Arc<str>>, request: Request, next: Ne
     }
 }
 
+/// The token of a `Bearer` credential; the scheme's name is case-insensitive (RFC 9110
+/// section 11.1), so `bearer KEY` is the same credential.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 /// Equality in time independent of where the two differ, so that response times do not
 /// reveal a key byte by byte.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer k1"), Some("k1"));
+        assert_eq!(bearer("bearer k1"), Some("k1"));
+        assert_eq!(bearer("BEARER   k1"), Some("k1"));
+        assert_eq!(bearer("Basic k1"), None);
+        assert_eq!(bearer("Bearerk1"), None);
+    }
 }

@@ -1,10 +1,14 @@
 //! Accepting connections, with the guards `axum::serve` has no setting for: a deadline on
 //! reading each request's head (a client that sends half a header is cut off, and a kept-alive
-//! connection whose next request does not begin in time is closed), and a bound on open
-//! connections (past it, new ones wait in the listen backlog until one closes). Request bodies
-//! have their own deadline (tower-http, in `main.rs`).
+//! connection whose next request does not begin in time is closed), a deadline on each write
+//! a client leaves unread (`deadline::WriteDeadline`), a bound on open connections (past it,
+//! new ones wait in the listen backlog until one closes) and a share of them per client
+//! address (past it, that client's new connections are answered 429). Request bodies have
+//! their own deadline (`body`).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +17,88 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
+
+use crate::deadline::WriteDeadline;
 
 /// The connection guards.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Connections open at once.
     pub max_connections: usize,
+    /// Connections one client address may hold at once.
+    pub per_client: usize,
     /// How long a client may take to send a request's head, counted from when the connection
     /// is ready for it (so also how long a kept-alive connection may stay idle).
     pub header_timeout: Duration,
+    /// How long a write may wait for the client to read.
+    pub write_timeout: Duration,
+}
+
+/// The connections each client address holds; a [`Share`] counts one while it lives.
+#[derive(Default)]
+struct Shares {
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection of a client, given back when dropped (whatever ends the connection).
+struct Share {
+    shares: Arc<Shares>,
+    client: IpAddr,
+}
+
+impl Shares {
+    /// A place for a connection of `client`, if it holds fewer than `limit`.
+    fn take(self: &Arc<Self>, client: IpAddr, limit: usize) -> Option<Share> {
+        let mut held = self.held.lock();
+        let n = held.entry(client).or_default();
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            shares: Arc::clone(self),
+            client,
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock();
+        if let Some(n) = held.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Answers a connection past its client's share with a 429 and closes it (within a second:
+/// a client that does not read the refusal gets nothing more).
+async fn refuse(mut stream: TcpStream, limit: usize) {
+    let body = crate::api::ApiError::busy(
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        format!("this client already holds {limit} connections, its share of this server's"),
+        1,
+    )
+    .body()
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
 }
 
 /// Serves `app` on `listener` until `stop` resolves; then accepts nothing more, lets each
@@ -44,6 +118,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let places = Arc::new(Semaphore::new(limits.max_connections));
+    let shares = Arc::new(Shares::default());
     let (closing, closed) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut stop = pin!(stop);
@@ -53,9 +128,9 @@ pub async fn serve(
             place = places.clone().acquire_owned() => place.map_err(std::io::Error::other)?,
             () = &mut stop => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 // Out of file descriptors, a connection reset before it was taken: the
                 // listener is fine, try again shortly.
                 Err(_) => {
@@ -65,12 +140,19 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        let Some(share) = shares.take(peer.ip(), limits.per_client) else {
+            connections.spawn(async move {
+                let _place = place;
+                refuse(stream, limits.per_client).await;
+            });
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
         let (builder, mut closed) = (builder.clone(), closed.clone());
+        let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
         connections.spawn(async move {
-            let _place = place;
-            let mut conn =
-                pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
+            let _held = (place, share);
+            let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,
                 _ = closed.changed() => conn.as_mut().graceful_shutdown(),

@@ -6,22 +6,30 @@ use pensieve::model::Model;
 use serde_json::{json, Value};
 
 /// One generated token's log-probability and the most likely alternatives, each token as the
-/// text it decodes to alone (a piece of a character decodes to U+FFFD).
+/// text it decodes to alone (a piece of a character decodes to U+FFFD), or as `token_id:N`
+/// (vLLM's `return_tokens_as_token_ids`, for clients that compare ids).
 #[derive(Debug, Clone)]
 pub struct Logprob {
     pub token: String,
+    /// Bytes of the reply's text the token makes (its `text_offset` step).
+    pub len: usize,
     pub logprob: f32,
     pub top: Vec<(String, f32)>,
 }
 
 impl Logprob {
-    /// `token`'s entry, its alternatives decoded by `model`.
-    pub fn of(model: &Model, token: u32, l: &TokenLogprobs) -> Self {
+    /// `token`'s entry, its alternatives decoded by `model` (or named by id, with `ids`).
+    pub fn of(model: &Model, token: u32, l: &TokenLogprobs, ids: bool) -> Self {
         let piece = |id: u32| model.decode(&[id]).unwrap_or_default();
+        let name = |id: u32| match ids {
+            true => format!("token_id:{id}"),
+            false => piece(id),
+        };
         Self {
-            token: piece(token),
+            token: name(token),
+            len: piece(token).len(),
             logprob: l.logprob,
-            top: l.top.iter().map(|&(id, lp)| (piece(id), lp)).collect(),
+            top: l.top.iter().map(|&(id, lp)| (name(id), lp)).collect(),
         }
     }
 }
@@ -50,7 +58,7 @@ pub fn completion(tokens: &[Logprob], mut offset: usize) -> Value {
     let mut text_offset = Vec::with_capacity(tokens.len());
     for t in tokens {
         text_offset.push(offset);
-        offset += t.token.len();
+        offset += t.len;
     }
     let top: Vec<Value> = tokens
         .iter()

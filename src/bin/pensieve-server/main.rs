@@ -38,24 +38,25 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
-use pensieve::engine::Engine;
+use pensieve::engine::{Engine, OverflowPolicy};
 use pensieve::service::{Chat, Service, ServiceConfig};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::timeout::RequestBodyTimeoutLayer;
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 mod api;
 mod auth;
+mod body;
+mod deadline;
 mod listen;
 mod logprobs;
 mod metrics;
@@ -96,10 +97,17 @@ struct Args {
     /// (a second signal cancels them at once).
     #[arg(long, env = "PENSIEVE_DRAIN_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     drain_timeout_s: f64,
-    /// Seconds a client may take to send the next part of a request body (a client that
-    /// stalls mid-request fails its request and holds nothing).
+    /// Seconds a client may take to send a request's whole body (a client that stalls or
+    /// trickles it is answered 408 and holds nothing).
     #[arg(long, env = "PENSIEVE_BODY_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     body_timeout_s: f64,
+    /// Largest request body taken, in MiB; larger ones are answered 413.
+    #[arg(long, env = "PENSIEVE_MAX_BODY_MIB", default_value_t = 2, value_parser = positive)]
+    max_body_mib: usize,
+    /// Seconds a client may leave the server's answer unread while the server waits to write
+    /// more of it (a client that never reads is cut off, its turn cancelled).
+    #[arg(long, env = "PENSIEVE_WRITE_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
+    write_timeout_s: f64,
     /// Seconds a client may take to send a request's head (and a kept-alive connection may
     /// stay idle before its next request begins).
     #[arg(long, env = "PENSIEVE_HEADER_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
@@ -107,6 +115,12 @@ struct Args {
     /// Connections open at once; past it, new ones wait until one closes.
     #[arg(long, env = "PENSIEVE_MAX_CONNECTIONS", default_value_t = 1024, value_parser = positive)]
     max_connections: usize,
+    /// Connections one client address may hold at once (default: a quarter of
+    /// --max-connections, so that a few clients cannot take every place); past it, its new
+    /// connections are answered 429. Behind a reverse proxy, every client has the proxy's
+    /// address: raise it to --max-connections there.
+    #[arg(long, env = "PENSIEVE_MAX_CONNECTIONS_PER_CLIENT", value_parser = positive)]
+    max_connections_per_client: Option<usize>,
     /// Clients must send `Authorization: Bearer KEY` to the `/v1` routes, `/tokenize` and
     /// `/detokenize` (`/health` and `/metrics` stay open).
     #[arg(long, env = "PENSIEVE_API_KEY")]
@@ -129,6 +143,9 @@ struct AppState {
     tokens: Arc<pensieve::model::Model>,
     /// Testing only: a chat whose last message is this text panics the engine thread.
     panic_on: Option<Arc<str>>,
+    /// Under the `error` overflow policy: the bound that refuses, untokenized, a request too
+    /// long for the context window.
+    prompt_bound: Option<tokens::PromptBound>,
 }
 
 fn main() -> ExitCode {
@@ -145,8 +162,23 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let model = Arc::new(args.engine.load_chat_model()?);
+    // A model without a chat template (a base model) serves completions; chat requests to it
+    // are refused, naming the flag that gives it one.
+    let model = Arc::new(args.engine.load_model()?);
+    if model.template().is_none() {
+        tracing::warn!(
+            "the model ships no chat template: serving /v1/completions only; \
+             --chat-template NAME|FILE serves chat too"
+        );
+    }
     let config = args.engine.engine_config(&args.store);
+    let prompt_bound = (config.overflow == OverflowPolicy::Error).then(|| {
+        let positions = model.config().max_position_embeddings;
+        let window = config
+            .max_context_tokens
+            .map_or(positions, |n| n.min(positions));
+        tokens::PromptBound::new(&model, window)
+    });
     let engine = Engine::with_model(model.clone(), config)?;
     let recorder = Arc::new(Recorder::default());
     let service = Service::spawn(
@@ -163,12 +195,13 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         default_max_tokens: args.default_max_tokens,
         tokens: model,
         panic_on: args.fault_panic_on.map(Into::into),
+        prompt_bound,
     };
-    let app = app(
-        state,
-        args.api_key.as_deref(),
-        Duration::from_secs_f64(args.body_timeout_s),
-    );
+    let body = body::BodyLimits {
+        deadline: Duration::from_secs_f64(args.body_timeout_s),
+        max_bytes: args.max_body_mib << 20,
+    };
+    let app = app(state, args.api_key.as_deref(), body);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -193,7 +226,10 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         };
         let limits = listen::Limits {
             max_connections: args.max_connections,
+            per_client: (args.max_connections_per_client)
+                .unwrap_or((args.max_connections / 4).max(1)),
             header_timeout: Duration::from_secs_f64(args.header_timeout_s),
+            write_timeout: Duration::from_secs_f64(args.write_timeout_s),
         };
         let serve = listen::serve(listener, app, limits, stopping);
         tokio::select! {
@@ -211,8 +247,9 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// The routes, behind the API key (if any) but `/health` and `/metrics`, with a log line per
-/// request, the body deadline, and a handler's panic answered 500.
-fn app(state: AppState, api_key: Option<&str>, body_timeout: Duration) -> Router {
+/// request, bodies read whole under their deadline and size limit, and a handler's panic
+/// answered 500.
+fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router {
     let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -226,13 +263,18 @@ fn app(state: AppState, api_key: Option<&str>, body_timeout: Duration) -> Router
     guarded
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
-        // One line per request at its end: method, path, status, latency.
+        // One line per request at its end: method, path, status, latency. The path only,
+        // never the query, which may carry a secret (`?api_key=`).
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .make_span_with(|r: &axum::http::Request<_>| {
+                    tracing::info_span!("request", method = %r.method(), path = %r.uri().path())
+                })
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
-        .layer(RequestBodyTimeoutLayer::new(body_timeout))
+        .layer(axum::middleware::from_fn_with_state(body, body::read_whole))
+        // The body was read whole, under the limit `body` sets.
+        .layer(DefaultBodyLimit::disable())
         // A handler that panics (a bug) answers 500 and leaves the server serving.
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
@@ -310,6 +352,10 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
     };
     let prepared = (|| {
         check_model(&s, &request.common)?;
+        api::check_template(&s.tokens)?;
+        if let Some(bound) = &s.prompt_bound {
+            bound.check(tokens::text_bytes(&request.messages))?;
+        }
         let defaults = s.tokens.generation_defaults();
         let mut params = request.common.params(s.default_max_tokens, defaults)?;
         params.logprobs = request.top_logprobs()?;
@@ -318,17 +364,10 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             .iter()
             .map(api::ChatMessage::to_message)
             .collect::<Result<Vec<_>, _>>()?;
-        let header = headers
-            .get("x-conversation-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let name = request.conversation_id.clone().or(header);
-        if name.as_ref().is_some_and(|n| n.len() > api::MAX_NAME_BYTES) {
-            return Err(ApiError::bad(format!(
-                "conversation_id is longer than {} bytes",
-                api::MAX_NAME_BYTES
-            )));
-        }
+        let name = api::conversation_name(
+            request.conversation_id.as_deref(),
+            headers.get("x-conversation-id").map(|v| v.as_bytes()),
+        )?;
         let hints = request.hints(name.is_some())?;
         let format = s.tokens.template().and_then(|t| t.tool_format());
         let choice = request.tool_choice.as_ref();
@@ -361,23 +400,32 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let prepared = (|| {
+    let prepared = async {
         check_model(&s, &request.common)?;
         let mut params = request.common.params(16, s.tokens.generation_defaults())?;
         params.logprobs = request.top_logprobs()?;
-        let encode = |t: &str| s.tokens.encode(t).map_err(|e| ApiError::from_engine(&e));
+        let add_special = request.add_special_tokens.unwrap_or(true);
         let prompt = match &request.prompt {
-            Prompt::Text(t) => encode(t)?,
             Prompt::Tokens(t) => t.clone(),
-            Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
+            Prompt::Text(text) => prompt_tokens(&s, text, add_special).await?,
+            Prompt::Texts(v) if v.len() == 1 => prompt_tokens(&s, &v[0], add_special).await?,
             Prompt::Texts(_) => return Err(ApiError::bad("only one prompt per request")),
         };
         Ok::<_, ApiError>((Job::Completion(prompt), params, request.common.choices()?))
-    })();
-    match prepared {
+    };
+    match prepared.await {
         Ok((job, params, n)) => serve(s, job, params, n, &request.common, Kind::Completion).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A text prompt's tokens: refused untokenized if it must be longer than the context window,
+/// else tokenized on a blocking thread (never on the runtime's, nor the engine's).
+async fn prompt_tokens(s: &AppState, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+    if let Some(bound) = &s.prompt_bound {
+        bound.check(text.len())?;
+    }
+    tokens::encode(&s.tokens, text, add_special).await
 }
 
 /// The fault `--fault-panic-on` asks for: tests check that a dead engine thread makes the

@@ -40,6 +40,8 @@ struct Framing {
     model: Arc<str>,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// Whether log-probabilities name tokens by id (`return_tokens_as_token_ids`).
+    token_ids: bool,
     /// With tools offered: whether a reply may make several calls. A reply is then sent
     /// whole even when streamed, its calls parsed out of its text at its end.
     tools: Option<bool>,
@@ -57,6 +59,7 @@ impl Framing {
             created: now_s(),
             model,
             logprobs,
+            token_ids: false,
             tools,
         }
     }
@@ -162,10 +165,10 @@ struct Choice {
 }
 
 impl Choice {
-    /// Keeps a token's log-probabilities, when they were asked for.
-    fn record(&mut self, model: &Model, token: u32, logprobs: Option<TokenLogprobs>) {
+    /// Keeps a token's log-probabilities, when they were asked for (named by id, with `ids`).
+    fn record(&mut self, model: &Model, token: u32, logprobs: Option<TokenLogprobs>, ids: bool) {
         self.tokens
-            .extend(logprobs.map(|l| Logprob::of(model, token, &l)));
+            .extend(logprobs.map(|l| Logprob::of(model, token, &l, ids)));
     }
 }
 
@@ -203,7 +206,8 @@ pub async fn serve(
         Err(e) => return ApiError::from_engine(&e).into_response(),
     };
     let request = turns.first().map_or(0, |t| t.request().as_u64());
-    let framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
+    let mut framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
+    framing.token_ids = common.return_tokens_as_token_ids;
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
@@ -259,7 +263,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
                 logprobs,
             } => {
                 choices[i].text.push_str(&text);
-                choices[i].record(model, token, logprobs);
+                choices[i].record(model, token, logprobs, framing.token_ids);
             }
             TurnEvent::Finished(end) => match outcome(&end) {
                 Ok((reason, usage)) => {
@@ -299,7 +303,8 @@ impl<S> St<S> {
                 text,
                 logprobs,
             } => {
-                self.choices[i].record(&self.model, token, logprobs);
+                let ids = self.framing.token_ids;
+                self.choices[i].record(&self.model, token, logprobs, ids);
                 if !text.is_empty() && self.framing.tools.is_none() {
                     self.send(i, Some(&text), None);
                 }
@@ -313,7 +318,7 @@ impl<S> St<S> {
     fn send(&mut self, i: usize, text: Option<&str>, reason: Option<&str>) {
         let c = &mut self.choices[i];
         let logprobs = self.framing.logprobs(&c.tokens, c.sent);
-        c.sent += c.tokens.iter().map(|t| t.token.len()).sum::<usize>();
+        c.sent += c.tokens.iter().map(|t| t.len).sum::<usize>();
         c.tokens.clear();
         let chunk = self.framing.chunk(i, text, reason, logprobs);
         self.out.push_back(chunk.to_string());

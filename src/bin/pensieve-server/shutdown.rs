@@ -1,4 +1,5 @@
-//! How the server stops. The first SIGINT or SIGTERM (or the engine thread dying) stops
+//! How the server stops. The first SIGINT, SIGTERM or SIGHUP (the terminal it ran in closed;
+//! the server has no configuration to reload) or the engine thread dying stops
 //! accepting connections and requests; turns in flight run on for the drain deadline; then,
 //! or at a second signal, what still runs is cancelled (cancelled turns leave no trace), the
 //! store is flushed and the engine thread joined. Connections still open then (a half-sent
@@ -17,19 +18,23 @@ pub enum Cause {
     EngineDied,
 }
 
-/// Waits for SIGINT or SIGTERM.
+/// Waits for SIGINT, SIGTERM or SIGHUP.
 pub async fn signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(mut term), Ok(mut hup)) => {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = hup.recv() => {}
                 }
             }
-            Err(_) => {
+            _ => {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }

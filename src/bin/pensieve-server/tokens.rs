@@ -1,9 +1,13 @@
 //! vLLM's `/tokenize` and `/detokenize`, over the served model's tokenizer and chat template.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use pensieve::model::Model;
 use serde_json::json;
 
 use crate::api::{self, ApiError};
@@ -12,28 +16,35 @@ use crate::{check_model_name, AppState};
 /// vLLM's `/tokenize`: the ids of a prompt (as `/v1/completions` encodes it) or of chat
 /// messages rendered with the model's template (as a new conversation's first turn).
 pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
-    let answer = (|| {
+    let answer = async {
         let r: api::TokenizeRequest = api::parse_only(&body, api::TOKENIZE_FIELDS)?;
         check_model_name(&s, r.model.as_deref())?;
         let model = &s.tokens;
-        let engine = |e: pensieve::Error| ApiError::from_engine(&e);
-        let tokens = match (&r.prompt, &r.messages) {
-            (Some(prompt), None) => model.encode(prompt).map_err(engine)?,
+        let (text, add_special) = match (&r.prompt, &r.messages) {
+            (Some(prompt), None) => (prompt.clone(), r.add_special_tokens.unwrap_or(true)),
             (None, Some(messages)) => {
+                api::check_template(model)?;
+                if let Some(bound) = &s.prompt_bound {
+                    bound.check(text_bytes(messages))?;
+                }
                 let messages = messages
                     .iter()
                     .map(api::ChatMessage::to_message)
                     .collect::<Result<Vec<_>, _>>()?;
                 let text = model
                     .render_chat(&messages, r.add_generation_prompt)
-                    .map_err(engine)?;
-                model.encode(&text).map_err(engine)?
+                    .map_err(|e| ApiError::from_engine(&e))?;
+                (text, r.add_special_tokens.unwrap_or(false))
             }
             _ => return Err(ApiError::bad("give either prompt or messages")),
         };
+        if let Some(bound) = &s.prompt_bound {
+            bound.check(text.len())?;
+        }
+        let tokens = encode(model, &text, add_special).await?;
         Ok::<_, ApiError>(json!({"tokens": tokens, "count": tokens.len()}))
-    })();
-    match answer {
+    };
+    match answer.await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
@@ -60,4 +71,65 @@ pub async fn detokenize(State(s): State<AppState>, body: Bytes) -> Response {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// A lower bound on a request's tokens from its bytes, checked before anything tokenizes it:
+/// no token of the vocabulary stands for more than `max_token_bytes` bytes of text, so a text
+/// of `n` bytes is at least `n / max_token_bytes` tokens. Under the `error` overflow policy a
+/// request that bound puts past the context window is refused at once, on the request's own
+/// task, instead of after the engine thread has tokenized megabytes of it while every stream
+/// waited.
+#[derive(Clone, Copy, Debug)]
+pub struct PromptBound {
+    max_token_bytes: usize,
+    window: usize,
+}
+
+impl PromptBound {
+    /// The bound for `model` with a context window of `window` tokens.
+    pub fn new(model: &pensieve::model::Model, window: usize) -> Self {
+        let vocab = model.config().vocab_size as u32;
+        let max_token_bytes = (0..vocab)
+            .filter_map(|id| model.decode(&[id]).ok())
+            .map(|text| text.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            max_token_bytes,
+            window,
+        }
+    }
+
+    /// Refuses `bytes` of text that must be more tokens than the window holds.
+    pub fn check(&self, bytes: usize) -> Result<(), ApiError> {
+        let at_least = bytes / self.max_token_bytes;
+        match at_least > self.window {
+            true => Err(ApiError::bad(format!(
+                "the request's {bytes} bytes of text are at least {at_least} tokens, past this \
+                 server's context window of {} tokens",
+                self.window
+            ))),
+            false => Ok(()),
+        }
+    }
+}
+
+/// The ids of a raw prompt (`Model::encode_prompt`), computed on a blocking thread: a long
+/// text takes a while, which no other request should wait for.
+pub async fn encode(
+    model: &Arc<Model>,
+    text: &str,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let (model, text) = (Arc::clone(model), text.to_string());
+    tokio::task::spawn_blocking(move || model.encode_prompt(&text, add_special))
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
+        .map_err(|e| ApiError::from_engine(&e))
+}
+
+/// Bytes of text in chat messages: what the bound counts.
+pub fn text_bytes(messages: &[api::ChatMessage]) -> usize {
+    messages.iter().map(api::ChatMessage::text_bytes).sum()
 }

@@ -28,6 +28,11 @@ fn function() -> String {
 }
 
 impl WireCall {
+    /// Bytes of text the call carries into the conversation.
+    pub fn text_bytes(&self) -> usize {
+        self.function.name.len() + self.function.arguments.len()
+    }
+
     pub fn to_call(&self) -> Result<ToolCall, ApiError> {
         if self.kind != "function" {
             return Err(ApiError::bad(format!(

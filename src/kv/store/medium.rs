@@ -267,10 +267,16 @@ impl Medium for Folder {
 
     fn remove_manifest(&self, name: &str) {
         let _ = self.locked(|| {
-            let _ = fs::remove_file(self.manifest_path(name));
+            let manifest = self.manifest_path(name);
+            let _ = fs::remove_file(&manifest);
             let registration = self.registration_path(name);
             if fs::read(&registration).ok() == Some(self.owner.record()) {
                 let _ = fs::remove_file(registration);
+            }
+            // The removal survives a power loss too, once the folder's entry is synced (a
+            // conversation its user asked to end must not come back).
+            if let Some(dir) = manifest.parent() {
+                let _ = File::open(dir).and_then(|d| d.sync_all());
             }
             Ok(())
         });
