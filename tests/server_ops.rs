@@ -255,6 +255,38 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     let args: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert!(args["city"].is_string(), "{answer}");
+    // Parameters as pydantic writes them, with `$defs` and `$ref` (and a tool that refers to
+    // itself): forced calls failed on them while `auto` worked.
+    let pydantic = json!([{"type": "function", "function": {"name": "book_trip",
+        "description": "Book a trip between two places.",
+        "parameters": {"type": "object", "$defs": {"Place": {"type": "object",
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            "properties": {"origin": {"$ref": "#/$defs/Place"},
+                "destination": {"$ref": "#/$defs/Place"}},
+            "required": ["origin", "destination"]}}},
+        {"type": "function", "function": {"name": "note", "parameters": {"type": "object",
+            "properties": {"text": {"type": "string"}, "replies": {"type": "array",
+                "items": {"$ref": "#"}, "maxItems": 0}}, "required": ["text"]}}}]);
+    let trip = json!({"role": "user", "content": "Book me a trip from Paris to Rome."});
+    let choice = json!({"type": "function", "function": {"name": "book_trip"}});
+    let body = json!({"messages": [trip], "tools": pydantic, "tool_choice": choice,
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let call = &answer["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "book_trip", "{answer}");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["origin"]["city"].is_string(), "{answer}");
+    assert!(args["destination"]["city"].is_string(), "{answer}");
+    let body = json!({"messages": [trip], "tools": pydantic, "tool_choice": "required",
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{answer}"
+    );
     // Its result comes back; the conversation, the call included, is the one the server holds.
     let result = json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"});
     let body = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});

@@ -94,23 +94,78 @@ pub fn offered(
 /// A grammar of one `<tool_call>` element calling one of `tools` with arguments of its
 /// schema.
 fn one_call(tools: &[&Value]) -> Constraint {
+    let mut defs = serde_json::Map::new();
     let calls: Vec<Value> = tools
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             let f = &t["function"];
             let arguments = match &f["parameters"] {
                 Value::Null => json!({"type": "object"}),
-                p => p.clone(),
+                p => hoist(p, &format!("tool{i}"), &mut defs),
             };
             json!({"type": "object", "properties": {
                 "name": {"const": f["name"]}, "arguments": arguments},
                 "required": ["name", "arguments"], "additionalProperties": false})
         })
         .collect();
-    let schema = json!({ "anyOf": calls });
+    let mut schema = json!({ "anyOf": calls });
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
     Constraint::Lark(format!(
         "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}"
     ))
+}
+
+/// A tool's parameter schema made to stand inside the schema of every call: its definitions
+/// (`$defs`, `definitions`, as pydantic writes them) move to the root's `$defs` under names
+/// prefixed by `tool` (two tools may define the same name), and its references (`#/$defs/X`,
+/// `#/definitions/X`, `#` for itself) follow them. Without this a reference would point at
+/// the combined schema's root, where nothing is defined.
+fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Value>) -> Value {
+    let mut own = parameters.clone();
+    let mut found = serde_json::Map::new();
+    if let Some(o) = own.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = o.remove(key) {
+                found.extend(d);
+            }
+        }
+    }
+    let root = format!("{tool}__self");
+    let recursive = std::cell::Cell::new(false);
+    let rename = |r: &str| -> Option<String> {
+        if r == "#" {
+            recursive.set(true);
+            return Some(format!("#/$defs/{root}"));
+        }
+        let name = (r.strip_prefix("#/$defs/")).or_else(|| r.strip_prefix("#/definitions/"))?;
+        Some(format!("#/$defs/{tool}__{name}"))
+    };
+    fn rewrite(v: &mut Value, rename: &dyn Fn(&str) -> Option<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(Value::String(r)) = o.get_mut("$ref") {
+                    if let Some(new) = rename(r) {
+                        *r = new;
+                    }
+                }
+                o.values_mut().for_each(|x| rewrite(x, rename));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| rewrite(x, rename)),
+            _ => {}
+        }
+    }
+    rewrite(&mut own, &rename);
+    for (name, mut def) in found {
+        rewrite(&mut def, &rename);
+        defs.insert(format!("{tool}__{name}"), def);
+    }
+    if recursive.get() {
+        defs.insert(root, own.clone());
+    }
+    own
 }
 
 /// An assistant message's `message` (or stream `delta`) body: its text (null when it only
