@@ -256,6 +256,35 @@ impl Engine {
         Ok(())
     }
 
+    /// Stores the unnamed conversation `conv` under `name`, writing its first manifest (with
+    /// the turns it has). A host that must not store a conversation before its first turn is
+    /// answered (a refused or cancelled one would leave an empty conversation stored) opens it
+    /// unnamed and names it once that turn has finished.
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`]; [`Error::InvalidRequest`] without a store, or if `conv`
+    /// is named or has a turn running; [`Error::ConversationExists`] if this engine holds a
+    /// conversation of that name; [`Error::StoredElsewhere`] if another model keeps it.
+    pub fn name(&mut self, conv: ConversationId, name: String) -> Result<()> {
+        let c = self
+            .convs
+            .get(&conv)
+            .ok_or(Error::UnknownConversation(conv))?;
+        let bad = |why: &str| Err(Error::InvalidRequest(why.into()));
+        if self.cache.store().is_none() {
+            return bad("only an engine with a store keeps conversations by name");
+        }
+        if c.name().is_some() || self.sched.turn_of(conv).is_some() {
+            return bad("only an unnamed conversation with no turn running is given a name");
+        }
+        self.claimable(&name, None)?;
+        if let Some(c) = self.convs.remove(&conv) {
+            self.convs.insert(conv, c.named(Some(name)));
+        }
+        self.write_manifest(conv);
+        Ok(())
+    }
+
     /// Opens a conversation stored under `options.name`, writing its first manifest.
     pub(super) fn open_named(
         &mut self,
@@ -263,22 +292,39 @@ impl Engine {
         options: ConversationOptions,
         registration: Option<Registered>,
     ) -> Result<ConversationId> {
-        if self.find(&name).is_some() {
-            return Err(Error::ConversationExists(name));
-        }
-        // Another model's name is refused now; one stored here, and not held, is refused by
-        // its first manifest write's compare-and-set (a removal queued before it may free it).
-        let registration =
-            registration.or_else(|| self.resume_reader().map(|r| r.registration(&name)));
-        if let Error::StoredElsewhere { name, owner } = fetch::unstored(&name, registration) {
-            return Err(Error::StoredElsewhere { name, owner });
-        }
+        self.claimable(&name, registration)?;
         let id = self.open_unnamed(options);
         if let Some(c) = self.convs.remove(&id) {
             self.convs.insert(id, c.named(Some(name)));
         }
         self.write_manifest(id);
         Ok(id)
+    }
+
+    /// Whether [`Engine::name`] would take `name` now: a host checks it before a turn that
+    /// will name its conversation once answered, so that a name it cannot take is refused
+    /// before the turn runs.
+    ///
+    /// # Errors
+    /// As [`Engine::name`]'s [`Error::ConversationExists`] and [`Error::StoredElsewhere`].
+    pub fn check_name(&self, name: &str) -> Result<()> {
+        self.claimable(name, None)
+    }
+
+    /// Whether a new conversation may take `name`, given who registered it (`None`: read it
+    /// now): not if this engine holds one of that name, nor if another model keeps it. One
+    /// stored here, and not held, is refused by its first manifest write's compare-and-set (a
+    /// removal queued before it may free it).
+    fn claimable(&self, name: &str, registration: Option<Registered>) -> Result<()> {
+        if self.find(name).is_some() {
+            return Err(Error::ConversationExists(name.to_string()));
+        }
+        let registration =
+            registration.or_else(|| self.resume_reader().map(|r| r.registration(name)));
+        match fetch::unstored(name, registration) {
+            Error::StoredElsewhere { name, owner } => Err(Error::StoredElsewhere { name, owner }),
+            _ => Ok(()),
+        }
     }
 
     /// The conversation stored under `name`, if it is open (created by this engine or

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
-use super::sessions::Opened;
+use super::sessions::{Naming, Opened};
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
@@ -87,9 +87,8 @@ struct Running {
     reply: String,
     hints: Hints,
     last_token: Option<Instant>,
-    /// The named conversation this turn's history rewrote, which it replaces once it has a
-    /// reply (see [`Opened::Replacing`]).
-    replaces: Option<ConversationId>,
+    /// The name this turn's conversation takes once it has a reply (see [`Opened::Naming`]).
+    naming: Option<Naming>,
 }
 
 /// What a turn's end waits for.
@@ -309,17 +308,19 @@ impl Driver {
                 self.forget(fork, true);
             }
             match opened {
-                Some(Opened::New | Opened::Replacing(_)) => self.forget(conv, true),
+                Some(Opened::New | Opened::Naming(_)) => self.forget(conv, true),
                 Some(Opened::Continued) => self.unsend(conv),
                 None => {}
             }
             return Err(e);
         }
-        let replaces = match opened {
-            Some(Opened::Replacing(old)) => {
-                // No other turn continues it meanwhile: the name is this turn's.
-                self.mark_busy(old);
-                Some(old)
+        let naming = match opened {
+            Some(Opened::Naming(naming)) => {
+                // No other turn continues what it replaces meanwhile: the name is this turn's.
+                if let Some(old) = naming.replaces {
+                    self.mark_busy(old);
+                }
+                Some(naming)
             }
             _ => None,
         };
@@ -335,7 +336,7 @@ impl Driver {
                     _ => Hints::default(),
                 },
                 last_token: None,
-                replaces: replaces.filter(|_| i == 0),
+                naming: naming.clone().filter(|_| i == 0),
             };
             self.running.insert(request, running);
         }
@@ -405,9 +406,9 @@ impl Driver {
                 }
                 let history_tokens = self.engine.tokens(conversation).map_or(0, <[u32]>::len);
                 let mut reason = reason;
-                if let Some(old) = r.replaces {
+                if let Some(naming) = r.naming {
                     let replied = settled(&reason);
-                    if let Err(e) = self.finish_replacement(old, r.conv, replied) {
+                    if let Err(e) = self.finish_naming(r.conv, naming, replied) {
                         reason = FinishReason::Failed(Arc::new(e));
                     }
                 }

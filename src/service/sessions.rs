@@ -11,16 +11,25 @@ use crate::model::Message;
 use crate::{Error, Result};
 
 /// How a request found its conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Opened {
     /// It continues one held.
     Continued,
     /// It was opened for this request.
     New,
-    /// It was opened, unnamed, with a history that rewrites the named conversation given:
-    /// it takes that one's name (and stored state) once its turn has a reply, and closes
-    /// otherwise, so that a refused, failed or cancelled request changes nothing stored.
-    Replacing(ConversationId),
+    /// It was opened unnamed for a request that names it: it takes the name (in a store,
+    /// its first manifest; over a conversation of that name whose history the request
+    /// rewrote, that one's place) once its turn has a reply, and closes otherwise, so that a
+    /// refused, failed or cancelled request changes nothing stored.
+    Naming(Naming),
+}
+
+/// A name a conversation takes once its turn has a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Naming {
+    pub name: String,
+    /// The conversation of that name it replaces, if any.
+    pub replaces: Option<ConversationId>,
 }
 
 impl Driver {
@@ -69,6 +78,7 @@ impl Driver {
                 .copied(),
         };
         let mut replaces = None;
+        let mut claimed = false;
         if let Some(conv) = found {
             match self.sessions.get_mut(&conv) {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
@@ -82,7 +92,7 @@ impl Driver {
                 }
                 // A named conversation whose history the request rewrote starts over, once
                 // the new history's turn has a reply.
-                Some(_) if name.is_some() => replaces = Some(conv),
+                Some(_) if name.is_some() => (replaces, claimed) = (Some(conv), true),
                 _ => self.forget(conv, true),
             }
         }
@@ -95,52 +105,64 @@ impl Driver {
                 "a system message may only come first".into(),
             ));
         }
+        // A new name is claimed now (refused if another model keeps it), taken at the reply.
+        if let (Some(n), false, true) = (&name, claimed, self.stored) {
+            self.engine.check_name(n)?;
+        }
         let conv = self.engine.open(ConversationOptions {
             system,
             history: rest.to_vec(),
-            name: name.clone().filter(|_| self.stored && replaces.is_none()),
+            name: None,
             tools: tools.clone(),
         })?;
-        if let Some(old) = replaces {
-            self.add_session(conv, Some(messages), None, tools);
-            return Ok((conv, turn, Opened::Replacing(old)));
-        }
-        if let Some(n) = &name {
-            self.by_name.insert(n.clone(), conv);
-        }
-        self.add_session(conv, Some(messages), name, tools);
-        Ok((conv, turn, Opened::New))
+        self.add_session(conv, Some(messages), None, tools);
+        let opened = match name {
+            Some(name) => Opened::Naming(Naming { name, replaces }),
+            None => Opened::New,
+        };
+        Ok((conv, turn, opened))
     }
 
-    /// Ends the turn of `new`, which rewrote the named conversation `old`: with a reply
-    /// (`replied`), `new` takes `old`'s name and, in a store, its place there; without one,
-    /// `new` closes and `old` stays as it was.
+    /// Ends the turn of `new`, opened unnamed for a request that named it: with a reply
+    /// (`replied`), `new` takes the name and, in a store, its first manifest, or the place of
+    /// the conversation of that name it replaces; without one, `new` closes and what the name
+    /// held stays as it was.
     ///
     /// # Errors
-    /// The engine's refusal to replace (nothing changed then, and `new` is closed).
-    pub(super) fn finish_replacement(
+    /// The engine's refusal to store it under the name (nothing changed then, and `new` is
+    /// closed).
+    pub(super) fn finish_naming(
         &mut self,
-        old: ConversationId,
         new: ConversationId,
+        naming: Naming,
         replied: bool,
     ) -> Result<()> {
-        self.mark_idle(old);
+        let Naming { name, replaces } = naming;
+        if let Some(old) = replaces {
+            self.mark_idle(old);
+        }
         if !replied {
             self.forget(new, true);
             return Ok(());
         }
-        let name = self.sessions.get(&old).and_then(|s| s.name.clone());
-        let replaced = match self.stored && self.named(old) {
-            true => self.engine.replace(old, new).map(|()| self.unlink(old)),
-            false => self.close(old, true),
+        let named = match replaces {
+            Some(old) if self.stored && self.named(old) => {
+                self.engine.replace(old, new).map(|()| self.unlink(old))
+            }
+            Some(old) => self.close(old, true),
+            None => Ok(()),
         };
-        if let Err(e) = replaced {
+        let named = named.and_then(|()| match self.stored && !self.named(new) {
+            true => self.engine.name(new, name.clone()),
+            false => Ok(()),
+        });
+        if let Err(e) = named {
             self.forget(new, true);
             return Err(e);
         }
-        if let (Some(n), Some(s)) = (name, self.sessions.get_mut(&new)) {
-            s.name = Some(n.clone());
-            self.by_name.insert(n, new);
+        if let Some(s) = self.sessions.get_mut(&new) {
+            s.name = Some(name.clone());
+            self.by_name.insert(name, new);
         }
         Ok(())
     }
