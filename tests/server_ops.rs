@@ -187,6 +187,19 @@ fn several_choices_come_from_forks_a_client_may_continue() {
     }
 }
 
+/// The assistant message of a reply held to a tool call by `choice`, which must call one.
+fn forced_call(b: &str, messages: Value, tools: &Value, choice: Value) -> Value {
+    let body = json!({"messages": messages, "tools": tools, "tool_choice": choice,
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{answer}"
+    );
+    answer["choices"][0]["message"].clone()
+}
+
 #[test]
 fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
@@ -241,20 +254,19 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     let (cached, prompt) = cached_of(&second);
     assert!(cached + 32 >= prompt && cached > 100, "{second}");
     // A call the model makes: tool_choice "required" holds the reply to one, parsed.
-    let body = json!({"messages": [question], "tools": tools, "tool_choice": "required",
-        "max_tokens": 64, "temperature": 0});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        answer["choices"][0]["finish_reason"], "tool_calls",
-        "{answer}"
-    );
-    let made = answer["choices"][0]["message"].clone();
+    let made = forced_call(b, json!([question]), &tools, json!("required"));
     let call = &made["tool_calls"][0];
-    assert_eq!(call["function"]["name"], "get_weather", "{answer}");
+    assert_eq!(call["function"]["name"], "get_weather", "{made}");
     let args: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["city"].is_string(), "{answer}");
+    assert!(args["city"].is_string(), "{made}");
+    // Its result comes back; the conversation, the call included, is the one the server holds.
+    let result = json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"});
+    let body = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let (cached, prompt) = cached_of(&answer);
+    assert!(cached + 48 >= prompt, "{answer}");
     // Parameters as pydantic writes them, with `$defs` and `$ref` (and a tool that refers to
     // itself): forced calls failed on them while `auto` worked.
     let pydantic = json!([{"type": "function", "function": {"name": "book_trip",
@@ -267,33 +279,16 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
         {"type": "function", "function": {"name": "note", "parameters": {"type": "object",
             "properties": {"text": {"type": "string"}, "replies": {"type": "array",
                 "items": {"$ref": "#"}, "maxItems": 0}}, "required": ["text"]}}}]);
-    let trip = json!({"role": "user", "content": "Book me a trip from Paris to Rome."});
-    let choice = json!({"type": "function", "function": {"name": "book_trip"}});
-    let body = json!({"messages": [trip], "tools": pydantic, "tool_choice": choice,
-        "max_tokens": 64, "temperature": 0});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let call = &answer["choices"][0]["message"]["tool_calls"][0];
-    assert_eq!(call["function"]["name"], "book_trip", "{answer}");
+    let trip = json!([{"role": "user", "content": "Book me a trip from Paris to Rome."}]);
+    let named = json!({"type": "function", "function": {"name": "book_trip"}});
+    let booked = forced_call(b, trip.clone(), &pydantic, named);
+    let call = &booked["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "book_trip", "{booked}");
     let args: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["origin"]["city"].is_string(), "{answer}");
-    assert!(args["destination"]["city"].is_string(), "{answer}");
-    let body = json!({"messages": [trip], "tools": pydantic, "tool_choice": "required",
-        "max_tokens": 64, "temperature": 0});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        answer["choices"][0]["finish_reason"], "tool_calls",
-        "{answer}"
-    );
-    // Its result comes back; the conversation, the call included, is the one the server holds.
-    let result = json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"});
-    let body = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let (cached, prompt) = cached_of(&answer);
-    assert!(cached + 48 >= prompt, "{answer}");
+    assert!(args["origin"]["city"].is_string(), "{booked}");
+    assert!(args["destination"]["city"].is_string(), "{booked}");
+    forced_call(b, trip, &pydantic, json!("required"));
     // Structured output: a reply held to a JSON schema parses and validates.
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
         "country": {"type": "string"}}, "required": ["city", "country"],

@@ -24,6 +24,8 @@ import jinja2
 import numpy as np
 from llama_cpp import Llama
 
+from llamacpp_fixtures import log_softmax, sharegpt
+
 CASES = 50
 CHARS = 300
 TOKENS = 16
@@ -32,23 +34,6 @@ NEAR = 1.0
 # Texts holding a template's markup would be read as markup by llama.cpp's tokenizer, and as
 # plain text by pensieve's chat path: left out.
 MARKUP = ("<|", "|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<s>", "</s>")
-
-
-def sharegpt(path):
-    """ShareGPT's records in file order; the dump is cut short at the end, so parse tolerantly."""
-    data = open(path, encoding="utf-8").read()
-    dec = json.JSONDecoder()
-    pos = data.index("[") + 1
-    while True:
-        while pos < len(data) and data[pos] in " \r\n\t,":
-            pos += 1
-        if pos >= len(data) or data[pos] == "]":
-            return
-        try:
-            record, pos = dec.raw_decode(data, pos)
-        except json.JSONDecodeError:
-            return
-        yield record
 
 
 def prompts(path):
@@ -68,12 +53,6 @@ def prompts(path):
         if len(out) == CASES:
             return out
     raise SystemExit("not enough ShareGPT prompts")
-
-
-def log_softmax(row):
-    row = row.astype(np.float64)
-    m = row.max()
-    return row - (m + np.log(np.exp(row - m).sum()))
 
 
 def greedy(llm, prompt):

@@ -69,7 +69,7 @@ pub(super) fn encode(
     // A vocabulary that prefixes a space marker to every piece of text would put one at each
     // boundary between pieces: its turns are tokenized whole, as they render.
     let whole = model.prefixes_space();
-    let rendering = Rendering::new(t, &all, tools, whole)?;
+    let rendering = Rendering::new(t, &all, tools, whole, true)?;
     let common = common_prefix(&rendering.text, seen);
     let new_text = rendering.text[common..].to_string();
     // The rendering of the earlier messages, past what the model has seen, is the tail of
@@ -103,6 +103,34 @@ pub(super) fn encode(
         messages: new,
         mark: Some(mark),
     })
+}
+
+/// The tokens of `messages` rendered by `model`'s chat template, as a conversation opened with
+/// them feeds its first turn: the template's markup with special tokens recognised, every
+/// message's content as plain text (what users type never becomes a control token). What
+/// vLLM's `/tokenize` of messages answers.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a model without a chat template; the template's and the
+/// tokenizer's errors; [`Error::InvalidParams`] as a turn of these messages would be refused.
+pub fn chat_tokens(
+    model: &Model,
+    messages: &[Message],
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>> {
+    let Some(t) = model.template() else {
+        return model
+            .render_chat(messages, add_generation_prompt)
+            .map(|_| Vec::new());
+    };
+    let rendering = Rendering::new(
+        t,
+        messages,
+        &[],
+        model.prefixes_space(),
+        add_generation_prompt,
+    )?;
+    rendering.tokens(model, 0..rendering.text.len(), messages)
 }
 
 /// A user turn for a model without a chat template: its text alone (after the BOS token, at
@@ -144,10 +172,11 @@ impl Rendering {
         messages: &[Message],
         tools: &[serde_json::Value],
         whole: bool,
+        add_generation_prompt: bool,
     ) -> Result<Self> {
         let spans = match whole {
             true => None,
-            false => template.content_spans(messages, tools, true)?,
+            false => template.content_spans(messages, tools, add_generation_prompt)?,
         };
         Ok(match spans {
             Some((text, spans)) => Self {
@@ -155,7 +184,7 @@ impl Rendering {
                 contents: Some(spans),
             },
             None => Self {
-                text: template.render_with_tools(messages, tools, true)?,
+                text: template.render_with_tools(messages, tools, add_generation_prompt)?,
                 contents: None,
             },
         })

@@ -38,8 +38,6 @@ pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
 };
-pub use handle::EngineHandle;
-pub use persist::Durability;
 pub(crate) use persist::Registered;
 #[cfg(feature = "service")]
 pub(crate) use persist::{Fetched, ResumeReader};
@@ -48,6 +46,7 @@ pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
     TurnStats,
 };
+pub use {encode::chat_tokens, handle::EngineHandle, persist::Durability};
 
 use crate::attention::KvPool;
 use crate::conversation::{Conversation, Conversations};

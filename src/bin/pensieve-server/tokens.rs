@@ -14,14 +14,20 @@ use crate::api::{self, ApiError};
 use crate::{check_model_name, AppState};
 
 /// vLLM's `/tokenize`: the ids of a prompt (as `/v1/completions` encodes it) or of chat
-/// messages rendered with the model's template (as a new conversation's first turn).
+/// messages rendered with the model's template, exactly as a new conversation's first turn
+/// feeds them (contents as plain text: a user's `<|im_end|>` stays text).
 pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
     let answer = async {
         let r: api::TokenizeRequest = api::parse_only(&body, api::TOKENIZE_FIELDS)?;
         check_model_name(&s, r.model.as_deref())?;
         let model = &s.tokens;
-        let (text, add_special) = match (&r.prompt, &r.messages) {
-            (Some(prompt), None) => (prompt.clone(), r.add_special_tokens.unwrap_or(true)),
+        let tokens = match (&r.prompt, &r.messages) {
+            (Some(prompt), None) => {
+                if let Some(bound) = &s.prompt_bound {
+                    bound.check(prompt.len())?;
+                }
+                encode(model, prompt, r.add_special_tokens.unwrap_or(true)).await?
+            }
             (None, Some(messages)) => {
                 api::check_template(model)?;
                 if let Some(bound) = &s.prompt_bound {
@@ -31,17 +37,16 @@ pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
                     .iter()
                     .map(api::ChatMessage::to_message)
                     .collect::<Result<Vec<_>, _>>()?;
-                let text = model
-                    .render_chat(&messages, r.add_generation_prompt)
-                    .map_err(|e| ApiError::from_engine(&e))?;
-                (text, r.add_special_tokens.unwrap_or(false))
+                let generation = r.add_generation_prompt;
+                let mut ids = match r.add_special_tokens {
+                    Some(true) => model.bos_token_id().into_iter().collect(),
+                    _ => Vec::new(),
+                };
+                ids.extend(chat_tokens(model, messages, generation).await?);
+                ids
             }
             _ => return Err(ApiError::bad("give either prompt or messages")),
         };
-        if let Some(bound) = &s.prompt_bound {
-            bound.check(text.len())?;
-        }
-        let tokens = encode(model, &text, add_special).await?;
         Ok::<_, ApiError>(json!({"tokens": tokens, "count": tokens.len()}))
     };
     match answer.await {
@@ -127,6 +132,22 @@ pub async fn encode(
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
         .map_err(|e| ApiError::from_engine(&e))
+}
+
+/// The ids a first turn of `messages` feeds (`pensieve::engine::chat_tokens`), computed on a
+/// blocking thread.
+async fn chat_tokens(
+    model: &Arc<Model>,
+    messages: Vec<pensieve::model::Message>,
+    generation: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let model = Arc::clone(model);
+    tokio::task::spawn_blocking(move || {
+        pensieve::engine::chat_tokens(&model, &messages, generation)
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
+    .map_err(|e| ApiError::from_engine(&e))
 }
 
 /// Bytes of text in chat messages: what the bound counts.
