@@ -151,7 +151,9 @@ pub async fn serve(
         let (builder, mut closed) = (builder.clone(), closed.clone());
         let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
         connections.spawn(async move {
-            let _held = (place, share);
+            // The share goes back before the place: a connection the place lets in must find
+            // its client's count already lowered.
+            let _held = (share, place);
             let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,
