@@ -419,3 +419,47 @@ fn real_model_tokenize_of_messages_feeds_what_a_chat_turn_feeds_control_text_inc
         assert_eq!(t["count"], v["usage"]["prompt_tokens"], "{content}: {t}");
     }
 }
+
+#[test]
+fn real_model_requests_past_the_context_are_refused_untokenized_while_a_stream_runs() {
+    let server = start(&[]);
+    // A stream runs...
+    let body = json!({"messages": [{"role": "user", "content": "Count to a hundred."}],
+                      "max_tokens": 120, "ignore_eos": true, "stream": true})
+    .to_string();
+    let mut stream = TcpStream::connect(host_port(&server.base)).unwrap();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let _ = stream.read(&mut [0u8; 256]).unwrap();
+    // ... while eight clients send 1.8 MB histories at once. They were tokenized whole on the
+    // engine thread before the length check, which froze the stream for seconds.
+    let long = "word ".repeat(360_000);
+    let refused: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let body = json!({"messages": [{"role": "user", "content": long}]}).to_string();
+                let base = &server.base;
+                scope.spawn(move || post(base, "/v1/chat/completions", &body))
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    for (status, v) in refused {
+        assert_eq!(status, 400, "{v}");
+        // Refused by the bound on its bytes, before anything tokenized it.
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("bytes of text are at least"), "{message}");
+    }
+    // The stream ran on to its end.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+}
