@@ -421,7 +421,7 @@ fn real_model_tokenize_of_messages_feeds_what_a_chat_turn_feeds_control_text_inc
 }
 
 #[test]
-fn real_model_requests_past_the_context_are_refused_untokenized_while_a_stream_runs() {
+fn real_model_requests_past_the_context_are_refused_off_the_engine_thread_while_a_stream_runs() {
     let server = start(&[]);
     // A stream runs...
     let body = json!({"messages": [{"role": "user", "content": "Count to a hundred."}],
@@ -451,9 +451,12 @@ fn real_model_requests_past_the_context_are_refused_untokenized_while_a_stream_r
     });
     for (status, v) in refused {
         assert_eq!(status, 400, "{v}");
-        // Refused by the bound on its bytes, before anything tokenized it.
+        // Refused at the edge (counted off the engine thread), not by the engine.
         let message = v["error"]["message"].as_str().unwrap();
-        assert!(message.contains("bytes of text are at least"), "{message}");
+        assert!(
+            message.contains("past this server's context window"),
+            "{message}"
+        );
     }
     // The stream ran on to its end.
     stream

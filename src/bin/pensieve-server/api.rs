@@ -399,6 +399,21 @@ fn parse_fields<T: for<'de> Deserialize<'de>>(
 }
 
 impl ChatMessage {
+    /// The text the message carries: its content's text parts, then its calls' names and
+    /// arguments.
+    pub fn text(&self) -> String {
+        let mut text = match &self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+        };
+        for c in self.tool_calls.iter().flatten() {
+            text.push_str(&c.function.name);
+            text.push_str(&c.function.arguments);
+        }
+        text
+    }
+
     /// Bytes of text the message carries (its content and its calls' arguments).
     pub fn text_bytes(&self) -> usize {
         let content = match &self.content {

@@ -45,7 +45,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
-use pensieve::engine::{Engine, OverflowPolicy};
+use pensieve::engine::Engine;
 use pensieve::service::{Chat, Service, ServiceConfig};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -143,8 +143,8 @@ struct AppState {
     tokens: Arc<pensieve::model::Model>,
     /// Testing only: a chat whose last message is this text panics the engine thread.
     panic_on: Option<Arc<str>>,
-    /// Under the `error` overflow policy: the bound that refuses, untokenized, a request too
-    /// long for the context window.
+    /// What must fit in the context window, refused before the engine thread sees it (none
+    /// under the `truncate-prompt` policy).
     prompt_bound: Option<tokens::PromptBound>,
 }
 
@@ -172,13 +172,9 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         );
     }
     let config = args.engine.engine_config(&args.store);
-    let prompt_bound = (config.overflow == OverflowPolicy::Error).then(|| {
-        let positions = model.config().max_position_embeddings;
-        let window = config
-            .max_context_tokens
-            .map_or(positions, |n| n.min(positions));
-        tokens::PromptBound::new(&model, window)
-    });
+    let positions = model.config().max_position_embeddings;
+    let window = (config.max_context_tokens).map_or(positions, |n| n.min(positions));
+    let prompt_bound = tokens::PromptBound::new(&model, window, config.overflow);
     let engine = Engine::with_model(model.clone(), config)?;
     let recorder = Arc::new(Recorder::default());
     let service = Service::spawn(
@@ -353,9 +349,6 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
     let prepared = (|| {
         check_model(&s, &request.common)?;
         api::check_template(&s.tokens)?;
-        if let Some(bound) = &s.prompt_bound {
-            bound.check(tokens::text_bytes(&request.messages))?;
-        }
         let defaults = s.tokens.generation_defaults();
         let mut params = request.common.params(s.default_max_tokens, defaults)?;
         params.logprobs = request.top_logprobs()?;
@@ -386,6 +379,12 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
         let job = Job::Chat { chat, parallel };
         Ok::<_, ApiError>((job, params, request.common.choices()?))
     })();
+    let prepared = match (prepared, &s.prompt_bound) {
+        (Ok(p), Some(bound)) => {
+            (bound.check_messages(&s.tokens, &request.messages).await).map(|()| p)
+        }
+        (p, _) => p,
+    };
     if let (Some(p), Ok((Job::Chat { chat, .. }, _, _))) = (&s.panic_on, &prepared) {
         inject_fault(&s.service, p, chat).await;
     }

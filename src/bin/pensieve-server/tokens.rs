@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use pensieve::engine::OverflowPolicy;
 use pensieve::model::Model;
 use serde_json::json;
 
@@ -78,21 +79,34 @@ pub async fn detokenize(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-/// A lower bound on a request's tokens from its bytes, checked before anything tokenizes it:
-/// no token of the vocabulary stands for more than `max_token_bytes` bytes of text, so a text
-/// of `n` bytes is at least `n / max_token_bytes` tokens. Under the `error` overflow policy a
-/// request that bound puts past the context window is refused at once, on the request's own
-/// task, instead of after the engine thread has tokenized megabytes of it while every stream
-/// waited.
+/// What must fit in the context window, checked before the engine thread sees a request: a
+/// request past it is refused on the request's own task, instead of after the engine thread
+/// has tokenized megabytes of it while every stream waited. No token of the vocabulary stands
+/// for more than `max_token_bytes` bytes of text, so a text of `n` bytes is at least
+/// `n / max_token_bytes` tokens (free to check); past that, a text that could be too long is
+/// counted on a blocking thread.
 #[derive(Clone, Copy, Debug)]
 pub struct PromptBound {
     max_token_bytes: usize,
     window: usize,
+    /// Whether a chat's whole transcript must fit (the `error` overflow policy), or only its
+    /// new messages (`drop-oldest` drops older turns to make room).
+    whole: bool,
 }
 
 impl PromptBound {
-    /// The bound for `model` with a context window of `window` tokens.
-    pub fn new(model: &pensieve::model::Model, window: usize) -> Self {
+    /// The bound for `model` with a context window of `window` tokens; `None` under the
+    /// `truncate-prompt` policy, which cuts any prompt to fit.
+    pub fn new(
+        model: &pensieve::model::Model,
+        window: usize,
+        policy: OverflowPolicy,
+    ) -> Option<Self> {
+        let whole = match policy {
+            OverflowPolicy::Error => true,
+            OverflowPolicy::DropOldest => false,
+            _ => return None,
+        };
         let vocab = model.config().vocab_size as u32;
         let max_token_bytes = (0..vocab)
             .filter_map(|id| model.decode(&[id]).ok())
@@ -100,23 +114,73 @@ impl PromptBound {
             .max()
             .unwrap_or(1)
             .max(1);
-        Self {
+        Some(Self {
             max_token_bytes,
             window,
-        }
+            whole,
+        })
     }
 
     /// Refuses `bytes` of text that must be more tokens than the window holds.
     pub fn check(&self, bytes: usize) -> Result<(), ApiError> {
         let at_least = bytes / self.max_token_bytes;
         match at_least > self.window {
-            true => Err(ApiError::bad(format!(
-                "the request's {bytes} bytes of text are at least {at_least} tokens, past this \
-                 server's context window of {} tokens",
-                self.window
-            ))),
+            true => Err(self.past(format!("{bytes} bytes of text are at least {at_least}"))),
             false => Ok(()),
         }
+    }
+
+    /// Refuses chat messages whose contents are more tokens than the window holds, counted on
+    /// a blocking thread (never the engine's, where every stream would wait for it) and only
+    /// when their bytes could be: a text has at most a token per byte (one more for a
+    /// SentencePiece space marker), and the template only adds to them.
+    pub async fn check_messages(
+        &self,
+        model: &Arc<Model>,
+        messages: &[api::ChatMessage],
+    ) -> Result<(), ApiError> {
+        let new = messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role == "user" || m.role == "tool")
+            .count();
+        let messages = match self.whole {
+            true => messages,
+            false => &messages[messages.len() - new..],
+        };
+        let bytes = text_bytes(messages);
+        self.check(bytes)?;
+        if bytes + messages.len() <= self.window {
+            return Ok(());
+        }
+        let texts: Vec<String> = messages.iter().map(api::ChatMessage::text).collect();
+        let (model, window) = (Arc::clone(model), self.window);
+        let counted = tokio::task::spawn_blocking(move || {
+            let mut tokens = 0;
+            for text in &texts {
+                tokens += model.encode_text(text)?.len();
+                if tokens > window {
+                    break;
+                }
+            }
+            Ok::<_, pensieve::Error>(tokens)
+        });
+        let tokens = counted
+            .await
+            .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
+            .map_err(|e| ApiError::from_engine(&e))?;
+        match tokens > self.window {
+            true => Err(self.past(format!("messages hold at least {tokens}"))),
+            false => Ok(()),
+        }
+    }
+
+    /// The refusal of a request whose text is `what` tokens.
+    fn past(&self, what: String) -> ApiError {
+        ApiError::bad(format!(
+            "the request's {what} tokens, past this server's context window of {} tokens",
+            self.window
+        ))
     }
 }
 
