@@ -313,17 +313,23 @@ impl<'a> Client<'a> {
         "unnamed turn"
     }
 
-    /// A request the server must refuse, on the name (continued or rewritten): nothing
-    /// stored may change.
-    fn invalid(&mut self, base: &str) -> &'static str {
-        let messages = match self.rng.random_bool(0.5) {
+    /// The acknowledged history and a new message, or (half the time) a history of another
+    /// exchange that rewrites it.
+    fn continuation_or_rewrite(&mut self) -> Vec<Value> {
+        match self.rng.random_bool(0.5) {
             true => self.continuation(),
             false => vec![
                 user(user_text(&mut self.rng)),
                 json!({"role": "assistant", "content": "Sure."}),
                 user(user_text(&mut self.rng)),
             ],
-        };
+        }
+    }
+
+    /// A request the server must refuse, on the name (continued or rewritten): nothing
+    /// stored may change.
+    fn invalid(&mut self, base: &str) -> &'static str {
+        let messages = self.continuation_or_rewrite();
         let bad = [
             json!({"top_p": 2}),
             json!({"temperature": -1}),
@@ -372,14 +378,7 @@ impl<'a> Client<'a> {
     /// A streamed turn (continuing or rewriting the name) the client drops after its first
     /// bytes: nothing stored may change.
     fn cancel(&mut self, base: &str) -> &'static str {
-        let messages = match self.rng.random_bool(0.5) {
-            true => self.continuation(),
-            false => vec![
-                user(user_text(&mut self.rng)),
-                json!({"role": "assistant", "content": "Sure."}),
-                user(user_text(&mut self.rng)),
-            ],
-        };
+        let messages = self.continuation_or_rewrite();
         let body = json!({"messages": messages, "conversation_id": self.name,
                           "max_tokens": 200, "ignore_eos": true, "stream": true})
         .to_string();
