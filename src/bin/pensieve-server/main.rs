@@ -57,6 +57,7 @@ mod api;
 mod auth;
 mod body;
 mod deadline;
+mod error;
 mod listen;
 mod logprobs;
 mod metrics;
@@ -66,7 +67,8 @@ mod structured;
 mod tokens;
 mod tools;
 
-use api::{ApiError, ChatRequest, Common, CompletionRequest, Prompt};
+use api::{ChatRequest, Common, CompletionRequest, Prompt};
+use error::ApiError;
 use metrics::{Metrics, Recorder};
 use respond::{serve, Job, Kind};
 

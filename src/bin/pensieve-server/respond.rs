@@ -13,7 +13,8 @@ use pensieve::model::{Message, Model};
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
 
-use crate::api::{ApiError, Common, Usage};
+use crate::api::{Common, Usage};
+use crate::error::ApiError;
 use crate::logprobs::{self, Logprob};
 use crate::{now_s, AppState};
 

@@ -6,7 +6,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 
 /// `response_format`: free text, any JSON object, or JSON valid under a schema.
 #[derive(Deserialize, Debug)]

@@ -11,7 +11,8 @@ use pensieve::engine::OverflowPolicy;
 use pensieve::model::Model;
 use serde_json::json;
 
-use crate::api::{self, ApiError};
+use crate::api;
+use crate::error::ApiError;
 use crate::{check_model_name, AppState};
 
 /// vLLM's `/tokenize`: the ids of a prompt (as `/v1/completions` encodes it) or of chat

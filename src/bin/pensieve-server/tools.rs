@@ -5,7 +5,7 @@ use pensieve::model::{Constraint, Message, ToolCall, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 
 /// A call as OpenAI's messages carry it.
 #[derive(Deserialize, Debug)]

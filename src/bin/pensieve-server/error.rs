@@ -1,0 +1,129 @@
+//! Errors as OpenAI answers them: a status, a message cut to a bounded length, `Retry-After`
+//! for capacity refusals, and the body `{"error": {"message", "type", "param", "code"}}`. The
+//! engine's errors map to statuses by their kind; a server-side failure says only its kind.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+/// An error answered with OpenAI's body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// Seconds after which a capacity refusal (429, 503) may be retried (`Retry-After`).
+    pub retry_after: Option<u64>,
+}
+
+/// Longest error message answered: errors may quote what a request sent (a name, a field),
+/// and never echo more of it than this.
+const MAX_MESSAGE: usize = 512;
+
+impl ApiError {
+    /// A 400: the request is malformed or cannot be served.
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut cut = MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        Self {
+            status,
+            message,
+            retry_after: None,
+        }
+    }
+
+    /// A refusal for lack of capacity, to retry after `seconds`.
+    pub fn busy(status: StatusCode, message: impl Into<String>, seconds: u64) -> Self {
+        Self {
+            retry_after: Some(seconds),
+            ..Self::new(status, message)
+        }
+    }
+
+    /// The engine's refusal of a turn, by its kind: the caller's mistake (400), nothing by
+    /// that name (404), a clash with the state found (409), a capacity limit (429, retry), the
+    /// store or service unavailable (503, retry), else the server's (500).
+    pub fn from_engine(e: &pensieve::Error) -> Self {
+        use pensieve::ErrorKind as K;
+        let status = match e.kind() {
+            K::InvalidInput => StatusCode::BAD_REQUEST,
+            K::NotFound => StatusCode::NOT_FOUND,
+            K::Conflict => StatusCode::CONFLICT,
+            K::Capacity => StatusCode::TOO_MANY_REQUESTS,
+            K::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        match e {
+            // Pins free up as conversations end, which takes longer than a queue drains.
+            pensieve::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
+            _ if status.is_server_error() => Self::internal(e, status),
+            _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
+            _ => Self::new(status, e.to_string()),
+        }
+    }
+
+    /// A failure on the server's side: the client learns what kind it is, the log what it
+    /// was. Its text may name files, a store's address or a backtrace (candle's errors carry
+    /// one), none of which a client should see.
+    fn internal(e: &pensieve::Error, status: StatusCode) -> Self {
+        tracing::error!(error = %e, status = status.as_u16(), "request failed");
+        match e {
+            pensieve::Error::ServiceStopped => {
+                Self::busy(status, "the server is stopping; retry on another", 1)
+            }
+            _ if status == StatusCode::SERVICE_UNAVAILABLE => Self::busy(
+                status,
+                "the conversation store is unavailable; retry later (the server log says why)",
+                1,
+            ),
+            _ => Self::new(status, "internal error (the server log says what failed)"),
+        }
+    }
+
+    /// A turn that failed after it was accepted: the engine could not make room for it now
+    /// (other conversations' KV, pins) is a capacity condition (503, retry), not the client's
+    /// mistake; anything else as [`ApiError::from_engine`].
+    pub fn from_failed_turn(e: &pensieve::Error) -> Self {
+        match e {
+            pensieve::Error::BudgetTooSmall { .. } => {
+                Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1)
+            }
+            _ => Self::from_engine(e),
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        let kind = match self.status.as_u16() {
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": null,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
+    }
+}
