@@ -16,7 +16,7 @@ use pensieve::engine::{
     EngineConfig, FinishReason, OverflowPolicy, SamplingParams, StoreConfig, TokenLogprobs, Turn,
     TurnStats,
 };
-use pensieve::model::{Model, WeightFormat};
+use pensieve::model::{Message, Model, WeightFormat};
 use pensieve::workload::{default_sharegpt_path, read_sharegpt};
 
 /// Largest difference in log-probability, over the reference's 5 most likely next tokens,
@@ -192,4 +192,65 @@ fn a_long_sharegpt_conversation_runs_through_the_window_to_its_end() {
     assert!(stats.reused_from_store_tokens > 0, "{stats:?}");
     assert_eq!(e.stats().context_cuts, 1);
     assert!(e.tokens(id).unwrap().len() <= window);
+}
+
+/// A conversation opened with a history past the window (a client resending its whole chat to
+/// an engine that does not hold it) drops its oldest exchanges as a held one does, and reads
+/// exactly as one opened with only the kept messages: nothing had been computed, so the reply
+/// is that conversation's token for token.
+#[test]
+fn a_history_resent_past_the_window_drops_its_oldest_exchanges_as_a_held_one_does() {
+    let model = Arc::new(common::real_model(WeightFormat::default()));
+    let window = 320;
+    let mut history = Vec::new();
+    for i in 0..12 {
+        history.push(Message::new(
+            "user",
+            format!("Question {i}: what is {i} times seven, and why?"),
+        ));
+        history.push(Message::new(
+            "assistant",
+            format!(
+                "{i} times seven is {}, because seven added {i} times.",
+                i * 7
+            ),
+        ));
+    }
+    let options = |history: &[Message]| {
+        ConversationOptions::default()
+            .system("You are terse.")
+            .history(history.to_vec())
+    };
+    let turn = "And eight times seven?";
+    let params = SamplingParams::greedy().max_tokens(24);
+    let mut e = engine(&model, CacheMode::Tiered, window, None);
+    let whole = e.open(options(&history)).unwrap();
+    // The cut is chosen before the turn runs (the whole history does not fit).
+    let size = e.turn_size(whole, Turn::user(turn)).unwrap();
+    assert!(
+        size.history_tokens + size.prompt_tokens < window,
+        "{size:?}"
+    );
+    let got = common::run_turn(&mut e, whole, Turn::user(turn), params.clone());
+    assert_eq!(e.stats().context_cuts, 1);
+    let kept = e.messages(whole).unwrap().to_vec();
+    assert_eq!(kept[0], Message::new("system", "You are terse."));
+    let dropped = history.len() + 1 - (kept.len() - 2);
+    assert!(
+        dropped >= 2 && dropped.is_multiple_of(2),
+        "{dropped} of {}",
+        history.len()
+    );
+    assert_eq!(kept[1..kept.len() - 2], history[dropped..]);
+    // The fewest: one exchange fewer would not leave room for the reply.
+    let mut longer = vec![Message::new("system", "You are terse.")];
+    longer.extend_from_slice(&history[dropped - 2..]);
+    longer.push(Message::new("user", turn));
+    let longer = pensieve::engine::chat_tokens(&model, &longer, true).unwrap();
+    assert!(longer.len() + 24 > window, "{}", longer.len());
+    let mut fresh = engine(&model, CacheMode::Stateless, window, None);
+    let short = fresh.open(options(&history[dropped..])).unwrap();
+    let want = common::run_turn(&mut fresh, short, Turn::user(turn), params);
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.stats.prompt_tokens, want.stats.prompt_tokens);
 }

@@ -466,3 +466,41 @@ fn real_model_requests_past_the_context_are_refused_off_the_engine_thread_while_
     let _ = stream.read_to_end(&mut rest);
     assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
 }
+
+#[test]
+fn real_model_a_history_resent_past_the_context_drops_its_oldest_exchanges_on_any_server() {
+    // A stateless client's history outgrew the context while a server held it; a server that
+    // does not hold it (restarted, or another of a fleet) refused it with a 400.
+    let server = start(&["--max-context", "320"]);
+    let reference = start(&["--max-context", "320", "--overflow", "error"]);
+    let mut history = Vec::new();
+    for i in 0..12 {
+        history.push(
+            json!({"role": "user", "content": format!("Question {i}: what is {i} times seven?")}),
+        );
+        history.push(
+            json!({"role": "assistant", "content": format!("{i} times seven is {}.", i * 7)}),
+        );
+    }
+    let ask = |base: &str, history: &[Value]| {
+        let mut messages = history.to_vec();
+        messages.push(json!({"role": "user", "content": "And eight times seven?"}));
+        chat(
+            base,
+            json!({"messages": messages, "max_tokens": 24, "temperature": 0}),
+        )
+    };
+    let (status, whole) = ask(&server.base, &history);
+    assert_eq!(status, 200, "{whole}");
+    let prompt = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt + 24 <= 320, "{whole}");
+    let (status, refused) = ask(&reference.base, &history);
+    assert_eq!(status, 400, "{refused}");
+    // The reply is the one to the kept exchanges alone, on a server that cuts nothing.
+    let kept = (2..history.len())
+        .step_by(2)
+        .map(|d| ask(&reference.base, &history[d..]))
+        .find(|(_, v)| v["usage"]["prompt_tokens"].as_u64() == Some(prompt))
+        .expect("the kept exchanges");
+    assert_eq!(reply(&kept.1), reply(&whole));
+}

@@ -5,6 +5,7 @@
 //! (`KvPool::shift_chunks`), and placed back, so the next turn recomputes only what had been
 //! evicted, not the whole shortened history.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::Engine;
@@ -18,8 +19,22 @@ impl Engine {
     /// Drops the history of `cut` from conversation `id` (idle: no turn of it is queued),
     /// keeping the KV of what follows.
     pub(super) fn apply_cut(&mut self, id: ConversationId, cut: &Cut) {
-        let chunk = self.config.chunk_size;
         let range = cut.tokens();
+        // A cut of a history not yet fed to the model drops messages and no KV.
+        if !range.is_empty() {
+            self.shift_past_cut(id, range.clone());
+        }
+        if let Some(conv) = self.convs.get_mut(&id) {
+            conv.apply_cut(cut);
+        }
+        self.stats.context_cuts += 1;
+        self.stats.tokens_cut += range.len() as u64;
+        self.write_manifest(id);
+    }
+
+    /// Moves the KV of conversation `id` past the dropped `range` back to its new positions.
+    fn shift_past_cut(&mut self, id: ConversationId, range: Range<usize>) {
+        let chunk = self.config.chunk_size;
         let first = range.start / chunk;
         let computed = self.cache.table(id).map_or(0, |t| t.computed());
         let kept = if computed >= range.end {
@@ -78,12 +93,6 @@ impl Engine {
                 self.cache.lose_chunk(id, i);
             }
         }
-        if let Some(conv) = self.convs.get_mut(&id) {
-            conv.apply_cut(cut);
-        }
-        self.stats.context_cuts += 1;
-        self.stats.tokens_cut += range.len() as u64;
         self.stats.tokens_shifted += shifted as u64;
-        self.write_manifest(id);
     }
 }

@@ -85,7 +85,11 @@ pub(crate) fn prepare(
     let reply = max_reply.min(limit / 4).max(1);
     if limits.overflow == OverflowPolicy::DropOldest && history + enc.prompt.len() + reply > limit {
         let need = (enc.prompt.len(), reply);
-        if let Some((c, e)) = choose_cut(model, conv, &turn, limit, need)? {
+        let chosen = match history {
+            0 => choose_unfed_cut(model, conv, &turn, limit, reply)?,
+            _ => choose_cut(model, conv, &turn, limit, need)?,
+        };
+        if let Some((c, e)) = chosen {
             cut = Some(c);
             enc = e;
         }
@@ -222,6 +226,58 @@ fn choose_cut(
         }
     }
     Ok(last_resort)
+}
+
+/// [`choose_cut`] for a conversation opened with a history the model has not been fed yet (a
+/// client resending its whole chat to a server that does not hold it): the fewest oldest
+/// exchanges after the system prompt to drop so that `turn` fits in `limit` with `reply`
+/// tokens to spare, else so that it fits at all. The cut drops messages and no tokens, so the
+/// turn reads exactly as a conversation opened with the kept messages would.
+fn choose_unfed_cut(
+    model: &Model,
+    conv: &Conversation,
+    turn: &Turn,
+    limit: usize,
+    reply: usize,
+) -> Result<Option<(Cut, Encoded)>> {
+    let messages = conv.messages();
+    let first = usize::from(messages.first().is_some_and(|m| m.role == "system"));
+    // What stays begins with a user's message, as a chat does.
+    let ends: Vec<usize> = (first + 1..=messages.len())
+        .filter(|&i| messages.get(i).is_none_or(|m| m.role == "user"))
+        .collect();
+    let after = |end: usize| -> Result<(Cut, Encoded)> {
+        let at = |messages| Mark {
+            messages,
+            ..Mark::default()
+        };
+        let cut = Cut {
+            start: at(first),
+            end: at(end),
+        };
+        let (kept, seen) = conv.transcript_after(&cut);
+        Ok((cut, encode(model, &kept, conv.tools(), &seen, 0, turn)?))
+    };
+    // Dropping more never lengthens the prompt, so the fewest that fit are found by bisection:
+    // a handful of encodings of a long history, not one per exchange.
+    let fewest = |room: usize| -> Result<Option<(Cut, Encoded)>> {
+        let (mut lo, mut hi, mut found) = (0, ends.len(), None);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let candidate = after(ends[mid])?;
+            if candidate.1.prompt.len() + room <= limit {
+                found = Some(candidate);
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(found)
+    };
+    match fewest(reply)? {
+        Some(c) => Ok(Some(c)),
+        None => fewest(1),
+    }
 }
 
 /// Whether a history whose transcript is `messages` and `seen` is one the template continues
