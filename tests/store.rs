@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use pensieve::engine::{
     Budgets, CacheMode, ConversationId, ConversationOptions, CostModel, CostProfile, Engine,
@@ -127,15 +128,28 @@ fn stateless(model: &Arc<Model>, n: usize, turns: usize) -> Vec<Vec<Vec<u32>>> {
         .collect()
 }
 
-/// The chunk files a conversation's manifest names, in chunk order.
-fn files_of(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let root = std::fs::read_dir(dir)
+/// The store's folder for the model's chunks and manifests.
+fn root_of(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.join("conversations").is_dir())
-        .unwrap();
+        .unwrap()
+}
+
+/// The manifest file of conversation `name`, and its name's registration.
+fn manifest_of(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    let manifest = root.join("conversations").join(format!("{hex}.json"));
+    let manifest = root_of(dir)
+        .join("conversations")
+        .join(format!("{hex}.json"));
+    (manifest, dir.join("names").join(hex))
+}
+
+/// The chunk files a conversation's manifest names, in chunk order.
+fn files_of(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let root = root_of(dir);
+    let manifest = manifest_of(dir, name).0;
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
     m["chunks"]
         .as_array()
@@ -478,4 +492,65 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
     fn make_writer(&'a self) -> Log {
         self.clone()
     }
+}
+
+/// Makes the file at `path` read as last written `ago`.
+fn age(path: &Path, ago: Duration) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(SystemTime::now() - ago).unwrap();
+}
+
+#[test]
+fn conversations_unused_past_their_time_to_live_leave_the_folder_with_their_files() {
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let names = names(3);
+    // Swept at open, and while writing once a 24th of it (a second) has passed.
+    let ttl = Duration::from_secs(24);
+    let config = || {
+        let budgets = Budgets::default().device_tokens(2048).host_bytes(1 << 30);
+        let store = StoreConfig::new(dir.path()).expire_after(Some(ttl));
+        config(CacheMode::Tiered, None, budgets).store(Some(store))
+    };
+    let mut a = Engine::with_model(model.clone(), config()).unwrap();
+    let convs = open(&mut a, &names);
+    turn(&mut a, &convs, 0);
+    a.flush();
+    drop(a);
+    let others: Vec<PathBuf> = names[1..]
+        .iter()
+        .flat_map(|n| files_of(dir.path(), n))
+        .collect();
+    let only_first: Vec<PathBuf> = (files_of(dir.path(), &names[0]).into_iter())
+        .filter(|f| !others.contains(f))
+        .collect();
+    assert!(!only_first.is_empty());
+    let (manifest, registration) = manifest_of(dir.path(), &names[0]);
+    assert!(registration.exists());
+    age(&manifest, Duration::from_secs(3600));
+
+    // At open: the expired conversation is not resumed, and none of its files stay.
+    let mut b = Engine::with_model(model.clone(), config()).unwrap();
+    // Files no conversation needs are deleted behind.
+    b.flush();
+    let mut resumed: Vec<String> = b.named_conversations().into_iter().map(|n| n.0).collect();
+    resumed.sort();
+    assert_eq!(resumed, names[1..]);
+    assert!(!manifest.exists() && !registration.exists());
+    for f in &only_first {
+        assert!(!f.exists(), "{f:?}");
+    }
+    assert!(others.iter().all(|f| f.exists()));
+    assert_eq!(b.stats().store.unwrap().conversations_expired, 1);
+
+    // While an engine writes: a turn's manifest write sweeps once the interval passed.
+    let (manifest, _) = manifest_of(dir.path(), &names[1]);
+    age(&manifest, Duration::from_secs(3600));
+    std::thread::sleep(Duration::from_millis(1100));
+    let last = b.find(&names[2]).unwrap();
+    turn(&mut b, &[last], 1);
+    b.flush();
+    assert!(!manifest.exists());
+    assert!(manifest_of(dir.path(), &names[2]).0.exists());
+    assert_eq!(b.stats().store.unwrap().conversations_expired, 2);
 }

@@ -272,6 +272,16 @@ pub struct StoreArgs {
         requires = "redis"
     )]
     pub redis_ttl_s: u64,
+    /// Days a folder store keeps a named conversation after its last turn (0: until it is
+    /// closed or ended).
+    #[arg(
+        long,
+        env = "PENSIEVE_STORE_EXPIRE_DAYS",
+        default_value_t = 30.0,
+        requires = "store",
+        value_parser = days
+    )]
+    pub store_expire_days: f64,
     /// Budget in GiB of the chunks this engine stores (in the folder or in Redis).
     #[arg(
         long,
@@ -286,7 +296,10 @@ impl StoreArgs {
     /// The tier below host these flags name, if any.
     pub fn store_config(&self) -> Option<StoreConfig> {
         let store = match (&self.store, &self.redis) {
-            (Some(dir), _) => StoreConfig::new(dir),
+            (Some(dir), _) => StoreConfig::new(dir).expire_after(
+                (self.store_expire_days > 0.0)
+                    .then(|| Duration::from_secs_f64(self.store_expire_days * 86400.0)),
+            ),
             (None, Some(url)) => {
                 let mut redis = RedisConfig::new(url)
                     .key_prefix(self.redis_prefix.clone())
@@ -329,6 +342,15 @@ pub fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A number of days from 0 to 100 years' worth (a time to live; 0 for none).
+pub fn days(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=36_500.0).contains(&x) => Ok(x),
+        Ok(_) => Err("must be from 0 to 36500 days".into()),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -1,6 +1,7 @@
 //! Typed engine configuration with validation.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::kv::CostModel;
 pub use crate::kv::RedisConfig;
@@ -136,15 +137,23 @@ pub struct StoreConfig {
     /// Bytes per second the store reads back, weighed against recomputing a chunk: a chunk
     /// cheaper to recompute than to read is not saved.
     pub read_bytes_per_s: f64,
+    /// How long a folder store keeps a named conversation after its last turn: older ones are
+    /// removed (with their chunks) when an engine opens the folder, and while one writes to
+    /// it, so that the folder's conversations stay bounded to those in use. `None` keeps them
+    /// until they are closed or ended. A Redis store expires its keys by [`RedisConfig::ttl`]
+    /// instead, and refuses this.
+    pub expire_after: Option<Duration>,
 }
 
 impl StoreConfig {
-    /// A store in `dir` of up to 16 GiB, read at 1 GB/s (an NVMe drive or the page cache).
+    /// A store in `dir` of up to 16 GiB, read at 1 GB/s (an NVMe drive or the page cache),
+    /// keeping conversations for 30 days after their last turn.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             location: StoreLocation::Folder(dir.into()),
             budget_bytes: 16 << 30,
             read_bytes_per_s: 1e9,
+            expire_after: Some(Duration::from_secs(30 * 24 * 3600)),
         }
     }
 
@@ -155,6 +164,7 @@ impl StoreConfig {
             location: StoreLocation::Redis(config),
             budget_bytes: 16 << 30,
             read_bytes_per_s: 5e8,
+            expire_after: None,
         }
     }
 }
@@ -163,6 +173,7 @@ setters!(StoreConfig {
     value location: StoreLocation,
     value budget_bytes: usize,
     value read_bytes_per_s: f64,
+    value expire_after: Option<Duration>,
 });
 
 /// Everything an [`super::Engine`] is built from.

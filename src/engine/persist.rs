@@ -155,11 +155,19 @@ pub(super) fn open_store(
         value_bytes: value_bytes as u32,
     };
     let store = match &wanted.location {
-        StoreLocation::Folder(dir) => Store::open(dir, format, owner, wanted.budget_bytes)
-            .map_err(|source| Error::Io {
-                path: dir.clone(),
-                source,
-            })?,
+        StoreLocation::Folder(dir) => {
+            Store::open(dir, format, owner, wanted.budget_bytes, wanted.expire_after).map_err(
+                |source| Error::Io {
+                    path: dir.clone(),
+                    source,
+                },
+            )?
+        }
+        StoreLocation::Redis(_) if wanted.expire_after.is_some() => {
+            return Err(Error::InvalidConfig(
+                "store expire_after: a Redis store expires its keys by RedisConfig::ttl".into(),
+            ))
+        }
         StoreLocation::Redis(redis) => Store::open_redis(redis, format, owner, wanted.budget_bytes)
             .map_err(|source| Error::Store {
                 what: format!("opening {}", redis.redacted_url()),

@@ -37,6 +37,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 pub use error::{RedisFailure, StoreError};
 pub(crate) use format::ChunkFormat;
@@ -128,8 +129,9 @@ impl Store {
         format: ChunkFormat,
         owner: Owner,
         budget_bytes: usize,
+        expire_after: Option<Duration>,
     ) -> std::io::Result<Self> {
-        let medium = Arc::new(Folder::open(dir, owner.clone())?);
+        let medium = Arc::new(Folder::open(dir, owner.clone(), expire_after)?);
         Self::over(medium, format, owner, budget_bytes)
     }
 
@@ -233,6 +235,7 @@ impl Store {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             connects: self.medium.shared().map_or(0, |s| s.connects()),
+            conversations_expired: self.medium.expired(),
             ..self.stats
         }
     }

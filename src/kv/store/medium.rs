@@ -6,6 +6,10 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
 
 use super::error::StoreError;
 use super::format::{self, Address, Fault};
@@ -145,6 +149,12 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
 
     /// How messages name chunk `address` (a path, a key).
     fn describe(&self, address: &Address) -> String;
+
+    /// Conversations this medium removed because they went unused past their time to live;
+    /// 0 for one that leaves expiry to its server (Redis's TTL).
+    fn expired(&self) -> u64 {
+        0
+    }
 }
 
 /// What a medium that other engines write too answers besides.
@@ -165,24 +175,103 @@ pub(crate) struct Folder {
     root: PathBuf,
     names: PathBuf,
     owner: Owner,
+    /// How long a manifest stays after it was last written; `None` keeps it until removed.
+    expire_after: Option<Duration>,
+    /// When the manifests were last swept for expired ones.
+    swept: Mutex<Instant>,
+    expired: AtomicU64,
 }
 
 impl Folder {
-    /// The folder for chunks of `owner`'s model under `dir` (created).
+    /// The folder for chunks of `owner`'s model under `dir` (created), whose manifests expire
+    /// once unwritten for `expire_after`; those already expired are removed now, before any
+    /// is resumed.
     ///
     /// # Errors
     /// The folders cannot be created.
-    pub fn open(dir: &Path, owner: Owner) -> std::io::Result<Self> {
+    pub fn open(dir: &Path, owner: Owner, expire_after: Option<Duration>) -> std::io::Result<Self> {
         let root = dir.join(&owner.fingerprint);
         fs::create_dir_all(root.join("chunks"))?;
         fs::create_dir_all(root.join("conversations"))?;
         let names = dir.join("names");
         fs::create_dir_all(&names)?;
-        Ok(Self { root, names, owner })
+        let folder = Self {
+            root,
+            names,
+            owner,
+            expire_after,
+            swept: Mutex::new(Instant::now()),
+            expired: AtomicU64::new(0),
+        };
+        folder.expire();
+        Ok(folder)
     }
 
     fn registration_path(&self, name: &str) -> PathBuf {
         self.names.join(format::name_key(name))
+    }
+
+    /// Sweeps for expired manifests if the last sweep was a 24th of their time to live ago (at
+    /// most an hour): a folder that keeps being written keeps its conversations bounded to
+    /// those used within about that time, without a listing per write.
+    fn expire_if_due(&self) {
+        let Some(ttl) = self.expire_after else {
+            return;
+        };
+        let every = (ttl / 24).min(Duration::from_secs(3600));
+        if self.swept.lock().elapsed() >= every {
+            self.expire();
+        }
+    }
+
+    /// Removes every manifest last written longer than `expire_after` ago, with this model's
+    /// registration of its name. The chunks it named go with their last reference, as a closed
+    /// conversation's do (at the next start for a folder no engine holds them in).
+    fn expire(&self) {
+        let Some(ttl) = self.expire_after else {
+            return;
+        };
+        *self.swept.lock() = Instant::now();
+        let Some(cutoff) = SystemTime::now().checked_sub(ttl) else {
+            return;
+        };
+        let written = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+        let Ok(dir) = fs::read_dir(self.root.join("conversations")) else {
+            return;
+        };
+        let keys: Vec<String> = dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .filter(|p| written(p).is_some_and(|t| t < cutoff))
+            .filter_map(|p| Some(p.file_stem()?.to_str()?.to_string()))
+            .collect();
+        for key in keys {
+            let _ = self.locked(|| {
+                // Written again since it was listed: it stays.
+                let manifest = self.manifest_path_of(&key);
+                if written(&manifest).is_some_and(|t| t < cutoff) {
+                    self.remove_keyed(&key);
+                    self.expired.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Removes the manifest of the name whose key is `key`, and its registration if it is
+    /// this store's (the conversations' lock held).
+    fn remove_keyed(&self, key: &str) {
+        let manifest = self.manifest_path_of(key);
+        let _ = fs::remove_file(&manifest);
+        let registration = self.names.join(key);
+        if fs::read(&registration).ok() == Some(self.owner.record()) {
+            let _ = fs::remove_file(registration);
+        }
+        // The removal survives a power loss too, once the folder's entry is synced (a
+        // conversation its user asked to end must not come back).
+        if let Some(dir) = manifest.parent() {
+            let _ = File::open(dir).and_then(|d| d.sync_all());
+        }
     }
 
     /// Holds the conversations' lock (an advisory lock on a file of the folder) for `f`, so
@@ -204,9 +293,11 @@ impl Folder {
     }
 
     fn manifest_path(&self, name: &str) -> PathBuf {
-        self.root
-            .join("conversations")
-            .join(format!("{}.json", format::name_key(name)))
+        self.manifest_path_of(&format::name_key(name))
+    }
+
+    fn manifest_path_of(&self, key: &str) -> PathBuf {
+        self.root.join("conversations").join(format!("{key}.json"))
     }
 }
 
@@ -262,22 +353,14 @@ impl Medium for Folder {
                 write_atomic(&registration, &[&record]).map_err(Refused::Failed)?;
             }
             write_atomic(&path, &[contents]).map_err(Refused::Failed)
-        })
+        })?;
+        self.expire_if_due();
+        Ok(())
     }
 
     fn remove_manifest(&self, name: &str) {
         let _ = self.locked(|| {
-            let manifest = self.manifest_path(name);
-            let _ = fs::remove_file(&manifest);
-            let registration = self.registration_path(name);
-            if fs::read(&registration).ok() == Some(self.owner.record()) {
-                let _ = fs::remove_file(registration);
-            }
-            // The removal survives a power loss too, once the folder's entry is synced (a
-            // conversation its user asked to end must not come back).
-            if let Some(dir) = manifest.parent() {
-                let _ = File::open(dir).and_then(|d| d.sync_all());
-            }
+            self.remove_keyed(&format::name_key(name));
             Ok(())
         });
     }
@@ -340,6 +423,10 @@ impl Medium for Folder {
 
     fn describe(&self, address: &Address) -> String {
         self.chunk_path(address).display().to_string()
+    }
+
+    fn expired(&self) -> u64 {
+        self.expired.load(Ordering::Relaxed)
     }
 }
 
@@ -411,8 +498,8 @@ mod tests {
     fn manifests_are_compared_and_set_by_stamp_and_names_registered_for_every_model() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (
-            Folder::open(dir.path(), owner("a")).unwrap(),
-            Folder::open(dir.path(), owner("b")).unwrap(),
+            Folder::open(dir.path(), owner("a"), None).unwrap(),
+            Folder::open(dir.path(), owner("b"), None).unwrap(),
         );
         let v1 = br#"{"version":1,"stamp":"e1-1","name":"alice"}"#;
         let v2 = br#"{"version":1,"stamp":"e1-2","name":"alice"}"#;
@@ -446,7 +533,7 @@ mod tests {
     #[test]
     fn a_folder_stores_reads_lists_and_removes() {
         let dir = tempfile::tempdir().unwrap();
-        let m = Folder::open(dir.path(), owner("a")).unwrap();
+        let m = Folder::open(dir.path(), owner("a"), None).unwrap();
         let a = Address::chain(&Address::default(), &[1, 2, 3]);
         assert_eq!(m.get_chunk(&a), Err(Fault::Missing));
         m.put_chunk(&a, &[b"head", b"payload"]).unwrap();

@@ -81,4 +81,7 @@ pub struct StoreStats {
     pub chunks_discovered: u64,
     /// Connections opened to a shared store (more than one: it reconnected).
     pub connects: u64,
+    /// Conversations a folder store removed because they went unused past
+    /// [`crate::engine::StoreConfig::expire_after`].
+    pub conversations_expired: u64,
 }
