@@ -344,7 +344,7 @@ impl<T> Scheduler<T> {
             if cache.num_free_blocks() < want_free {
                 // Idle conversations first; queued ones' KV only if that is not enough.
                 for keep_queued in [true, false] {
-                    let mut protect = self.conversations(!keep_queued);
+                    let mut protect = self.conversations(keep_queued);
                     protect.insert(conv);
                     let protect = |c: ConversationId| protect.contains(&c);
                     cache.evict_device(

@@ -73,14 +73,14 @@ fn top2_margin(row: &[f32]) -> f32 {
 fn real_model_tiered_under_pressure_equals_stateless() {
     let model = std::sync::Arc::new(common::real_model(WeightFormat::default()));
     let chunk_bytes = common::chunk_bytes(&model);
-    // 32 blocks of 32 on the device and 160 chunks on the host, for 64 x 2 chunks of history
+    // 32 blocks of 32 on the device and 96 chunks on the host, for 64 x 2 chunks of history
     // after the first turn and 64 x 4 after the third: hits at first, then host drops.
     let (tiered, stats) = run(
         &model,
         CacheMode::Tiered,
         Budgets::default()
             .device_tokens(1024)
-            .host_bytes(160 * chunk_bytes),
+            .host_bytes(96 * chunk_bytes),
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);

@@ -81,7 +81,7 @@ fn check(target: GgmlDType) {
     let chunk_bytes = common::chunk_bytes(&packed);
     let tight = Budgets::default()
         .device_tokens(256)
-        .host_bytes(24 * chunk_bytes);
+        .host_bytes(12 * chunk_bytes);
     let roomy = Budgets::default().device_tokens(8 * 1024).host_bytes(0);
     let (tiered, stats) = conversations(&packed, CacheMode::Tiered, tight);
     common::assert_pressure_exercised(&stats);

@@ -41,7 +41,8 @@ impl World {
         }
         let id = RequestId(self.s.requests.len() as u64 * 100 + conv);
         let arrival = self.t0 + Duration::from_millis(ms);
-        self.s.enqueue(id, c, arrival, vec![7; prompt], ());
+        self.s
+            .enqueue(id, c, arrival, vec![7 + conv as u32; prompt], ());
         id
     }
 
@@ -258,5 +259,39 @@ fn a_request_that_can_never_fit_is_rejected() {
             needed: 12,
             available: 8
         }]
+    );
+}
+
+/// Two idle conversations with 2 of 6 blocks each (conversation 1 the least recently used)
+/// and a turn of conversation 2 that needs 3 blocks of the 2 free, with (`queued`) a turn of
+/// conversation 1 behind it: the conversations admission swaps chunks out of.
+fn admission_victims(queued: bool) -> Vec<u64> {
+    let mut w = world(6, 16, 0, 0);
+    for (conv, at) in [(1, 0), (0, 10)] {
+        let id = w.submit(conv, 7, at);
+        w.step();
+        w.s.finish(id, &mut w.convs, &mut w.cache, w.t0);
+        w.cache
+            .touch(ConversationId(conv), w.t0 + Duration::from_millis(at));
+    }
+    w.submit(2, 11, 20);
+    if queued {
+        w.submit(1, 3, 21);
+    }
+    let now = w.t0 + Duration::from_millis(30);
+    let plan = w.s.schedule(&w.convs, &mut w.cache, now);
+    plan.moves.swap_out.iter().map(|o| o.conv.0).collect()
+}
+
+/// Admission frees blocks from idle conversations before it touches the KV of a turn queued
+/// behind it, even when the queued one's KV is the least recently used.
+#[test]
+fn admission_evicts_idle_conversations_before_queued_ones() {
+    assert_eq!(admission_victims(false), vec![1], "the least recently used");
+    let victims = admission_victims(true);
+    assert!(!victims.is_empty());
+    assert!(
+        victims.iter().all(|&c| c == 0),
+        "swapped out of {victims:?}"
     );
 }
