@@ -2,9 +2,12 @@
 //! truth, never lost) and the chat transcript the template continues from.
 //!
 //! Writers: the scheduler appends tokens when a step computes them or a turn ends
-//! ([`Conversation::extend_tokens`]); the engine records each finished exchange in the
-//! transcript ([`Conversation::record_exchange`]). Where each token's KV lives is the cache
-//! manager's chunk table (`crate::kv`), not here.
+//! ([`Conversation::extend_tokens`]), and so does sharing when it adopts a queued prompt's
+//! front; the engine records each finished exchange in the transcript
+//! ([`Conversation::record_exchange`]), trims a reply or rolls a turn back
+//! ([`Conversation::truncate_tokens`]) and cuts overflowing history
+//! ([`Conversation::apply_cut`]). Where each token's KV lives is the cache manager's chunk
+//! table (`crate::kv`), not here.
 //!
 //! Between turns the conversation keeps [`Mark`]s: the points where a user message begins, in
 //! tokens, transcript text and messages at once. Dropping the span between two marks (the

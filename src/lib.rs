@@ -38,3 +38,13 @@ mod setters;
 pub mod workload;
 
 pub use error::{Error, ErrorKind, Result};
+
+/// The README's and the library guide's examples, compiled by `cargo test --doc` so that
+/// they stay what the API takes.
+#[cfg(doctest)]
+mod documentation {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/LIBRARY.md")]
+    struct Library;
+}

@@ -19,7 +19,7 @@
 //! leading tokens plus a new prompt) over one context, whose blocks may lie in any order in the
 //! pool.
 //!
-//! Implementations behind [`attention`]: a tiled online-softmax kernel on the CPU ([`cpu`]: no
+//! Implementations behind [`attention`]: a tiled online-softmax kernel on the CPU (`cpu`: no
 //! score matrix is materialised, work is spread over cores by rayon), a gather-then-matmul path
 //! built from candle ops that runs on any device ([`attention_gather`]; the CUDA kernel of
 //! `kernels/` replaces it on GPUs), and the naive [`attention_reference`] (f64 accumulation)

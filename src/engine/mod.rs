@@ -8,7 +8,7 @@
 //! ([`Engine::step_at`]); [`Engine::step`] reads the clock for convenience.
 //!
 //! Who owns what: the scheduler owns the turn table (its requests carry this module's
-//! [`turn::ActiveTurn`] as payload), the cache manager owns the chunk tables, and the engine
+//! `turn::ActiveTurn` as payload), the cache manager owns the chunk tables, and the engine
 //! owns the conversations' token histories and transcripts. Input is validated at the edge
 //! (`turn::prepare`, `sampler::validate`). Invariants (no slot leak, one tier per chunk,
 //! budgets, every turn queued once) are checked after every step when
@@ -586,8 +586,7 @@ impl Engine {
     }
 
     /// Checks the invariants: the cache's (no slot leak, one owner per block and host chunk,
-    /// budgets) and the turn table's (every turn queued exactly once, on an open
-    /// conversation).
+    /// budgets) and the turn table's (every turn queued or running exactly once).
     ///
     /// # Errors
     /// [`Error::Invariant`] naming the first violation.

@@ -10,7 +10,7 @@
 //!
 //! In a shared store, entries are this engine's view: chunks it wrote (owned: booked against
 //! its budget while its conversations hold them) and chunks other engines wrote, found by
-//! address when a turn needs them ([`Store::discover`]; never booked, and refused like
+//! address when a turn needs them ([`Store::look_up`], [`Store::index_found`]; never booked, and refused like
 //! any bad file if they went missing or changed since). No engine deletes a chunk there,
 //! since another may have found it by content: chunks leave by TTL or the server's eviction.
 //!

@@ -1,5 +1,7 @@
-//! Applying a step's outcome (`Scheduler::commit`): the only place a turn's tokens, remaining
-//! work and counters change, from the plan and what actually ran.
+//! Applying a step's outcome (`Scheduler::commit`): where a running turn's tokens, remaining
+//! work and counters change, from the plan and what actually ran. (A turn never admitted may
+//! also lose the front of its pending prompt to sharing, `adopt` in `src/engine/share.rs`: see "Who writes
+//! what" in `docs/ARCHITECTURE.md`.)
 
 use std::time::Instant;
 
