@@ -14,7 +14,7 @@
 //! oldest turns, when the context window overflows) leaves a history that reads as the
 //! template renders the remaining messages.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -235,8 +235,69 @@ impl Conversation {
     }
 }
 
-/// The table of open conversations, ordered by id so that iteration is deterministic.
-pub(crate) type Conversations = BTreeMap<ConversationId, Conversation>;
+/// The table of open conversations, ordered by id so that iteration is deterministic, with
+/// the names of those that have one indexed (a warm restart resumes thousands by name).
+#[derive(Debug, Default)]
+pub(crate) struct Conversations {
+    by_id: BTreeMap<ConversationId, Conversation>,
+    by_name: HashMap<String, ConversationId>,
+}
+
+impl Conversations {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) conversation `id`; its name, if any, now names it.
+    pub fn insert(&mut self, id: ConversationId, conv: Conversation) -> Option<Conversation> {
+        let old = self.remove(&id);
+        if let Some(name) = conv.name() {
+            self.by_name.insert(name.to_string(), id);
+        }
+        self.by_id.insert(id, conv);
+        old
+    }
+
+    pub fn remove(&mut self, id: &ConversationId) -> Option<Conversation> {
+        let conv = self.by_id.remove(id)?;
+        if let Some(name) = conv.name() {
+            if self.by_name.get(name) == Some(id) {
+                self.by_name.remove(name);
+            }
+        }
+        Some(conv)
+    }
+
+    pub fn get(&self, id: &ConversationId) -> Option<&Conversation> {
+        self.by_id.get(id)
+    }
+
+    /// The conversation, to change anything but its name (which `insert` sets).
+    pub fn get_mut(&mut self, id: &ConversationId) -> Option<&mut Conversation> {
+        self.by_id.get_mut(id)
+    }
+
+    pub fn contains_key(&self, id: &ConversationId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&ConversationId, &Conversation)> {
+        self.by_id.iter()
+    }
+
+    /// The conversation named `name`, if one is open.
+    pub fn find(&self, name: &str) -> Option<ConversationId> {
+        self.by_name.get(name).copied()
+    }
+}
+
+impl std::ops::Index<&ConversationId> for Conversations {
+    type Output = Conversation;
+
+    fn index(&self, id: &ConversationId) -> &Conversation {
+        &self.by_id[id]
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -113,6 +113,8 @@ pub(crate) struct Limits {
 #[derive(Debug)]
 pub(crate) struct Scheduler<T> {
     requests: HashMap<RequestId, Request<T>>,
+    /// The turn of each conversation that has one (a conversation has at most one).
+    by_conv: HashMap<ConversationId, RequestId>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
     limits: Limits,
@@ -131,6 +133,7 @@ impl<T> Scheduler<T> {
     pub fn new(limits: Limits) -> Self {
         Self {
             requests: HashMap::new(),
+            by_conv: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             limits,
@@ -148,6 +151,7 @@ impl<T> Scheduler<T> {
         payload: T,
     ) {
         self.waiting.push_back(id);
+        self.by_conv.insert(conv, id);
         self.requests.insert(
             id,
             Request {
@@ -194,10 +198,7 @@ impl<T> Scheduler<T> {
 
     /// The queued or running turn of `conv`, if any.
     pub fn turn_of(&self, conv: ConversationId) -> Option<RequestId> {
-        self.requests
-            .values()
-            .find(|r| r.conv == conv)
-            .map(|r| r.id)
+        self.by_conv.get(&conv).copied()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -221,6 +222,9 @@ impl<T> Scheduler<T> {
         self.waiting.retain(|r| *r != id);
         self.running.retain(|r| *r != id);
         let mut req = self.requests.remove(&id)?;
+        if self.by_conv.get(&req.conv) == Some(&id) {
+            self.by_conv.remove(&req.conv);
+        }
         if req.admitted {
             if let Some(conv) = convs.get_mut(&req.conv) {
                 conv.extend_tokens(req.pending.drain(..));
@@ -559,8 +563,8 @@ impl<T> Scheduler<T> {
         cache.evict_conversation(conv, &protect, now, moves);
     }
 
-    /// Checks that the turn table and the queues agree: every request is in exactly one
-    /// queue.
+    /// Checks that the turn table, the queues and the index by conversation agree: every
+    /// request is in exactly one queue, and indexed under its conversation.
     ///
     /// # Errors
     /// [`Violation::LostRequest`] naming the first request that is not.
@@ -572,8 +576,16 @@ impl<T> Scheduler<T> {
                 return Err(Violation::LostRequest(*id));
             }
         }
-        match self.requests.keys().find(|id| !seen.contains(id)) {
-            Some(id) => Err(Violation::LostRequest(*id)),
+        if let Some(id) = self.requests.keys().find(|id| !seen.contains(id)) {
+            return Err(Violation::LostRequest(*id));
+        }
+        // The index of turns by conversation names each turn, and nothing else.
+        let unindexed = (self.requests.values())
+            .find(|r| self.by_conv.get(&r.conv) != Some(&r.id))
+            .map(|r| r.id);
+        let stale = (self.by_conv.values()).find(|id| !self.requests.contains_key(id));
+        match unindexed.or(stale.copied()) {
+            Some(id) => Err(Violation::LostRequest(id)),
             None => Ok(()),
         }
     }

@@ -338,10 +338,7 @@ impl Engine {
     /// The conversation stored under `name`, if it is open (created by this engine or
     /// resumed from the store at start-up).
     pub fn find(&self, name: &str) -> Option<ConversationId> {
-        self.convs
-            .iter()
-            .find(|(_, c)| c.name() == Some(name))
-            .map(|(&id, _)| id)
+        self.convs.find(name)
     }
 
     /// The names of the conversations stored now, sorted: those [`Engine::resume`] continues

@@ -35,8 +35,8 @@ impl World {
     /// A turn of `conv` with a `prompt`-token prompt, arriving `ms` after the start.
     fn submit(&mut self, conv: u64, prompt: usize, ms: u64) -> RequestId {
         let c = ConversationId(conv);
-        if let std::collections::btree_map::Entry::Vacant(v) = self.convs.entry(c) {
-            v.insert(Conversation::new(Vec::new()));
+        if !self.convs.contains_key(&c) {
+            self.convs.insert(c, Conversation::new(Vec::new()));
             self.cache.open(c, self.t0);
         }
         let id = RequestId(self.s.requests.len() as u64 * 100 + conv);
@@ -106,7 +106,7 @@ fn admission_is_fcfs_and_keeps_the_reserve() {
     assert!(plan.rows.iter().all(|r| r.sample && r.tokens.len() == 12));
     assert!(plan.rejected.is_empty());
     // Planning changed no conversation: the prompts enter the history at commit.
-    assert!(w.convs.values().all(|c| c.tokens().is_empty()));
+    assert!(w.convs.iter().all(|(_, c)| c.tokens().is_empty()));
     w.commit(&plan);
     assert_eq!(w.convs[&ConversationId(0)].tokens().len(), 12);
 }
