@@ -36,10 +36,7 @@ fn long_reply() -> SamplingParams {
 fn engine_with_decoders(model: &Arc<Model>, n: usize) -> (Engine, Vec<ConversationId>) {
     let config = EngineConfig::default()
         .budgets(Budgets::default().device_tokens(8 * 1024))
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-4,
-            per_token_per_position_s: 1e-8,
-        }));
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-8)));
     let mut engine = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<ConversationId> = (0..n)
         .map(|i| {

@@ -61,10 +61,7 @@ fn config(store: StoreConfig, pipelined: bool) -> EngineConfig {
         .budgets(Budgets::default().device_tokens(8192))
         .step_token_budget(4096)
         // Every chunk is worth saving: recomputing costs more than reading it back.
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .store(store)
         .pipelined_restore(pipelined)
 }

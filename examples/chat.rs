@@ -132,10 +132,7 @@ async fn chat(args: Args) -> Result<(), Box<dyn Error>> {
         (false, CacheMode::Tiered | CacheMode::DeviceOnly) => {
             let config = config
                 .mode(CacheMode::Stateless)
-                .cost_profile(CostProfile::Fixed(CostModel {
-                    per_token_s: 0.0,
-                    per_token_per_position_s: 0.0,
-                }));
+                .cost_profile(CostProfile::Fixed(CostModel::new(0.0, 0.0)));
             Some(Engine::with_model(model, config)?)
         }
         _ => None,

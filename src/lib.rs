@@ -19,6 +19,7 @@
 //! The `server` feature builds `pensieve-server`, an OpenAI-compatible HTTP server over
 //! `service`.
 //!
+//! The types most hosts need are at the root (`pensieve::Engine`, `pensieve::Turn`, ...).
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
 
 pub mod attention;
@@ -38,6 +39,16 @@ mod setters;
 pub mod workload;
 
 pub use error::{Error, ErrorKind, Result};
+
+// What most hosts name, at the root: the engine, its configuration, a conversation's turns
+// and their events, the model, and (feature `service`) the async front.
+pub use engine::{
+    ConversationId, ConversationOptions, Engine, EngineConfig, Event, FinishReason, RequestId,
+    SamplingParams, StoreConfig, Turn, TurnStats,
+};
+pub use model::{Message, Model};
+#[cfg(feature = "service")]
+pub use service::{Chat, Service, ServiceConfig, TurnEvent};
 
 /// The README's and the library guide's examples, compiled by `cargo test --doc` so that
 /// they stay what the API takes.

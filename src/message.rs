@@ -6,6 +6,7 @@ use serde_json::Value;
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Message {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -30,6 +31,19 @@ impl Message {
         }
     }
 
+    /// The same, calling `calls` (an assistant's message).
+    pub fn with_tool_calls(self, tool_calls: Vec<ToolCall>) -> Self {
+        Self { tool_calls, ..self }
+    }
+
+    /// The same, answering the call `id` (a `tool` message).
+    pub fn answering(self, id: impl Into<String>) -> Self {
+        Self {
+            tool_call_id: Some(id.into()),
+            ..self
+        }
+    }
+
     /// The message as templates see it (OpenAI's shape).
     pub(crate) fn template_view(&self) -> Value {
         let mut v = serde_json::json!({"role": self.role, "content": self.content});
@@ -49,6 +63,7 @@ impl Message {
 
 /// A call of a tool (a function) an assistant message makes, as OpenAI's API carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolCall {
     /// The call's id, which the tool's result message names (`tool_call_id`).
     pub id: String,
@@ -59,6 +74,19 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
+    /// A call `id` of function `name` with `arguments` (JSON text).
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     /// The call as templates see it: OpenAI's shape, the arguments parsed when they are JSON
     /// (templates write them back with `tojson`).
     pub(crate) fn template_view(&self) -> Value {

@@ -24,10 +24,7 @@ fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineCon
         .mode(mode)
         .chunk_size(8)
         .step_token_budget(64)
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-4,
-            per_token_per_position_s: 1e-7,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-7)))
         .check_invariants(true)
 }
 

@@ -172,10 +172,7 @@ proptest! {
 .chunk_size(8)
 .step_token_budget(64)
 .reserve(reserve)
-.cost_profile(CostProfile::Fixed(CostModel {
-                per_token_s: 1e-4,
-                per_token_per_position_s: 1e-7,
-            }))
+.cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-7)))
 .check_invariants(true);
         let mut h = Harness {
             e: Engine::with_model(Model::tiny(7).unwrap(), config).unwrap(),

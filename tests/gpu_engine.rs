@@ -76,10 +76,7 @@ fn run(
         .mode(mode)
         .chunk_size(CHUNK)
         .step_token_budget(64)
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-4,
-            per_token_per_position_s: 1e-7,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-7)))
         .kv_precision(precision)
         .pipelined_restore(pipelined)
         .check_invariants(true)

@@ -31,10 +31,7 @@ fn engine(device_chunks: usize, host_chunks: usize) -> Engine {
         .step_token_budget(256)
         .swap_out_threshold(0.0)
         .reserve(0.0)
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-4,
-            per_token_per_position_s: 1e-7,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-7)))
         .check_invariants(true);
     Engine::with_model(model, config).unwrap()
 }

@@ -34,10 +34,7 @@ fn engine(model: &Arc<Model>, mode: CacheMode, window: usize, store: Option<&Pat
         .overflow(OverflowPolicy::DropOldest)
         .max_context_tokens(window)
         .step_token_budget(256)
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .check_invariants(true);
     Engine::with_model(model.clone(), config).unwrap()
 }

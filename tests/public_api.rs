@@ -170,9 +170,19 @@ fn enum_def(e: &syn::ItemEnum) -> Def {
         .variants
         .iter()
         .map(|v| {
+            // Types only: the fields' docs and attributes are no part of the promise.
+            let types = |f: &syn::Fields| -> Vec<String> {
+                (f.iter())
+                    .map(|f| match &f.ident {
+                        Some(name) => format!("{name}: {}", tokens(&f.ty)),
+                        None => tokens(&f.ty),
+                    })
+                    .collect()
+            };
             let fields = match &v.fields {
                 syn::Fields::Unit => String::new(),
-                f => tokens(f),
+                f @ syn::Fields::Named(_) => format!(" {{ {} }}", types(f).join(", ")),
+                f @ syn::Fields::Unnamed(_) => format!("({})", types(f).join(", ")),
             };
             format!("::{}{}{fields}", non_exhaustive(&v.attrs), v.ident)
         })

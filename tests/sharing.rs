@@ -50,10 +50,7 @@ fn sized(
                 .device_tokens(device_tokens)
                 .host_bytes(host_bytes),
         )
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .store(dir.map(StoreConfig::new))
         .check_invariants(true);
     Engine::with_model(model.clone(), config).unwrap()

@@ -51,10 +51,7 @@ fn config(mode: CacheMode, store: Option<(&Path, usize)>, budgets: Budgets) -> E
         .budgets(budgets)
         .step_token_budget(128)
         // A fixed curve: every chunk costs more to recompute than to read back.
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .store(store.map(|(dir, budget_bytes)| StoreConfig::new(dir).budget_bytes(budget_bytes)))
         .check_invariants(true)
 }
@@ -241,10 +238,7 @@ fn damaged_files_are_refused(pipelined: bool) {
     {
         let config = EngineConfig::default()
             .kv_precision(pensieve::engine::KvPrecision::F32)
-            .cost_profile(CostProfile::Fixed(CostModel {
-                per_token_s: 1e-3,
-                per_token_per_position_s: 1e-6,
-            }))
+            .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
             .store(StoreConfig::new(other.path()));
         let mut f = Engine::with_model(model.clone(), config).unwrap();
         let c = open(&mut f, &names[..1])[0];

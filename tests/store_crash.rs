@@ -33,10 +33,7 @@ const QUESTIONS: [&str; 4] = [
 
 fn engine(model: Arc<Model>, dir: &Path) -> Engine {
     let config = EngineConfig::default()
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .store(StoreConfig::new(dir))
         .check_invariants(true);
     Engine::with_model(model, config).unwrap()

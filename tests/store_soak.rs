@@ -55,10 +55,7 @@ fn a_thousand_conversations_through_every_tier_leak_nothing() {
     // ~13 KB, so 1,000 of them ~13 MB, against 64 KB of device, 256 KB of host, 3 MB of disk.
     let config = EngineConfig::default()
         .budgets(Budgets::default().device_tokens(512).host_bytes(256 << 10))
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         .store(StoreConfig::new(dir.path()).budget_bytes(3 << 20))
         .check_invariants(true);
     let mut e = Engine::with_model(Model::tiny(7).unwrap(), config).unwrap();

@@ -11,6 +11,7 @@ use crate::{Error, Result};
 
 /// How the engine treats KV between turns; the three variants the papers compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum CacheMode {
     /// Device pool plus host tier (Pensieve).
     #[default]
@@ -23,6 +24,7 @@ pub enum CacheMode {
 
 /// Which eviction policy to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum EvictionKind {
     /// Recompute cost / idle time (Pensieve thesis §3.4.3).
     #[default]
@@ -33,6 +35,7 @@ pub enum EvictionKind {
 
 /// Where the value policy's cost curve comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[non_exhaustive]
 pub enum CostProfile {
     /// Measured on the loaded model at start-up.
     #[default]
@@ -43,6 +46,7 @@ pub enum CostProfile {
 
 /// What to do with a prompt that does not fit the context window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OverflowPolicy {
     /// Refuse the turn with [`Error::ContextOverflow`].
     #[default]
@@ -59,6 +63,7 @@ pub enum OverflowPolicy {
 
 /// How KV values are stored, in the device pool and in every tier below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum KvPrecision {
     /// IEEE half precision: half the bytes of f32, so twice the conversations per byte of
     /// every tier and half the bytes attention reads per step. The default (llama.cpp and
@@ -114,6 +119,7 @@ setters!(Budgets {
 
 /// Where the tier below host keeps its chunks and conversation manifests.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum StoreLocation {
     /// Files in a folder of this machine (created if absent; engines of different models may
     /// share it). A later engine over the same folder resumes every named conversation.

@@ -11,6 +11,7 @@ use crate::Error;
 
 /// One turn's input.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Turn {
     /// A user message, rendered with the model's chat template (only the new turn's text is
     /// tokenized; the history's tokens are reused as generated).

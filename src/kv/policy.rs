@@ -12,6 +12,7 @@ use std::fmt::Debug;
 /// `per_token_s + per_token_per_position_s * p` (the rest of the layer, plus attention over
 /// `p` earlier tokens). Measured on the actual model at start-up (see the engine).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct CostModel {
     /// Position-independent cost of one token (projections, MLP).
     pub per_token_s: f64,
@@ -20,6 +21,14 @@ pub struct CostModel {
 }
 
 impl CostModel {
+    /// A token at position `p` costs `per_token_s + per_token_per_position_s * p` seconds.
+    pub fn new(per_token_s: f64, per_token_per_position_s: f64) -> Self {
+        Self {
+            per_token_s,
+            per_token_per_position_s,
+        }
+    }
+
     /// Cost of recomputing positions `[start, start + len)`.
     pub fn recompute_s(&self, start: usize, len: usize) -> f64 {
         let (s, n) = (start as f64, len as f64);

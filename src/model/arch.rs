@@ -22,6 +22,7 @@ use crate::{Error, Result};
 
 /// A decoder architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Architecture {
     /// Llama 1-3, SmolLM, TinyLlama and other `LlamaForCausalLM` models.
     Llama,
@@ -37,6 +38,7 @@ pub enum Architecture {
 
 /// The gated MLP's activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Activation {
     /// `silu(gate) * up` (SwiGLU).
     Silu,

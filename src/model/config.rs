@@ -12,6 +12,7 @@ mod parse;
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RopeVariant {
     /// Pairs `(2i, 2i+1)`: GGUF files of Llama models (llama.cpp permutes Q/K weights to it).
     Interleaved,

@@ -26,6 +26,7 @@ pub const NAMED_MODELS: [(&str, &str); 2] = [
 
 /// A model to load.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ModelSource {
     /// SmolLM2-135M-Instruct (GGUF Q4_1) in the asset cache (see [`default_cache_dir`]).
     #[default]
@@ -126,6 +127,7 @@ pub fn default_model_path() -> PathBuf {
 
 /// Local files of a resolved source.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResolvedFiles {
     /// One GGUF file with weights, tokenizer and template.
     Gguf(PathBuf),

@@ -27,6 +27,7 @@ mod names;
 
 /// How linear-layer weights are held in memory and multiplied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WeightFormat {
     /// The default: pensieve's packed weights and its own matmul, one path for every pass
     /// size, so a row's logits do not depend on the rest of its batch. GGUF quantizations

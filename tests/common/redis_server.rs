@@ -219,10 +219,7 @@ pub fn store_config(mode: CacheMode, redis: Option<RedisConfig>) -> EngineConfig
     EngineConfig::default()
         .mode(mode)
         .budgets(Budgets::default().device_tokens(2048).host_bytes(1 << 30))
-        .cost_profile(CostProfile::Fixed(CostModel {
-            per_token_s: 1e-3,
-            per_token_per_position_s: 1e-6,
-        }))
+        .cost_profile(CostProfile::Fixed(CostModel::new(1e-3, 1e-6)))
         // Read back whatever was saved: these tests are about what the store returns.
         .store(redis.map(|r| StoreConfig::redis(r).read_bytes_per_s(1e12)))
         .check_invariants(true)

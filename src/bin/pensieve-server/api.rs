@@ -346,17 +346,11 @@ impl ChatMessage {
         }
         match (self.role.as_str(), &self.tool_call_id) {
             ("tool", None) => Err(ApiError::bad("a tool message needs its tool_call_id")),
-            ("tool", Some(id)) => Ok(Message {
-                tool_call_id: Some(id.clone()),
-                ..Message::new("tool", text)
-            }),
+            ("tool", Some(id)) => Ok(Message::new("tool", text).answering(id.clone())),
             (_, Some(_)) => Err(ApiError::bad("only tool messages carry a tool_call_id")),
             ("system" | "developer", _) => Ok(Message::new("system", text)),
             ("user", _) => Ok(Message::new("user", text)),
-            ("assistant", _) => Ok(Message {
-                tool_calls,
-                ..Message::new("assistant", text)
-            }),
+            ("assistant", _) => Ok(Message::new("assistant", text).with_tool_calls(tool_calls)),
             (other, _) => Err(ApiError::bad(format!("unsupported message role {other:?}"))),
         }
     }

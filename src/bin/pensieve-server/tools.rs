@@ -40,11 +40,11 @@ impl WireCall {
                 self.kind
             )));
         }
-        Ok(ToolCall {
-            id: self.id.clone(),
-            name: self.function.name.clone(),
-            arguments: self.function.arguments.clone(),
-        })
+        Ok(ToolCall::new(
+            &self.id,
+            &self.function.name,
+            &self.function.arguments,
+        ))
     }
 }
 
