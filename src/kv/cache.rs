@@ -29,12 +29,12 @@ mod check;
 mod evict;
 mod hints;
 mod restore;
-mod saved;
 mod share;
 mod shift;
+mod stored;
 
-pub(crate) use saved::StoreTier;
 pub(crate) use shift::Held;
+pub(crate) use stored::StoreTier;
 
 use super::{
     Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,

@@ -46,17 +46,17 @@ pub(super) enum Tier {
     /// Chunks in the host tier.
     Host,
     /// Chunks with a file in the store (wherever else they are).
-    Saved,
+    Stored,
 }
 
 impl Tier {
-    const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Saved];
+    const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Stored];
 
     fn holds(self, loc: ChunkLoc, saved: bool) -> bool {
         match self {
             Tier::Device => matches!(loc, ChunkLoc::Device(_)),
             Tier::Host => matches!(loc, ChunkLoc::Host(_)),
-            Tier::Saved => saved,
+            Tier::Stored => saved,
         }
     }
 }
@@ -252,7 +252,7 @@ impl CacheManager {
                 let i = (0..t.computed_chunks(chunk)).find(|&i| {
                     let rec = t.chunks[i];
                     tier.holds(self.arena.loc(rec), t.saved[i].is_some())
-                        && (tier == Tier::Saved || !self.arena.is_shared(rec))
+                        && (tier == Tier::Stored || !self.arena.is_shared(rec))
                 })?;
                 Some(((i, t.chunk_len(i, chunk)), t.clock(now)))
             });

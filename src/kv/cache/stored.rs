@@ -283,7 +283,7 @@ impl CacheManager {
             if d.store.used_bytes() + bytes <= d.store.budget_bytes() {
                 return;
             }
-            let Some((id, i)) = self.victim(super::candidates::Tier::Saved, protect, now) else {
+            let Some((id, i)) = self.victim(super::candidates::Tier::Stored, protect, now) else {
                 return;
             };
             self.drop_saved(id, i);
