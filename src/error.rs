@@ -116,6 +116,11 @@ pub enum Error {
     #[error("KV copy failed: {0}")]
     Transfer(String),
 
+    /// A chunk's KV bytes were not there to copy: a device copy or a store read failed (the
+    /// chunk is recomputed).
+    #[error("KV bytes unavailable: {0}")]
+    Unavailable(#[from] crate::kv::ChunkUnavailable),
+
     /// The attention op takes head dimensions in pairs; this one is odd.
     #[error("head dimension {head_dim} is not supported (it must be even)")]
     UnsupportedHeadDim {
@@ -291,6 +296,7 @@ impl Error {
             E::Candle(_)
             | E::InvalidBatch(_)
             | E::Transfer(_)
+            | E::Unavailable(_)
             | E::Invariant(_)
             | E::EngineDied => ErrorKind::Internal,
         }

@@ -216,7 +216,7 @@ impl KvPool {
                     failed: false,
                 });
             } else {
-                self.write_slots(start, data.bytes().map_err(Error::Transfer)?)?;
+                self.write_slots(start, data.bytes()?)?;
             }
         }
         Ok(out)
@@ -465,14 +465,17 @@ mod tests {
         let bytes = source.read_slots(0, 3).unwrap();
         let half = bytes.len() / 2;
         // Two chunks arriving layer by layer: the first whole, the second refused at layer 1.
-        let cells = |second: Result<Vec<u8>, String>| {
+        let cells = |second: crate::kv::Arrived| {
             let c: crate::kv::LayerCells = vec![OnceLock::new(), OnceLock::new()];
             let _ = c[0].set(Ok(bytes[..half].to_vec()));
             let _ = c[1].set(second);
             Arc::new(ChunkBytes::layered(bytes.len(), Arc::new(c)))
         };
         let good = cells(Ok(bytes[half..].to_vec()));
-        let bad = cells(Err("refused".into()));
+        let bad = cells(Err(crate::kv::ChunkUnavailable::NoLayer {
+            layer: 1,
+            layers: 2,
+        }));
         pool.copy_chunks(&[], vec![(0, good), (4, bad)], true)
             .unwrap();
         // Layer 0 is written when asked for, before layer 1 is.

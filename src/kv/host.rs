@@ -8,6 +8,30 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::Fault;
+
+/// Why a chunk's bytes are not there.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChunkUnavailable {
+    /// The copy off the device failed.
+    #[error("the copy off the device failed: {0}")]
+    Copy(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// The store refused the chunk's file (`at`: its path or key).
+    #[error("{at}: {fault}")]
+    Refused {
+        at: String,
+        #[source]
+        fault: Fault,
+    },
+    /// A layer the chunk does not have was asked for.
+    #[error("no layer {layer} in a chunk of {layers}")]
+    NoLayer { layer: usize, layers: usize },
+}
+
+/// A chunk's bytes, or why they are not there.
+pub(crate) type Arrived = Result<Vec<u8>, ChunkUnavailable>;
+
 /// Memory for a chunk's bytes that a device copies into asynchronously (pinned host memory
 /// on a GPU), owned by the device layer; this layer only holds and hands it back.
 #[cfg(feature = "cuda")]
@@ -15,8 +39,8 @@ pub(crate) trait HostBuffer: Send + Sync + std::fmt::Debug {
     /// The chunk's bytes, once every copy into them has finished (waits for it).
     ///
     /// # Errors
-    /// The device's description of a failed copy.
-    fn bytes(&self) -> Result<&[u8], String>;
+    /// [`ChunkUnavailable::Copy`] with the device's error.
+    fn bytes(&self) -> Result<&[u8], ChunkUnavailable>;
 
     /// Number of bytes.
     fn len(&self) -> usize;
@@ -36,14 +60,14 @@ enum Repr {
     /// the file was refused.
     Reading {
         len: usize,
-        cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
+        cell: Arc<OnceLock<Arrived>>,
     },
     /// Being read from the store layer by layer: each layer's bytes once checked (or why
     /// the file was refused), and the whole, joined when first asked for.
     Layers {
         len: usize,
         layers: Arc<LayerCells>,
-        whole: OnceLock<Result<Vec<u8>, String>>,
+        whole: OnceLock<Arrived>,
     },
     /// Device-registered memory a copy may still be filling.
     #[cfg(feature = "cuda")]
@@ -52,7 +76,7 @@ enum Repr {
 
 /// One cell per layer that a reader thread fills with the layer's checked bytes, or why the
 /// file was refused.
-pub(crate) type LayerCells = Vec<OnceLock<Result<Vec<u8>, String>>>;
+pub(crate) type LayerCells = Vec<OnceLock<Arrived>>;
 
 impl ChunkBytes {
     /// Bytes in device-registered memory.
@@ -62,7 +86,7 @@ impl ChunkBytes {
     }
 
     /// Bytes a reader thread will put in `cell` (`len` of them, if the read succeeds).
-    pub(crate) fn reading(len: usize, cell: Arc<OnceLock<Result<Vec<u8>, String>>>) -> Self {
+    pub(crate) fn reading(len: usize, cell: Arc<OnceLock<Arrived>>) -> Self {
         ChunkBytes(Repr::Reading { len, cell })
     }
 
@@ -85,24 +109,28 @@ impl ChunkBytes {
     ///
     /// # Errors
     /// As [`Self::bytes`]; a layer the chunk does not have.
-    pub fn layer(&self, i: usize, n_layers: usize) -> Result<&[u8], String> {
+    pub fn layer(&self, i: usize, n_layers: usize) -> Result<&[u8], ChunkUnavailable> {
         if let Repr::Layers { layers, .. } = &self.0 {
             return match layers.get(i) {
                 Some(cell) => cell.wait().as_deref().map_err(Clone::clone),
-                None => Err(format!("no layer {i} in a chunk of {}", layers.len())),
+                None => Err(ChunkUnavailable::NoLayer {
+                    layer: i,
+                    layers: layers.len(),
+                }),
             };
         }
         let per = self.len() / n_layers.max(1);
-        self.bytes()?
-            .get(i * per..(i + 1) * per)
-            .ok_or_else(|| format!("no layer {i} in a chunk of {n_layers}"))
+        (self.bytes()?.get(i * per..(i + 1) * per)).ok_or(ChunkUnavailable::NoLayer {
+            layer: i,
+            layers: n_layers,
+        })
     }
 
     /// The bytes, waiting for a copy or read still in flight.
     ///
     /// # Errors
-    /// The device's description of a failed copy, or why the store refused the file.
-    pub fn bytes(&self) -> Result<&[u8], String> {
+    /// [`ChunkUnavailable`]: a device copy that failed, or a file the store refused.
+    pub fn bytes(&self) -> Result<&[u8], ChunkUnavailable> {
         match &self.0 {
             Repr::Heap(v) => Ok(v),
             Repr::Reading { cell, .. } => cell.wait().as_deref().map_err(Clone::clone),

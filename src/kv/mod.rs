@@ -14,10 +14,10 @@ mod store;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
 pub(crate) use cache::{CacheManager, Eviction, Held, Moves, StoreTier};
-pub use host::ChunkBytes;
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
-pub(crate) use host::{HostChunkId, HostPool, LayerCells};
+pub(crate) use host::{Arrived, HostChunkId, HostPool, LayerCells};
+pub use host::{ChunkBytes, ChunkUnavailable};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 pub(crate) use store::format::hex;

@@ -25,7 +25,7 @@ use candle_core::{Storage, Tensor};
 use parking_lot::Mutex;
 
 use super::Copier;
-use crate::kv::{ChunkBytes, HostBuffer};
+use crate::kv::{ChunkBytes, ChunkUnavailable, HostBuffer};
 use crate::{Error, Result};
 
 /// Page-locked buffers of released chunks, for the next swap-outs: allocating page-locked
@@ -155,7 +155,7 @@ impl Mover {
             .collect::<Result<Vec<&mut [u8]>>>()?;
         let sources = ins
             .iter()
-            .map(|(start, data)| Ok((*start, data.bytes().map_err(Error::Transfer)?)))
+            .map(|(start, data)| Ok((*start, data.bytes()?)))
             .collect::<Result<Vec<(usize, &[u8])>>>()?;
         let stream = self.copy.cu_stream();
         let mut ready = Vec::with_capacity(layers);
@@ -264,10 +264,16 @@ struct Pinned {
 }
 
 impl HostBuffer for Pinned {
-    fn bytes(&self) -> std::result::Result<&[u8], String> {
-        self.done.synchronize().map_err(|e| e.to_string())?;
-        let buf = self.buf.as_ref().ok_or("chunk buffer released")?;
-        let all = buf.as_slice().map_err(|e| e.to_string())?;
+    fn bytes(&self) -> std::result::Result<&[u8], ChunkUnavailable> {
+        let failed = |e: DriverError| ChunkUnavailable::Copy(Arc::new(e));
+        self.done.synchronize().map_err(failed)?;
+        // Taken only by `drop`, after which nothing reads the chunk.
+        let Some(buf) = self.buf.as_ref() else {
+            return Err(ChunkUnavailable::Copy(Arc::new(std::io::Error::other(
+                "chunk buffer released",
+            ))));
+        };
+        let all = buf.as_slice().map_err(failed)?;
         Ok(&all[..self.len])
     }
 

@@ -88,7 +88,7 @@ impl Copier for LateCopier {
                     let _ = cells[layer].set(Ok(bytes));
                 }
                 Job::In { start, data } => {
-                    let bytes = data.layer(layer, layers).map_err(crate::Error::Transfer)?;
+                    let bytes = data.layer(layer, layers)?;
                     let values: Vec<f32> = bytes
                         .chunks_exact(4)
                         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -167,7 +167,7 @@ fn new_tokens_do_not_overwrite_kv_that_a_swap_out_has_not_read() -> Result<()> {
     write_tokens(&pool, &[0, 1, 2], 100.0)?;
     pass(&pool)?;
     assert_eq!(out.len(), 1);
-    let swapped = out[0].bytes().map_err(crate::Error::Transfer)?;
+    let swapped = out[0].bytes()?;
     assert_eq!(swapped, token_bytes(1.0)?.as_slice());
     assert_eq!(pool.read_slots(0, 3)?, token_bytes(100.0)?);
     Ok(())

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::kv::ChunkUnavailable;
+
 /// Why the store failed a request.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -35,6 +37,9 @@ pub enum StoreError {
     /// What the store holds or was given cannot be used (a manifest that could not be built).
     #[error("{0}")]
     Invalid(String),
+    /// A chunk's bytes never arrived to be written (a device copy failed).
+    #[error("the chunk's bytes never arrived: {0}")]
+    Unavailable(#[source] ChunkUnavailable),
 }
 
 /// How a request to Redis failed.

@@ -19,7 +19,7 @@ use super::format::{
     check_layer, decode_chunk, decode_head, encode_header, Address, ChunkFormat, ChunkId, Fault,
 };
 use super::medium::{stored, Medium, Refused};
-use crate::kv::{ChunkBytes, LayerCells};
+use crate::kv::{Arrived, ChunkBytes, ChunkUnavailable, LayerCells};
 
 /// What the worker does.
 pub(super) enum Job {
@@ -48,7 +48,7 @@ pub(super) enum Job {
         format: ChunkFormat,
         address: Address,
         tokens: usize,
-        cell: Arc<OnceLock<Result<Vec<u8>, String>>>,
+        cell: Arc<OnceLock<Arrived>>,
     },
     /// Reads a chunk file layer by layer, putting each layer's bytes in its cell once
     /// checked, so that a restore uses the first layers while later ones are still read.
@@ -298,7 +298,10 @@ fn run_one(
             if let Err(fault) = read {
                 let _ = report.send(Done::Refused { address, fault });
             }
-            let _ = cell.set(read.map_err(|f| format!("{}: {f}", medium.describe(&address))));
+            let _ = cell.set(read.map_err(|fault| ChunkUnavailable::Refused {
+                at: medium.describe(&address),
+                fault,
+            }));
         }
         Job::ReadLayers {
             format,
@@ -308,7 +311,10 @@ fn run_one(
         } => {
             if let Err(fault) = read_layers(medium, &format, &address, tokens, &layers) {
                 // Layers already handed over were checked; the rest never will be.
-                let why = format!("{}: {fault}", medium.describe(&address));
+                let why = ChunkUnavailable::Refused {
+                    at: medium.describe(&address),
+                    fault,
+                };
                 layers.iter().for_each(|cell| {
                     let _ = cell.set(Err(why.clone()));
                 });
@@ -330,9 +336,7 @@ fn write_chunk(
     format: &ChunkFormat,
     id: &ChunkId,
 ) -> Result<(), StoreError> {
-    let payload = bytes
-        .bytes()
-        .map_err(|why| StoreError::Invalid(format!("the chunk's bytes never arrived: {why}")))?;
+    let payload = bytes.bytes().map_err(StoreError::Unavailable)?;
     let header = encode_header(format, id, payload);
     medium.put_chunk(&id.address, &[&header, payload])
 }
