@@ -206,13 +206,14 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let drain = Duration::from_secs_f64(args.drain_timeout_s);
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let signals = shutdown::Signals::listen();
         // Scripts and tests read the address from this line.
         println!("listening on http://{}", listener.local_addr()?);
         let began = Arc::new(Notify::new());
         let stopping = {
             let (service, began) = (service.clone(), began.clone());
             async move {
-                let cause = shutdown::cause(service.clone()).await;
+                let cause = shutdown::cause(service.clone(), signals).await;
                 tracing::info!(
                     ?cause,
                     in_flight = service.in_flight(),

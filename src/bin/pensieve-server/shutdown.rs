@@ -18,37 +18,54 @@ pub enum Cause {
     EngineDied,
 }
 
-/// Waits for SIGINT, SIGTERM or SIGHUP.
-pub async fn signal() {
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment [`Signals::listen`] returns: made
+/// before the address is printed, so that a supervisor (or a test) that signals as soon as
+/// it reads the address finds the server draining, not killed by the default action.
+pub struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) {
-            (Ok(mut term), Ok(mut hup)) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                    _ = hup.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    streams: Option<[tokio::signal::unix::Signal; 3]>,
+}
+
+impl Signals {
+    /// Starts catching the signals (inside the runtime).
+    pub fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let kinds = [
+                SignalKind::interrupt(),
+                SignalKind::terminate(),
+                SignalKind::hangup(),
+            ];
+            let streams = match kinds.map(signal) {
+                [Ok(a), Ok(b), Ok(c)] => Some([a, b, c]),
+                _ => None,
+            };
+            Self { streams }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
+
+    /// Waits for the first of them.
+    pub async fn recv(self) {
+        #[cfg(unix)]
+        if let Some([mut int, mut term, mut hup]) = self.streams {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+            }
+            return;
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
 }
 
 /// Waits for a signal or the engine thread's death.
-pub async fn cause(service: Service) -> Cause {
+pub async fn cause(service: Service, signals: Signals) -> Cause {
     tokio::select! {
-        () = signal() => Cause::Signal,
+        () = signals.recv() => Cause::Signal,
         () = service.died() => Cause::EngineDied,
     }
 }
@@ -61,6 +78,8 @@ pub async fn deadline(began: Arc<Notify>, drain: Duration) {
         () = tokio::time::sleep(drain) => {
             tracing::warn!("drain deadline passed: cancelling the turns still running")
         }
-        () = signal() => tracing::warn!("second signal: cancelling the turns still running"),
+        () = Signals::listen().recv() => {
+            tracing::warn!("second signal: cancelling the turns still running")
+        }
     }
 }
