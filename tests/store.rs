@@ -548,3 +548,45 @@ fn conversations_unused_past_their_time_to_live_leave_the_folder_with_their_file
     assert!(manifest_of(dir.path(), &names[2]).0.exists());
     assert_eq!(b.stats().store.unwrap().conversations_expired, 2);
 }
+
+/// A host without the service reads what a resume or a named open needs on a thread of its
+/// own, and the engine applies it: the conversation continues as it would have.
+#[test]
+fn a_host_reads_the_store_off_its_step_thread_and_the_engine_applies_what_it_read() {
+    let model = model();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = stateless(&model, 1, 2);
+    let mut e = engine(&model, CacheMode::Tiered, Some((dir.path(), 1 << 30)));
+    let c = open(&mut e, &["alice".to_string()])[0];
+    assert_eq!(turn(&mut e, &[c], 0)[0].0, reference[0][0]);
+    e.flush();
+    let tokens = e.tokens(c).unwrap().to_vec();
+    e.detach(c).unwrap();
+    let reader = e.resume_reader().unwrap();
+    let [alice, carol] = std::thread::spawn(move || ["alice", "carol"].map(|n| reader.fetch(n)))
+        .join()
+        .unwrap();
+    let refused = e.resume_with("alice", carol);
+    assert!(
+        matches!(refused, Err(pensieve::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    let c = e.resume_with("alice", alice).unwrap();
+    assert_eq!(e.tokens(c).unwrap(), tokens);
+    // (Its chunk files went with the detached copy, their last reference: recomputed.)
+    assert_eq!(turn(&mut e, &[c], 1)[0].0, reference[1][0]);
+
+    let reader = e.resume_reader().unwrap();
+    let [bob, erin] = std::thread::spawn(move || ["bob", "erin"].map(|n| reader.registration(n)))
+        .join()
+        .unwrap();
+    let named = |n: &str| ConversationOptions::default().name(n.to_string());
+    let refused = e.open_registered(named("dave"), erin);
+    assert!(
+        matches!(refused, Err(pensieve::Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    let b = e.open_registered(named("bob"), bob).unwrap();
+    assert_eq!(e.find("bob"), Some(b));
+    assert_eq!(e.find("dave"), None);
+}

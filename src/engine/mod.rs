@@ -38,9 +38,7 @@ pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
 };
-pub(crate) use persist::Registered;
-#[cfg(feature = "service")]
-pub(crate) use persist::{Fetched, ResumeReader};
+pub use persist::{Fetched, Registration, ResumeReader};
 pub use turn::TurnSize;
 pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
@@ -58,6 +56,7 @@ use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
 use crate::{Error, Result};
 use executor::Faults;
 use handle::Shared;
+use persist::Journal;
 use turn::{ActiveTurn, TurnLimits};
 
 /// The stateful inference engine. See the module documentation for the step loop.
@@ -75,15 +74,8 @@ pub struct Engine {
     backlog: Vec<Event>,
     stats: EngineStats,
     faults: Faults,
-    /// Conversations whose turn ended this step, to save to the store.
-    to_save: Vec<ConversationId>,
-    /// Per named conversation, its latest manifest write (`None`: it could not be queued).
-    manifest_writes: std::collections::HashMap<ConversationId, Option<u64>>,
-    /// Names of closed conversations whose manifests' removal is queued, with the store mark
-    /// that covers it: until the store reaches it, [`Engine::resume`] must not find them.
-    removals: std::collections::HashMap<String, u64>,
-    /// This engine's identity in the stamps of the manifests it writes (random).
-    writer: u64,
+    /// What is owed to the store and what was promised about it.
+    journal: Journal,
 }
 
 impl Engine {
@@ -172,13 +164,7 @@ impl Engine {
             backlog: Vec::new(),
             stats,
             faults: Faults::default(),
-            to_save: Vec::new(),
-            manifest_writes: std::collections::HashMap::new(),
-            removals: std::collections::HashMap::new(),
-            writer: std::hash::BuildHasher::hash_one(
-                &std::collections::hash_map::RandomState::new(),
-                (std::process::id(), std::time::SystemTime::now()),
-            ),
+            journal: Journal::new(),
         };
         engine.resume_stored(Instant::now());
         Ok(engine)
@@ -207,12 +193,32 @@ impl Engine {
         self.open_with(options, None)
     }
 
-    /// [`Self::open`], given who registered `options.name` as read off this thread (`None`:
-    /// read it now).
-    pub(crate) fn open_with(
+    /// [`Self::open`], given who registered `options.name`, read before by a
+    /// [`ResumeReader`] off this thread, so that the step thread does not wait for the store.
+    ///
+    /// # Errors
+    /// As [`Self::open`]; [`Error::InvalidRequest`] if `registration` was read for another
+    /// name than `options.name`.
+    pub fn open_registered(
+        &mut self,
+        options: ConversationOptions,
+        registration: Registration,
+    ) -> Result<ConversationId> {
+        if options.name.as_deref() != Some(registration.name()) {
+            return Err(Error::InvalidRequest(format!(
+                "the registration read of {:?} does not open {:?}",
+                registration.name(),
+                options.name
+            )));
+        }
+        self.open_with(options, Some(registration))
+    }
+
+    /// [`Self::open`], given who registered `options.name` (`None`: read it now).
+    fn open_with(
         &mut self,
         mut options: ConversationOptions,
-        registration: Option<Registered>,
+        registration: Option<Registration>,
     ) -> Result<ConversationId> {
         match options.name.take() {
             Some(name) if self.cache.store().is_some() => {

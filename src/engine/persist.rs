@@ -22,17 +22,16 @@ use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
 use crate::attention::KvShape;
 use crate::conversation::Mark;
 use crate::ids::ConversationId;
-use crate::kv::{
-    hex, BuildManifest, ChunkFormat, CostModel, Owner, Refused, Store, StoreError, StoreTier,
-};
+use crate::kv::{hex, BuildManifest, ChunkFormat, CostModel, Owner, Store, StoreError, StoreTier};
 use crate::model::{Message, Model};
 use crate::{Error, Result};
 
 mod fetch;
+mod journal;
 
-pub(crate) use fetch::Registered;
-#[cfg(feature = "service")]
-pub(crate) use fetch::{Fetched, ResumeReader};
+pub use fetch::Registration;
+pub use fetch::{Fetched, ResumeReader};
+pub(super) use journal::Journal;
 
 /// Whether a named conversation's latest state is stored; see [`Engine::durability`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -219,7 +218,7 @@ impl Engine {
         }
         self.cache.close(conv);
         self.convs.remove(&conv);
-        self.manifest_writes.remove(&conv);
+        self.journal.forget(conv);
         Ok(())
     }
 
@@ -298,7 +297,7 @@ impl Engine {
         &mut self,
         name: String,
         options: ConversationOptions,
-        registration: Option<Registered>,
+        registration: Option<Registration>,
     ) -> Result<ConversationId> {
         self.claimable(&name, registration)?;
         let id = self.open_unnamed(options);
@@ -323,7 +322,7 @@ impl Engine {
     /// now): not if this engine holds one of that name, nor if another model keeps it. One
     /// stored here, and not held, is refused by its first manifest write's compare-and-set (a
     /// removal queued before it may free it).
-    fn claimable(&self, name: &str, registration: Option<Registered>) -> Result<()> {
+    fn claimable(&self, name: &str, registration: Option<Registration>) -> Result<()> {
         if self.find(name).is_some() {
             return Err(Error::ConversationExists(name.to_string()));
         }
@@ -398,7 +397,7 @@ impl Engine {
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their
     /// manifests.
     pub(super) fn save_finished(&mut self, now: Instant) {
-        for id in std::mem::take(&mut self.to_save) {
+        for id in self.journal.take_saves() {
             let Some(conv) = self.convs.get(&id) else {
                 continue;
             };
@@ -428,7 +427,7 @@ impl Engine {
         };
         let expect = conv.stamp().to_string();
         let revision = conv.revision() + 1;
-        let stamp = format!("{:016x}-{revision}", self.writer);
+        let stamp = self.journal.stamp(revision);
         let chunks: Vec<Option<(String, Option<u64>)>> = (self.cache.saved(id).iter())
             .map(|a| a.map(|a| (a.hex(), store.pending_write(&a))))
             .collect();
@@ -453,7 +452,7 @@ impl Engine {
         });
         let write = store.write_manifest(name, expect, build);
         conv.set_stored(revision, stamp);
-        self.manifest_writes.insert(id, write);
+        self.journal.wrote(id, write);
     }
 
     /// Whether the state of `conv` after its last finished turn is durable in the store: a
@@ -470,19 +469,7 @@ impl Engine {
         let (Some(store), Some(_)) = (self.cache.store(), c.name()) else {
             return Ok(Durability::NotStored);
         };
-        Ok(match self.manifest_writes.get(&conv) {
-            // Resumed from the store, nothing written since.
-            None => Durability::Durable,
-            Some(None) => Durability::Failed(StoreError::WriterStopped),
-            Some(Some(n)) => match store.manifest_outcome(*n) {
-                None => Durability::Pending,
-                Some(Ok(())) => Durability::Durable,
-                Some(Err(Refused::Failed(why))) => Durability::Failed(why),
-                Some(Err(conflict @ Refused::Conflict(_))) => {
-                    Durability::Conflict(conflict.to_string())
-                }
-            },
-        })
+        Ok(self.journal.durability(conv, store))
     }
 
     /// Deletes the manifest of `id` if it is named (the conversation is closed for good).
@@ -492,8 +479,7 @@ impl Engine {
         };
         if let Some(name) = conv.name() {
             store.remove_manifest(name);
-            self.removals.retain(|_, &mut mark| !store.reached(mark));
-            self.removals.insert(name.to_string(), store.mark());
+            self.journal.removed(name, store);
         }
     }
 }

@@ -103,7 +103,7 @@ impl Engine {
             self.cache.index_chunks(id, conv.tokens());
         }
         if self.cache.store().is_some() {
-            self.to_save.push(id);
+            self.journal.save_after_step(id);
         }
     }
 

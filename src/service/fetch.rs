@@ -5,7 +5,7 @@
 use tokio::sync::oneshot;
 
 use super::Service;
-use crate::engine::{Fetched, Registered, ResumeReader};
+use crate::engine::{Fetched, Registration, ResumeReader};
 
 impl Service {
     /// What the store holds of `name`, read on a thread of its own; `None` without a name or
@@ -17,7 +17,7 @@ impl Service {
 
     /// Who registered `name` in the store, read on a thread of its own; `None` as for
     /// [`Self::fetched`].
-    pub(super) async fn registered(&self, name: Option<&str>) -> Option<Registered> {
+    pub(super) async fn registered(&self, name: Option<&str>) -> Option<Registration> {
         let name = name?.to_string();
         self.read_store(move |reader| reader.registration(&name))
             .await

@@ -352,8 +352,11 @@ impl Service {
     /// As [`Engine::open`]; [`Error::ServiceStopped`].
     pub async fn open(&self, options: ConversationOptions) -> Result<ConversationId> {
         let registration = self.registered(options.name.as_deref()).await;
-        self.call(move |d| d.engine_mut().open_with(options, registration))
-            .await?
+        self.call(move |d| match registration {
+            Some(r) => d.engine_mut().open_registered(options, r),
+            None => d.engine_mut().open(options),
+        })
+        .await?
     }
 
     /// Resumes a stored conversation by name ([`Engine::resume`]).

@@ -266,7 +266,10 @@ impl Driver {
         fetched: Option<Fetched>,
     ) -> Result<ConversationId> {
         let held = self.by_name.get(name).copied();
-        let conv = self.engine.resume_fetched(name, fetched)?;
+        let conv = match fetched {
+            Some(f) => self.engine.resume_with(name, f)?,
+            None => self.engine.resume(name)?,
+        };
         if Some(conv) != held {
             // The engine replaced (or never had) this service's copy.
             if let Some(old) = held {

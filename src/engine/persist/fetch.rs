@@ -1,10 +1,12 @@
 //! Resuming a stored conversation by name without waiting for the store on the engine's
 //! thread: a [`ResumeReader`] reads the manifest, the name's registration and which of the
 //! manifest's chunks a shared store holds, from any thread (the service does it before its
-//! command reaches the engine); [`Engine::resume_fetched`] applies what it read.
+//! command reaches the engine); [`Engine::resume_with`] and [`Engine::open_registered`] apply
+//! what it read. A host without the service keeps store reads off its step thread the same way.
 
 use std::time::Instant;
 
+use super::journal::Removal;
 use super::{Durability, Manifest};
 use crate::conversation::Conversation;
 use crate::engine::Engine;
@@ -13,32 +15,57 @@ use crate::kv::{Address, StoreError, StoreReader};
 use crate::{Error, Result};
 
 /// Who registered a name: its owner's label, and whether it is this engine's model.
-type Registration = Option<(String, bool)>;
+type Registrant = Option<(String, bool)>;
 
-/// Who registered a name, as read from the store (or why it could not be read).
-pub(crate) type Registered = std::result::Result<Registration, StoreError>;
-
-/// What the store held of a conversation name when it was read.
+/// Who registered a conversation name in the store, as a [`ResumeReader`] read it (or why it
+/// could not be read); given to [`Engine::open_registered`].
 #[derive(Debug)]
-pub(crate) struct Fetched {
+pub struct Registration {
+    /// The name read.
+    name: String,
+    read: std::result::Result<Registrant, StoreError>,
+}
+
+/// What the store held of a conversation name when a [`ResumeReader`] read it; given to
+/// [`Engine::resume_with`].
+#[derive(Debug)]
+pub struct Fetched {
+    /// The name read.
+    name: String,
     /// The manifest (parsed, or why it is damaged), if one is stored.
     manifest: std::result::Result<Option<std::result::Result<Manifest, String>>, StoreError>,
     /// Who registered the name, read when no manifest is stored.
-    registration: Option<std::result::Result<Registration, StoreError>>,
+    registration: Option<Registration>,
     /// The manifest's chunks the store holds (for a shared store: found by asking).
     found: Vec<(Address, usize)>,
 }
 
-/// Reads what a resume needs, from any thread.
+impl Fetched {
+    /// The conversation name read.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Registration {
+    /// The conversation name read.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Reads what [`Engine::resume`] and [`Engine::open`] need from the store, on any thread: a
+/// store that stalls (a Redis past its deadline) then holds up the one request that waits for
+/// it, never the turns the step thread runs. From [`Engine::resume_reader`].
 #[derive(Clone, Debug)]
-pub(crate) struct ResumeReader {
+pub struct ResumeReader {
     store: StoreReader,
     vocab: usize,
     chunk: usize,
 }
 
 impl ResumeReader {
-    /// What the store holds of `name` now.
+    /// What the store holds of the conversation `name` now (blocks on the store).
     pub fn fetch(&self, name: &str) -> Fetched {
         let manifest =
             (self.store.manifest(name)).map(|m| m.map(|bytes| Manifest::parse(&bytes, self.vocab)));
@@ -48,6 +75,7 @@ impl ResumeReader {
             _ => Vec::new(),
         };
         Fetched {
+            name: name.to_string(),
             manifest,
             registration,
             found,
@@ -56,9 +84,13 @@ impl ResumeReader {
 }
 
 impl ResumeReader {
-    /// Who registered `name` now.
-    pub fn registration(&self, name: &str) -> std::result::Result<Registration, StoreError> {
-        (self.store.registration(name)).map(|r| r.map(|(owner, ours)| (owner.label, ours)))
+    /// Who registered the conversation name `name` now (blocks on the store).
+    pub fn registration(&self, name: &str) -> Registration {
+        Registration {
+            name: name.to_string(),
+            read: (self.store.registration(name))
+                .map(|r| r.map(|(owner, ours)| (owner.label, ours))),
+        }
     }
 }
 
@@ -74,9 +106,9 @@ impl Manifest {
 }
 
 impl Engine {
-    /// A reader of what [`Engine::resume`] needs from the store, for any thread; `None`
-    /// without a store.
-    pub(crate) fn resume_reader(&self) -> Option<ResumeReader> {
+    /// A reader of what [`Engine::resume`] and [`Engine::open`] need from the store, for any
+    /// thread; `None` without a store.
+    pub fn resume_reader(&self) -> Option<ResumeReader> {
         Some(ResumeReader {
             store: self.cache.store()?.reader(),
             vocab: self.model.config().vocab_size,
@@ -142,26 +174,35 @@ impl Engine {
         self.resume_fetched(name, None)
     }
 
-    /// [`Engine::resume`] with what the store held of `name`, read before (by a
-    /// [`ResumeReader`], off this thread); `None`: read it now.
+    /// [`Engine::resume`] with what the store held of `name`, read before by a
+    /// [`ResumeReader`] off this thread, so that the step thread does not wait for the store.
+    /// What was read is checked as a read here would be: a copy this engine holds is kept
+    /// unless the store had a later state, and a removal queued since the read wins.
     ///
     /// # Errors
-    /// As [`Engine::resume`].
-    pub(crate) fn resume_fetched(
-        &mut self,
-        name: &str,
-        fetched: Option<Fetched>,
-    ) -> Result<ConversationId> {
+    /// As [`Engine::resume`]; [`Error::InvalidRequest`] if `fetched` was read for another name.
+    pub fn resume_with(&mut self, name: &str, fetched: Fetched) -> Result<ConversationId> {
+        if fetched.name != name {
+            return Err(Error::InvalidRequest(format!(
+                "what was read of {:?} does not resume {name:?}",
+                fetched.name
+            )));
+        }
+        self.resume_fetched(name, Some(fetched))
+    }
+
+    /// [`Engine::resume`] with what the store held of `name` (`None`: read it now).
+    fn resume_fetched(&mut self, name: &str, fetched: Option<Fetched>) -> Result<ConversationId> {
         let held = self.find(name);
         let mut fetched = fetched;
         // Closed here: gone while its removal is not written, whatever the store still says.
         // Once it is, a read made before it may still show the manifest: it is read again.
-        if let Some(&mark) = self.removals.get(name).filter(|_| held.is_none()) {
-            if self.cache.store().is_some_and(|s| !s.reached(mark)) {
-                return Err(Error::NotStored(name.to_string()));
+        if let (None, Some(store)) = (held, self.cache.store()) {
+            match self.journal.removal(name, store) {
+                Removal::Pending => return Err(Error::NotStored(name.to_string())),
+                Removal::Written => fetched = None,
+                Removal::None => {}
             }
-            self.removals.remove(name);
-            fetched = None;
         }
         let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
         let (Some(_), Some(fetched)) = (self.cache.store(), fetched) else {
@@ -231,11 +272,8 @@ impl Engine {
 
 /// Why no conversation `name` is stored: free, lost (its manifest missing while its name is
 /// registered), or another model's.
-pub(super) fn unstored(
-    name: &str,
-    registration: Option<std::result::Result<Registration, StoreError>>,
-) -> Error {
-    match registration {
+pub(super) fn unstored(name: &str, registration: Option<Registration>) -> Error {
+    match registration.map(|r| r.read) {
         Some(Ok(Some((_, true)))) => Error::StoreDamaged {
             name: name.to_string(),
             cause: "its manifest is missing".into(),

@@ -32,11 +32,11 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use super::arena::ChunkId;
-use super::{CacheManager, ChunkTable};
+use super::arena::{Arena, ChunkId};
+use super::ChunkTable;
 use crate::ids::ConversationId;
 use crate::kv::policy::Candidate;
-use crate::kv::ChunkLoc;
+use crate::kv::{ChunkLoc, EvictionPolicy};
 
 /// A tier eviction takes chunks from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,64 +216,96 @@ fn beyond(lb: f64, best: Option<Found>) -> bool {
     best.is_some_and(|b| lb - lb.abs() * 1e-9 > b.0)
 }
 
-impl CacheManager {
-    /// Brings the candidates up to date with every change since the last decision.
-    fn refresh_candidates(&mut self, now: Instant) {
-        self.candidates.base.get_or_insert(now);
-        let (mut changed, mut shared) = self.arena.take_changed();
-        changed.append(&mut self.candidates.changed);
-        while let Some(&(at, id)) = self.candidates.due.first() {
+/// What a decision reads of the cache it ranks: the tables, the chunk records and the policy.
+pub(super) struct View<'a> {
+    pub tables: &'a BTreeMap<ConversationId, ChunkTable>,
+    pub arena: &'a Arena,
+    pub policy: &'a dyn EvictionPolicy,
+    pub chunk: usize,
+}
+
+impl View<'_> {
+    /// What losing chunk `i`, shared record `rec`, costs all of its holders.
+    pub fn shared_value(&self, rec: ChunkId, i: usize, now: Instant) -> f64 {
+        (self.arena.holders(rec).iter())
+            .filter_map(|c| self.tables.get(c))
+            .map(|t| {
+                self.policy.value(&Candidate {
+                    start: i * self.chunk,
+                    len: t.chunk_len(i, self.chunk),
+                    idle_s: t.until_next_use(now).as_secs_f64(),
+                })
+            })
+            .sum()
+    }
+}
+
+impl Candidates {
+    /// Brings the candidates up to date with every change since the last decision: the
+    /// arena's (`changed`: conversations whose own chunks moved, shared records that moved or
+    /// changed hands), those marked, and the expected resumes fallen due.
+    fn refresh(&mut self, v: &View, changed: (Vec<ConversationId>, Vec<ChunkId>), now: Instant) {
+        self.base.get_or_insert(now);
+        let (mut changed, mut shared) = changed;
+        changed.append(&mut self.changed);
+        while let Some(&(at, id)) = self.due.first() {
             if at > now {
                 break;
             }
-            self.candidates.due.pop_first();
+            self.due.pop_first();
             changed.push(id);
         }
         changed.sort_unstable();
         changed.dedup();
         for id in changed {
-            self.refresh_own(id, now, &mut shared);
+            self.refresh_own(v, id, now, &mut shared);
         }
         shared.sort_unstable();
         shared.dedup();
         for rec in shared {
-            self.refresh_shared(rec, now);
+            self.refresh_shared(v, rec, now);
         }
     }
 
     /// Re-reads `id`: its own candidate in each tier, and its clock in the bounds of the
     /// shared chunks it holds (those lowered go to `shared`, to be re-listed).
-    fn refresh_own(&mut self, id: ConversationId, now: Instant, shared: &mut Vec<ChunkId>) {
-        let chunk = self.chunk_size();
-        let table = self.tables.get(&id);
+    fn refresh_own(
+        &mut self,
+        v: &View,
+        id: ConversationId,
+        now: Instant,
+        shared: &mut Vec<ChunkId>,
+    ) {
+        let chunk = v.chunk;
+        let table = v.tables.get(&id);
         for (k, tier) in Tier::ALL.into_iter().enumerate() {
             // A file is each holder's own (the store counts references per holder).
             let entry = table.and_then(|t| {
                 let i = (0..t.computed_chunks(chunk)).find(|&i| {
                     let rec = t.chunks[i];
-                    tier.holds(self.arena.loc(rec), t.saved[i].is_some())
-                        && (tier == Tier::Stored || !self.arena.is_shared(rec))
+                    tier.holds(v.arena.loc(rec), t.saved[i].is_some())
+                        && (tier == Tier::Stored || !v.arena.is_shared(rec))
                 })?;
                 Some(((i, t.chunk_len(i, chunk)), t.clock(now)))
             });
-            self.candidates.tiers[k].set(id, entry);
+            self.tiers[k].set(id, entry);
         }
         let Some(t) = table else {
             return;
         };
         let clock = t.clock(now);
         if let Clock::Until(at) = clock {
-            self.candidates.due.insert((at, id));
+            self.due.insert((at, id));
         }
-        let key = self.candidates.since_key(clock, now);
+        let key = self.since_key(clock, now);
         for &rec in &t.chunks[..t.computed_chunks(chunk)] {
-            if !self.arena.is_shared(rec) {
+            if !v.arena.is_shared(rec) {
                 continue;
             }
-            match self.candidates.bounds.get(&rec) {
+            match self.bounds.get(&rec) {
                 Some(&bound) if bound <= key => {}
                 Some(_) => {
-                    self.candidates.bounds.insert(rec, key);
+                    self.bounds.insert(rec, key);
                     shared.push(rec);
                 }
                 // Newly shared: listing it reads all of its holders.
@@ -284,8 +316,8 @@ impl CacheManager {
 
     /// Re-lists shared chunk `rec` in the tier it is in (none if it is not shared or not in
     /// memory).
-    fn refresh_shared(&mut self, rec: ChunkId, now: Instant) {
-        let r = self.arena.get(rec);
+    fn refresh_shared(&mut self, v: &View, rec: ChunkId, now: Instant) {
+        let r = v.arena.get(rec);
         let tier = match r.loc {
             ChunkLoc::Device(_) => Some(0),
             ChunkLoc::Host(_) => Some(1),
@@ -293,72 +325,62 @@ impl CacheManager {
         };
         let n = r.holders.len();
         if n < 2 {
-            self.candidates.bounds.remove(&rec);
+            self.bounds.remove(&rec);
         }
         let entry = tier
             .filter(|_| n > 1)
-            .and_then(|_| self.shared_entry(rec, now));
+            .and_then(|_| self.shared_entry(v, rec, now));
         for k in [0, 1] {
-            self.candidates.tiers[k].set_shared(rec, entry.filter(|_| tier == Some(k)));
+            self.tiers[k].set_shared(rec, entry.filter(|_| tier == Some(k)));
         }
     }
 
     /// Shared chunk `rec`'s place in an index: its group and bound.
-    fn shared_entry(&mut self, rec: ChunkId, now: Instant) -> Option<Shared> {
+    fn shared_entry(&mut self, v: &View, rec: ChunkId, now: Instant) -> Option<Shared> {
         // Read from a holder's table, not from the index: a record freed and taken again
         // since the last decision may sit at another index. Shared chunks are mostly a prefix
         // others computed, near the front, so the search is short.
-        let h = self.arena.holders(rec).first()?;
-        let i = self.tables.get(h)?.chunks.iter().position(|&r| r == rec)?;
-        let bound = match self.candidates.bounds.get(&rec) {
+        let h = v.arena.holders(rec).first()?;
+        let i = v.tables.get(h)?.chunks.iter().position(|&r| r == rec)?;
+        let bound = match self.bounds.get(&rec) {
             Some(&b) => b,
             None => {
-                let least = self.least_key(rec, now);
-                self.candidates.bounds.insert(rec, least);
+                let least = self.least_key(v, rec, now);
+                self.bounds.insert(rec, least);
                 least
             }
         };
-        Some(((i, self.arena.holders(rec).len()), bound))
+        Some(((i, v.arena.holders(rec).len()), bound))
     }
 
     /// The least since-key of `rec`'s holders now.
-    fn least_key(&self, rec: ChunkId, now: Instant) -> i64 {
-        (self.arena.holders(rec).iter())
-            .filter_map(|h| self.tables.get(h))
-            .map(|t| self.candidates.since_key(t.clock(now), now))
+    fn least_key(&self, v: &View, rec: ChunkId, now: Instant) -> i64 {
+        (v.arena.holders(rec).iter())
+            .filter_map(|h| v.tables.get(h))
+            .map(|t| self.since_key(t.clock(now), now))
             .min()
             .unwrap_or(i64::MAX)
     }
 
-    /// The lowest-value candidate in `tier` that `protect` leaves: (conversation, chunk index).
-    pub(super) fn victim(
+    /// The lowest-value candidate in `tier` that `protect` leaves, as at `now` or the latest
+    /// decision's instant if that is later, after the changes since the last decision
+    /// (`changed`, the arena's).
+    pub fn lowest(
         &mut self,
-        tier: Tier,
-        protect: &dyn Fn(ConversationId) -> bool,
-        now: Instant,
-    ) -> Option<(ConversationId, usize)> {
-        self.lowest(tier, protect, now).map(|(_, id, i)| (id, i))
-    }
-
-    /// [`Self::victim`] with its value, as at `now` or the latest decision's instant if that
-    /// is later.
-    pub(super) fn lowest(
-        &mut self,
+        v: &View,
+        changed: (Vec<ConversationId>, Vec<ChunkId>),
         tier: Tier,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<Found> {
-        let now = *self
-            .candidates
-            .latest
-            .insert(self.candidates.latest.map_or(now, |l| l.max(now)));
-        self.refresh_candidates(now);
+        let now = *self.latest.insert(self.latest.map_or(now, |l| l.max(now)));
+        self.refresh(v, changed, now);
         let k = Tier::ALL.iter().position(|&t| t == tier)?;
-        let best = self.lowest_own(k, protect, now);
-        let (best, tighter) = self.lowest_shared(k, protect, now, best);
+        let best = self.lowest_own(v, k, protect, now);
+        let (best, tighter) = self.lowest_shared(v, k, protect, now, best);
         for (rec, bound) in tighter {
-            self.candidates.bounds.insert(rec, bound);
-            for index in &mut self.candidates.tiers {
+            self.bounds.insert(rec, bound);
+            for index in &mut self.tiers {
                 if let Some(&(g, _)) = index.records.get(&rec) {
                     index.set_shared(rec, Some((g, bound)));
                 }
@@ -370,16 +392,16 @@ impl CacheManager {
     /// The lowest own candidate of tier `k` that `protect` leaves.
     fn lowest_own(
         &self,
+        v: &View,
         k: usize,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) -> Option<Found> {
-        let chunk = self.chunk_size();
         let mut best: Option<Found> = None;
-        for (&(i, len), group) in &self.candidates.tiers[k].groups {
+        for (&(i, len), group) in &self.tiers[k].groups {
             let value = |idle: std::time::Duration| {
-                self.policy.value(&Candidate {
-                    start: i * chunk,
+                v.policy.value(&Candidate {
+                    start: i * v.chunk,
                     len,
                     idle_s: idle.as_secs_f64(),
                 })
@@ -413,37 +435,37 @@ impl CacheManager {
     /// tighter bounds of the chunks summed on the way.
     fn lowest_shared(
         &self,
+        v: &View,
         k: usize,
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
         mut best: Option<Found>,
     ) -> (Option<Found>, Vec<(ChunkId, i64)>) {
-        let chunk = self.chunk_size();
-        let now_key = self.candidates.key(now);
+        let now_key = self.key(now);
         let mut tighter = Vec::new();
-        for (&(i, n), set) in &self.candidates.tiers[k].shared {
+        for (&(i, n), set) in &self.tiers[k].shared {
             for &(bound, rec) in set {
                 let idle = Duration::from_nanos(now_key.saturating_sub(bound).max(0) as u64);
                 let lb = n as f64
-                    * self.policy.value(&Candidate {
-                        start: i * chunk,
-                        len: chunk,
+                    * v.policy.value(&Candidate {
+                        start: i * v.chunk,
+                        len: v.chunk,
                         idle_s: idle.as_secs_f64(),
                     });
                 if beyond(lb, best) {
                     break;
                 }
-                let holders = self.arena.holders(rec);
+                let holders = v.arena.holders(rec);
                 // The latest holders are the likeliest to be running.
                 if holders.iter().rev().any(|&c| protect(c)) {
                     continue;
                 }
-                let least = self.least_key(rec, now);
+                let least = self.least_key(v, rec, now);
                 if least > bound {
                     tighter.push((rec, least));
                 }
                 let first = holders.iter().copied().min();
-                if let Some(found) = first.map(|c| (self.shared_value(rec, i, now), c, i)) {
+                if let Some(found) = first.map(|c| (v.shared_value(rec, i, now), c, i)) {
                     if better(found, best) {
                         best = Some(found);
                     }
@@ -451,21 +473,6 @@ impl CacheManager {
             }
         }
         (best, tighter)
-    }
-
-    /// What losing chunk `i`, shared record `rec`, costs all of its holders.
-    pub(super) fn shared_value(&self, rec: ChunkId, i: usize, now: Instant) -> f64 {
-        let chunk = self.chunk_size();
-        (self.arena.holders(rec).iter())
-            .filter_map(|c| self.tables.get(c))
-            .map(|t| {
-                self.policy.value(&Candidate {
-                    start: i * chunk,
-                    len: t.chunk_len(i, chunk),
-                    idle_s: t.until_next_use(now).as_secs_f64(),
-                })
-            })
-            .sum()
     }
 }
 

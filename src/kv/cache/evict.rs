@@ -6,12 +6,39 @@
 
 use std::time::Instant;
 
-use super::candidates::Tier;
+use super::candidates::{Found, Tier, View};
 use super::{CacheManager, Eviction, Moves, SwapOut};
 use crate::ids::ConversationId;
 use crate::kv::ChunkLoc;
 
 impl CacheManager {
+    /// The lowest-value candidate in `tier` that `protect` leaves, with its value.
+    pub(super) fn lowest(
+        &mut self,
+        tier: Tier,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) -> Option<Found> {
+        let changed = self.arena.take_changed();
+        let view = View {
+            tables: &self.tables,
+            arena: &self.arena,
+            policy: &*self.policy,
+            chunk: self.blocks.chunk_size(),
+        };
+        (self.candidates).lowest(&view, changed, tier, protect, now)
+    }
+
+    /// [`Self::lowest`]'s conversation and chunk index.
+    pub(super) fn victim(
+        &mut self,
+        tier: Tier,
+        protect: &dyn Fn(ConversationId) -> bool,
+        now: Instant,
+    ) -> Option<(ConversationId, usize)> {
+        self.lowest(tier, protect, now).map(|(_, id, i)| (id, i))
+    }
+
     /// Evicts device chunks of unprotected conversations, lowest value first, until `free + pending` device
     /// blocks reach `target_free` (swap-outs free their blocks at commit; they count as
     /// pending), or until `how` allows no more.

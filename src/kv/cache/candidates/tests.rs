@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
-use crate::kv::cache::{Eviction, Moves};
+use crate::kv::cache::{CacheManager, Eviction, Moves};
 use crate::kv::{Address, CostModel, ValuePolicy};
 
 const CHUNK: usize = 4;
@@ -118,6 +118,16 @@ fn finish(m: &mut CacheManager, moves: &Moves) {
     }
 }
 
+/// What `m`'s candidates read of it.
+fn view(m: &CacheManager) -> View<'_> {
+    View {
+        tables: &m.tables,
+        arena: &m.arena,
+        policy: &*m.policy,
+        chunk: m.chunk_size(),
+    }
+}
+
 /// The lowest candidate, as a scan of every table finds it: each unprotected conversation's
 /// first chunk in the tier that it alone holds, and each shared chunk in the tier that no
 /// protected conversation holds, valued for all of its holders.
@@ -143,7 +153,7 @@ fn scan(
             let holders = m.arena.holders(rec);
             if holders.len() > 1 {
                 if !holders.iter().any(|&h| protect(h)) && holders.iter().min() == Some(&c) {
-                    offer((m.shared_value(rec, i, now), c, i));
+                    offer((view(m).shared_value(rec, i, now), c, i));
                 }
                 continue;
             }
@@ -163,7 +173,7 @@ fn scan(
 fn bounds_hold(m: &CacheManager, now: Instant) -> bool {
     (m.candidates.tiers.iter())
         .flat_map(|t| t.records.iter())
-        .all(|(&rec, &(_, bound))| bound <= m.least_key(rec, now))
+        .all(|(&rec, &(_, bound))| bound <= m.candidates.least_key(&view(m), rec, now))
 }
 
 #[test]
