@@ -19,7 +19,7 @@
 //! named by exactly one record, and every record by exactly its holders' tables; the host
 //! pool never exceeds its budget; a table covers at least its computed tokens.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,6 +42,7 @@ use super::{
 use crate::ids::ConversationId;
 use arena::{Arena, ChunkId};
 use candidates::Candidates;
+use hints::Hints;
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,10 +189,8 @@ pub(crate) struct CacheManager {
     arena: Arena,
     /// Eviction candidates of every tier, in order.
     candidates: Candidates,
-    /// The pinned conversations (a session hint).
-    pinned: BTreeSet<ConversationId>,
-    /// Expected resumes (a session hint), by time.
-    resumes: BTreeSet<(Instant, ConversationId)>,
+    /// The session hints' indexes.
+    hints: Hints,
 }
 
 impl CacheManager {
@@ -212,8 +211,7 @@ impl CacheManager {
             store: None,
             arena: Arena::default(),
             candidates: Candidates::default(),
-            pinned: BTreeSet::new(),
-            resumes: BTreeSet::new(),
+            hints: Hints::default(),
         }
     }
 
@@ -266,9 +264,8 @@ impl CacheManager {
     pub fn close(&mut self, id: ConversationId) {
         self.replace_tail(id, 0, 0, Vec::new());
         self.pin(id, false);
-        if let Some(at) = self.tables.remove(&id).and_then(|t| t.resume_at) {
-            self.resumes.remove(&(at, id));
-        }
+        let at = self.tables.remove(&id).and_then(|t| t.resume_at);
+        self.hints.resume(id, at, None);
         self.candidates.mark(id);
     }
 

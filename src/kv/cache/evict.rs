@@ -164,7 +164,7 @@ impl CacheManager {
         protect: &dyn Fn(ConversationId) -> bool,
         now: Instant,
     ) {
-        let pinned = self.pinned.clone();
+        let pinned = self.hints.pinned().clone();
         let spare = |c: ConversationId| protect(c) || pinned.contains(&c);
         while self.host.free_bytes() < bytes {
             let Some((id, i)) = self.victim(Tier::Host, &spare, now) else {

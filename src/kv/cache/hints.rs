@@ -3,11 +3,45 @@
 //! expected at a known time is valued by that time instead of its idle time, and read ahead
 //! from disk when the time comes near.
 
+use std::collections::BTreeSet;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
 use super::{CacheManager, ChunkTable};
 use crate::ids::ConversationId;
+
+/// The hints' indexes across conversations (each table holds its own hints): the pinned
+/// conversations, for the room pins take and the host tier's eviction, and the expected
+/// resumes by time, for the read-ahead.
+#[derive(Debug, Default)]
+pub(super) struct Hints {
+    pinned: BTreeSet<ConversationId>,
+    resumes: BTreeSet<(Instant, ConversationId)>,
+}
+
+impl Hints {
+    fn pin(&mut self, id: ConversationId, pinned: bool) {
+        match pinned {
+            true => self.pinned.insert(id),
+            false => self.pinned.remove(&id),
+        };
+    }
+
+    /// `id`'s expected resume moves from `old` to `at` (`None`: it has none any more).
+    pub fn resume(&mut self, id: ConversationId, old: Option<Instant>, at: Option<Instant>) {
+        if let Some(old) = old {
+            self.resumes.remove(&(old, id));
+        }
+        if let Some(at) = at {
+            self.resumes.insert((at, id));
+        }
+    }
+
+    /// The pinned conversations.
+    pub fn pinned(&self) -> &BTreeSet<ConversationId> {
+        &self.pinned
+    }
+}
 
 impl ChunkTable {
     /// How far its next use is, as eviction sees it: the time until an expected resume, else
@@ -29,10 +63,7 @@ impl CacheManager {
             return false;
         };
         t.pinned = pinned;
-        match pinned {
-            true => self.pinned.insert(id),
-            false => self.pinned.remove(&id),
-        };
+        self.hints.pin(id, pinned);
         true
     }
 
@@ -41,10 +72,8 @@ impl CacheManager {
         let Some(t) = self.tables.get_mut(&id) else {
             return false;
         };
-        if let Some(old) = t.resume_at.replace(at) {
-            self.resumes.remove(&(old, id));
-        }
-        self.resumes.insert((at, id));
+        let old = t.resume_at.replace(at);
+        self.hints.resume(id, old, Some(at));
         self.candidates.mark(id);
         true
     }
@@ -53,7 +82,7 @@ impl CacheManager {
     /// pins may hold at most: half of the device pool and host tier together, so that
     /// pinned conversations can never starve the others.
     pub fn pin_room(&self, except: ConversationId) -> (usize, usize) {
-        let held = (self.pinned.iter())
+        let held = (self.hints.pinned.iter())
             .filter(|&&id| id != except)
             .filter_map(|id| self.tables.get(id))
             .map(|t| t.computed)
@@ -67,7 +96,7 @@ impl CacheManager {
     /// than `lead`), for the read-ahead.
     pub fn resuming_within(&self, now: Instant, lead: Duration) -> Vec<ConversationId> {
         let from = now.checked_sub(lead).unwrap_or(now);
-        (self.resumes.range((from, ConversationId(0))..))
+        (self.hints.resumes.range((from, ConversationId(0))..))
             .take_while(|&&(at, _)| at <= now + lead)
             .map(|&(_, id)| id)
             .collect()
@@ -77,7 +106,7 @@ impl CacheManager {
     /// `lead` (its read-ahead is then due).
     pub fn next_resume_lead(&self, now: Instant, lead: Duration) -> Option<Instant> {
         let after = Excluded((now + lead, ConversationId(u64::MAX)));
-        let (at, _) = self.resumes.range((after, Unbounded)).next()?;
+        let (at, _) = self.hints.resumes.range((after, Unbounded)).next()?;
         Some(*at - lead)
     }
 }
