@@ -4,7 +4,7 @@
 use super::{CacheMode, Engine};
 use crate::conversation::Conversation;
 use crate::ids::ConversationId;
-use crate::kv::{Address, CacheManager};
+use crate::kv::CacheManager;
 use crate::scheduler::RowPlan;
 
 /// Takes, for `conv`'s next full chunks (history not yet computed, then the front of
@@ -34,10 +34,10 @@ fn adopt(
     if full <= computed / chunk {
         return (0, None);
     }
-    let mut tokens = conv.tokens().to_vec();
-    tokens.extend_from_slice(&prompt[..(full * chunk).saturating_sub(history)]);
-    let addresses = Address::of_chunks(&tokens[..full * chunk], chunk);
-    let next = &addresses[computed / chunk..full];
+    let more = &prompt[..(full * chunk).saturating_sub(history)];
+    let history_part = &conv.tokens()[..history.min(full * chunk)];
+    let addresses = cache.addresses_from(conv_id, history_part, more, computed / chunk);
+    let next = &addresses[..full - computed / chunk];
     let in_memory = cache.adopt_resident(conv_id, next);
     let adopted = in_memory + cache.adopt_stored(conv_id, &next[in_memory..]);
     let lookup = (discover && adopted < next.len())

@@ -27,6 +27,40 @@ impl CacheManager {
         }
     }
 
+    /// The content addresses of chunks `from..` of `id`'s tokens (`history`, then `more` not
+    /// yet in its history, as one sequence; the last chunk possibly partial). Hashed from the
+    /// last full chunk before `from` whose address the table knows (listed in the content
+    /// index, or naming its file), not from the first token: a turn's end or a waiting turn's
+    /// lookup hashes what is new, not the whole history again.
+    pub fn addresses_from(
+        &self,
+        id: ConversationId,
+        history: &[u32],
+        more: &[u32],
+        from: usize,
+    ) -> Vec<Address> {
+        let chunk = self.chunk_size();
+        let known = |i: usize| {
+            let t = self.tables.get(&id)?;
+            if (i + 1) * chunk > t.computed.min(history.len()) {
+                return None;
+            }
+            let rec = *t.chunks.get(i)?;
+            (self.arena.get(rec).addr).or_else(|| t.saved.get(i).copied().flatten())
+        };
+        let (start, prev) = (0..from)
+            .rev()
+            .find_map(|i| known(i).map(|a| (i + 1, a)))
+            .unwrap_or((0, Address::default()));
+        let tokens: Vec<u32> = (history.iter().chain(more))
+            .skip(start * chunk)
+            .copied()
+            .collect();
+        let mut addresses = Address::chained(prev, &tokens, chunk);
+        addresses.drain(..(from - start).min(addresses.len()));
+        addresses
+    }
+
     /// Lists `id`'s full computed chunks (`tokens`: its history) in the content index by
     /// their addresses, so later conversations starting with the same tokens can share them.
     pub fn index_chunks(&mut self, id: ConversationId, tokens: &[u32]) {
@@ -42,8 +76,8 @@ impl CacheManager {
             .take_while(|&&r| self.arena.get(r).addr.is_some())
             .count();
         let recs: Vec<_> = t.chunks[listed..full].to_vec();
-        let addrs = Address::of_chunks(&tokens[..full * chunk], chunk);
-        for (rec, a) in recs.into_iter().zip(&addrs[listed..]) {
+        let addrs = self.addresses_from(id, &tokens[..full * chunk], &[], listed);
+        for (rec, a) in recs.into_iter().zip(&addrs) {
             self.arena.set_addr(rec, Some(*a));
         }
     }
@@ -118,6 +152,27 @@ mod tests {
         assert_eq!(m.adopt_resident(b, &addrs), 2);
         m.check().unwrap();
         (m, a, b, addrs)
+    }
+
+    #[test]
+    fn addresses_hashed_from_a_known_chunk_equal_those_hashed_from_the_start() {
+        let mut m = CacheManager::new(8, CHUNK, 1 << 20, Box::new(LruPolicy), 2);
+        let a = ConversationId(1);
+        m.open(a, Instant::now());
+        assert!(m.grow(a) && m.grow(a) && m.grow(a));
+        let history: Vec<u32> = (0..12).collect();
+        // Two chunks listed, the third computed but not: hashing starts past the second.
+        m.mark_computed(a, 8);
+        m.index_chunks(a, &history);
+        m.mark_computed(a, 12);
+        let more = [40, 41, 42, 43, 44];
+        let all: Vec<u32> = history.iter().chain(&more).copied().collect();
+        let want = Address::of_chunks(&all, CHUNK);
+        for from in 0..=want.len() {
+            assert_eq!(m.addresses_from(a, &history, &more, from), want[from..], "{from}");
+        }
+        let unknown = ConversationId(9);
+        assert_eq!(m.addresses_from(unknown, &history, &more, 1), want[1..]);
     }
 
     #[test]

@@ -187,10 +187,16 @@ impl CacheManager {
             return Vec::new();
         };
         let computed = t.computed.min(tokens.len());
-        let addresses = Address::of_chunks(&tokens[..computed], chunk);
+        // Hashed from the first chunk to save (usually the turn's new ones).
+        let Some(first) =
+            (0..t.saved.len()).find(|&i| t.saved[i].is_none() && self.worth_saving(i, t, chunk))
+        else {
+            return Vec::new();
+        };
+        let addresses = self.addresses_from(id, &tokens[..computed], &[], first);
         let mut out = Vec::new();
         let mut from_host = Vec::new();
-        for (i, &address) in addresses.iter().enumerate() {
+        for (i, &address) in (first..).zip(&addresses) {
             if t.saved.get(i).is_none_or(Option::is_some) || !self.worth_saving(i, t, chunk) {
                 continue;
             }

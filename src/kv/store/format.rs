@@ -58,7 +58,12 @@ impl Address {
 
     /// Addresses of every chunk of `chunk` tokens (the last one possibly partial) of `tokens`.
     pub fn of_chunks(tokens: &[u32], chunk: usize) -> Vec<Address> {
-        let mut prev = Address::default();
+        Self::chained(Address::default(), tokens, chunk)
+    }
+
+    /// [`Address::of_chunks`] of the chunks that follow the chunk addressed `prev`.
+    pub fn chained(prev: Address, tokens: &[u32], chunk: usize) -> Vec<Address> {
+        let mut prev = prev;
         tokens
             .chunks(chunk.max(1))
             .map(|c| {
