@@ -13,17 +13,18 @@
 //! requeued in arrival order). Finally, when free blocks fall below the swap-out threshold,
 //! idle conversations' chunks move to the host ahead of time.
 //!
-//! Planning books resources (blocks, host room, queue places) but changes nothing that the
-//! step's outcome decides: the tokens a turn adds to its conversation, its remaining work and
-//! its counters change only in [`Scheduler::commit`], from the plan and what actually ran.
+//! Planning books resources (blocks, host room, queue places, and the chunks a queued turn
+//! takes by content, `share.rs`) but changes nothing that the step's outcome decides: the
+//! tokens a turn adds to its conversation, its remaining work and its counters change only in
+//! [`Scheduler::commit`], from the plan and what actually ran.
 //!
 //! A request's work is a list of position runs, in order: the dropped runs of its history to
 //! recompute, then its pending tokens. Because attention's rule is positional, a row's context
 //! is simply every position up to its last query. No candle or model types here.
 
 mod commit;
-mod held;
 mod plan;
+mod share;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
@@ -106,8 +107,11 @@ pub(crate) struct Limits {
     pub reserve_blocks: usize,
     /// Ahead-of-time swap-out keeps this many blocks free.
     pub swap_out_blocks: usize,
-    /// Waiting turns whose KV is read ahead from disk (and spared by ahead-of-time eviction).
+    /// Waiting turns whose KV is read ahead from disk (and spared by ahead-of-time eviction),
+    /// and that look again for shared KV before admission.
     pub prefetch_window: usize,
+    /// Whether turns take KV other conversations computed for the same tokens.
+    pub sharing: bool,
 }
 
 #[derive(Debug)]
@@ -177,17 +181,6 @@ impl<T> Scheduler<T> {
         (self.waiting.len(), self.running.len())
     }
 
-    /// The prompts of the first `n` waiting turns that were never admitted (a late lookup by
-    /// content may move the front of one into its conversation's history).
-    pub fn waiting_prompts(&mut self, n: usize) -> Vec<(ConversationId, &mut Vec<u32>)> {
-        let head: HashSet<RequestId> = self.waiting.iter().take(n).copied().collect();
-        self.requests
-            .iter_mut()
-            .filter(|(id, r)| head.contains(id) && !r.admitted)
-            .map(|(_, r)| (r.conv, &mut r.pending))
-            .collect()
-    }
-
     pub fn get(&self, id: RequestId) -> Option<&Request<T>> {
         self.requests.get(&id)
     }
@@ -242,7 +235,10 @@ impl<T> Scheduler<T> {
         cache: &mut CacheManager,
         now: Instant,
     ) -> StepPlan {
-        let mut plan = StepPlan::default();
+        let mut plan = StepPlan {
+            shared_tokens: self.share_waiting(convs, cache),
+            ..StepPlan::default()
+        };
         let mut budget = self.limits.token_budget;
         self.plan_running(convs, cache, now, &mut budget, &mut plan);
         self.admit_waiting(convs, cache, now, &mut budget, &mut plan);

@@ -77,7 +77,7 @@ impl Engine {
                 self.settle_reply(conv_id, turn);
             }
         }
-        // A turn still queued may have taken shared chunks into the history already.
+        // A turn never admitted may have booked shared chunks past the history in the table.
         if !completed {
             self.roll_back(conv_id, history);
         }

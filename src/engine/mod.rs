@@ -135,6 +135,7 @@ impl Engine {
             reserve_blocks: frac(config.reserve),
             swap_out_blocks: frac(config.swap_out_threshold),
             prefetch_window: config.prefetch_window,
+            sharing: config.prefix_sharing && config.mode != CacheMode::Stateless,
         });
         let limits = TurnLimits {
             window: config
@@ -343,12 +344,14 @@ impl Engine {
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }
-        let mut prompt = std::mem::take(&mut prepared.prompt);
-        let lookup = self.adopt_shared(conv_id, &mut prompt);
+        let prompt = std::mem::take(&mut prepared.prompt);
         let eos = self.model.eos_token_ids();
         let active = ActiveTurn::new(prepared, params, eos, guide, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
-        lookup.inspect(|&l| self.sched.hold(id, l));
+        if self.sharing() {
+            let taken = self.sched.share(id, &self.convs, &mut self.cache);
+            self.stats.shared_tokens += taken as u64;
+        }
         Ok(())
     }
 
@@ -425,10 +428,9 @@ impl Engine {
         let t0 = Instant::now();
         self.drain_commands(now);
         self.cache.poll_store();
-        self.adopt_looked();
         self.prefetch_expected(now);
-        self.adopt_waiting();
         let plan = self.sched.schedule(&self.convs, &mut self.cache, now);
+        self.stats.shared_tokens += plan.shared_tokens as u64;
         let t1 = Instant::now();
         self.stats.schedule_time += t1 - t0;
         let mut failed: Vec<(RequestId, FinishReason)> = Vec::new();

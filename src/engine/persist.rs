@@ -435,7 +435,8 @@ impl Engine {
             version: MANIFEST_VERSION,
             stamp: stamp.clone(),
             name: name.to_string(),
-            computed: self.cache.table(id).map_or(0, |t| t.computed()),
+            // A queued turn's shared chunks may run ahead of the history: not stored yet.
+            computed: (self.cache.table(id)).map_or(0, |t| t.computed().min(conv.tokens().len())),
             tokens: conv.tokens().to_vec(),
             messages: conv.messages().to_vec(),
             tools: conv.tools().to_vec(),

@@ -1,7 +1,7 @@
 //! Applying a step's outcome (`Scheduler::commit`): where a running turn's tokens, remaining
-//! work and counters change, from the plan and what actually ran. (A turn never admitted may
-//! also lose the front of its pending prompt to sharing, `adopt` in `src/engine/share.rs`: see "Who writes
-//! what" in `docs/ARCHITECTURE.md`.)
+//! work and counters change, from the plan and what actually ran. Tokens whose KV a turn took
+//! from other conversations (`share.rs`) stay pending until its rows run past them; they enter
+//! the history here like the rest.
 
 use std::time::Instant;
 

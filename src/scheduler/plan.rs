@@ -66,6 +66,8 @@ pub(crate) struct StepPlan {
     pub rejected: Vec<Rejection>,
     /// Requests whose row could not be built (a bookkeeping bug): the engine fails them.
     pub broken: Vec<(RequestId, Violation)>,
+    /// Tokens waiting turns took from other conversations' KV before planning.
+    pub shared_tokens: usize,
 }
 
 impl StepPlan {

@@ -23,6 +23,7 @@ fn world(blocks: usize, host_chunks: usize, reserve: usize, swap_out: usize) -> 
             reserve_blocks: reserve,
             swap_out_blocks: swap_out,
             prefetch_window: 8,
+            sharing: false,
         }),
         convs: Conversations::new(),
         // One byte per KV-token: the host budget counts tokens.

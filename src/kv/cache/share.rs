@@ -42,7 +42,7 @@ impl CacheManager {
         let chunk = self.chunk_size();
         let known = |i: usize| {
             let t = self.tables.get(&id)?;
-            if (i + 1) * chunk > t.computed.min(history.len()) {
+            if (i + 1) * chunk > t.computed.min(history.len() + more.len()) {
                 return None;
             }
             let rec = *t.chunks.get(i)?;
@@ -169,7 +169,11 @@ mod tests {
         let all: Vec<u32> = history.iter().chain(&more).copied().collect();
         let want = Address::of_chunks(&all, CHUNK);
         for from in 0..=want.len() {
-            assert_eq!(m.addresses_from(a, &history, &more, from), want[from..], "{from}");
+            assert_eq!(
+                m.addresses_from(a, &history, &more, from),
+                want[from..],
+                "{from}"
+            );
         }
         let unknown = ConversationId(9);
         assert_eq!(m.addresses_from(unknown, &history, &more, 1), want[1..]);
