@@ -42,7 +42,7 @@ use super::{
 use crate::ids::ConversationId;
 use arena::{Arena, ChunkId};
 use candidates::Candidates;
-use hints::Hints;
+use hints::HintIndex;
 
 /// A planned device → host copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +190,7 @@ pub(crate) struct CacheManager {
     /// Eviction candidates of every tier, in order.
     candidates: Candidates,
     /// The session hints' indexes.
-    hints: Hints,
+    hints: HintIndex,
 }
 
 impl CacheManager {
@@ -211,7 +211,7 @@ impl CacheManager {
             store: None,
             arena: Arena::default(),
             candidates: Candidates::default(),
-            hints: Hints::default(),
+            hints: HintIndex::default(),
         }
     }
 

@@ -3,7 +3,7 @@
 //! there is work, and sends each turn's events on the turn's own channel. Idle, it sleeps until
 //! a command arrives (the store's wake-up is one) or the engine's next timed work is due.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
-use super::sessions::{Naming, Opened};
+use super::sessions::{named, Naming, Opened, Sessions};
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
@@ -67,19 +67,6 @@ impl std::fmt::Debug for Command {
     }
 }
 
-/// A conversation the service opened for a chat or a completion, and keeps for clients to
-/// continue.
-pub(super) struct Session {
-    /// Its chat transcript (with the replies), or `None` for a completion.
-    pub messages: Option<Vec<Message>>,
-    /// The tools its template lists.
-    pub tools: Vec<serde_json::Value>,
-    pub name: Option<String>,
-    /// Its place in the `idle` order (a tick), while no turn of it runs.
-    pub last_used: u64,
-    pub busy: bool,
-}
-
 struct Running {
     conv: ConversationId,
     events: UnboundedSender<TurnEvent>,
@@ -110,17 +97,10 @@ struct Held {
 
 pub(super) struct Driver {
     pub(super) engine: Engine,
-    pub(super) sessions: HashMap<ConversationId, Session>,
-    /// Idle sessions by when they were last used, oldest first.
-    pub(super) idle: BTreeSet<(u64, ConversationId)>,
-    pub(super) tick: u64,
-    /// Chat sessions by the hash of their transcript.
-    pub(super) by_content: HashMap<u64, ConversationId>,
-    pub(super) by_name: HashMap<String, ConversationId>,
+    sessions: Sessions,
     running: HashMap<RequestId, Running>,
-    pub(super) max_sessions: usize,
     /// Whether the engine stores conversations (named ones persist, and may be a fleet's).
-    pub(super) stored: bool,
+    stored: bool,
     /// Whether the store is a fleet's (Redis): a turn's end is sent once what it stored is
     /// written, so that the next turn finds it on whichever engine it lands.
     fleet: bool,
@@ -143,17 +123,16 @@ impl Driver {
         stats: Arc<Mutex<ServiceStats>>,
     ) -> Self {
         let store = engine.config().store.as_ref();
+        let (stored, fleet) = (
+            store.is_some(),
+            store.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_))),
+        );
         Self {
-            stored: store.is_some(),
-            fleet: store.is_some_and(|d| matches!(d.location, StoreLocation::Redis(_))),
+            stored,
+            fleet,
             engine,
-            sessions: HashMap::new(),
-            idle: BTreeSet::new(),
-            tick: 0,
-            by_content: HashMap::new(),
-            by_name: HashMap::new(),
+            sessions: Sessions::new(config.max_conversations, stored),
             running: HashMap::new(),
-            max_sessions: config.max_conversations,
             held: Vec::new(),
             draining: false,
             stats,
@@ -164,6 +143,22 @@ impl Driver {
 
     pub(super) fn engine_mut(&mut self) -> &mut Engine {
         &mut self.engine
+    }
+
+    /// Resumes the stored conversation `name` with what the store held of it (`None`: read
+    /// it now), keeping its session up to date.
+    pub(super) fn resume(
+        &mut self,
+        name: &str,
+        fetched: Option<Fetched>,
+    ) -> Result<ConversationId> {
+        self.sessions.resume(&mut self.engine, name, fetched)
+    }
+
+    /// Closes a conversation (deleting a stored one when `ended`) or, for a stored one not
+    /// ended, drops only this engine's copy.
+    pub(super) fn close(&mut self, conv: ConversationId, ended: bool) -> Result<()> {
+        self.sessions.close(&mut self.engine, conv, ended)
     }
 
     pub(super) fn run(&mut self, rx: &Receiver<Command>) {
@@ -273,11 +268,16 @@ impl Driver {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
             What::Chat(chat, fetched) => {
                 let hints = chat.hints.clone();
-                let (conv, turn, opened) = self.chat_conversation(chat, fetched.map(|f| *f))?;
+                let (conv, turn, opened) = (self.sessions).chat_conversation(
+                    &mut self.engine,
+                    chat,
+                    fetched.map(|f| *f),
+                )?;
                 (conv, turn, hints, Some(opened))
             }
             What::Completion(tokens) => {
-                let (conv, rest, opened) = self.completion_conversation(tokens)?;
+                let (conv, rest, opened) =
+                    (self.sessions).completion_conversation(&mut self.engine, tokens)?;
                 (conv, Turn::Tokens(rest), Hints::default(), Some(opened))
             }
         };
@@ -291,7 +291,7 @@ impl Driver {
         };
         let submitted = pinned.and_then(|()| {
             for _ in 1..choices.len() {
-                convs.push(self.fork_session(conv)?);
+                convs.push(self.sessions.fork_session(&mut self.engine, conv)?);
             }
             for (i, &c) in convs.iter().enumerate() {
                 let mut p = params.clone();
@@ -305,11 +305,13 @@ impl Driver {
                 let _ = self.engine.cancel(request);
             }
             for &fork in &convs[1..] {
-                self.forget(fork, true);
+                self.sessions.forget(&mut self.engine, fork, true);
             }
             match opened {
-                Some(Opened::New | Opened::Naming(_)) => self.forget(conv, true),
-                Some(Opened::Continued) => self.unsend(conv),
+                Some(Opened::New | Opened::Naming(_)) => {
+                    self.sessions.forget(&mut self.engine, conv, true)
+                }
+                Some(Opened::Continued) => self.sessions.unsend(conv),
                 None => {}
             }
             return Err(e);
@@ -318,14 +320,14 @@ impl Driver {
             Some(Opened::Naming(naming)) => {
                 // No other turn continues what it replaces meanwhile: the name is this turn's.
                 if let Some(old) = naming.replaces {
-                    self.mark_busy(old);
+                    self.sessions.mark_busy(old);
                 }
                 Some(naming)
             }
             _ => None,
         };
         for (i, (&(request, conv), (events, slot))) in accepted.iter().zip(choices).enumerate() {
-            self.mark_busy(conv);
+            self.sessions.mark_busy(conv);
             let running = Running {
                 conv,
                 events,
@@ -408,13 +410,15 @@ impl Driver {
                 let mut reason = reason;
                 if let Some(naming) = r.naming {
                     let replied = settled(&reason);
-                    if let Err(e) = self.finish_naming(r.conv, naming, replied) {
+                    if let Err(e) =
+                        (self.sessions).finish_naming(&mut self.engine, r.conv, naming, replied)
+                    {
                         reason = FinishReason::Failed(Arc::new(e));
                     }
                 }
                 let settled = settled(&reason);
                 let message = settled.then(|| self.reply_message(r.conv, r.reply));
-                let named = self.stored && self.named(r.conv);
+                let named = self.stored && named(&self.engine, r.conv);
                 self.settle(r.conv, message.clone(), &r.hints);
                 let end = TurnEnd {
                     reason,
@@ -475,13 +479,13 @@ impl Driver {
                 (Durability::Failed(why), &Wait::Durable(conv)) => {
                     tracing::warn!(%why, "a named conversation's turn could not be stored");
                     self.stats.lock().store_failures += 1;
-                    self.forget(conv, false);
+                    self.sessions.forget(&mut self.engine, conv, false);
                     Some(Error::NotDurable(why))
                 }
                 (Durability::Conflict(why), &Wait::Durable(conv)) => {
                     tracing::warn!(%why, "a named conversation's turn was not stored");
                     self.stats.lock().store_conflicts += 1;
-                    self.forget(conv, false);
+                    self.sessions.forget(&mut self.engine, conv, false);
                     Some(Error::StoreConflict(why))
                 }
                 _ => None,
@@ -511,27 +515,18 @@ impl Driver {
     /// conversation as it was: the session drops the message it sent.
     fn settle(&mut self, conv: ConversationId, reply: Option<Message>, hints: &Hints) {
         let Some(reply) = reply else {
-            self.unsend(conv);
-            self.mark_idle(conv);
+            self.sessions.unsend(conv);
+            self.sessions.mark_idle(conv);
             return;
         };
         if hints.end {
-            self.forget(conv, true);
+            self.sessions.forget(&mut self.engine, conv, true);
             return;
         }
         if let Some(after) = hints.expect_resume {
             let _ = self.engine.expect_resume(conv, after);
         }
-        self.mark_idle(conv);
-        if let Some(s) = self.sessions.get_mut(&conv) {
-            if let Some(m) = &mut s.messages {
-                m.push(reply);
-                if s.name.is_none() {
-                    let key = super::sessions::transcript_key(m, &s.tools);
-                    self.by_content.insert(key, conv);
-                }
-            }
-        }
-        self.close_old();
+        self.sessions.replied(conv, reply);
+        self.sessions.close_old(&mut self.engine);
     }
 }

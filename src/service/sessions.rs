@@ -2,11 +2,11 @@
 //! by token prefix (completions), or by name (checked against the store when there is one);
 //! and which conversations close when there are too many.
 
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use super::driver::{Driver, Session};
 use super::Chat;
-use crate::engine::{ConversationId, ConversationOptions, Durability, Fetched, Turn};
+use crate::engine::{ConversationId, ConversationOptions, Durability, Engine, Fetched, Turn};
 use crate::model::Message;
 use crate::{Error, Result};
 
@@ -32,12 +32,75 @@ pub(super) struct Naming {
     pub replaces: Option<ConversationId>,
 }
 
-impl Driver {
+/// A conversation the service opened for a chat or a completion, and keeps for clients to
+/// continue.
+pub(super) struct Session {
+    /// Its chat transcript (with the replies), or `None` for a completion.
+    messages: Option<Vec<Message>>,
+    /// The tools its template lists.
+    tools: Vec<serde_json::Value>,
+    name: Option<String>,
+    /// Its place in the `idle` order (a tick), while no turn of it runs.
+    last_used: u64,
+    busy: bool,
+}
+
+/// The conversations the service holds, and how a request finds one again: by the transcript
+/// a client resends, by name, or (for completions) by token prefix; the least recently used
+/// idle ones close past `max`. Its fields are its own: the driver asks through the methods
+/// below, which take the engine where a conversation opens, resumes or closes.
+pub(super) struct Sessions {
+    map: HashMap<ConversationId, Session>,
+    /// Idle sessions by when they were last used, oldest first.
+    idle: BTreeSet<(u64, ConversationId)>,
+    tick: u64,
+    /// Chat sessions by the hash of their transcript.
+    by_content: HashMap<u64, ConversationId>,
+    by_name: HashMap<String, ConversationId>,
+    /// Idle sessions kept at most.
+    max: usize,
+    /// Whether the engine stores conversations (named ones persist).
+    stored: bool,
+}
+
+impl Sessions {
+    pub fn new(max: usize, stored: bool) -> Self {
+        Self {
+            map: HashMap::new(),
+            idle: BTreeSet::new(),
+            tick: 0,
+            by_content: HashMap::new(),
+            by_name: HashMap::new(),
+            max,
+            stored,
+        }
+    }
+
+    /// How many conversations are held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// A turn of `conv` has a reply: its transcript takes it, and it becomes findable by the
+    /// new transcript and idle.
+    pub fn replied(&mut self, conv: ConversationId, reply: Message) {
+        self.mark_idle(conv);
+        if let Some(s) = self.map.get_mut(&conv) {
+            if let Some(m) = &mut s.messages {
+                m.push(reply);
+                if s.name.is_none() {
+                    self.by_content.insert(transcript_key(m, &s.tools), conv);
+                }
+            }
+        }
+    }
+
     /// The conversation a chat continues (or a new one with its history), its turn (the
     /// messages after the last assistant message: the user's, or tools' results), and how it
     /// was found.
-    pub(super) fn chat_conversation(
+    pub fn chat_conversation(
         &mut self,
+        engine: &mut Engine,
         chat: Chat,
         fetched: Option<Fetched>,
     ) -> Result<(ConversationId, Turn, Opened)> {
@@ -63,7 +126,7 @@ impl Driver {
             _ => Turn::Messages(last.to_vec()),
         };
         if let (Some(n), true) = (&name, self.stored) {
-            self.sync_named(n, fetched)?;
+            self.sync_named(engine, n, fetched)?;
         }
         let continues = |s: &Session| {
             s.tools == tools
@@ -80,7 +143,7 @@ impl Driver {
         let mut replaces = None;
         let mut claimed = false;
         if let Some(conv) = found {
-            match self.sessions.get_mut(&conv) {
+            match self.map.get_mut(&conv) {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
                 Some(s) if continues(s) => {
                     if let Some(m) = &mut s.messages {
@@ -93,7 +156,7 @@ impl Driver {
                 // A named conversation whose history the request rewrote starts over, once
                 // the new history's turn has a reply.
                 Some(_) if name.is_some() => (replaces, claimed) = (Some(conv), true),
-                _ => self.forget(conv, true),
+                _ => self.forget(engine, conv, true),
             }
         }
         let (system, rest) = match history.split_first() {
@@ -107,9 +170,9 @@ impl Driver {
         }
         // A new name is claimed now (refused if another model keeps it), taken at the reply.
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
-            self.engine.check_name(n)?;
+            engine.check_name(n)?;
         }
-        let conv = self.engine.open(ConversationOptions {
+        let conv = engine.open(ConversationOptions {
             system,
             history: rest.to_vec(),
             name: None,
@@ -131,8 +194,9 @@ impl Driver {
     /// # Errors
     /// The engine's refusal to store it under the name (nothing changed then, and `new` is
     /// closed).
-    pub(super) fn finish_naming(
+    pub fn finish_naming(
         &mut self,
+        engine: &mut Engine,
         new: ConversationId,
         naming: Naming,
         replied: bool,
@@ -142,25 +206,25 @@ impl Driver {
             self.mark_idle(old);
         }
         if !replied {
-            self.forget(new, true);
+            self.forget(engine, new, true);
             return Ok(());
         }
-        let named = match replaces {
-            Some(old) if self.stored && self.named(old) => {
-                self.engine.replace(old, new).map(|()| self.unlink(old))
+        let taken = match replaces {
+            Some(old) if self.stored && named(engine, old) => {
+                engine.replace(old, new).map(|()| self.unlink(old))
             }
-            Some(old) => self.close(old, true),
+            Some(old) => self.close(engine, old, true),
             None => Ok(()),
         };
-        let named = named.and_then(|()| match self.stored && !self.named(new) {
-            true => self.engine.name(new, name.clone()),
+        let taken = taken.and_then(|()| match self.stored && !named(engine, new) {
+            true => engine.name(new, name.clone()),
             false => Ok(()),
         });
-        if let Err(e) = named {
-            self.forget(new, true);
+        if let Err(e) = taken {
+            self.forget(engine, new, true);
             return Err(e);
         }
-        if let Some(s) = self.sessions.get_mut(&new) {
+        if let Some(s) = self.map.get_mut(&new) {
             s.name = Some(name.clone());
             self.by_name.insert(name, new);
         }
@@ -169,34 +233,39 @@ impl Driver {
 
     /// The idle completion conversation whose tokens are the longest proper prefix of
     /// `tokens` (and the tokens past it), or a new one.
-    pub(super) fn completion_conversation(
+    pub fn completion_conversation(
         &mut self,
+        engine: &mut Engine,
         tokens: Vec<u32>,
     ) -> Result<(ConversationId, Vec<u32>, Opened)> {
         if tokens.is_empty() {
             return Err(Error::InvalidRequest("the prompt is empty".into()));
         }
         let best = self
-            .sessions
+            .map
             .iter()
             .filter(|(_, s)| s.messages.is_none() && !s.busy)
             .filter_map(|(&c, _)| {
-                let have = self.engine.tokens(c).ok()?;
+                let have = engine.tokens(c).ok()?;
                 (have.len() < tokens.len() && tokens.starts_with(have)).then_some((c, have.len()))
             })
             .max_by_key(|&(_, n)| n);
         if let Some((conv, n)) = best {
             return Ok((conv, tokens[n..].to_vec(), Opened::Continued));
         }
-        let conv = self.engine.open(ConversationOptions::default())?;
+        let conv = engine.open(ConversationOptions::default())?;
         self.add_session(conv, None, None, Vec::new());
         Ok((conv, tokens, Opened::New))
     }
 
     /// A fork of the session `conv` before its new turn, as an unnamed session of its own.
-    pub(super) fn fork_session(&mut self, conv: ConversationId) -> Result<ConversationId> {
-        let fork = self.engine.fork(conv, None)?;
-        let session = self.sessions.get(&conv);
+    pub fn fork_session(
+        &mut self,
+        engine: &mut Engine,
+        conv: ConversationId,
+    ) -> Result<ConversationId> {
+        let fork = engine.fork(conv, None)?;
+        let session = self.map.get(&conv);
         let messages = session.and_then(|s| s.messages.clone());
         let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
         self.add_session(fork, messages, None, tools);
@@ -219,18 +288,18 @@ impl Driver {
             busy: false,
         };
         self.idle.insert((self.tick, conv));
-        self.sessions.insert(conv, session);
+        self.map.insert(conv, session);
     }
 
-    pub(super) fn mark_busy(&mut self, conv: ConversationId) {
-        if let Some(s) = self.sessions.get_mut(&conv) {
+    pub fn mark_busy(&mut self, conv: ConversationId) {
+        if let Some(s) = self.map.get_mut(&conv) {
             s.busy = true;
             self.idle.remove(&(s.last_used, conv));
         }
     }
 
-    pub(super) fn mark_idle(&mut self, conv: ConversationId) {
-        if let Some(s) = self.sessions.get_mut(&conv) {
+    pub fn mark_idle(&mut self, conv: ConversationId) {
+        if let Some(s) = self.map.get_mut(&conv) {
             self.idle.remove(&(s.last_used, conv));
             self.tick += 1;
             s.busy = false;
@@ -242,12 +311,17 @@ impl Driver {
     /// Brings the session of the stored conversation `name` up to date: the engine checks
     /// its copy against the store (another engine may have served a turn since) or loads it
     /// from there if this one holds none.
-    fn sync_named(&mut self, name: &str, fetched: Option<Fetched>) -> Result<()> {
+    fn sync_named(
+        &mut self,
+        engine: &mut Engine,
+        name: &str,
+        fetched: Option<Fetched>,
+    ) -> Result<()> {
         let held = self.by_name.get(name).copied();
-        if held.is_some_and(|c| self.sessions.get(&c).is_some_and(|s| s.busy)) {
+        if held.is_some_and(|c| self.map.get(&c).is_some_and(|s| s.busy)) {
             return Ok(());
         }
-        match self.resume(name, fetched) {
+        match self.resume(engine, name, fetched) {
             Ok(_) | Err(Error::NotStored(_)) => Ok(()),
             Err(e) => {
                 if matches!(e, Error::StoreDamaged { .. }) {
@@ -260,27 +334,24 @@ impl Driver {
 
     /// [`crate::engine::Engine::resume`] with what the store held of `name` (`None`: read it
     /// now), keeping the session of the name up to date.
-    pub(super) fn resume(
+    pub fn resume(
         &mut self,
+        engine: &mut Engine,
         name: &str,
         fetched: Option<Fetched>,
     ) -> Result<ConversationId> {
         let held = self.by_name.get(name).copied();
         let conv = match fetched {
-            Some(f) => self.engine.resume_with(name, f)?,
-            None => self.engine.resume(name)?,
+            Some(f) => engine.resume_with(name, f)?,
+            None => engine.resume(name)?,
         };
         if Some(conv) != held {
             // The engine replaced (or never had) this service's copy.
             if let Some(old) = held {
                 self.unlink(old);
             }
-            let messages = self.engine.messages(conv).map(<[_]>::to_vec).ok();
-            let tools = self
-                .engine
-                .tools(conv)
-                .map(<[_]>::to_vec)
-                .unwrap_or_default();
+            let messages = engine.messages(conv).map(<[_]>::to_vec).ok();
+            let tools = engine.tools(conv).map(<[_]>::to_vec).unwrap_or_default();
             self.by_name.insert(name.to_string(), conv);
             self.add_session(conv, messages, Some(name.to_string()), tools);
         }
@@ -290,8 +361,8 @@ impl Driver {
     /// Takes back the user message a turn that did not happen had added to `conv`'s session
     /// (the engine rolled the turn back), so that a client resending its history continues
     /// the conversation where it was.
-    pub(super) fn unsend(&mut self, conv: ConversationId) {
-        let Some(s) = self.sessions.get_mut(&conv) else {
+    pub fn unsend(&mut self, conv: ConversationId) {
+        let Some(s) = self.map.get_mut(&conv) else {
             return;
         };
         let Some(m) = s.messages.as_mut() else {
@@ -310,7 +381,7 @@ impl Driver {
 
     /// Forgets how to find a conversation.
     fn unlink(&mut self, conv: ConversationId) {
-        let Some(s) = self.sessions.remove(&conv) else {
+        let Some(s) = self.map.remove(&conv) else {
             return;
         };
         self.idle.remove(&(s.last_used, conv));
@@ -324,42 +395,42 @@ impl Driver {
         }
     }
 
-    /// Whether `conv` is stored under a name.
-    pub(super) fn named(&self, conv: ConversationId) -> bool {
-        self.engine
-            .durability(conv)
-            .is_ok_and(|d| d != Durability::NotStored)
-    }
-
     /// Closes a conversation (deleting a stored one when `ended`), or only drops this
     /// engine's copy of a stored one that has not ended, so that it can be resumed (here or
     /// on another engine).
-    pub(super) fn close(&mut self, conv: ConversationId, ended: bool) -> Result<()> {
-        let keep = self.stored && !ended && self.named(conv);
+    pub fn close(&mut self, engine: &mut Engine, conv: ConversationId, ended: bool) -> Result<()> {
+        let keep = self.stored && !ended && named(engine, conv);
         self.unlink(conv);
         match keep {
-            true => self.engine.detach(conv),
-            false => self.engine.close(conv),
+            true => engine.detach(conv),
+            false => engine.close(conv),
         }
     }
 
-    /// [`Driver::close`], for a conversation that may already be gone.
-    pub(super) fn forget(&mut self, conv: ConversationId, ended: bool) {
-        let _ = self.close(conv, ended);
+    /// [`Sessions::close`], for a conversation that may already be gone.
+    pub fn forget(&mut self, engine: &mut Engine, conv: ConversationId, ended: bool) {
+        let _ = self.close(engine, conv, ended);
     }
 
-    /// Closes the least recently used idle sessions past `max_sessions`.
-    pub(super) fn close_old(&mut self) {
-        while self.sessions.len() > self.max_sessions {
+    /// Closes the least recently used idle sessions past `max`.
+    pub fn close_old(&mut self, engine: &mut Engine) {
+        while self.map.len() > self.max {
             match self.idle.first().map(|&(_, c)| c) {
-                Some(c) => self.forget(c, false),
+                Some(c) => self.forget(engine, c, false),
                 None => return,
             }
         }
     }
 }
 
-/// The key of a chat transcript (and the tools its template lists) in `Driver::by_content`.
+/// Whether `conv` is stored under a name.
+pub(super) fn named(engine: &Engine, conv: ConversationId) -> bool {
+    engine
+        .durability(conv)
+        .is_ok_and(|d| d != Durability::NotStored)
+}
+
+/// The key of a chat transcript (and the tools its template lists) in `Sessions::by_content`.
 pub(super) fn transcript_key(messages: &[Message], tools: &[serde_json::Value]) -> u64 {
     let mut h = DefaultHasher::new();
     for m in messages {

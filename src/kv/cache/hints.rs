@@ -14,12 +14,12 @@ use crate::ids::ConversationId;
 /// conversations, for the room pins take and the host tier's eviction, and the expected
 /// resumes by time, for the read-ahead.
 #[derive(Debug, Default)]
-pub(super) struct Hints {
+pub(super) struct HintIndex {
     pinned: BTreeSet<ConversationId>,
     resumes: BTreeSet<(Instant, ConversationId)>,
 }
 
-impl Hints {
+impl HintIndex {
     fn pin(&mut self, id: ConversationId, pinned: bool) {
         match pinned {
             true => self.pinned.insert(id),
