@@ -194,29 +194,8 @@ impl Engine {
         self.open_with(options, None)
     }
 
-    /// [`Self::open`], given who registered `options.name`, read before by a
-    /// [`ResumeReader`] off this thread, so that the step thread does not wait for the store.
-    ///
-    /// # Errors
-    /// As [`Self::open`]; [`Error::InvalidRequest`] if `registration` was read for another
-    /// name than `options.name`.
-    pub fn open_registered(
-        &mut self,
-        options: ConversationOptions,
-        registration: Registration,
-    ) -> Result<ConversationId> {
-        if options.name.as_deref() != Some(registration.name()) {
-            return Err(Error::InvalidRequest(format!(
-                "the registration read of {:?} does not open {:?}",
-                registration.name(),
-                options.name
-            )));
-        }
-        self.open_with(options, Some(registration))
-    }
-
     /// [`Self::open`], given who registered `options.name` (`None`: read it now).
-    fn open_with(
+    pub(super) fn open_with(
         &mut self,
         mut options: ConversationOptions,
         registration: Option<Registration>,

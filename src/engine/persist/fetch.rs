@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::journal::Removal;
 use super::{Durability, Manifest};
 use crate::conversation::Conversation;
-use crate::engine::Engine;
+use crate::engine::{ConversationOptions, Engine};
 use crate::ids::ConversationId;
 use crate::kv::{Address, StoreError, StoreReader};
 use crate::{Error, Result};
@@ -189,6 +189,27 @@ impl Engine {
             )));
         }
         self.resume_fetched(name, Some(fetched))
+    }
+
+    /// [`Engine::open`], given who registered `options.name`, read before by a
+    /// [`ResumeReader`] off this thread, so that the step thread does not wait for the store.
+    ///
+    /// # Errors
+    /// As [`Engine::open`]; [`Error::InvalidRequest`] if `registration` was read for another
+    /// name than `options.name`.
+    pub fn open_registered(
+        &mut self,
+        options: ConversationOptions,
+        registration: Registration,
+    ) -> Result<ConversationId> {
+        if options.name.as_deref() != Some(registration.name()) {
+            return Err(Error::InvalidRequest(format!(
+                "the registration read of {:?} does not open {:?}",
+                registration.name(),
+                options.name
+            )));
+        }
+        self.open_with(options, Some(registration))
     }
 
     /// [`Engine::resume`] with what the store held of `name` (`None`: read it now).
