@@ -286,6 +286,11 @@ setters!(EngineConfig {
 });
 
 impl EngineConfig {
+    /// Whether KV is shared by content: with `prefix_sharing`, except in `Stateless` mode.
+    pub(crate) fn shares_kv(&self) -> bool {
+        self.prefix_sharing && self.mode != CacheMode::Stateless
+    }
+
     /// Checks the values.
     ///
     /// # Errors

@@ -135,7 +135,7 @@ impl Engine {
             reserve_blocks: frac(config.reserve),
             swap_out_blocks: frac(config.swap_out_threshold),
             prefetch_window: config.prefetch_window,
-            sharing: config.prefix_sharing && config.mode != CacheMode::Stateless,
+            sharing: config.shares_kv(),
         });
         let limits = TurnLimits {
             window: config

@@ -2,14 +2,14 @@
 //! `kv/cache/share.rs`): whether KV is shared, and when the index learns a conversation's
 //! chunks.
 
-use super::{CacheMode, Engine};
+use super::Engine;
 use crate::ids::ConversationId;
 use crate::scheduler::RowPlan;
 
 impl Engine {
     /// Whether KV is shared by content.
     pub(super) fn sharing(&self) -> bool {
-        self.config.prefix_sharing && self.config.mode != CacheMode::Stateless
+        self.config.shares_kv()
     }
 
     /// After a turn that ran: its full chunks enter the prefix index (when sharing), and are
