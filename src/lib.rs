@@ -4,9 +4,10 @@
 //! engine keeps every conversation's KV state across turns so that a new turn prefills only its
 //! new tokens. This crate is built bottom-up:
 //!
-//! - [`attention`]: the multi-query attention op over non-contiguous KV slots (prefill and
-//!   decode rows in one call), with a fast CPU kernel and a naive reference, and the KV pool
-//!   it reads;
+//! - `attention` (feature `internals`): the multi-query attention op over non-contiguous KV
+//!   slots (prefill and decode rows in one call), with a fast CPU kernel and a naive
+//!   reference, and the KV pool it reads; like the transformer's forward pass, public only for
+//!   pensieve's own tests and benchmarks, outside the semver promise;
 //! - [`kv`]: KV bookkeeping below the engine (tiers, eviction; its cost model is public);
 //! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
 //!   their tokenizer and chat template;
@@ -22,7 +23,10 @@
 //! The types most hosts need are at the root (`pensieve::Engine`, `pensieve::Turn`, ...).
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
 
+#[cfg(feature = "internals")]
 pub mod attention;
+#[cfg(not(feature = "internals"))]
+mod attention;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod conversation;

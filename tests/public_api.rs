@@ -106,6 +106,20 @@ fn non_exhaustive(attrs: &[syn::Attribute]) -> &'static str {
     }
 }
 
+/// The feature under which `#[cfg_attr(feature = "...", visibility::make(pub))]` makes a
+/// crate-private item public.
+fn made_pub(attrs: &[syn::Attribute]) -> Option<String> {
+    attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg_attr"))
+        .map(|a| tokens(&a.meta))
+        .find(|m| m.contains("visibility::make(pub)"))
+        .map(|m| {
+            let m = m.trim_start_matches("cfg_attr(");
+            m[..m.find(", visibility").unwrap_or(m.len())].to_string()
+        })
+}
+
 fn is_pub(vis: &syn::Visibility) -> bool {
     matches!(vis, syn::Visibility::Public(_))
 }
@@ -333,7 +347,13 @@ impl Crate {
             None => {
                 for item in &i.items {
                     if let syn::ImplItem::Fn(f) = item {
-                        if is_pub(&f.vis) && cfg_of(&f.attrs).as_deref() != Some("test") {
+                        let own = made_pub(&f.attrs).or_else(|| cfg_of(&f.attrs));
+                        let made = made_pub(&f.attrs).is_some();
+                        if (is_pub(&f.vis) || made) && own.as_deref() != Some("test") {
+                            let behind = match own {
+                                Some(c) => format!(" [cfg({c})]"),
+                                None => behind.clone(),
+                            };
                             entry.insert(format!("::{}{behind}", tokens(&f.sig)));
                         }
                     }

@@ -30,12 +30,14 @@ mod cpu;
 mod cuda;
 mod gather;
 mod pool;
+#[cfg(feature = "internals")]
 mod reference;
 
 use candle_core::{DType, Device, Tensor};
 
 pub use gather::attention_gather;
 pub use pool::{KeyRotation, KvPool, KvShape};
+#[cfg(feature = "internals")]
 pub use reference::attention_reference;
 
 /// The CUDA kernel run on the CPU (see `kernels/README.md`): how the tests check it without a
@@ -155,6 +157,7 @@ impl AttentionBatch {
     }
 
     /// Slots per block.
+    #[cfg(feature = "internals")]
     pub fn block_size(&self) -> usize {
         self.block_size
     }
@@ -170,6 +173,7 @@ impl AttentionBatch {
     }
 
     /// Total context entries over all sequences.
+    #[cfg(feature = "internals")]
     pub fn num_context_entries(&self) -> usize {
         self.ctx_lens.iter().sum()
     }
@@ -274,6 +278,7 @@ pub fn visible(query: u32, key: u32, window: Option<u32>) -> bool {
 /// [`Error::InvalidBatch`] when shapes and batch disagree or a slot is out of the pool;
 /// [`Error::UnsupportedHeadDim`] for an odd head dimension; [`Error::Candle`] for device
 /// failures.
+#[cfg(feature = "internals")]
 pub fn attention(
     q: &Tensor,
     k_pool: &Tensor,

@@ -3,7 +3,7 @@
 //! conversation's chunk table and plans moves between tiers.
 //!
 //! Nothing here touches tensors or knows the model: this layer moves ids, and
-//! [`crate::attention::KvPool`] moves the bytes the executor asks it to. So the bookkeeping
+//! the KV pool (`attention::KvPool`) moves the bytes the executor asks it to. So the bookkeeping
 //! unit-tests without a model (and `tests/layering.rs` keeps it that way).
 
 mod allocator;

@@ -176,7 +176,8 @@ impl ModelConfig {
     }
 
     /// The shape of one KV-token, as the KV pool stores it.
-    pub fn kv_shape(&self) -> KvShape {
+    #[cfg_attr(feature = "internals", visibility::make(pub))]
+    pub(crate) fn kv_shape(&self) -> KvShape {
         KvShape {
             num_layers: self.num_layers,
             num_kv_heads: self.num_kv_heads,

@@ -24,7 +24,7 @@ use candle_core::quantized::gguf_file;
 
 /// The candle and tokenizers types this crate's signatures name, so that a host needs no
 /// dependency of its own on those crates (nor the same versions) to use them.
-pub use candle_core::{DType, Device, Tensor};
+pub use candle_core::{DType, Device};
 pub use tokenizers::Tokenizer;
 
 pub use crate::message::{Message, ToolCall};
@@ -40,7 +40,11 @@ pub use source::{
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
 pub use tools::ToolFormat;
-pub use transformer::{ForwardBatch, Transformer, WeightFormat};
+pub use transformer::WeightFormat;
+#[cfg(feature = "internals")]
+pub use transformer::{ForwardBatch, Transformer};
+#[cfg(not(feature = "internals"))]
+pub(crate) use transformer::{ForwardBatch, Transformer};
 
 use crate::setters::setters;
 use crate::{Error, Result};
@@ -110,7 +114,8 @@ pub struct Model {
 impl Model {
     /// A model from its parts: the network, the tokenizer of its vocabulary, its chat template
     /// (if any) and the tokens that end a reply.
-    pub fn new(
+    #[cfg_attr(feature = "internals", visibility::make(pub))]
+    pub(crate) fn new(
         llama: Transformer,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
@@ -231,12 +236,15 @@ impl Model {
 
     /// The same tokenizer and template over other weights (random weights of a larger shape,
     /// for throughput studies).
-    pub fn with_transformer(self, llama: Transformer) -> Self {
+    #[cfg(any(feature = "cli", feature = "internals"))]
+    #[cfg_attr(feature = "internals", visibility::make(pub))]
+    pub(crate) fn with_transformer(self, llama: Transformer) -> Self {
         Self { llama, ..self }
     }
 
     /// The network.
-    pub fn transformer(&self) -> &Transformer {
+    #[cfg_attr(feature = "internals", visibility::make(pub))]
+    pub(crate) fn transformer(&self) -> &Transformer {
         &self.llama
     }
 
