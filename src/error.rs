@@ -91,12 +91,14 @@ pub enum Error {
     ChatTemplate(#[from] minijinja::Error),
 
     /// Fetching a model through the Hugging Face hub (or its local cache) failed.
-    #[error("hub error for {repo}: {reason}")]
+    #[error("hub error for {repo}{}: {source}", file.as_ref().map(|f| format!(", {f}")).unwrap_or_default())]
     Hub {
         /// The repository id.
         repo: String,
-        /// What went wrong.
-        reason: String,
+        /// The file asked for, if the failure is one file's.
+        file: Option<String>,
+        /// What the hub client said.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A workload file (ShareGPT dump or replay trace) is malformed.
@@ -114,7 +116,7 @@ pub enum Error {
 
     /// A copy of KV between the device pool and host memory failed (the chunk is recomputed).
     #[error("KV copy failed: {0}")]
-    Transfer(String),
+    Transfer(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// A chunk's KV bytes were not there to copy: a device copy or a store read failed (the
     /// chunk is recomputed).
@@ -146,9 +148,14 @@ pub enum Error {
         window: usize,
     },
 
-    /// An engine configuration value is out of range.
-    #[error("invalid engine configuration: {0}")]
-    InvalidConfig(String),
+    /// An engine or service configuration value is out of range, or values disagree.
+    #[error("invalid configuration of {field}: {reason}")]
+    InvalidConfig {
+        /// The setting at fault, as the configuration names it (`kv_chunk_tokens`, ...).
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
 
     /// No open conversation has this id (never opened, or closed).
     #[error("unknown {0}")]
@@ -170,9 +177,16 @@ pub enum Error {
     #[error("empty turn")]
     EmptyTurn,
 
-    /// Sampling parameters that cannot be honoured.
-    #[error("invalid sampling parameters: {0}")]
-    InvalidParams(String),
+    /// A turn's parameters that cannot be honoured (sampling values, a constraint that does
+    /// not compile or cannot be followed, a hint past the history).
+    #[error("invalid {param}: {reason}")]
+    InvalidParams {
+        /// The parameter at fault, as a request names it (`temperature`, `response_format`,
+        /// ...): a server reports it as OpenAI's `param`.
+        param: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
 
     /// The request can never fit the configured budgets, however much is evicted.
     #[error("request needs {needed} device slots but the budgets allow {available}")]
@@ -202,8 +216,13 @@ pub enum Error {
 
     /// A request to the service that names no valid turn: an empty message list, a last
     /// message that is not the user's, a system message past the first, an empty prompt.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
+    #[error("invalid request ({field}): {reason}")]
+    InvalidRequest {
+        /// The part of the request at fault (`messages`, `n`, `name`, ...).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
 
     /// The service already has its limit of turns queued or running: a capacity condition,
     /// to retry later.
@@ -269,12 +288,12 @@ impl Error {
         match self {
             E::ContextOverflow { .. }
             | E::EmptyTurn
-            | E::InvalidParams(_)
+            | E::InvalidParams { .. }
             | E::TokenOutOfVocab { .. }
             | E::BudgetTooSmall { .. }
             | E::ChatTemplate(_)
-            | E::InvalidRequest(_)
-            | E::InvalidConfig(_)
+            | E::InvalidRequest { .. }
+            | E::InvalidConfig { .. }
             | E::InvalidWorkload { .. }
             | E::Unsupported(_) => ErrorKind::InvalidInput,
             E::UnknownConversation(_) | E::UnknownRequest(_) | E::NotStored(_) => {

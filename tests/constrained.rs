@@ -81,7 +81,16 @@ fn real_model_replies_follow_a_json_schema_and_a_regular_expression() {
     // A constraint that does not compile is the submission's error; the engine serves on.
     let bad = constrained(Constraint::JsonSchema(json!({"type": "no such type"})), 8);
     let err = e.submit(conv, Turn::user("x"), bad).unwrap_err();
-    assert!(matches!(err, pensieve::Error::InvalidParams(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            pensieve::Error::InvalidParams {
+                param: "constraint",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let (reason, _) = e
         .run_turn(
             conv,

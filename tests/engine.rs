@@ -171,7 +171,10 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     ));
     assert!(matches!(
         e.submit(c, Turn::user("x"), params(0)),
-        Err(Error::InvalidParams(_))
+        Err(Error::InvalidParams {
+            param: "max_tokens",
+            ..
+        })
     ));
     assert!(matches!(
         e.submit(other, Turn::user("x"), params(3)),
@@ -214,7 +217,10 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
     );
     assert!(matches!(
         Engine::with_model(pensieve::model::Model::tiny(7).unwrap(), too_small),
-        Err(Error::InvalidConfig(_))
+        Err(Error::InvalidConfig {
+            field: "budgets",
+            ..
+        })
     ));
     // A budget too small for one request.
     let mut small = engine(CacheMode::Tiered, 16, 0);

@@ -243,7 +243,7 @@ fn real_model_hints_are_bounded_and_pins_cannot_starve_others() {
     let conv = e.open(ConversationOptions::default()).unwrap();
     assert!(matches!(
         e.expect_resume(conv, Duration::MAX),
-        Err(Error::InvalidParams(_))
+        Err(Error::InvalidParams { param: "after", .. })
     ));
     e.expect_resume(conv, Duration::from_secs(3600)).unwrap();
     // Pins take at most half of the device pool and host tier together.

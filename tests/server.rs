@@ -204,6 +204,18 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
     }
     let (status, _) = post(b, "/v1/completions", r#"{"prompt": [999999999]}"#);
     assert_eq!(status, 400);
+    // The engine's refusals name the field at fault, as OpenAI's `param`.
+    for (field, value) in [
+        ("top_p", json!(7)),
+        ("presence_penalty", json!(3)),
+        ("repetition_penalty", json!(0)),
+    ] {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        body[field] = value;
+        let (status, answer) = post(b, chat, &body.to_string());
+        let param = answer["error"]["param"].as_str();
+        assert_eq!((status, param), (400, Some(field)), "{answer}");
+    }
     // A field the server does not implement is refused by name, never ignored; so are tools
     // on a model whose template takes none.
     for (field, value) in [

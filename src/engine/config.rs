@@ -296,26 +296,34 @@ impl EngineConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: &str| Err(Error::InvalidConfig(what.to_string()));
+        let bad = |field, reason: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                reason: reason.to_string(),
+            })
+        };
         if self.chunk_size == 0 {
-            return bad("chunk_size must be positive");
+            return bad("chunk_size", "must be positive");
         }
         if self.max_context_tokens.is_some_and(|n| n < 2) {
-            return bad("max_context_tokens must be at least 2");
+            return bad("max_context_tokens", "must be at least 2");
         }
         if self.budgets.device_bytes.is_none() && self.budgets.device_tokens < self.chunk_size {
-            return bad("device_tokens must hold at least one chunk");
+            return bad("budgets.device_tokens", "must hold at least one chunk");
         }
         if self.step_token_budget == 0 {
-            return bad("step_token_budget must be positive");
+            return bad("step_token_budget", "must be positive");
         }
         if self.store.as_ref().is_some_and(|d| {
             d.read_bytes_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
         }) {
-            return bad("store.read_bytes_per_s must be positive");
+            return bad("store.read_bytes_per_s", "must be positive");
         }
-        if !(0.0..1.0).contains(&self.reserve) || !(0.0..=1.0).contains(&self.swap_out_threshold) {
-            return bad("reserve must be in [0, 1) and swap_out_threshold in [0, 1]");
+        if !(0.0..1.0).contains(&self.reserve) {
+            return bad("reserve", "must be in [0, 1)");
+        }
+        if !(0.0..=1.0).contains(&self.swap_out_threshold) {
+            return bad("swap_out_threshold", "must be in [0, 1]");
         }
         Ok(())
     }

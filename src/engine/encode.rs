@@ -143,9 +143,10 @@ fn encode_plain(
     at_end: Mark,
 ) -> Result<Encoded> {
     let Turn::User(text) = turn else {
-        return Err(Error::InvalidParams(
-            "a turn of messages needs a chat template".into(),
-        ));
+        return Err(Error::InvalidParams {
+            param: "messages",
+            reason: "a turn of messages needs a chat template".into(),
+        });
     };
     let bos = model.bos_token_id().filter(|_| history == 0);
     let mut prompt: Vec<u32> = bos.into_iter().collect();
@@ -198,10 +199,13 @@ impl Rendering {
     fn tokens(&self, model: &Model, range: Range<usize>, messages: &[Message]) -> Result<Vec<u32>> {
         let Some(contents) = &self.contents else {
             if let Some(special) = special_text_in(model, messages) {
-                return Err(Error::InvalidParams(format!(
-                    "a message holds the text of the control token {special:?}, which this \
-                     model's chat template does not let pensieve keep as plain text"
-                )));
+                return Err(Error::InvalidParams {
+                    param: "messages",
+                    reason: format!(
+                        "a message holds the text of the control token {special:?}, which \
+                         this model's chat template does not let pensieve keep as plain text"
+                    ),
+                });
             }
             return model.encode(&self.text[range]);
         };

@@ -44,11 +44,12 @@ impl Engine {
     /// clock can represent.
     pub fn expect_resume(&mut self, conv: ConversationId, after: Duration) -> Result<()> {
         self.known(conv)?;
-        let at = Instant::now().checked_add(after).ok_or_else(|| {
-            Error::InvalidParams(format!(
-                "expected resume {after:?} from now is out of range"
-            ))
-        })?;
+        let at = Instant::now()
+            .checked_add(after)
+            .ok_or_else(|| Error::InvalidParams {
+                param: "after",
+                reason: format!("a resume {after:?} from now is out of range"),
+            })?;
         self.cache.expect_resume(conv, at);
         // Already within the lead: read ahead now, not at the next step that may be long away.
         if after <= self.config.prefetch_lead {

@@ -103,9 +103,10 @@ impl Engine {
         let token_bytes = shape.token_bytes(dtype.size_in_bytes());
         let blocks = config.num_blocks(token_bytes);
         if blocks == 0 {
-            return Err(Error::InvalidConfig(
-                "the device budget must hold at least one chunk".into(),
-            ));
+            return Err(Error::InvalidConfig {
+                field: "budgets",
+                reason: "the device budget must hold at least one chunk".into(),
+            });
         }
         let slots = blocks * config.chunk_size;
         let pool = KvPool::new(shape, slots, dtype, model.transformer().device())?;

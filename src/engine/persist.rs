@@ -163,9 +163,10 @@ pub(super) fn open_store(
             )?
         }
         StoreLocation::Redis(_) if wanted.expire_after.is_some() => {
-            return Err(Error::InvalidConfig(
-                "store expire_after: a Redis store expires its keys by RedisConfig::ttl".into(),
-            ))
+            return Err(Error::InvalidConfig {
+                field: "store.expire_after",
+                reason: "a Redis store expires its keys by RedisConfig::ttl".into(),
+            })
         }
         StoreLocation::Redis(redis) => Store::open_redis(redis, format, owner, wanted.budget_bytes)
             .map_err(|source| Error::Store {
@@ -242,7 +243,12 @@ impl Engine {
             };
             return Err(Error::UnknownConversation(missing));
         };
-        let bad = |why: &str| Err(Error::InvalidRequest(why.into()));
+        let bad = |why: &str| {
+            Err(Error::InvalidRequest {
+                field: "conversation",
+                reason: why.into(),
+            })
+        };
         let Some(name) = o.name().map(str::to_string) else {
             return bad("only a named conversation is replaced");
         };
@@ -277,7 +283,12 @@ impl Engine {
             .convs
             .get(&conv)
             .ok_or(Error::UnknownConversation(conv))?;
-        let bad = |why: &str| Err(Error::InvalidRequest(why.into()));
+        let bad = |why: &str| {
+            Err(Error::InvalidRequest {
+                field: "name",
+                reason: why.into(),
+            })
+        };
         if self.cache.store().is_none() {
             return bad("only an engine with a store keeps conversations by name");
         }

@@ -31,43 +31,51 @@ const MIN_TOP_P: f64 = f32::MIN_POSITIVE as f64;
 /// # Errors
 /// [`Error::InvalidParams`] naming the bad value.
 pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
-    let bad = |m: &str| Err(Error::InvalidParams(m.to_string()));
+    let bad = |param, reason: &str| {
+        Err(Error::InvalidParams {
+            param,
+            reason: reason.to_string(),
+        })
+    };
     if p.max_tokens == 0 {
-        return bad("max_tokens must be at least 1");
+        return bad("max_tokens", "must be at least 1");
     }
     if p.min_tokens > p.max_tokens {
-        return bad("min_tokens must not exceed max_tokens");
+        return bad("min_tokens", "must not exceed max_tokens");
     }
     if p.logit_bias
         .iter()
         .any(|&(t, b)| t as usize >= vocab || !b.is_finite())
     {
-        return bad("logit_bias needs token ids in the vocabulary and finite biases");
+        return bad(
+            "logit_bias",
+            "needs token ids in the vocabulary and finite biases",
+        );
     }
     // Logits are f32: a temperature past f32's range would make them NaN (the fuzzer's
     // `1e300`), and past 100 sampling is uniform for any model anyway.
     if !(0.0..=MAX_TEMPERATURE).contains(&p.temperature) {
-        return bad(&format!("temperature must be in [0, {MAX_TEMPERATURE}]"));
+        return bad("temperature", &format!("must be in [0, {MAX_TEMPERATURE}]"));
     }
     if p.top_p.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
-        return bad("top_p must be in (0, 1]");
+        return bad("top_p", "must be in (0, 1]");
     }
     if p.top_k == Some(0) {
-        return bad("top_k must be at least 1");
+        return bad("top_k", "must be at least 1");
     }
     if !(p.min_p.is_finite() && (0.0..=1.0).contains(&p.min_p)) {
-        return bad("min_p must be in [0, 1]");
+        return bad("min_p", "must be in [0, 1]");
     }
     for (name, x) in [
         ("presence_penalty", p.presence_penalty),
         ("frequency_penalty", p.frequency_penalty),
     ] {
         if !(x.is_finite() && (-2.0..=2.0).contains(&x)) {
-            return bad(&format!("{name} must be in [-2, 2]"));
+            return bad(name, "must be in [-2, 2]");
         }
     }
     if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
-        return bad("repetition_penalty must be a finite number > 0");
+        return bad("repetition_penalty", "must be a finite number > 0");
     }
     Ok(())
 }
@@ -341,7 +349,7 @@ mod tests {
                 ..SamplingParams::greedy()
             },
         ] {
-            assert!(matches!(validate(&p, 4), Err(Error::InvalidParams(_))));
+            assert!(matches!(validate(&p, 4), Err(Error::InvalidParams { .. })));
         }
     }
 }

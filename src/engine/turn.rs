@@ -127,10 +127,13 @@ fn validate(model: &Model, conv: &Conversation, turn: &Turn) -> Result<()> {
         }
         Turn::Messages(m) => {
             if let Some(bad) = m.iter().find(|m| m.role != "user" && m.role != "tool") {
-                return Err(Error::InvalidParams(format!(
-                    "a turn's messages are the user's or tools' results, not {:?}",
-                    bad.role
-                )));
+                return Err(Error::InvalidParams {
+                    param: "messages",
+                    reason: format!(
+                        "a turn's messages are the user's or tools' results, not {:?}",
+                        bad.role
+                    ),
+                });
             }
         }
         Turn::User(_) => {}

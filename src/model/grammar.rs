@@ -128,10 +128,10 @@ impl Guide {
         let factory = model.grammars().factory(model)?;
         let parser = factory
             .create_parser(constraint.grammar())
-            .map_err(|e| Error::InvalidParams(format!("the reply's constraint: {e}")))?;
+            .map_err(|e| invalid(format!("it does not compile: {e}")))?;
         let matcher = Matcher::new(Ok(parser));
         match matcher.get_error() {
-            Some(e) => Err(Error::InvalidParams(format!("the reply's constraint: {e}"))),
+            Some(e) => Err(invalid(format!("it does not compile: {e}"))),
             None => Ok(Self { matcher }),
         }
     }
@@ -168,5 +168,12 @@ impl Guide {
 }
 
 fn failed(e: impl std::fmt::Display) -> Error {
-    Error::InvalidParams(format!("the reply could not follow its constraint: {e}"))
+    invalid(format!("the reply could not follow it: {e}"))
+}
+
+fn invalid(reason: String) -> Error {
+    Error::InvalidParams {
+        param: "constraint",
+        reason,
+    }
 }

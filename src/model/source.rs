@@ -243,9 +243,10 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
         Some(d) => Cache::new(d.clone()),
         None => Cache::from_env(),
     };
-    let hub_err = |reason: String| Error::Hub {
+    let hub_err = |file: Option<&str>, e: Box<dyn std::error::Error + Send + Sync>| Error::Hub {
         repo: hub.repo.clone(),
-        reason,
+        file: file.map(str::to_string),
+        source: e,
     };
     let api = if hub.offline {
         None
@@ -254,7 +255,7 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
         Some(
             builder
                 .build()
-                .map_err(|e| hub_err(e.to_string()))?
+                .map_err(|e| hub_err(None, e.into()))?
                 .repo(repo.clone()),
         )
     };
@@ -268,7 +269,7 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
         }
         let Some(api) = &api else { return Ok(None) };
         if listing.borrow().is_none() {
-            let info = api.info().map_err(|e| hub_err(e.to_string()))?;
+            let info = api.info().map_err(|e| hub_err(None, e.into()))?;
             *listing.borrow_mut() = Some(info.siblings.into_iter().map(|s| s.rfilename).collect());
         }
         let listed = listing
@@ -278,15 +279,17 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
         if listed {
             api.get(file)
                 .map(Some)
-                .map_err(|e| hub_err(format!("{file}: {e}")))
+                .map_err(|e| hub_err(Some(file), e.into()))
         } else {
             Ok(None)
         }
     };
     match &hub.gguf_file {
-        Some(f) => fetch(f)?
-            .map(ResolvedFiles::Gguf)
-            .ok_or_else(|| hub_err(format!("{f} not found in the repo or its cache"))),
+        Some(f) => fetch(f)?.map(ResolvedFiles::Gguf).ok_or_else(|| {
+            let missing =
+                std::io::Error::new(std::io::ErrorKind::NotFound, "not in the repo or its cache");
+            hub_err(Some(f), missing.into())
+        }),
         None => resolve_folder(fetch),
     }
 }

@@ -258,9 +258,11 @@ impl Driver {
         choices: Vec<(UnboundedSender<TurnEvent>, Slot)>,
     ) -> Result<Vec<(RequestId, ConversationId)>> {
         if choices.len() > 1 && matches!(what, What::Turn { .. }) {
-            return Err(Error::InvalidRequest(
-                "several choices are for chats and completions; fork the conversation".into(),
-            ));
+            return Err(Error::InvalidRequest {
+                field: "n",
+                reason: "several choices are for chats and completions; fork the conversation"
+                    .into(),
+            });
         }
         // Nothing a request names changes before its parameters are known good.
         self.engine.validate_params(&params)?;

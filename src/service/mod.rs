@@ -269,9 +269,14 @@ impl Service {
     /// [`Error::InvalidConfig`] for a zero limit; [`Error::Io`] if the thread cannot start.
     pub fn spawn(engine: Engine, config: ServiceConfig) -> Result<Self> {
         if config.max_in_flight == 0 || config.max_conversations == 0 {
-            return Err(Error::InvalidConfig(
-                "the service's max_in_flight and max_conversations must be at least 1".into(),
-            ));
+            let field = match config.max_in_flight {
+                0 => "max_in_flight",
+                _ => "max_conversations",
+            };
+            return Err(Error::InvalidConfig {
+                field,
+                reason: "must be at least 1".into(),
+            });
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let wake = tx.clone();
@@ -474,7 +479,10 @@ impl Service {
 
     async fn send(&self, what: What, params: SamplingParams, n: usize) -> Result<Vec<TurnStream>> {
         if n == 0 {
-            return Err(Error::InvalidRequest("at least one choice".into()));
+            return Err(Error::InvalidRequest {
+                field: "n",
+                reason: "at least one choice".into(),
+            });
         }
         let busy = self.inner.in_flight.fetch_add(n, Ordering::SeqCst);
         let slots: Vec<Slot> = (0..n).map(|_| Slot(self.inner.in_flight.clone())).collect();

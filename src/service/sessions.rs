@@ -116,9 +116,10 @@ impl Sessions {
             .take_while(|m| m.role == "user" || m.role == "tool")
             .count();
         if new == 0 {
-            return Err(Error::InvalidRequest(
-                "the last message must be the user's or a tool's result".into(),
-            ));
+            return Err(Error::InvalidRequest {
+                field: "messages",
+                reason: "the last message must be the user's or a tool's result".into(),
+            });
         }
         let (history, last) = messages.split_at(messages.len() - new);
         let turn = match last {
@@ -164,9 +165,10 @@ impl Sessions {
             _ => (None, history),
         };
         if rest.iter().any(|m| m.role == "system") {
-            return Err(Error::InvalidRequest(
-                "a system message may only come first".into(),
-            ));
+            return Err(Error::InvalidRequest {
+                field: "messages",
+                reason: "a system message may only come first".into(),
+            });
         }
         // A new name is claimed now (refused if another model keeps it), taken at the reply.
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
@@ -239,7 +241,10 @@ impl Sessions {
         tokens: Vec<u32>,
     ) -> Result<(ConversationId, Vec<u32>, Opened)> {
         if tokens.is_empty() {
-            return Err(Error::InvalidRequest("the prompt is empty".into()));
+            return Err(Error::InvalidRequest {
+                field: "prompt",
+                reason: "the prompt is empty".into(),
+            });
         }
         let best = self
             .map

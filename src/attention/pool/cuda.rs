@@ -49,7 +49,7 @@ pub(super) struct Mover {
 }
 
 fn transfer(e: DriverError) -> Error {
-    Error::Transfer(e.to_string())
+    Error::Transfer(Box::new(e))
 }
 
 impl Mover {
@@ -233,7 +233,9 @@ fn with_device_ptr(
 ) -> Result<()> {
     let (storage, layout) = pool.storage_and_layout();
     let Storage::Cuda(cs) = &*storage else {
-        return Err(Error::Transfer("the pool is not on the GPU".into()));
+        return Err(Error::Unsupported(
+            "GPU copies of a pool that is not on the GPU".into(),
+        ));
     };
     let offset = (layout.start_offset() * pool.dtype().size_in_bytes()) as u64;
     match &cs.slice {
@@ -249,7 +251,10 @@ fn with_device_ptr(
             let (ptr, _recorded_on_drop) = s.device_ptr(stream);
             f(ptr + offset)
         }
-        _ => Err(Error::Transfer(format!("a {:?} pool", pool.dtype()))),
+        _ => Err(Error::Unsupported(format!(
+            "GPU copies of a {:?} pool",
+            pool.dtype()
+        ))),
     }
 }
 

@@ -14,6 +14,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds after which a capacity refusal (429, 503) may be retried (`Retry-After`).
     pub retry_after: Option<u64>,
+    /// The request field at fault, where the engine names one (OpenAI's `param`).
+    pub param: Option<&'static str>,
 }
 
 /// Longest error message answered: errors may quote what a request sent (a name, a field),
@@ -40,6 +42,7 @@ impl ApiError {
             status,
             message,
             retry_after: None,
+            param: None,
         }
     }
 
@@ -69,7 +72,10 @@ impl ApiError {
             pensieve::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
             _ if status.is_server_error() => Self::internal(e, status),
             _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
-            _ => Self::new(status, e.to_string()),
+            _ => Self {
+                param: param_of(e),
+                ..Self::new(status, e.to_string())
+            },
         }
     }
 
@@ -111,9 +117,24 @@ impl ApiError {
         json!({"error": {
             "message": self.message,
             "type": kind,
-            "param": null,
+            "param": self.param,
             "code": self.status.as_u16(),
         }})
+    }
+}
+
+/// The request field an engine error names, as the OpenAI API calls it.
+fn param_of(e: &pensieve::Error) -> Option<&'static str> {
+    match e {
+        // A turn's constraint comes from `response_format` or a forced tool choice: the
+        // engine cannot tell which, so the error names neither.
+        pensieve::Error::InvalidParams {
+            param: "constraint",
+            ..
+        } => None,
+        pensieve::Error::InvalidParams { param, .. } => Some(param),
+        pensieve::Error::InvalidRequest { field, .. } => Some(field),
+        _ => None,
     }
 }
 

@@ -183,10 +183,13 @@ impl Engine {
     /// As [`Engine::resume`]; [`Error::InvalidRequest`] if `fetched` was read for another name.
     pub fn resume_with(&mut self, name: &str, fetched: Fetched) -> Result<ConversationId> {
         if fetched.name != name {
-            return Err(Error::InvalidRequest(format!(
-                "what was read of {:?} does not resume {name:?}",
-                fetched.name
-            )));
+            return Err(Error::InvalidRequest {
+                field: "fetched",
+                reason: format!(
+                    "what was read of {:?} does not resume {name:?}",
+                    fetched.name
+                ),
+            });
         }
         self.resume_fetched(name, Some(fetched))
     }
@@ -203,11 +206,14 @@ impl Engine {
         registration: Registration,
     ) -> Result<ConversationId> {
         if options.name.as_deref() != Some(registration.name()) {
-            return Err(Error::InvalidRequest(format!(
-                "the registration read of {:?} does not open {:?}",
-                registration.name(),
-                options.name
-            )));
+            return Err(Error::InvalidRequest {
+                field: "registration",
+                reason: format!(
+                    "the registration read of {:?} does not open {:?}",
+                    registration.name(),
+                    options.name
+                ),
+            });
         }
         self.open_with(options, Some(registration))
     }
