@@ -45,6 +45,64 @@ impl Cut {
     }
 }
 
+/// How a conversation's drafted tokens fared lately, so that it drafts only while drafts pay:
+/// as many as its recent acceptance says would be taken, and after a run of misses none for
+/// a cool-down that doubles at each further miss (a probe at its end tries again).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Acceptance {
+    /// The share of drafted tokens accepted, averaged over recent drafts.
+    rate: f32,
+    /// Decode steps left before the next draft.
+    cooldown: u16,
+    /// Cool-downs in a row without an accepted draft between them.
+    misses: u8,
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        // Even odds before anything is known: a first draft of two tokens.
+        Self {
+            rate: 0.5,
+            cooldown: 0,
+            misses: 0,
+        }
+    }
+}
+
+impl Acceptance {
+    /// Below this recent acceptance a verified draft costs more than it gives.
+    const LOW: f32 = 0.2;
+
+    /// How many tokens to draft now, up to `max`: one past the run the recent acceptance
+    /// expects to be taken (`a / (1 - a)` tokens at a per-token acceptance `a`).
+    pub fn draft_len(&self, max: usize) -> usize {
+        if self.cooldown > 0 || max == 0 {
+            return 0;
+        }
+        let a = self.rate.clamp(0.0, 0.95);
+        let run = (a / (1.0 - a)).ceil() as usize;
+        (run + 1).clamp(1, max)
+    }
+
+    /// One decode step of the conversation: `drafted` tokens verified (0: none drafted),
+    /// `accepted` of them kept.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            self.cooldown = self.cooldown.saturating_sub(1);
+            return;
+        }
+        self.rate = 0.7 * self.rate + 0.3 * accepted as f32 / drafted as f32;
+        if self.rate < Self::LOW {
+            self.misses = self.misses.saturating_add(1).min(6);
+            self.cooldown = 2 << self.misses;
+            // The probe after the cool-down drafts little.
+            self.rate = Self::LOW;
+        } else if accepted > 0 {
+            self.misses = 0;
+        }
+    }
+}
+
 /// One conversation's history.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Conversation {
@@ -66,6 +124,9 @@ pub(crate) struct Conversation {
     /// Which writer stored that revision: the state the next write of its manifest continues
     /// (compare-and-set), empty before the first.
     stamp: String,
+    /// How its speculative drafts fared lately (not stored: a resumed conversation learns it
+    /// again within a few steps).
+    pub acceptance: Acceptance,
 }
 
 impl Conversation {
@@ -170,6 +231,7 @@ impl Conversation {
             marks: self.marks[..k].to_vec(),
             revision: 0,
             stamp: String::new(),
+            acceptance: self.acceptance,
         }
     }
 
@@ -338,5 +400,33 @@ mod tests {
                 messages: 1
             }]
         );
+    }
+
+    #[test]
+    fn drafts_grow_with_acceptance_and_stop_for_a_doubling_cool_down_after_misses() {
+        let mut a = Acceptance::default();
+        assert_eq!(a.draft_len(8), 2);
+        assert_eq!(a.draft_len(0), 0);
+        for _ in 0..10 {
+            a.record(4, 4);
+        }
+        assert_eq!(a.draft_len(8), 8);
+        // Misses: none drafted for 4 decode steps, then a short probe.
+        let mut steps = 0;
+        while a.draft_len(8) > 0 {
+            a.record(a.draft_len(8), 0);
+        }
+        while a.draft_len(8) == 0 {
+            a.record(0, 0);
+            steps += 1;
+        }
+        assert_eq!((steps, a.draft_len(8)), (4, 2));
+        // Another miss waits twice as long; a taken draft ends the run of misses.
+        a.record(2, 0);
+        assert_eq!(a.cooldown, 8);
+        a.cooldown = 0;
+        a.record(2, 2);
+        assert_eq!(a.misses, 0);
+        assert!(a.draft_len(8) >= 2);
     }
 }

@@ -23,12 +23,15 @@
 //! is simply every position up to its last query. No candle or model types here.
 
 mod commit;
+mod draft;
 mod plan;
+mod row;
 mod share;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
+pub use draft::Speculation;
 pub(crate) use plan::{Admission, Outcome, Rejection, Reuse, RowPlan, StepPlan};
 use plan::{Run, RunKind};
 
@@ -72,6 +75,8 @@ pub(crate) struct Request<T> {
     /// A lookup by content in the store it waits for before admission.
     lookup: Option<u64>,
     generated: usize,
+    /// Most tokens the turn may generate: nothing is drafted past them.
+    max_tokens: usize,
     counts: TurnCounts,
     /// The engine's state of this turn.
     pub payload: T,
@@ -112,6 +117,10 @@ pub(crate) struct Limits {
     pub prefetch_window: usize,
     /// Whether turns take KV other conversations computed for the same tokens.
     pub sharing: bool,
+    /// Drafting of decode rows' next tokens from their history.
+    pub speculation: Speculation,
+    /// Positions a conversation may reach (the context window): nothing is drafted past it.
+    pub window: usize,
 }
 
 #[derive(Debug)]
@@ -145,13 +154,14 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// Queues a turn of `conv` whose new tokens are `prompt`.
+    /// Queues a turn of `conv` whose new tokens are `prompt`, to generate at most
+    /// `max_tokens`.
     pub fn enqueue(
         &mut self,
         id: RequestId,
         conv: ConversationId,
         arrival: Instant,
-        prompt: Vec<u32>,
+        (prompt, max_tokens): (Vec<u32>, usize),
         payload: T,
     ) {
         self.waiting.push_back(id);
@@ -170,6 +180,7 @@ impl<T> Scheduler<T> {
                 recount: false,
                 lookup: None,
                 generated: 0,
+                max_tokens,
                 counts: TurnCounts::default(),
                 payload,
             },
@@ -430,78 +441,6 @@ impl<T> Scheduler<T> {
                 store: restore.from_store,
             }),
         })
-    }
-
-    /// Takes the next tokens of `id`'s work (`work`, or its own) within `budget`, giving the
-    /// new positions blocks. The work itself is consumed only at commit.
-    fn plan_row(
-        &self,
-        id: RequestId,
-        work: Option<&VecDeque<Run>>,
-        convs: &Conversations,
-        cache: &mut CacheManager,
-        budget: usize,
-    ) -> Result<Option<RowPlan>, RowError> {
-        let Some(req) = self.requests.get(&id) else {
-            return Ok(None);
-        };
-        let work = work.unwrap_or(&req.work);
-        let (mut positions, mut recomputed, mut decoded) = (Vec::new(), 0, 0);
-        let mut taken_runs = 0;
-        for run in work {
-            let take = (budget - positions.len()).min(run.range.len());
-            positions.extend(run.range.start..run.range.start + take);
-            match run.kind {
-                RunKind::Recompute => recomputed += take,
-                RunKind::Decode => decoded += take,
-                RunKind::Prefill => {}
-            }
-            if take < run.range.len() {
-                break;
-            }
-            taken_runs += 1;
-        }
-        let Some(&last) = positions.last() else {
-            return Ok(None);
-        };
-        let chunk = cache.chunk_size();
-        let have = cache.table(req.conv).map_or(0, |t| t.len());
-        for _ in have..last / chunk + 1 {
-            if !cache.grow(req.conv) {
-                return Err(RowError::NoBlock);
-            }
-        }
-        let broken = |position: usize| {
-            RowError::Broken(Violation::MissingSlot {
-                conversation: req.conv,
-                position,
-            })
-        };
-        let history = convs.get(&req.conv).map_or(&[][..], |c| c.tokens());
-        let token = |p: usize| match p.checked_sub(history.len()) {
-            None => Some(history[p]),
-            Some(i) => req.pending.get(i).copied(),
-        };
-        let slot = |p: usize| cache.slot(req.conv, p).ok_or_else(|| broken(p));
-        let block = |c: usize| cache.block(req.conv, c).ok_or_else(|| broken(c * chunk));
-        Ok(Some(RowPlan {
-            request: id,
-            conv: req.conv,
-            tokens: positions
-                .iter()
-                .map(|&p| token(p).ok_or_else(|| broken(p)))
-                .collect::<Result<_, _>>()?,
-            slots: positions
-                .iter()
-                .map(|&p| slot(p))
-                .collect::<Result<_, _>>()?,
-            positions: positions.iter().map(|&p| p as u32).collect(),
-            blocks: (0..=last / chunk).map(block).collect::<Result<_, _>>()?,
-            ctx_len: last + 1,
-            sample: taken_runs == work.len(),
-            recomputed,
-            decoded,
-        }))
     }
 
     /// Conversations with a running turn, and with `queued_too` those with a waiting one.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::kv::CostModel;
 pub use crate::kv::RedisConfig;
 use crate::model::{LoadOptions, ModelSource};
+use crate::scheduler::Speculation;
 use crate::setters::setters;
 use crate::{Error, Result};
 
@@ -235,6 +236,11 @@ pub struct EngineConfig {
     /// [`Error::Invariant`] if one is broken. On by default in debug builds; tests turn it on
     /// in release builds too.
     pub check_invariants: bool,
+    /// Speculative decoding from each conversation's history: a decode row drafts the tokens
+    /// that followed the latest earlier occurrence of its last few, and one step verifies
+    /// them. The output is the same as without it (token for token under greedy decoding or
+    /// a seed); only how many tokens a step yields changes.
+    pub speculation: Speculation,
 }
 
 impl Default for EngineConfig {
@@ -259,6 +265,7 @@ impl Default for EngineConfig {
             prefetch_window: 8,
             prefetch_lead: std::time::Duration::from_secs(2),
             check_invariants: cfg!(debug_assertions),
+            speculation: Speculation::default(),
         }
     }
 }
@@ -283,6 +290,7 @@ setters!(EngineConfig {
     value prefetch_window: usize,
     value prefetch_lead: std::time::Duration,
     value check_invariants: bool,
+    value speculation: Speculation,
 });
 
 impl EngineConfig {
@@ -318,6 +326,10 @@ impl EngineConfig {
             d.read_bytes_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
         }) {
             return bad("store.read_bytes_per_s", "must be positive");
+        }
+        let s = &self.speculation;
+        if s.is_on() && !(1..=s.max_ngram).contains(&s.min_ngram) {
+            return bad("speculation", "needs 1 <= min_ngram <= max_ngram");
         }
         if !(0.0..1.0).contains(&self.reserve) {
             return bad("reserve", "must be in [0, 1)");

@@ -139,14 +139,12 @@ pub(super) fn forward(
     }
     let mut batch = ForwardBatch::paged(chunk);
     for r in rows {
-        batch.push(
-            &r.tokens,
-            &r.positions,
-            &r.slots,
-            &r.blocks,
-            r.ctx_len,
-            r.sample,
-        )?;
+        let (tokens, positions, slots) = (&r.tokens, &r.positions, &r.slots);
+        match r.drafted {
+            // The logits after the fed-back token and after each drafted one.
+            0 => batch.push(tokens, positions, slots, &r.blocks, r.ctx_len, r.sample)?,
+            _ => batch.push_scored(tokens, positions, slots, &r.blocks, r.ctx_len)?,
+        }
     }
     let logits = model.transformer().forward(&batch, pool)?;
     Ok((batch.num_logit_rows() > 0).then_some(logits))

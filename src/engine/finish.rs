@@ -11,18 +11,26 @@ use super::{CacheMode, Engine, Event, FinishReason, TurnStats};
 use crate::ids::{ConversationId, RequestId};
 
 impl Engine {
-    /// Takes a sampled token (already committed to the turn): emits it, and ends the turn if a
-    /// stop rule fires.
-    pub(super) fn accept_token(&mut self, id: RequestId, token: u32, now: Instant) {
+    /// Takes a sampled token (already committed to the turn, with `after` more sampled in the
+    /// same step): emits it, and ends the turn if a stop rule fires, taking the tokens after
+    /// it back. Returns whether the turn goes on.
+    pub(super) fn accept_token(
+        &mut self,
+        id: RequestId,
+        token: u32,
+        after: usize,
+        now: Instant,
+    ) -> bool {
         let Some(req) = self.sched.get_mut(id) else {
-            return;
+            return false;
         };
         let conv = req.conv();
-        // The sampled token is pending beyond the history: one more than the history holds.
-        let length = self.convs.get(&conv).map_or(0, |c| c.tokens().len()) + 1;
+        // The last sampled token is pending beyond the history, the others in it: the
+        // conversation is one longer than the history, less the tokens after this one.
+        let length = self.convs.get(&conv).map_or(0, |c| c.tokens().len()) + 1 - after;
         let full = length >= self.limits.max_conversation_tokens();
         self.stats.generated_tokens += 1;
-        match req.payload.accept(&self.model, token, full, now) {
+        let finish = match req.payload.accept(&self.model, token, full, now) {
             Ok(accepted) => {
                 self.backlog.push(Event::Token {
                     request: id,
@@ -31,12 +39,17 @@ impl Engine {
                     text: accepted.text,
                     logprobs: accepted.logprobs,
                 });
-                if let Some(reason) = accepted.finish {
-                    self.finish(id, reason, now);
-                }
+                accepted.finish
             }
-            Err(e) => self.finish(id, FinishReason::failed(e), now),
-        }
+            Err(e) => Some(FinishReason::failed(e)),
+        };
+        let Some(reason) = finish else {
+            return true;
+        };
+        self.sched
+            .retract(id, after, &mut self.convs, &mut self.cache);
+        self.finish(id, reason, now);
+        false
     }
 
     /// Ends a turn: its KV stays cached (released in `Stateless` mode), the conversation

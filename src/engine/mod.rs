@@ -27,6 +27,7 @@ mod sampler;
 mod share;
 mod turn;
 mod types;
+mod verify;
 
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use crate::scheduler::Speculation;
 pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
@@ -131,19 +133,22 @@ impl Engine {
             }
         }
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
+        let window = config
+            .max_context_tokens
+            .map_or(model.config().max_position_embeddings, |n| {
+                n.min(model.config().max_position_embeddings)
+            });
         let sched = Scheduler::new(Limits {
             token_budget: config.step_token_budget,
             reserve_blocks: frac(config.reserve),
             swap_out_blocks: frac(config.swap_out_threshold),
             prefetch_window: config.prefetch_window,
             sharing: config.shares_kv(),
+            speculation: config.speculation,
+            window,
         });
         let limits = TurnLimits {
-            window: config
-                .max_context_tokens
-                .map_or(model.config().max_position_embeddings, |n| {
-                    n.min(model.config().max_position_embeddings)
-                }),
+            window,
             pool_slots: slots,
             chunk_size: config.chunk_size,
             overflow: config.overflow,
@@ -324,7 +329,7 @@ impl Engine {
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }
-        let prompt = std::mem::take(&mut prepared.prompt);
+        let prompt = (std::mem::take(&mut prepared.prompt), params.max_tokens);
         let eos = self.model.eos_token_ids();
         let active = ActiveTurn::new(prepared, params, eos, guide, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
@@ -421,8 +426,8 @@ impl Engine {
             self.sched
                 .commit(&plan, &outcome, &mut self.convs, &mut self.cache, now);
             self.index_prefilled(&plan.rows);
-            for &(id, token) in &outcome.sampled {
-                self.accept_token(id, token, done);
+            for (id, tokens) in &outcome.sampled {
+                self.accept_tokens(*id, tokens, done);
             }
             self.stats.commit_time += t3.elapsed();
         }
@@ -485,14 +490,16 @@ impl Engine {
         let mut sampled = Vec::new();
         match result {
             Ok(logits) => {
-                let sampling = rows.iter().filter(|r| r.sample);
-                for (i, row) in sampling.enumerate() {
+                let mut first = 0;
+                for row in rows.iter().filter(|r| r.sample) {
+                    let logits_from = first;
+                    first += 1 + row.drafted;
                     // A restore refused partway: the row read unchecked KV; it is redone.
                     if late.contains(&row.conv) {
                         continue;
                     }
-                    match self.sample(row.request, logits.as_ref(), i) {
-                        Ok(token) => sampled.push((row.request, token)),
+                    match self.verify(row, logits.as_ref(), logits_from) {
+                        Ok(tokens) => sampled.push((row.request, tokens)),
                         Err(e) => failed.push((row.request, FinishReason::failed(e))),
                     }
                 }
@@ -516,26 +523,6 @@ impl Engine {
             requeue,
         };
         (outcome, now.max(t3))
-    }
-
-    /// Samples `id`'s next token from row `index` of `logits`.
-    fn sample(
-        &mut self,
-        id: RequestId,
-        logits: Option<&candle_core::Tensor>,
-        index: usize,
-    ) -> Result<u32> {
-        let row = logits
-            .ok_or_else(|| Error::InvalidBatch("no logits for a sampled row".into()))?
-            .get(index)?;
-        let req = self.sched.get_mut(id).ok_or(Error::UnknownRequest(id))?;
-        let context = self.convs.get(&req.conv()).map_or(&[][..], |c| c.tokens());
-        let token = req.payload.sampler().sample(&row, context)?;
-        if let Some(top) = req.payload.params().logprobs {
-            let lp = sampler::logprobs(&row, token, top)?;
-            req.payload.set_logprobs(lp);
-        }
-        Ok(token)
     }
 
     /// Runs one turn to completion, calling `on_text` with each text delta. Events of other

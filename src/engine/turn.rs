@@ -3,6 +3,7 @@
 //! invalid input; [`ActiveTurn`] is the engine's state of a turn while it runs (sampler,
 //! streaming detokenizer, reply text, stop rules, timings).
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::encode::{encode, Encoded};
@@ -326,8 +327,8 @@ pub(crate) struct ActiveTurn {
     prompt_tokens: usize,
     submitted: Instant,
     first_token: Option<Instant>,
-    /// The sampled token's log-probabilities, until it is accepted.
-    logprobs: Option<TokenLogprobs>,
+    /// The sampled tokens' log-probabilities, in order, until each is accepted.
+    logprobs: VecDeque<TokenLogprobs>,
 }
 
 /// One accepted token: its text, and why the turn ends with it, if it does.
@@ -363,7 +364,7 @@ impl ActiveTurn {
             prompt_tokens: prepared.size.prompt_tokens,
             submitted: now,
             first_token: None,
-            logprobs: None,
+            logprobs: VecDeque::new(),
         }
     }
 
@@ -375,9 +376,10 @@ impl ActiveTurn {
         &self.params
     }
 
-    /// Keeps the log-probabilities of the token just sampled for its event.
-    pub fn set_logprobs(&mut self, logprobs: TokenLogprobs) {
-        self.logprobs = Some(logprobs);
+    /// Keeps the log-probabilities of a token just sampled for its event (a step may sample
+    /// several before the turn takes them).
+    pub fn push_logprobs(&mut self, logprobs: TokenLogprobs) {
+        self.logprobs.push_back(logprobs);
     }
 
     /// Takes a generated token; `full` says the conversation reached its longest. The text
@@ -440,7 +442,7 @@ impl ActiveTurn {
         self.emitted = end;
         Ok(Accepted {
             text,
-            logprobs: self.logprobs.take(),
+            logprobs: self.logprobs.pop_front(),
             finish,
         })
     }

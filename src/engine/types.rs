@@ -287,6 +287,11 @@ pub struct EngineStats {
     pub recomputed_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// Tokens drafted from conversations' histories and verified (speculative decoding).
+    pub drafted_tokens: u64,
+    /// Of the drafted tokens, those the sampler agreed with: each one a token generated
+    /// without a step of its own.
+    pub accepted_tokens: u64,
     /// Bytes copied device → host.
     pub bytes_swapped_out: u64,
     /// Bytes copied host → device.

@@ -239,7 +239,6 @@ impl ForwardBatch {
     ///
     /// # Errors
     /// As [`Self::push`].
-    #[cfg(feature = "internals")]
     pub fn push_scored(
         &mut self,
         tokens: &[u32],

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::plan::{Outcome, RowPlan, Run, RunKind, StepPlan};
 use super::Scheduler;
 use crate::conversation::Conversations;
+use crate::ids::RequestId;
 use crate::kv::CacheManager;
 
 impl<T> Scheduler<T> {
@@ -37,15 +38,23 @@ impl<T> Scheduler<T> {
             }
         }
         for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|(_, &ran)| ran) {
-            self.commit_row(row, convs, cache);
+            // A drafted row keeps the drafts its sampled tokens agreed with: all but the last.
+            let accepted = match row.drafted {
+                0 => 0,
+                _ => (outcome.sampled.iter())
+                    .find(|(id, _)| *id == row.request)
+                    .map_or(0, |(_, t)| t.len().saturating_sub(1)),
+            };
+            self.commit_row(row, accepted, convs, cache);
         }
-        for &(id, token) in &outcome.sampled {
-            let Some(req) = self.requests.get_mut(&id) else {
+        for (id, tokens) in &outcome.sampled {
+            let (Some(req), Some(&token)) = (self.requests.get_mut(id), tokens.last()) else {
                 continue;
             };
+            // The tokens before the last are accepted drafts, in the history by now.
             let p = convs.get(&req.conv).map_or(0, |c| c.tokens().len()) + req.pending.len();
             req.pending.push(token);
-            req.generated += 1;
+            req.generated += tokens.len();
             req.work.push_back(Run {
                 range: p..p + 1,
                 kind: RunKind::Decode,
@@ -59,19 +68,36 @@ impl<T> Scheduler<T> {
         }
     }
 
-    fn commit_row(&mut self, row: &RowPlan, convs: &mut Conversations, cache: &mut CacheManager) {
+    fn commit_row(
+        &mut self,
+        row: &RowPlan,
+        accepted: usize,
+        convs: &mut Conversations,
+        cache: &mut CacheManager,
+    ) {
         let Some(req) = self.requests.get_mut(&row.request) else {
             return;
         };
         let Some(conv) = convs.get_mut(&row.conv) else {
             return;
         };
-        let end = row.positions.last().map_or(0, |&p| p as usize + 1);
+        // Drafts past the accepted ones computed KV for tokens that are not the
+        // conversation's: the row ends before them.
+        let worked = row.tokens.len() - row.drafted;
+        let kept = worked + accepted;
+        let end = row
+            .positions
+            .get(kept.wrapping_sub(1))
+            .map_or(0, |&p| p as usize + 1);
         let new = end
             .saturating_sub(conv.tokens().len())
             .min(req.pending.len());
         conv.extend_tokens(req.pending.drain(..new));
-        let mut left = row.tokens.len();
+        conv.extend_tokens(row.tokens[worked..kept].iter().copied());
+        if row.decoded == row.tokens.len() {
+            conv.acceptance.record(row.drafted, accepted);
+        }
+        let mut left = worked;
         while left > 0 {
             let Some(run) = req.work.front_mut() else {
                 break;
@@ -87,5 +113,39 @@ impl<T> Scheduler<T> {
         req.counts.recomputed += row.recomputed;
         req.counts.prefilled += row.tokens.len() - row.decoded;
         cache.mark_computed(row.conv, end);
+        if accepted < row.drafted {
+            // The rejected drafts' blocks go back to the pool.
+            cache.truncate(row.conv, end);
+        }
+    }
+
+    /// Takes back the last `n` tokens a step gave `id`'s turn: those sampled after the token
+    /// the turn ended with (a step may sample several, from accepted drafts). The history
+    /// and the KV end with that token again.
+    pub fn retract(
+        &mut self,
+        id: RequestId,
+        n: usize,
+        convs: &mut Conversations,
+        cache: &mut CacheManager,
+    ) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let Some(conv) = convs.get_mut(&req.conv) else {
+            return;
+        };
+        let from_pending = n.min(req.pending.len());
+        req.pending.truncate(req.pending.len() - from_pending);
+        let len = conv.tokens().len() - (n - from_pending).min(conv.tokens().len());
+        conv.truncate_tokens(len);
+        req.generated = req.generated.saturating_sub(n);
+        let end = len + req.pending.len();
+        req.work.retain_mut(|run| {
+            run.range.end = run.range.end.min(end);
+            !run.range.is_empty()
+        });
+        req.progress = req.progress.min(len);
+        cache.truncate(req.conv, len);
     }
 }

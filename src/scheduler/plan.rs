@@ -25,8 +25,11 @@ pub(crate) struct RowPlan {
     pub sample: bool,
     /// Of `tokens`, how many recompute dropped KV.
     pub recomputed: usize,
-    /// Of `tokens`, how many feed back a sampled token (decode).
+    /// Of `tokens`, how many feed back a sampled token (decode) or are drafted.
     pub decoded: usize,
+    /// Of `tokens`, how many at the end are drafted (the row wants the logits of each, and of
+    /// the token before them).
+    pub drafted: usize,
 }
 
 /// A waiting request admitted by a step: the work it starts with.
@@ -85,8 +88,9 @@ impl StepPlan {
 pub(crate) struct Outcome {
     /// Per row of the plan: whether it was computed.
     pub ran: Vec<bool>,
-    /// Tokens sampled from rows that ran and sample.
-    pub sampled: Vec<(RequestId, u32)>,
+    /// Tokens sampled from rows that ran and sample, in order: one per row, or for a drafted
+    /// row the drafted tokens accepted and the token sampled after them.
+    pub sampled: Vec<(RequestId, Vec<u32>)>,
     /// Requests whose KV could not be restored (a swap-in failed): back to the queue, to be
     /// admitted again and recompute what was lost.
     pub requeue: Vec<RequestId>,

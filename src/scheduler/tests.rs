@@ -24,6 +24,8 @@ fn world(blocks: usize, host_chunks: usize, reserve: usize, swap_out: usize) -> 
             swap_out_blocks: swap_out,
             prefetch_window: 8,
             sharing: false,
+            speculation: Speculation::off(),
+            window: 1 << 20,
         }),
         convs: Conversations::new(),
         // One byte per KV-token: the host budget counts tokens.
@@ -43,7 +45,7 @@ impl World {
         let id = RequestId(self.s.requests.len() as u64 * 100 + conv);
         let arrival = self.t0 + Duration::from_millis(ms);
         self.s
-            .enqueue(id, c, arrival, vec![7 + conv as u32; prompt], ());
+            .enqueue(id, c, arrival, (vec![7 + conv as u32; prompt], 1 << 20), ());
         id
     }
 
@@ -67,7 +69,7 @@ impl World {
                 .rows
                 .iter()
                 .filter(|r| r.sample)
-                .map(|r| (r.request, 9))
+                .map(|r| (r.request, vec![9]))
                 .collect(),
             requeue: Vec::new(),
         };
@@ -295,4 +297,44 @@ fn admission_evicts_idle_conversations_before_queued_ones() {
         victims.iter().all(|&c| c == 0),
         "swapped out of {victims:?}"
     );
+}
+
+#[test]
+fn a_decode_row_drafts_from_its_history_and_keeps_only_the_accepted_drafts() {
+    let mut w = world(16, 0, 0, 0);
+    w.s.limits.speculation = Speculation::default();
+    let c = ConversationId(1);
+    w.convs.insert(c, Conversation::new(Vec::new()));
+    w.cache.open(c, w.t0);
+    let prompt = vec![1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2];
+    w.s.enqueue(RequestId(1), c, w.t0, (prompt, 100), ());
+    let apply = |w: &mut World, plan: &StepPlan, tokens: Vec<u32>| {
+        let outcome = Outcome {
+            ran: vec![true; plan.rows.len()],
+            sampled: vec![(RequestId(1), tokens)],
+            requeue: Vec::new(),
+        };
+        (w.s).commit(plan, &outcome, &mut w.convs, &mut w.cache, w.t0);
+        w.check();
+    };
+    let prefill = w.plan();
+    assert_eq!(prefill.rows[0].drafted, 0);
+    apply(&mut w, &prefill, vec![3]);
+    // "6 1 2 3" last came before "4 5 6": at even odds, two tokens are drafted.
+    let decode = w.plan();
+    let row = &decode.rows[0];
+    assert_eq!((&row.tokens[..], row.drafted), (&[3, 4, 5][..], 2));
+    assert_eq!(row.positions, [14, 15, 16]);
+    assert_eq!(w.cache.table(c).map(|t| t.len()), Some(5));
+    // The sampler took 4, then sampled 7 where 5 was drafted.
+    apply(&mut w, &decode, vec![4, 7]);
+    let tokens = w.convs.get(&c).map(|c| c.tokens().to_vec()).unwrap();
+    assert_eq!(tokens[12..], [1, 2, 3, 4]);
+    // Position 16's block held only the rejected draft: it went back to the pool.
+    assert_eq!(
+        w.cache.table(c).map(|t| (t.len(), t.computed())),
+        Some((4, 16))
+    );
+    let next = w.plan();
+    assert_eq!((next.rows[0].tokens[0], next.rows[0].positions[0]), (7, 16));
 }

@@ -1,0 +1,133 @@
+//! Speculative decoding by lookup in the conversation's own history (prompt-lookup decoding,
+//! as llama.cpp's lookup and vLLM's `ngram` speculator, but over every turn the engine keeps,
+//! not only the prompt a stateless server is sent): the last few tokens are looked for earlier
+//! in the history, and the tokens that followed them there are drafted as the row's next
+//! tokens. The step verifies them as extra query rows of the same decode row; the engine keeps
+//! the prefix its sampler agrees with (see `Engine::execute`), and commit releases the rest.
+//!
+//! A draft is a single guess, so sampling the model's own distribution at each drafted
+//! position and keeping the draft while it matches is the standard rejection rule for it (a
+//! draft token `d` is kept with probability `p(d)`; on a miss the token drawn is distributed as
+//! `p` without `d`, renormalized): the output is the model's under any sampling, and under
+//! greedy decoding or a fixed seed the same tokens as without speculation.
+
+use crate::conversation::Acceptance;
+use crate::setters::setters;
+
+/// Speculative decoding by lookup in the conversation's history: how far to draft.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Speculation {
+    /// Most tokens a decode row drafts per step (0 turns speculation off). How many it drafts
+    /// follows the conversation's recent acceptance, up to this.
+    pub max_draft: usize,
+    /// Longest run of last tokens looked up (the longest match is tried first).
+    pub max_ngram: usize,
+    /// Shortest run of last tokens looked up: shorter matches draft too often in vain.
+    pub min_ngram: usize,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Self {
+            max_draft: 8,
+            max_ngram: 4,
+            min_ngram: 2,
+        }
+    }
+}
+
+setters!(Speculation {
+    value max_draft: usize,
+    value max_ngram: usize,
+    value min_ngram: usize,
+});
+
+impl Speculation {
+    /// No speculation: one token per row per step.
+    pub fn off() -> Self {
+        Self {
+            max_draft: 0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether rows draft at all.
+    pub fn is_on(&self) -> bool {
+        self.max_draft > 0
+    }
+
+    /// Up to `cap` tokens to draft after `history` followed by `pending` (the tokens not yet
+    /// in the history, the last sampled one among them), for a conversation whose drafts were
+    /// accepted as `acceptance` says. Empty when there is no match, or drafting does not pay.
+    pub(crate) fn draft(
+        &self,
+        history: &[u32],
+        pending: &[u32],
+        acceptance: &Acceptance,
+        cap: usize,
+    ) -> Vec<u32> {
+        let want = acceptance.draft_len(self.max_draft).min(cap);
+        if want == 0 || self.min_ngram == 0 {
+            return Vec::new();
+        }
+        let len = history.len() + pending.len();
+        let at = |i: usize| match i.checked_sub(history.len()) {
+            None => history[i],
+            Some(j) => pending[j],
+        };
+        for n in (self.min_ngram..=self.max_ngram.min(len.saturating_sub(1))).rev() {
+            let suffix = len - n;
+            // The latest earlier occurrence: recent text is the likeliest to be repeated.
+            let found = (0..suffix)
+                .rev()
+                .find(|&start| (0..n).all(|i| at(start + i) == at(suffix + i)));
+            if let Some(start) = found {
+                let from = start + n;
+                return (from..(from + want).min(len)).map(at).collect();
+            }
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A draft of up to `cap` tokens, for a conversation whose drafts were all taken.
+    fn draft(history: &[u32], pending: &[u32], cap: usize) -> Vec<u32> {
+        let mut taken = Acceptance::default();
+        for _ in 0..20 {
+            taken.record(8, 8);
+        }
+        Speculation::default().draft(history, pending, &taken, cap)
+    }
+
+    #[test]
+    fn the_tokens_after_the_latest_match_of_the_longest_suffix_are_drafted() {
+        // "1 2 3 4 5 ... 1 2 3" drafts "4 5 ...".
+        let history = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2];
+        assert_eq!(draft(&history, &[3], 3), [4, 5, 6]);
+        // The latest occurrence of the suffix wins: "7 8" follows "2 3" last.
+        let history = [2, 3, 4, 4, 2, 3, 7, 8, 5, 2];
+        assert_eq!(draft(&history, &[3], 2), [7, 8]);
+        // A longer suffix beats a later, shorter match.
+        let history = [5, 2, 3, 1, 1, 9, 2, 3, 6, 6, 5, 2];
+        assert_eq!(draft(&history, &[3], 1), [1]);
+        // The draft may run into the suffix itself (a repeated pattern), and stops at the end.
+        assert_eq!(draft(&[7, 8, 7, 8], &[7], 4), [8, 7]);
+    }
+
+    #[test]
+    fn no_match_or_no_room_drafts_nothing() {
+        assert!(draft(&[1, 2, 3, 4], &[5], 4).is_empty());
+        assert!(draft(&[1, 2, 1], &[2], 0).is_empty());
+        assert!(draft(&[], &[1], 4).is_empty());
+        assert!(Speculation::off()
+            .draft(&[1, 2, 1], &[2], &Acceptance::default(), 4)
+            .is_empty());
+        // One matching token is below `min_ngram`.
+        assert!(draft(&[1, 5, 3], &[1], 4).is_empty());
+    }
+}
