@@ -45,60 +45,62 @@ impl Cut {
     }
 }
 
-/// How a conversation's drafted tokens fared lately, so that it drafts only while drafts pay:
-/// as many as its recent acceptance says would be taken, and after a run of misses none for
-/// a cool-down that doubles at each further miss (a probe at its end tries again).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// How a conversation's drafted tokens fared lately, so that it drafts only what pays: each
+/// verified draft position is a trial that succeeds until the first refused token, and the
+/// recent successes give the chance that a drafted token is taken. A draft is as long as its
+/// last token is still likelier to be taken than the step's price for it; when even one is
+/// not, a one-token probe comes after a cool-down that doubles while probes fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Acceptance {
-    /// The share of drafted tokens accepted, averaged over recent drafts.
-    rate: f32,
+    /// Drafted tokens taken, decayed over recent drafts.
+    hits: f32,
+    /// Draft positions tried (taken ones and the first refused), decayed alike.
+    tries: f32,
     /// Decode steps left before the next draft.
     cooldown: u16,
-    /// Cool-downs in a row without an accepted draft between them.
+    /// Failed probes in a row.
     misses: u8,
 }
 
-impl Default for Acceptance {
-    fn default() -> Self {
-        // Even odds before anything is known: a first draft of two tokens.
-        Self {
-            rate: 0.5,
-            cooldown: 0,
-            misses: 0,
-        }
-    }
-}
-
 impl Acceptance {
-    /// Below this recent acceptance a verified draft costs more than it gives.
-    const LOW: f32 = 0.2;
+    /// The weight of earlier drafts against the latest.
+    const DECAY: f32 = 0.9;
 
-    /// How many tokens to draft now, up to `max`: one past the run the recent acceptance
-    /// expects to be taken (`a / (1 - a)` tokens at a per-token acceptance `a`).
-    pub fn draft_len(&self, max: usize) -> usize {
+    /// The chance that a drafted token is taken, given the one before it was (even odds
+    /// before anything is known).
+    fn rate(&self) -> f32 {
+        ((self.hits + 1.0) / (self.tries + 2.0)).min(0.95)
+    }
+
+    /// How many tokens to draft now, up to `max`, when verifying a drafted token costs
+    /// `price` (the share of a token's worth of step time it takes; see
+    /// `Scheduler::draft_price`): every drafted position whose chance of being reached and
+    /// taken exceeds it, or a one-token probe.
+    pub fn draft_len(&self, max: usize, price: f32) -> usize {
         if self.cooldown > 0 || max == 0 {
             return 0;
         }
-        let a = self.rate.clamp(0.0, 0.95);
-        let run = (a / (1.0 - a)).ceil() as usize;
-        (run + 1).clamp(1, max)
+        let (rate, price) = (self.rate(), price.clamp(1e-3, 1.0));
+        let worth = (price.ln() / rate.ln()).floor();
+        (worth as usize).clamp(1, max)
     }
 
     /// One decode step of the conversation: `drafted` tokens verified (0: none drafted),
-    /// `accepted` of them kept.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// `accepted` of them taken, at `price` per drafted token.
+    pub fn record(&mut self, drafted: usize, accepted: usize, price: f32) {
         if drafted == 0 {
             self.cooldown = self.cooldown.saturating_sub(1);
             return;
         }
-        self.rate = 0.7 * self.rate + 0.3 * accepted as f32 / drafted as f32;
-        if self.rate < Self::LOW {
-            self.misses = self.misses.saturating_add(1).min(6);
+        let refused = usize::from(accepted < drafted);
+        self.hits = Self::DECAY * self.hits + accepted as f32;
+        self.tries = Self::DECAY * self.tries + (accepted + refused) as f32;
+        self.misses = match accepted {
+            0 => self.misses.saturating_add(1).min(6),
+            _ => 0,
+        };
+        if self.rate() <= price {
             self.cooldown = 2 << self.misses;
-            // The probe after the cool-down drafts little.
-            self.rate = Self::LOW;
-        } else if accepted > 0 {
-            self.misses = 0;
         }
     }
 }
@@ -403,30 +405,35 @@ mod tests {
     }
 
     #[test]
-    fn drafts_grow_with_acceptance_and_stop_for_a_doubling_cool_down_after_misses() {
+    fn drafts_are_as_long_as_they_pay_and_probe_after_a_doubling_cool_down() {
         let mut a = Acceptance::default();
-        assert_eq!(a.draft_len(8), 2);
-        assert_eq!(a.draft_len(0), 0);
+        // Even odds against a price of a third: one token.
+        assert_eq!(a.draft_len(8, 0.34), 1);
+        assert_eq!(a.draft_len(0, 0.34), 0);
         for _ in 0..10 {
-            a.record(4, 4);
+            a.record(4, 4, 0.34);
         }
-        assert_eq!(a.draft_len(8), 8);
-        // Misses: none drafted for 4 decode steps, then a short probe.
-        let mut steps = 0;
-        while a.draft_len(8) > 0 {
-            a.record(a.draft_len(8), 0);
+        assert_eq!(a.draft_len(8, 0.34), 8);
+        // A dearer step drafts less of the same odds.
+        assert!(a.draft_len(8, 0.9) < 8);
+        // Refused drafts: none for a cool-down, then a one-token probe.
+        while a.cooldown == 0 {
+            a.record(a.draft_len(8, 0.34), 0, 0.34);
         }
-        while a.draft_len(8) == 0 {
-            a.record(0, 0);
-            steps += 1;
+        while a.draft_len(8, 0.34) == 0 {
+            a.record(0, 0, 0.34);
         }
-        assert_eq!((steps, a.draft_len(8)), (4, 2));
-        // Another miss waits twice as long; a taken draft ends the run of misses.
-        a.record(2, 0);
-        assert_eq!(a.cooldown, 8);
+        assert_eq!(a.draft_len(8, 0.34), 1);
+        // Failed probes wait twice as long each time.
+        let mut b = Acceptance::default();
+        b.record(1, 0, 0.6);
+        assert_eq!(b.cooldown, 4);
+        b.cooldown = 0;
+        b.record(1, 0, 0.6);
+        assert_eq!(b.cooldown, 8);
+        // A taken probe ends the run of misses.
         a.cooldown = 0;
-        a.record(2, 2);
+        a.record(1, 1, 0.34);
         assert_eq!(a.misses, 0);
-        assert!(a.draft_len(8) >= 2);
     }
 }

@@ -32,6 +32,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 pub use draft::Speculation;
+use draft::StepCost;
 pub(crate) use plan::{Admission, Outcome, Rejection, Reuse, RowPlan, StepPlan};
 use plan::{Run, RunKind};
 
@@ -132,6 +133,8 @@ pub(crate) struct Scheduler<T> {
     running: Vec<RequestId>,
     limits: Limits,
     suspensions: u64,
+    /// Step times as they ran: what a drafted token costs.
+    step_cost: StepCost,
 }
 
 /// Why a row could not be planned.
@@ -151,6 +154,7 @@ impl<T> Scheduler<T> {
             running: Vec::new(),
             limits,
             suspensions: 0,
+            step_cost: StepCost::default(),
         }
     }
 
@@ -211,6 +215,17 @@ impl<T> Scheduler<T> {
 
     pub fn suspensions(&self) -> u64 {
         self.suspensions
+    }
+
+    /// A step of `tokens` rows' tokens took `secs` on the device: drafts are priced by it.
+    pub fn observe_step(&mut self, tokens: usize, secs: f64) {
+        self.step_cost.observe(tokens, secs);
+    }
+
+    /// What a drafted token costs now, as a share of the worth of a generated token (see
+    /// [`StepCost::price`]), with the running turns as the step's rows.
+    fn draft_price(&self) -> f32 {
+        self.step_cost.price(self.running.len())
     }
 
     /// Ends a turn (finished, cancelled or failed) and returns it. An admitted turn leaves its

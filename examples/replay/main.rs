@@ -354,5 +354,6 @@ fn engine_config(args: &Args, mode: Mode, cost: Option<CostProfile>) -> EngineCo
         .overflow(args.engine.overflow_policy())
         .max_context_tokens(args.engine.max_context)
         .prefix_sharing(!args.engine.no_prefix_sharing)
+        .speculation(args.engine.speculation())
         .store(store)
 }

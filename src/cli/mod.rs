@@ -12,7 +12,8 @@ use clap::{Args, ValueEnum};
 pub use exit::exit_code;
 
 use crate::engine::{
-    Budgets, CacheMode, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig, StoreConfig,
+    Budgets, CacheMode, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig, Speculation,
+    StoreConfig,
 };
 use crate::model::{LoadOptions, Model, ModelSource, Transformer, WeightFormat, BUILTIN_TEMPLATES};
 use crate::{Error, Result};
@@ -131,6 +132,10 @@ pub struct EngineArgs {
     /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
     #[arg(long, env = "PENSIEVE_NO_PREFIX_SHARING")]
     pub no_prefix_sharing: bool,
+    /// Most tokens a decode step drafts from the conversation's history and verifies
+    /// (speculative decoding; the output is the same either way). 0 turns it off.
+    #[arg(long, env = "PENSIEVE_DRAFT_TOKENS", default_value_t = Speculation::default().max_draft)]
+    pub draft_tokens: usize,
     /// A `tokenizer.json` in place of the one the model's files describe.
     #[arg(long, env = "PENSIEVE_TOKENIZER")]
     pub tokenizer: Option<std::path::PathBuf>,
@@ -226,7 +231,13 @@ impl EngineArgs {
             .overflow(self.overflow_policy())
             .max_context_tokens(self.max_context)
             .prefix_sharing(!self.no_prefix_sharing)
+            .speculation(self.speculation())
             .store(store.store_config())
+    }
+
+    /// Speculation as `--draft-tokens` sets it.
+    pub fn speculation(&self) -> Speculation {
+        Speculation::default().max_draft(self.draft_tokens)
     }
 
     /// The budgets of `--device-tokens` and `--host-mib`.

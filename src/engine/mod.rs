@@ -487,6 +487,10 @@ impl Engine {
         self.stats.restore_wait_time += waited;
         self.stats.transfer_time += t2 - t1;
         self.stats.forward_time += t3 - t2;
+        if result.is_ok() {
+            let tokens = rows.iter().map(|r| r.tokens.len()).sum();
+            self.sched.observe_step(tokens, (t3 - t2).as_secs_f64());
+        }
         let mut sampled = Vec::new();
         match result {
             Ok(logits) => {

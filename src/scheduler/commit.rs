@@ -45,7 +45,8 @@ impl<T> Scheduler<T> {
                     .find(|(id, _)| *id == row.request)
                     .map_or(0, |(_, t)| t.len().saturating_sub(1)),
             };
-            self.commit_row(row, accepted, convs, cache);
+            let price = self.draft_price();
+            self.commit_row(row, (accepted, price), convs, cache);
         }
         for (id, tokens) in &outcome.sampled {
             let (Some(req), Some(&token)) = (self.requests.get_mut(id), tokens.last()) else {
@@ -71,7 +72,7 @@ impl<T> Scheduler<T> {
     fn commit_row(
         &mut self,
         row: &RowPlan,
-        accepted: usize,
+        (accepted, price): (usize, f32),
         convs: &mut Conversations,
         cache: &mut CacheManager,
     ) {
@@ -95,7 +96,7 @@ impl<T> Scheduler<T> {
         conv.extend_tokens(req.pending.drain(..new));
         conv.extend_tokens(row.tokens[worked..kept].iter().copied());
         if row.decoded == row.tokens.len() {
-            conv.acceptance.record(row.drafted, accepted);
+            conv.acceptance.record(row.drafted, accepted, price);
         }
         let mut left = worked;
         while left > 0 {

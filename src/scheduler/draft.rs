@@ -59,15 +59,16 @@ impl Speculation {
 
     /// Up to `cap` tokens to draft after `history` followed by `pending` (the tokens not yet
     /// in the history, the last sampled one among them), for a conversation whose drafts were
-    /// accepted as `acceptance` says. Empty when there is no match, or drafting does not pay.
+    /// accepted as `acceptance` says, at `price` per drafted token. Empty when there is no
+    /// match, or drafting does not pay.
     pub(crate) fn draft(
         &self,
         history: &[u32],
         pending: &[u32],
-        acceptance: &Acceptance,
+        (acceptance, price): (&Acceptance, f32),
         cap: usize,
     ) -> Vec<u32> {
-        let want = acceptance.draft_len(self.max_draft).min(cap);
+        let want = acceptance.draft_len(self.max_draft, price).min(cap);
         if want == 0 || self.min_ngram == 0 {
             return Vec::new();
         }
@@ -91,6 +92,60 @@ impl Speculation {
     }
 }
 
+/// A step's time as `fixed + per_token * tokens`, fitted by least squares over the steps that
+/// ran, the older ones weighing less, so that it follows the machine and its load. Its ratio
+/// `fixed / per_token` prices a drafted token: where weights stream once per step whatever
+/// its rows (a GPU, one row on a CPU) an extra row is nearly free; where the step is
+/// compute-bound (many rows on a CPU) it costs what the token it may save does.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StepCost {
+    n: f64,
+    x: f64,
+    xx: f64,
+    y: f64,
+    xy: f64,
+}
+
+impl StepCost {
+    /// The weight of the earlier steps against the latest.
+    const DECAY: f64 = 0.995;
+    /// The fixed cost in tokens assumed before the fit can tell (a few rows' worth).
+    const PRIOR: f64 = 2.0;
+
+    /// A step of `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        let (x, d) = (tokens as f64, Self::DECAY);
+        self.n = d * self.n + 1.0;
+        self.x = d * self.x + x;
+        self.xx = d * self.xx + x * x;
+        self.y = d * self.y + secs;
+        self.xy = d * self.xy + x * secs;
+    }
+
+    /// The step's fixed cost in tokens (`fixed / per_token`).
+    pub fn fixed_tokens(&self) -> f64 {
+        let spread = self.n * self.xx - self.x * self.x;
+        // Steps of one size alone do not tell a fixed cost from a per-token one.
+        if self.n < 8.0 || spread <= 1e-9 * self.n * self.xx {
+            return Self::PRIOR;
+        }
+        let per_token = (self.n * self.xy - self.x * self.y) / spread;
+        let fixed = (self.y - per_token * self.x) / self.n;
+        match per_token > 0.0 && fixed >= 0.0 {
+            true => (fixed / per_token).min(1e6),
+            false => Self::PRIOR,
+        }
+    }
+
+    /// What a drafted token costs in a step of `rows` decode rows, as a share of what one
+    /// generated token is worth there: `rows / (fixed_tokens + rows)`. A draft position
+    /// pays when the chance that it is taken exceeds it.
+    pub fn price(&self, rows: usize) -> f32 {
+        let rows = rows.max(1) as f64;
+        (rows / (self.fixed_tokens() + rows)) as f32
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,9 +154,9 @@ mod tests {
     fn draft(history: &[u32], pending: &[u32], cap: usize) -> Vec<u32> {
         let mut taken = Acceptance::default();
         for _ in 0..20 {
-            taken.record(8, 8);
+            taken.record(8, 8, 0.3);
         }
-        Speculation::default().draft(history, pending, &taken, cap)
+        Speculation::default().draft(history, pending, (&taken, 0.3), cap)
     }
 
     #[test]
@@ -125,9 +180,26 @@ mod tests {
         assert!(draft(&[1, 2, 1], &[2], 0).is_empty());
         assert!(draft(&[], &[1], 4).is_empty());
         assert!(Speculation::off()
-            .draft(&[1, 2, 1], &[2], &Acceptance::default(), 4)
+            .draft(&[1, 2, 1], &[2], (&Acceptance::default(), 0.3), 4)
             .is_empty());
         // One matching token is below `min_ngram`.
         assert!(draft(&[1, 5, 3], &[1], 4).is_empty());
+    }
+
+    #[test]
+    fn the_step_cost_fit_prices_drafts_by_the_share_of_a_step_a_token_costs() {
+        let mut memory_bound = StepCost::default();
+        let mut compute_bound = StepCost::default();
+        assert_eq!(memory_bound.fixed_tokens(), StepCost::PRIOR);
+        for tokens in [1, 8, 1, 64, 3, 1, 256, 8, 1, 2] {
+            // 20 ms a step plus 0.1 ms a token; 1 ms plus 1 ms a token.
+            memory_bound.observe(tokens, 0.020 + 1e-4 * tokens as f64);
+            compute_bound.observe(tokens, 0.001 + 1e-3 * tokens as f64);
+        }
+        assert!((memory_bound.fixed_tokens() - 200.0).abs() < 1.0);
+        assert!((compute_bound.fixed_tokens() - 1.0).abs() < 0.01);
+        assert!(memory_bound.price(8) < 0.05);
+        assert!(compute_bound.price(8) > 0.85);
+        assert!(compute_bound.price(1) < compute_bound.price(8));
     }
 }

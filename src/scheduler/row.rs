@@ -59,9 +59,8 @@ impl<T> Scheduler<T> {
                 let cap = (budget - 1)
                     .min(self.limits.window.saturating_sub(last + 1))
                     .min(req.max_tokens.saturating_sub(req.generated + 1));
-                let acceptance = &c.acceptance;
-                let spec = &self.limits.speculation;
-                spec.draft(history, &req.pending, acceptance, cap)
+                let odds = (&c.acceptance, self.draft_price());
+                (self.limits.speculation).draft(history, &req.pending, odds, cap)
             }
             _ => Vec::new(),
         };

@@ -320,17 +320,22 @@ fn a_decode_row_drafts_from_its_history_and_keeps_only_the_accepted_drafts() {
     let prefill = w.plan();
     assert_eq!(prefill.rows[0].drafted, 0);
     apply(&mut w, &prefill, vec![3]);
-    // "6 1 2 3" last came before "4 5 6": at even odds, two tokens are drafted.
+    // A conversation whose drafts were all taken drafts what followed "6 1 2 3" last, up to
+    // the history's end.
+    let conv = w.convs.get_mut(&c).unwrap();
+    for _ in 0..20 {
+        conv.acceptance.record(4, 4, 0.3);
+    }
     let decode = w.plan();
     let row = &decode.rows[0];
-    assert_eq!((&row.tokens[..], row.drafted), (&[3, 4, 5][..], 2));
-    assert_eq!(row.positions, [14, 15, 16]);
-    assert_eq!(w.cache.table(c).map(|t| t.len()), Some(5));
+    assert_eq!((&row.tokens[..], row.drafted), (&[3, 4, 5, 6, 1, 2, 3][..], 6));
+    assert_eq!(row.positions, (14..21).collect::<Vec<_>>());
+    assert_eq!(w.cache.table(c).map(|t| t.len()), Some(6));
     // The sampler took 4, then sampled 7 where 5 was drafted.
     apply(&mut w, &decode, vec![4, 7]);
     let tokens = w.convs.get(&c).map(|c| c.tokens().to_vec()).unwrap();
     assert_eq!(tokens[12..], [1, 2, 3, 4]);
-    // Position 16's block held only the rejected draft: it went back to the pool.
+    // The blocks past position 15 held only refused drafts: they went back to the pool.
     assert_eq!(
         w.cache.table(c).map(|t| (t.len(), t.computed())),
         Some((4, 16))
