@@ -304,10 +304,12 @@ impl<T> Scheduler<T> {
         budget: &mut usize,
         plan: &mut StepPlan,
     ) {
+        let drafts = self.drafts(convs);
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
-            match self.plan_row(id, None, convs, cache, *budget) {
+            let draft = drafts.get(&id).map_or(&[][..], Vec::as_slice);
+            match self.plan_row(id, None, convs, cache, (*budget, draft)) {
                 Ok(Some(row)) => {
                     *budget -= row.tokens.len();
                     plan.rows.push(row);
@@ -402,7 +404,8 @@ impl<T> Scheduler<T> {
             };
             self.waiting.pop_front();
             self.running.push(id);
-            match self.plan_row(id, Some(&admission.work), convs, cache, *budget) {
+            let work = Some(&admission.work);
+            match self.plan_row(id, work, convs, cache, (*budget, &[])) {
                 Ok(Some(row)) => {
                     *budget -= row.tokens.len();
                     plan.rows.push(row);

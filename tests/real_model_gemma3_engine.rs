@@ -1,7 +1,8 @@
 //! The core property on Gemma 3 270M (real weights, sliding-window layers): conversations whose
 //! contexts grow past the 512-token window, interleaved under `Tiered` with budgets small enough
 //! that swap-out, swap-in, host drops and recompute all happen, give the same greedy tokens as
-//! `Stateless`, token for token. Chat through the built-in `gemma` template (the file is a base
+//! `Stateless`, token for token; the tiered engine drafts tokens from each conversation's
+//! history and verifies them (speculative decoding), the stateless one does not. Chat through the built-in `gemma` template (the file is a base
 //! model and ships none). Needs `scripts/fetch-assets --model gemma3-270m`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use common::llamacpp;
 use pensieve::engine::{
     Budgets, CacheMode, ConversationOptions, Engine, EngineStats, Event, FinishReason,
-    SamplingParams, Turn,
+    SamplingParams, Speculation, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -21,8 +22,13 @@ const CONVERSATIONS: usize = 6;
 const TURNS: usize = 3;
 const OUTPUT: usize = 64;
 
-fn run(model: &Arc<Model>, mode: CacheMode, budgets: Budgets) -> (Vec<Vec<u32>>, EngineStats) {
-    let config = common::pressure_config(mode, budgets);
+fn run(
+    model: &Arc<Model>,
+    mode: CacheMode,
+    budgets: Budgets,
+    speculation: Speculation,
+) -> (Vec<Vec<u32>>, EngineStats) {
+    let config = common::pressure_config(mode, budgets).speculation(speculation);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let texts = llamacpp::texts();
     let convs: Vec<_> = (0..CONVERSATIONS)
@@ -66,9 +72,11 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
         Budgets::default()
             .device_tokens(1024)
             .host_bytes(60 * chunk_bytes),
+        Speculation::default(),
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);
+    assert!(stats.accepted_tokens > 0, "no draft was taken");
     let longest = tiered.iter().map(Vec::len).max().unwrap();
     assert!(
         longest > 700,
@@ -78,6 +86,7 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
         &model,
         CacheMode::Stateless,
         Budgets::default().device_tokens(8 * 1024).host_bytes(0),
+        Speculation::off(),
     );
     for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {
         let first = t.iter().zip(s).position(|(a, b)| a != b);

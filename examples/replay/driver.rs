@@ -60,6 +60,8 @@ struct Driver<'a> {
     engine: &'a mut Engine,
     workload: &'a [ConversationSpec],
     load: Load,
+    /// Replies end at the model's end of turn (else they run to the trace's length).
+    stop_at_eos: bool,
     bar: &'a ProgressBar,
     start: Instant,
     /// Due times in nanoseconds from the start, with the conversation index.
@@ -77,7 +79,7 @@ pub(crate) fn replay(
     engine: &mut Engine,
     workload: &[ConversationSpec],
     arrivals: &[f64],
-    load: Load,
+    (load, stop_at_eos): (Load, bool),
     bar: &ProgressBar,
 ) -> AnyResult<Run> {
     let mut due = BinaryHeap::new();
@@ -98,6 +100,7 @@ pub(crate) fn replay(
         engine,
         workload,
         load,
+        stop_at_eos,
         bar,
         start: Instant::now(),
         due,
@@ -194,7 +197,7 @@ impl Driver<'_> {
         }
         let params = SamplingParams::greedy()
             .max_tokens(turn.output_tokens)
-            .ignore_eos(true);
+            .ignore_eos(!self.stop_at_eos);
         match self.engine.submit(conv, user, params) {
             Ok(id) => Ok(Some(id)),
             Err(e) => {

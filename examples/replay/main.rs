@@ -107,6 +107,10 @@ struct Args {
     /// Closed loop with this many conversations in flight instead of the open loop.
     #[arg(long, value_parser = positive)]
     concurrency: Option<usize>,
+    /// Replies end at the model's end of turn, capped at the trace's length (by default they
+    /// run to it, the model's end of turn masked, so every engine generates the same count).
+    #[arg(long)]
+    stop_at_eos: bool,
     /// Seed of the conversation sample and the arrivals.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -216,7 +220,13 @@ fn run(args: Args) -> AnyResult<()> {
             "{prefix:>24} [{elapsed_precise}] {wide_bar} {pos}/{len} turns {msg}",
         )?);
         progress.set_prefix(format!("{} {}", mode.name(), load.label()));
-        let run = driver::replay(&mut engine, &workload, &arrivals, load, &progress)?;
+        let run = driver::replay(
+            &mut engine,
+            &workload,
+            &arrivals,
+            (load, args.stop_at_eos),
+            &progress,
+        )?;
         progress.finish_and_clear();
         let summary = report::summarize(mode, load, &run, &engine.stats());
         if args.json {

@@ -32,6 +32,9 @@ pub(crate) struct Summary {
     pub(crate) reused_tokens: u64,
     pub(crate) recomputed_tokens: u64,
     pub(crate) generated_tokens: u64,
+    /// Tokens drafted from conversations' histories and verified, and those taken.
+    pub(crate) drafted_tokens: u64,
+    pub(crate) accepted_tokens: u64,
     pub(crate) hit_rate_device: f64,
     pub(crate) hit_rate_host: f64,
     pub(crate) hit_rate_store: f64,
@@ -118,6 +121,8 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
             + stats.reused_store_tokens,
         recomputed_tokens: stats.recomputed_tokens,
         generated_tokens: stats.generated_tokens,
+        drafted_tokens: stats.drafted_tokens,
+        accepted_tokens: stats.accepted_tokens,
         hit_rate_device: stats.hit_rate_device(),
         hit_rate_host: stats.hit_rate_host(),
         hit_rate_store: stats.hit_rate_store(),

@@ -328,7 +328,10 @@ fn a_decode_row_drafts_from_its_history_and_keeps_only_the_accepted_drafts() {
     }
     let decode = w.plan();
     let row = &decode.rows[0];
-    assert_eq!((&row.tokens[..], row.drafted), (&[3, 4, 5, 6, 1, 2, 3][..], 6));
+    assert_eq!(
+        (&row.tokens[..], row.drafted),
+        (&[3, 4, 5, 6, 1, 2, 3][..], 6)
+    );
     assert_eq!(row.positions, (14..21).collect::<Vec<_>>());
     assert_eq!(w.cache.table(c).map(|t| t.len()), Some(6));
     // The sampler took 4, then sampled 7 where 5 was drafted.
@@ -342,4 +345,37 @@ fn a_decode_row_drafts_from_its_history_and_keeps_only_the_accepted_drafts() {
     );
     let next = w.plan();
     assert_eq!((next.rows[0].tokens[0], next.rows[0].positions[0]), (7, 16));
+}
+
+#[test]
+fn drafts_are_cut_where_rows_with_nothing_to_draft_would_wait_for_them() {
+    let mut w = world(32, 0, 0, 0);
+    w.s.limits.speculation = Speculation::default();
+    for (conv, prompt) in [(1, [1, 2, 3, 4].repeat(4)), (2, (10..26).collect())] {
+        let c = ConversationId(conv);
+        let mut state = Conversation::new(Vec::new());
+        for _ in 0..20 {
+            state.acceptance.record(4, 4, 0.3);
+        }
+        w.convs.insert(c, state);
+        w.cache.open(c, w.t0);
+        w.s.enqueue(RequestId(conv), c, w.t0, (prompt, 100), ());
+    }
+    let prefill = w.plan();
+    let outcome = Outcome {
+        ran: vec![true; prefill.rows.len()],
+        sampled: vec![(RequestId(1), vec![1]), (RequestId(2), vec![99])],
+        requeue: Vec::new(),
+    };
+    (w.s).commit(&prefill, &outcome, &mut w.convs, &mut w.cache, w.t0);
+    // Conversation 2 has nothing to draft, and a step costs about two tokens' work here (the
+    // prior): conversation 1's draft would slow it by far more than a fiftieth.
+    assert!(w.s.drafts(&w.convs).is_empty());
+    // Alone, conversation 1 drafts what followed "2 3 4 1" before.
+    (w.s).finish(RequestId(2), &mut w.convs, &mut w.cache, w.t0);
+    let drafts = w.s.drafts(&w.convs);
+    assert_eq!(
+        drafts.get(&RequestId(1)).map(|d| d[..4].to_vec()),
+        Some(vec![2, 3, 4, 1])
+    );
 }

@@ -19,6 +19,7 @@
 //! | `reused_{device,host,store}_tokens_total` | `vllm:prefix_cache_hits_total` (one tier) |
 //! | `kv_cache_usage_perc` | `vllm:kv_cache_usage_perc` |
 //! | `num_requests_running`, `num_requests_waiting` | the same names |
+//! | `drafted_tokens_total`, `accepted_tokens_total` | `vllm:spec_decode_num_draft_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total` |
 //!
 //! A hit rate is a ratio of two counters over a window
 //! (`rate(pensieve_reused_device_tokens_total[5m]) / rate(pensieve_history_tokens_total[5m])`),
@@ -222,7 +223,7 @@ impl Collector for Totals {
 }
 
 /// The engine's and the server's counters: (name, help, value).
-fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 17] {
+fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 19] {
     let st = &s.engine;
     [
         ("steps", "Engine steps that ran a batch", st.steps),
@@ -264,6 +265,16 @@ fn engine_counters(s: &ServiceStats) -> [(&'static str, &'static str, u64); 17] 
             st.recomputed_tokens,
         ),
         ("generated_tokens", "Tokens generated", st.generated_tokens),
+        (
+            "drafted_tokens",
+            "Tokens drafted from conversations' histories and verified",
+            st.drafted_tokens,
+        ),
+        (
+            "accepted_tokens",
+            "Drafted tokens the sampler agreed with (generated without a step of their own)",
+            st.accepted_tokens,
+        ),
         (
             "swapped_out_bytes",
             "Bytes copied device to host",
