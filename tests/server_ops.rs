@@ -1,6 +1,6 @@
 //! The server's operation (`pensieve-server`), on the real SmolLM2 weights: the API
-//! key and the environment forms of its flags, its request log, and its idleness (no thread
-//! polls when there is nothing to do).
+//! key and the environment forms of its flags, its request log (text or JSON), the origins
+//! browsers may call it from, and its idleness (no thread polls when there is nothing to do).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -59,11 +59,12 @@ fn an_api_key_guards_the_generation_routes_and_flags_read_the_environment() {
 }
 
 /// Each request is logged when it ends (method, path, status), on stderr through `tracing`.
-#[test]
-fn requests_are_logged() {
+/// The server's log after two completions (one refused), run with `extra` flags.
+fn log_of_two_requests(extra: &[&str]) -> String {
     use std::io::BufRead;
     let mut child = Command::new(server_exe())
         .args(["--port", "0"])
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -95,6 +96,12 @@ fn requests_are_logged() {
         .read_to_string(&mut log)
         .unwrap();
     child.wait().unwrap();
+    log
+}
+
+#[test]
+fn requests_are_logged_as_text_or_as_json() {
+    let log = log_of_two_requests(&[]);
     let requests: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("path=/v1/completions") && l.contains("finished processing"))
@@ -104,6 +111,66 @@ fn requests_are_logged() {
         requests[0].contains("status=200") && requests[1].contains("status=400"),
         "{log}"
     );
+    // As JSON, every line is an object, and a request's line carries its span's fields.
+    let log = log_of_two_requests(&["--log-format", "json"]);
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let statuses: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["span"]["path"] == "/v1/completions"
+                && l["fields"]["message"] == "finished processing request"
+        })
+        .map(|l| &l["fields"]["status"])
+        .collect();
+    assert_eq!(statuses, [200, 400], "{log}");
+}
+
+/// A browser page of an allowed origin may call the API, its preflight answered before the
+/// key is asked for; other origins get no CORS headers, and none is allowed by default.
+#[test]
+fn browsers_may_call_from_the_allowed_origins_only() {
+    let server = start(&["--allowed-origins", "http://app.example", "--api-key", "k"]);
+    let b = &server.base;
+    let preflight = |origin: &str| {
+        ureq::request("OPTIONS", &format!("{b}/v1/chat/completions"))
+            .set("origin", origin)
+            .set("access-control-request-method", "POST")
+            .set(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .call()
+            .unwrap()
+    };
+    let allowed = preflight("http://app.example");
+    assert_eq!(
+        allowed.header("access-control-allow-origin"),
+        Some("http://app.example")
+    );
+    let methods = allowed.header("access-control-allow-methods").unwrap();
+    assert!(methods.contains("POST"), "{methods}");
+    assert!(preflight("http://evil.example")
+        .header("access-control-allow-origin")
+        .is_none());
+    let answer = ureq::post(&format!("{b}/v1/completions"))
+        .set("origin", "http://app.example")
+        .set("authorization", "Bearer k")
+        .send_string(r#"{"prompt": "Hi", "max_tokens": 1}"#)
+        .unwrap();
+    assert_eq!(
+        answer.header("access-control-allow-origin"),
+        Some("http://app.example")
+    );
+    drop(server);
+    let closed = start(&[]);
+    let answer = ureq::get(&format!("{}/v1/models", closed.base))
+        .set("origin", "http://app.example")
+        .call()
+        .unwrap();
+    assert!(answer.header("access-control-allow-origin").is_none());
 }
 
 /// With nothing to do, the server sleeps: no thread polls (the engine thread waits on its

@@ -61,6 +61,7 @@ mod error;
 mod listen;
 mod logprobs;
 mod metrics;
+mod ops;
 mod respond;
 mod shutdown;
 mod structured;
@@ -127,6 +128,13 @@ struct Args {
     /// `/detokenize` (`/health` and `/metrics` stay open).
     #[arg(long, env = "PENSIEVE_API_KEY")]
     api_key: Option<String>,
+    /// Origins a browser page may call the API from (CORS), comma-separated, or `*` for any;
+    /// none by default.
+    #[arg(long, env = "PENSIEVE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Log lines as `text`, or `json` (one object per line) for log collectors.
+    #[arg(long, env = "PENSIEVE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: ops::LogFormat,
     #[command(flatten)]
     store: StoreArgs,
     /// Testing only: the engine thread panics on a chat whose last message is this text.
@@ -155,15 +163,8 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn Error>> {
-    // Request lines and the library's warnings on stderr; `RUST_LOG` filters (default info).
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    ops::init_logging(args.log_format);
+    let cors = ops::cors(&args.allowed_origins)?;
     // A model without a chat template (a base model) serves completions; chat requests to it
     // are refused, naming the flag that gives it one.
     let model = Arc::new(args.engine.load_model()?);
@@ -199,7 +200,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
         max_bytes: args.max_body_mib << 20,
     };
-    let app = app(state, args.api_key.as_deref(), body);
+    let app = match (app(state, args.api_key.as_deref(), body), cors) {
+        // Outermost: a browser's preflight is answered before the key is asked for.
+        (app, Some(cors)) => app.layer(cors),
+        (app, None) => app,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
