@@ -101,6 +101,44 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
     let usage = metric(b, "pensieve_kv_cache_usage_perc");
     assert!(usage > 0.0 && usage <= 1.0, "{usage}");
     assert_eq!(metric(b, "pensieve_num_requests_running"), 0.0);
+    // The same under vLLM's names, for dashboards built for vLLM, each sample labelled with
+    // the model. (Their colons are outside what the scrape parser reads: read as text.)
+    let text = ureq::get(&format!("{b}/metrics")).call().unwrap();
+    let text = text.into_string().unwrap();
+    let samples: Vec<&str> = text.lines().filter(|l| l.starts_with("vllm:")).collect();
+    assert!(samples.len() > 10, "{text}");
+    assert!(samples
+        .iter()
+        .all(|l| l.contains(r#"model_name="pensieve""#)));
+    let vllm = |name: &str| -> f64 {
+        let of = |l: &&&str| l.strip_prefix(name).is_some_and(|r| r.starts_with('{'));
+        let values = samples
+            .iter()
+            .filter(of)
+            .map(|l| l.rsplit(' ').next().unwrap());
+        values.map(|v| v.parse::<f64>().unwrap()).sum()
+    };
+    for (ours, theirs) in [
+        (
+            "pensieve_time_to_first_token_seconds_count",
+            "vllm:time_to_first_token_seconds_count",
+        ),
+        (
+            "pensieve_generation_tokens_total",
+            "vllm:generation_tokens_total",
+        ),
+        (
+            "pensieve_request_success_total",
+            "vllm:request_success_total",
+        ),
+        (
+            "pensieve_history_tokens_total",
+            "vllm:prefix_cache_queries_total",
+        ),
+        ("pensieve_num_requests_running", "vllm:num_requests_running"),
+    ] {
+        assert_eq!(metric(b, ours), vllm(theirs), "{theirs}");
+    }
 }
 
 #[test]

@@ -189,7 +189,11 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
     )?;
     let state = AppState {
         service: service.clone(),
-        metrics: Arc::new(Metrics::new(&recorder, service.clone())),
+        metrics: Arc::new(Metrics::new(
+            &recorder,
+            service.clone(),
+            &args.served_model_name,
+        )),
         model: args.served_model_name.into(),
         default_max_tokens: args.default_max_tokens,
         tokens: model,

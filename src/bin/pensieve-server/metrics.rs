@@ -1,10 +1,11 @@
-//! `/metrics` in the Prometheus text format, from one registry that lives as long as the
-//! server. The engine thread observes each turn into histograms and counters as it runs (a
+//! `/metrics` in the Prometheus text format, from two registries (pensieve's names, vLLM's)
+//! that live as long as the server. The engine thread observes each turn into histograms and counters as it runs (a
 //! [`Recorder`] is the service's observer); the engine's own totals and gauges are read from
 //! the service's latest stats at each scrape.
 //!
-//! Every name carries the `pensieve_` prefix. Beside each, what a dashboard or router built
-//! for vLLM reads instead:
+//! Every name carries the `pensieve_` prefix, and the measurements vLLM has are served under
+//! its names too (`vllm.rs`, labelled `model_name`), so that what is built for vLLM reads
+//! them unchanged:
 //!
 //! | pensieve | vLLM |
 //! |---|---|
@@ -31,7 +32,7 @@ use pensieve::engine::{FinishReason, TurnStats};
 use pensieve::kv::StoreStats;
 use pensieve::service::{Observer, Service, ServiceStats};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -99,16 +100,20 @@ impl Observer for Recorder {
     }
 }
 
-/// The server's metrics.
+mod vllm;
+
+/// The server's metrics, under its own names and under vLLM's.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    vllm: Registry,
 }
 
 impl Metrics {
     /// The registry of `m`'s metrics, reading the engine's totals from `service` at each
-    /// scrape.
-    pub fn new(m: &Recorder, service: Service) -> Self {
+    /// scrape; under vLLM's names, labelled with the served `model`'s name.
+    pub fn new(m: &Recorder, service: Service, model: &str) -> Self {
+        let vllm = vllm::registry(m, service.clone(), model);
         let mut r = Registry::with_prefix("pensieve");
         let histograms = [
             (
@@ -156,13 +161,15 @@ impl Metrics {
             m.finished.clone(),
         );
         r.register_collector(Box::new(Totals { service }));
-        Self { registry: r }
+        Self { registry: r, vllm }
     }
 
     /// The text a scrape gets.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
-        encode(&mut out, &self.registry)?;
+        encode_registry(&mut out, &self.registry)?;
+        encode_registry(&mut out, &self.vllm)?;
+        encode_eof(&mut out)?;
         Ok(out)
     }
 }
