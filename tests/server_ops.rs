@@ -102,6 +102,8 @@ fn log_of_two_requests(extra: &[&str]) -> String {
 #[test]
 fn requests_are_logged_as_text_or_as_json() {
     let log = log_of_two_requests(&[]);
+    // Loading shows its progress, a quarter of the layers at a time.
+    assert!(log.contains("weights loaded layers=30 of=30"), "{log}");
     let requests: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("path=/v1/completions") && l.contains("finished processing"))

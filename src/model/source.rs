@@ -251,7 +251,9 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
     let api = if hub.offline {
         None
     } else {
-        let builder = ApiBuilder::from_cache(cache.clone()).with_progress(false);
+        // Download bars on a terminal; a log or a pipe gets none.
+        let bars = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let builder = ApiBuilder::from_cache(cache.clone()).with_progress(bars);
         Some(
             builder
                 .build()

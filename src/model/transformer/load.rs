@@ -143,6 +143,7 @@ impl Transformer {
                 |name| file.linear(&name, format),
                 vector,
             )?);
+            loaded(i + 1, config.num_layers);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
@@ -242,6 +243,7 @@ impl Transformer {
                 |t| linear_from_tensor(t, format),
                 f32,
             )?);
+            loaded(i + 1, config.num_layers);
         }
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
@@ -482,6 +484,14 @@ fn pass_buffers_on_the_heap() {
                 libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
             }
         });
+    }
+}
+
+/// Logs the load's progress at each quarter of the layers: a large model takes a while to
+/// read and pack, and a host should see that it moves.
+fn loaded(layers: usize, of: usize) {
+    if (layers * 4 / of.max(1)) > ((layers - 1) * 4 / of.max(1)) {
+        tracing::info!(layers, of, "weights loaded");
     }
 }
 
