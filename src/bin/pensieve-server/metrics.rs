@@ -102,6 +102,32 @@ impl Observer for Recorder {
 
 mod vllm;
 
+impl Recorder {
+    /// Registers the recorder's metrics in `r` under `names` (with their help), in order: the
+    /// histograms of time to first token, between tokens, end to end and in the queue, the
+    /// counters of prompt and generated tokens, and the finished turns by reason. The
+    /// registered metrics are the recorder's own (shared), whatever the names.
+    fn register(&self, r: &mut Registry, names: [(&'static str, &'static str); 7]) {
+        let [ttft, inter, e2e, queue, prompt, generation, success] = names;
+        let histograms = [
+            (ttft, &self.ttft),
+            (inter, &self.inter_token),
+            (e2e, &self.e2e),
+            (queue, &self.queue),
+        ];
+        for ((name, help), h) in histograms {
+            r.register(name, help, h.clone());
+        }
+        for ((name, help), c) in [
+            (prompt, &self.prompt_tokens),
+            (generation, &self.generation_tokens),
+        ] {
+            r.register(name, help, c.clone());
+        }
+        r.register(success.0, success.1, self.finished.clone());
+    }
+}
+
 /// The server's metrics, under its own names and under vLLM's.
 #[derive(Debug)]
 pub struct Metrics {
@@ -115,50 +141,35 @@ impl Metrics {
     pub fn new(m: &Recorder, service: Service, model: &str) -> Self {
         let vllm = vllm::registry(m, service.clone(), model);
         let mut r = Registry::with_prefix("pensieve");
-        let histograms = [
-            (
-                "time_to_first_token_seconds",
-                "From a turn's submission to its first token",
-                &m.ttft,
-            ),
-            (
-                "inter_token_latency_seconds",
-                "Between two tokens of a turn",
-                &m.inter_token,
-            ),
-            (
-                "e2e_request_latency_seconds",
-                "From a turn's submission to its end",
-                &m.e2e,
-            ),
-            (
-                "request_queue_time_seconds",
-                "From a turn's submission to the first step that ran it",
-                &m.queue,
-            ),
-        ];
-        for (name, help, h) in histograms {
-            r.register(name, help, h.clone());
-        }
-        let tokens = [
-            (
-                "prompt_tokens",
-                "Tokens of finished turns' prompts (the new turn as templated)",
-                &m.prompt_tokens,
-            ),
-            (
-                "generation_tokens",
-                "Tokens finished turns generated",
-                &m.generation_tokens,
-            ),
-        ];
-        for (name, help, c) in tokens {
-            r.register(name, help, c.clone());
-        }
-        r.register(
-            "request_success",
-            "Turns finished, by reason (stop, length, abort, error)",
-            m.finished.clone(),
+        m.register(
+            &mut r,
+            [
+                (
+                    "time_to_first_token_seconds",
+                    "From a turn's submission to its first token",
+                ),
+                (
+                    "inter_token_latency_seconds",
+                    "Between two tokens of a turn",
+                ),
+                (
+                    "e2e_request_latency_seconds",
+                    "From a turn's submission to its end",
+                ),
+                (
+                    "request_queue_time_seconds",
+                    "From a turn's submission to the first step that ran it",
+                ),
+                (
+                    "prompt_tokens",
+                    "Tokens of finished turns' prompts (the new turn as templated)",
+                ),
+                ("generation_tokens", "Tokens finished turns generated"),
+                (
+                    "request_success",
+                    "Turns finished, by reason (stop, length, abort, error)",
+                ),
+            ],
         );
         r.register_collector(Box::new(Totals { service }));
         Self { registry: r, vllm }

@@ -17,51 +17,32 @@ use super::{counter, gauge, Recorder};
 pub(super) fn registry(m: &Recorder, service: Service, model: &str) -> Registry {
     let label = (Cow::Borrowed("model_name"), Cow::Owned(model.to_string()));
     let mut r = Registry::with_labels(std::iter::once(label));
-    let histograms = [
-        (
-            "vllm:time_to_first_token_seconds",
-            "Time to first token",
-            &m.ttft,
-        ),
-        (
-            "vllm:inter_token_latency_seconds",
-            "Time between tokens",
-            &m.inter_token,
-        ),
-        // vLLM's older name for the same histogram, which dashboards still read.
-        (
-            "vllm:time_per_output_token_seconds",
-            "Time per output token",
-            &m.inter_token,
-        ),
-        (
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency",
-            &m.e2e,
-        ),
-        (
-            "vllm:request_queue_time_seconds",
-            "Time waiting in the queue",
-            &m.queue,
-        ),
-    ];
-    for (name, help, h) in histograms {
-        r.register(name, help, h.clone());
-    }
-    r.register(
-        "vllm:prompt_tokens",
-        "Prefill tokens processed",
-        m.prompt_tokens.clone(),
+    m.register(
+        &mut r,
+        [
+            ("vllm:time_to_first_token_seconds", "Time to first token"),
+            ("vllm:inter_token_latency_seconds", "Time between tokens"),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "End-to-end request latency",
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Time waiting in the queue",
+            ),
+            ("vllm:prompt_tokens", "Prefill tokens processed"),
+            ("vllm:generation_tokens", "Generation tokens processed"),
+            (
+                "vllm:request_success",
+                "Requests finished, by finished_reason",
+            ),
+        ],
     );
+    // vLLM's older name for the time between tokens, which dashboards still read.
     r.register(
-        "vllm:generation_tokens",
-        "Generation tokens processed",
-        m.generation_tokens.clone(),
-    );
-    r.register(
-        "vllm:request_success",
-        "Requests finished, by finished_reason",
-        m.finished.clone(),
+        "vllm:time_per_output_token_seconds",
+        "Time per output token",
+        m.inter_token.clone(),
     );
     r.register_collector(Box::new(Totals { service }));
     r
