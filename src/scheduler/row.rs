@@ -59,12 +59,11 @@ impl<T> Scheduler<T> {
             false => Vec::new(),
         };
         // Drafts take the blocks there are room for, and no more.
-        for end in last + 1..last + 1 + drafted.len() {
-            if end.is_multiple_of(chunk) && !cache.grow(req.conv) {
-                drafted.truncate(end - last - 1);
-                break;
-            }
+        let mut held = cache.table(req.conv).map_or(0, |t| t.len());
+        while held * chunk < last + 1 + drafted.len() && cache.grow(req.conv) {
+            held += 1;
         }
+        drafted.truncate((held * chunk).saturating_sub(last + 1));
         let first_drafted = last + 1;
         let last = last + drafted.len();
         positions.extend(first_drafted..=last);
