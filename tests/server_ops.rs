@@ -426,3 +426,45 @@ fn cached_of(answer: &Value) -> (u64, u64) {
         usage["prompt_tokens"].as_u64().unwrap(),
     )
 }
+
+/// vLLM's guided decoding fields hold a reply as `response_format` does: to one of some
+/// strings, to a regular expression, to a schema; two of them at once are refused.
+#[test]
+fn vllm_guided_fields_hold_the_reply() {
+    let server = start(&[]);
+    let b = &server.base;
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "messages": [{"role": "user", "content": "Is the sky blue? Answer in one word."}],
+            "max_tokens": 24,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(b, "/v1/chat/completions", &body.to_string())
+    };
+    let reply = |extra: Value| {
+        let (status, answer) = ask(extra);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let choice = reply(json!({"guided_choice": ["yes (sure)", "no."]}));
+    assert!(["yes (sure)", "no."].contains(&choice.as_str()), "{choice}");
+    let digits = reply(json!({"guided_regex": "[0-9]{3}"}));
+    assert!(
+        digits.len() == 3 && digits.chars().all(|c| c.is_ascii_digit()),
+        "{digits}"
+    );
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "additionalProperties": false});
+    let object: Value = serde_json::from_str(&reply(json!({"guided_json": schema}))).unwrap();
+    assert!(object["n"].is_i64(), "{object}");
+    let (status, answer) = ask(json!({"guided_regex": "a", "guided_choice": ["b"]}));
+    assert_eq!(status, 400, "{answer}");
+    let (status, answer) = ask(json!({"guided_regex": "a",
+        "response_format": {"type": "json_object"}}));
+    assert_eq!(status, 400, "{answer}");
+}

@@ -9,7 +9,7 @@ use pensieve::engine::SamplingParams;
 use pensieve::service::{Hints, TurnEnd};
 
 use crate::error::ApiError;
-use crate::structured::ResponseFormat;
+use crate::structured::{Guided, ResponseFormat};
 use crate::tools::WireCall;
 
 use pensieve::model::{GenerationDefaults, Message};
@@ -55,6 +55,10 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f64>,
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's guided decoding: the reply follows a JSON schema, a regular expression, one of
+    /// some strings, or a grammar (`structured::Guided`).
+    #[serde(flatten)]
+    pub guided: Guided,
     /// vLLM's: log-probabilities name tokens `token_id:N` instead of by their text.
     #[serde(default)]
     pub return_tokens_as_token_ids: bool,
@@ -81,6 +85,10 @@ const COMMON_FIELDS: &[&str] = &[
     "repetition_penalty",
     "min_p",
     "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
     "return_tokens_as_token_ids",
     // OpenAI's end-user id, for its abuse monitoring: accepted, without effect here.
     "user",
@@ -495,9 +503,14 @@ impl Common {
                     .unwrap_or(1.0),
             )
             .min_p(self.min_p.or(defaults.min_p).unwrap_or(0.0))
-            .constraint(match &self.response_format {
-                Some(f) => f.constraint()?,
-                None => None,
+            .constraint(match (&self.response_format, self.guided.constraint()?) {
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::bad(
+                        "response_format and a guided_* field cannot both hold the reply",
+                    ))
+                }
+                (Some(f), None) => f.constraint()?,
+                (None, guided) => guided,
             }))
     }
 
