@@ -222,6 +222,18 @@ fn bad_input_gets_typed_errors_and_the_engine_keeps_serving() {
             ..
         })
     ));
+    // Drafts looked up by runs of at least 5 tokens and at most 4: refused by name.
+    let lookup = pensieve::engine::Speculation::default().min_ngram(5);
+    assert!(matches!(
+        Engine::with_model(
+            pensieve::model::Model::tiny(7).unwrap(),
+            config(CacheMode::Tiered, 64, 0).speculation(lookup),
+        ),
+        Err(Error::InvalidConfig {
+            field: "speculation",
+            ..
+        })
+    ));
     // A budget too small for one request.
     let mut small = engine(CacheMode::Tiered, 16, 0);
     let sc = small.open(ConversationOptions::default()).unwrap();
