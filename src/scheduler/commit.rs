@@ -2,6 +2,11 @@
 //! work and counters change, from the plan and what actually ran. Tokens whose KV a turn took
 //! from other conversations (`share.rs`) stay pending until its rows run past them; they enter
 //! the history here like the rest.
+//!
+//! A drafted row (`draft.rs`) keeps the drafts its turn's sampler agreed with: they enter the
+//! history with their KV, the refused ones' blocks go back to the pool, and how the draft
+//! fared updates the conversation's `Acceptance`. A turn that ends on a token before the
+//! step's last takes the rest back (`retract`).
 
 use std::time::Instant;
 
