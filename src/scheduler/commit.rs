@@ -42,6 +42,7 @@ impl<T> Scheduler<T> {
                 req.recount = false;
             }
         }
+        let price = self.draft_price();
         for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|(_, &ran)| ran) {
             // A drafted row keeps the drafts its sampled tokens agreed with: all but the last.
             let accepted = match row.drafted {
@@ -50,7 +51,6 @@ impl<T> Scheduler<T> {
                     .find(|(id, _)| *id == row.request)
                     .map_or(0, |(_, t)| t.len().saturating_sub(1)),
             };
-            let price = self.draft_price();
             self.commit_row(row, (accepted, price), convs, cache);
         }
         for (id, tokens) in &outcome.sampled {
