@@ -4,7 +4,7 @@
 //! panels of [`NR`] output columns, in about the bytes of the file. GGUF `Q4_0`, `Q4_1`,
 //! `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K` and `Q6_K` keep their codes and scales and run the
 //! integer kernel of `quant`: activations quantized to 8 bits per 32 values, integer dot
-//! products per block (AVX-512 VNNI, AVX2, or scalar). Float weights keep their type (f32,
+//! products per block (AVX-512 VNNI, AVX2, NEON `sdot`, or scalar). Float weights keep their type (f32,
 //! f16, bf16) and run the FMA kernel of `float`, widened as they load; the GGUF types neither
 //! kernel keeps (`Q2_K`, `Q3_K`) are dequantized to f32.
 //!
@@ -23,7 +23,10 @@ use crate::{Error, Result};
 
 /// `$tile::<R, P>(args)` for a register tile of `$rows` rows spanning `$panels` panels (the
 /// shapes [`tile_width`] hands out), in every kernel's vector paths.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_macros)
+)]
 macro_rules! tile_shapes {
     ($rows:expr, $panels:expr, $tile:ident $(<$ty:ty>)? ($($arg:expr),*)) => {
         match ($rows, $panels) {
@@ -74,6 +77,10 @@ pub(crate) enum Isa {
     /// AVX-512 F/BW with VNNI (`vpdpbusd`) for the integer kernel; AVX2 for the rest.
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// NEON with the dot-product extension (`sdot`) for the integer kernel, NEON's fused
+    /// multiply-add for the float one.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
@@ -83,7 +90,10 @@ impl Isa {
     }
 
     /// Every path this CPU can run, best last.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )]
     pub(crate) fn available() -> Vec<Self> {
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
@@ -96,15 +106,22 @@ impl Isa {
                 }
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            all.push(Isa::Neon);
+        }
         all
     }
 
     /// Rows per register tile of the integer kernel: AVX-512 has the registers for 8 (8
-    /// accumulators and 8 dots), so a step of 8 decode rows is one tile, not 6 and 2.
+    /// accumulators and 8 dots), so a step of 8 decode rows is one tile, not 6 and 2; NEON's 32
+    /// registers hold 8 rows of a quarter panel.
     fn quant_tile_rows(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => 8,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => 8,
             _ => MR,
         }
     }

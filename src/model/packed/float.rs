@@ -3,7 +3,7 @@
 //! the file's own type, widened to f32 as they are loaded (exactly).
 //!
 //! Each output is one chain of fused multiply-adds over `k = 0, 1, …` in order, from zero,
-//! whatever the tile's shape, so rows are batch-invariant and the scalar and AVX2 paths agree
+//! whatever the tile's shape, so rows are batch-invariant and the scalar, AVX2 and NEON paths agree
 //! bit for bit. Per work item, each chunk of rows runs over the item's panels in `QK`-value
 //! blocks; a tile keeps up to 6 rows × 16 columns of accumulators in registers and spans
 //! 2–4 panels when it has few rows, so that it still has enough independent chains.
@@ -24,6 +24,18 @@ pub(super) trait Elem: Copy + Default + Send + Sync + std::fmt::Debug {
     /// The CPU has AVX2 and F16C; `p` points to 8 values.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// The 4 values at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` points to 4 values.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn load4(p: *const Self) -> std::arch::aarch64::float32x4_t {
+        // SAFETY: as the trait's contract.
+        let lanes: [f32; 4] = std::array::from_fn(|i| unsafe { (*p.add(i)).widen() });
+        // SAFETY: `lanes` holds four floats.
+        unsafe { std::arch::aarch64::vld1q_f32(lanes.as_ptr()) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +44,12 @@ use std::arch::x86_64::*;
 impl Elem for f32 {
     fn widen(self) -> f32 {
         self
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn load4(p: *const Self) -> std::arch::aarch64::float32x4_t {
+        // SAFETY: as the trait's contract.
+        unsafe { std::arch::aarch64::vld1q_f32(p) }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -56,6 +74,13 @@ impl Elem for f16 {
 impl Elem for bf16 {
     fn widen(self) -> f32 {
         self.to_f32()
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn load4(p: *const Self) -> std::arch::aarch64::float32x4_t {
+        use std::arch::aarch64::*;
+        // SAFETY: as the trait's contract. A bf16 is the high half of its f32.
+        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.cast()))) }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -148,6 +173,23 @@ struct Block<'a> {
     kb: usize,
 }
 
+impl Block<'_> {
+    /// Whether the block, the weight blocks `ws` and the output rows `row..` of panels
+    /// `first..` are all there: the vector paths check this once and then index unchecked.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    fn fits<T>(&self, ws: &[&[T]], t: &Tile, first: usize, row: usize) -> bool {
+        let (rows, wide) = (self.rows, ws.len());
+        rows > 0
+            && wide > 0
+            && ws.iter().all(|w| w.len() >= self.kb * NR)
+            && t.out.len() >= t.at(first + wide - 1, row + rows)
+            && self.x.len() >= (rows - 1) * self.stride + self.kb
+    }
+}
+
 /// For each of `ws.len()` panels `j` (from `first` on, within the item) and each row `r` of
 /// the block: `out[j][row + r][c] += Σ_kk x[r][kk] · w_j[kk][c]`, one fused multiply-add per
 /// term, in `kk` order, whatever the tile's shape.
@@ -157,6 +199,8 @@ fn accumulate<T: Elem>(isa: Isa, b: &Block, ws: &[&[T]], t: &mut Tile, first: us
         // SAFETY: the AVX2 and AVX-512 paths are only chosen when the CPU has AVX2, FMA and
         // F16C (`Isa::detect`); the callee checks every length it relies on.
         Isa::Avx2 | Isa::Avx512 => unsafe { avx2::accumulate(b, ws, t, first, row) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::accumulate(b, ws, t, first, row),
         Isa::Scalar => {
             for (j, w) in ws.iter().enumerate() {
                 for r in 0..b.rows {
@@ -188,16 +232,9 @@ mod avx2 {
         first: usize,
         row: usize,
     ) {
-        let (rows, wide) = (b.rows, ws.len());
-        if rows == 0
-            || wide == 0
-            || ws.iter().any(|w| w.len() < b.kb * NR)
-            || t.out.len() < t.at(first + wide - 1, row + rows)
-            || b.x.len() < (rows - 1) * b.stride + b.kb
-        {
-            return;
+        if b.fits(ws, t, first, row) {
+            tile_shapes!(b.rows, ws.len(), tile<T>(b, ws, t, first, row))
         }
-        tile_shapes!(rows, wide, tile<T>(b, ws, t, first, row))
     }
 
     /// `R` rows × `P` panels × 16 columns of accumulators in registers. The caller checked
@@ -244,6 +281,72 @@ mod avx2 {
                 for (p, a) in acc_r.iter().enumerate() {
                     _mm256_storeu_ps(out.add(at(p, r)), a[0]);
                     _mm256_storeu_ps(out.add(at(p, r) + 8), a[1]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::{Block, Elem, Tile, NR};
+
+    /// As the AVX2 path's `accumulate`, with NEON's fused multiply-add (every aarch64 CPU has
+    /// it, so no feature is checked).
+    pub(super) fn accumulate<T: Elem>(
+        b: &Block,
+        ws: &[&[T]],
+        t: &mut Tile,
+        first: usize,
+        row: usize,
+    ) {
+        if b.fits(ws, t, first, row) {
+            tile_shapes!(b.rows, ws.len(), tile<T>(b, ws, t, first, row))
+        }
+    }
+
+    /// `R` rows × `P` panels × 16 columns (4 vectors) of accumulators. The caller checked the
+    /// lengths, as for the AVX2 path's tile.
+    fn tile<T: Elem, const R: usize, const P: usize>(
+        b: &Block,
+        ws: &[&[T]],
+        t: &mut Tile,
+        first: usize,
+        row: usize,
+    ) {
+        let (stride, row0) = (t.panel_stride, t.row0 + row);
+        let at = |p: usize, r: usize| (first + p) * stride + (row0 + r) * NR;
+        // SAFETY: all offsets are within the lengths `accumulate` checked (R == b.rows,
+        // P <= ws.len()).
+        unsafe {
+            let out = t.out.as_mut_ptr();
+            let mut acc: [[[float32x4_t; 4]; P]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|p| {
+                    std::array::from_fn(|q| vld1q_f32(out.add(at(p, r) + 4 * q)))
+                })
+            });
+            let xp = b.x.as_ptr();
+            for kk in 0..b.kb {
+                let w: [[float32x4_t; 4]; P] = std::array::from_fn(|p| {
+                    let src = ws[p].as_ptr().add(kk * NR);
+                    std::array::from_fn(|q| T::load4(src.add(4 * q)))
+                });
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let xb = vdupq_n_f32(*xp.add(r * b.stride + kk));
+                    for (a, wp) in acc_r.iter_mut().zip(&w) {
+                        for (a, &wq) in a.iter_mut().zip(wp) {
+                            *a = vfmaq_f32(*a, xb, wq);
+                        }
+                    }
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (p, a) in acc_r.iter().enumerate() {
+                    for (q, &v) in a.iter().enumerate() {
+                        vst1q_f32(out.add(at(p, r) + 4 * q), v);
+                    }
                 }
             }
         }

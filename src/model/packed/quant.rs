@@ -31,7 +31,10 @@ use crate::{Error, Result};
 /// A vector path's entry point `kernel` (for CPUs with `$features`, which `$cpu` names) and
 /// the two forms of its `tile`: with one dot per block, or with `Q6_K`'s dot per 16 values kept
 /// apart. `SPLIT` is a constant, so the other formats hold no registers for the second dots.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_macros)
+)]
 macro_rules! kernel_entry {
     ($features:literal, $cpu:literal) => {
         #[doc = concat!("# Safety\nThe CPU has ", $cpu, ", and `super::in_bounds` holds for the arguments.")]
@@ -91,6 +94,8 @@ macro_rules! kernel_entry {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// Values per quantization block (the activations', and the weights' unit of factors).
 pub(super) const QK: usize = 32;
@@ -453,6 +458,10 @@ impl QuantRows {
             .zip(rows.halves.par_chunks_mut(2))
             .with_min_len(512)
             .for_each(|(((((codes, x), scale), scaled_sum), sum), halves)| {
+                // Whole blocks: `k` is a multiple of `QK`.
+                let (Ok(codes), Ok(x)) = (<&mut [i8; QK]>::try_from(codes), x.try_into()) else {
+                    return;
+                };
                 let (s, total) = quantize_block(isa, x, codes);
                 *scale = s;
                 *sum = total;
@@ -464,7 +473,7 @@ impl QuantRows {
         rows
     }
 
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn blocks(&self) -> usize {
         self.k / QK
     }
@@ -473,14 +482,16 @@ impl QuantRows {
 /// Quantizes 32 values: returns the scale `max|x| / 127` and the codes' sum. The codes are
 /// `round_ties_even(x · (127 / max|x|))`: the scalar and vector paths do the same exact
 /// operations, so they give the same codes.
-fn quantize_block(isa: Isa, x: &[f32], codes: &mut [i8]) -> (f32, i32) {
+fn quantize_block(isa: Isa, x: &[f32; QK], codes: &mut [i8; QK]) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     let sum = match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both vector paths are only chosen when the CPU has AVX2 (`Isa::detect`);
-        // the callee checks the lengths.
+        // SAFETY: both vector paths are only chosen when the CPU has AVX2 (`Isa::detect`).
         Isa::Avx2 | Isa::Avx512 => unsafe { avx2::quantize(x, inv, codes) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: every aarch64 CPU has NEON.
+        Isa::Neon => unsafe { neon::quantize(x, inv, codes) },
         Isa::Scalar => x
             .iter()
             .zip(codes.iter_mut())
@@ -545,6 +556,10 @@ fn kernel(isa: Isa, w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &m
         // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; bounds checked
         // above.
         Isa::Avx2 => unsafe { avx2::kernel(w, a, spot, o, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `Neon` is only chosen when the CPU has the dot-product extension; bounds
+        // checked above.
+        Isa::Neon => unsafe { neon::kernel(w, a, spot, o, out) },
         Isa::Scalar => scalar_kernel(w, a, spot, o, out),
     }
 }

@@ -211,6 +211,17 @@ fn every_instruction_path_gives_the_same_bits() {
     }
 }
 
+/// CI names the path its machine must have (`PENSIEVE_EXPECT_ISA=Neon` under qemu, `Avx2` on
+/// x86-64), so that a detection that stops finding it fails here rather than leaving the tests
+/// above on the scalar path alone.
+#[test]
+fn the_expected_instruction_path_is_detected() {
+    if let Ok(name) = std::env::var("PENSIEVE_EXPECT_ISA") {
+        let found: Vec<String> = Isa::available().iter().map(|i| format!("{i:?}")).collect();
+        assert!(found.contains(&name), "{name} is not among {found:?}");
+    }
+}
+
 #[test]
 fn rows_are_the_dequantized_weights() {
     for (i, &(n, k, dtype)) in SHAPES.iter().enumerate() {

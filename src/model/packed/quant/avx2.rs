@@ -10,13 +10,10 @@ use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SU
 /// # Safety
 /// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantize(x: &[f32], inv: f32, codes: &mut [i8]) -> i32 {
-    let (Some(x), Some(codes)) = (x.get(..QK), codes.get_mut(..QK)) else {
-        return 0;
-    };
+pub(super) unsafe fn quantize(x: &[f32; QK], inv: f32, codes: &mut [i8; QK]) -> i32 {
     let scale = _mm256_set1_ps(inv);
     let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-    // SAFETY: `x` holds 32 floats and `codes` 32 bytes (checked above).
+    // SAFETY: `x` holds 32 floats and `codes` 32 bytes.
     unsafe {
         let q: [__m256i; 4] = std::array::from_fn(|i| {
             let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * i)), scale);
