@@ -120,6 +120,10 @@ pub(crate) struct Conversation {
     seen_text: String,
     /// Where the recorded turns begin, in order.
     marks: Vec<Mark>,
+    /// Where the latest reply begins (after its turn's prompt): where a next turn takes the
+    /// history back to when the template renders that reply otherwise than the model saw it
+    /// (a thought it drops). Not stored: a resumed conversation goes back to a turn's mark.
+    reply_start: Option<Mark>,
     /// How many times its manifest has been stored, by any engine: a shared store's manifest
     /// of a higher revision was written by another engine after this copy.
     revision: u64,
@@ -231,10 +235,16 @@ impl Conversation {
             tools: self.tools.clone(),
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
+            reply_start: None,
             revision: 0,
             stamp: String::new(),
             acceptance: self.acceptance,
         }
+    }
+
+    /// Where the latest reply begins, while its tokens are all still in the history.
+    pub fn reply_start(&self) -> Option<Mark> {
+        self.reply_start
     }
 
     /// Records where a turn begins (before its exchange is recorded); marks stay in order.
@@ -261,9 +271,11 @@ impl Conversation {
         self.seen_text = seen;
         self.tokens.drain(cut.tokens());
         let (s, e) = (cut.start, cut.end);
-        self.marks
-            .retain(|m| m.tokens <= s.tokens || m.tokens >= e.tokens);
-        for m in self.marks.iter_mut().filter(|m| m.tokens >= e.tokens) {
+        let kept = |m: &Mark| m.tokens <= s.tokens || m.tokens >= e.tokens;
+        self.marks.retain(kept);
+        self.reply_start = self.reply_start.filter(kept);
+        let moved = self.marks.iter_mut().chain(self.reply_start.as_mut());
+        for m in moved.filter(|m| m.tokens >= e.tokens) {
             m.tokens -= e.tokens - s.tokens;
             m.text -= e.text - s.text;
             m.messages -= e.messages - s.messages;
@@ -277,6 +289,7 @@ impl Conversation {
     pub fn truncate_tokens(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.marks.retain(|m| m.tokens <= len);
+        self.reply_start = self.reply_start.filter(|m| m.tokens <= len);
     }
 
     pub fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
@@ -284,17 +297,23 @@ impl Conversation {
     }
 
     /// Records a finished exchange: the text the model saw (the prompt as templated, then the
-    /// reply), and the messages for the template.
+    /// reply, whose `reply_tokens` tokens end the history), and the messages for the template.
     pub fn record_exchange(
         &mut self,
         prompt_text: &str,
         user: Vec<Message>,
         reply_text: &str,
         reply: Message,
+        reply_tokens: usize,
     ) {
         self.seen_text.push_str(prompt_text);
-        self.seen_text.push_str(reply_text);
         self.messages.extend(user);
+        self.reply_start = Some(Mark {
+            tokens: self.tokens.len().saturating_sub(reply_tokens),
+            text: self.seen_text.len(),
+            messages: self.messages.len(),
+        });
+        self.seen_text.push_str(reply_text);
         self.messages.push(reply);
     }
 }
@@ -378,9 +397,8 @@ mod tests {
                 messages: c.messages().len(),
             });
             c.extend_tokens([i as u32 * 10, i as u32 * 10 + 1]);
-            c.record_exchange(&format!("<{u}>"), vec![Message::new("user", *u)], r, {
-                Message::new("assistant", *r)
-            });
+            let user = vec![Message::new("user", *u)];
+            c.record_exchange(&format!("<{u}>"), user, r, Message::new("assistant", *r), 1);
         }
         assert_eq!(c.seen_text(), "<u1>r1<u2>r2<u3>r3");
         let m = c.marks().to_vec();

@@ -18,6 +18,10 @@ pub struct Message {
     /// The call a `tool` message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant's thought before its answer (a thinking model's `<think>` text, without
+    /// the tags), kept apart from `content` as templates that take it (Qwen3's) expect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -28,6 +32,15 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning_content: None,
+        }
+    }
+
+    /// The same, with `thought` before its answer (an assistant's message).
+    pub fn with_reasoning(self, thought: impl Into<String>) -> Self {
+        Self {
+            reasoning_content: Some(thought.into()),
+            ..self
         }
     }
 
@@ -56,6 +69,9 @@ impl Message {
         }
         if let Some(id) = &self.tool_call_id {
             v["tool_call_id"] = Value::String(id.clone());
+        }
+        if let Some(thought) = &self.reasoning_content {
+            v["reasoning_content"] = Value::String(thought.clone());
         }
         v
     }

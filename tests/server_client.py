@@ -4,6 +4,7 @@ programs do; tests/server.rs runs it and checks what it prints (one JSON object)
 Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL stream
        server_client.py BASE_URL concurrent CLIENTS TURNS
+       server_client.py BASE_URL reasoning FRESH_BASE_URL
 """
 
 import json
@@ -149,9 +150,54 @@ def concurrent(base, clients, turns):
     return {"clients": results}
 
 
+def reasoning(base, fresh_base):
+    """A thinking model's replies (forced into shape by a regex) through a reasoning parser:
+    the thought as `reasoning_content`, whole and streamed; then the next turn, sent back
+    with the answer only as clients do, on this server and on a fresh one."""
+    c = client(base)
+    shape = r"<think>\n[a-z ]{6,20}\n</think>\n\n[A-Za-z ]{4,20}"
+    args = dict(model=MODEL, temperature=0, max_tokens=80, extra_body={"guided_regex": shape})
+    first = [{"role": "user", "content": "Say hello."}]
+    r = c.chat.completions.create(messages=first, **args)
+    m = r.choices[0].message
+    whole = {"reasoning": getattr(m, "reasoning_content", None), "content": m.content}
+    streamed = {"reasoning": "", "content": "", "order_ok": True}
+    for chunk in c.chat.completions.create(messages=first, stream=True, **args):
+        for choice in chunk.choices:
+            thought = getattr(choice.delta, "reasoning_content", None) or ""
+            if thought and streamed["content"]:
+                streamed["order_ok"] = False
+            streamed["reasoning"] += thought
+            streamed["content"] += choice.delta.content or ""
+    history = first + [
+        {"role": "assistant", "content": m.content},
+        {"role": "user", "content": "And goodbye?"},
+    ]
+
+    def ask(cl):
+        r = cl.chat.completions.create(messages=history, **args)
+        details = r.usage.prompt_tokens_details
+        msg = r.choices[0].message
+        return {
+            "reply": msg.content,
+            "reasoning": getattr(msg, "reasoning_content", None),
+            "prompt_tokens": r.usage.prompt_tokens,
+            "cached_tokens": details.cached_tokens if details else None,
+        }
+
+    return {
+        "whole": whole,
+        "streamed": streamed,
+        "first_prompt_tokens": r.usage.prompt_tokens,
+        "next": ask(c),
+        "fresh": ask(client(fresh_base)),
+    }
+
+
 def main():
     base, cmd, *rest = sys.argv[1:]
-    result = {"resend": resend, "stream": stream, "concurrent": concurrent}[cmd](base, *rest)
+    commands = {"resend": resend, "stream": stream, "concurrent": concurrent, "reasoning": reasoning}
+    result = commands[cmd](base, *rest)
     print(json.dumps(result))
 
 

@@ -23,6 +23,7 @@ mod handle;
 mod hints;
 mod overflow;
 mod persist;
+mod rewind;
 mod sampler;
 mod share;
 mod turn;
@@ -41,6 +42,7 @@ pub use config::{
     RedisConfig, StoreConfig, StoreLocation,
 };
 pub use persist::{Fetched, Registration, ResumeReader};
+pub(crate) use turn::assistant_message;
 pub use turn::TurnSize;
 pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
@@ -326,6 +328,9 @@ impl Engine {
             None => None,
         };
         let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
+        if let Some(cut) = prepared.rewind.take() {
+            self.rewind(conv_id, &cut);
+        }
         if let Some(cut) = prepared.cut.take() {
             self.apply_cut(conv_id, &cut);
         }

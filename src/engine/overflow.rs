@@ -22,7 +22,7 @@ impl Engine {
         let range = cut.tokens();
         // A cut of a history not yet fed to the model drops messages and no KV.
         if !range.is_empty() {
-            self.shift_past_cut(id, range.clone());
+            self.stats.tokens_shifted += self.shift_past_cut(id, range.clone()) as u64;
         }
         if let Some(conv) = self.convs.get_mut(&id) {
             conv.apply_cut(cut);
@@ -32,8 +32,10 @@ impl Engine {
         self.write_manifest(id);
     }
 
-    /// Moves the KV of conversation `id` past the dropped `range` back to its new positions.
-    fn shift_past_cut(&mut self, id: ConversationId, range: Range<usize>) {
+    /// Moves the KV of conversation `id` past the dropped `range` back to its new positions;
+    /// the chunk `range` begins in is rewritten with the KV before it (never truncated in
+    /// place: it may be shared by content). Returns how many tokens' KV it placed.
+    pub(super) fn shift_past_cut(&mut self, id: ConversationId, range: Range<usize>) -> usize {
         let chunk = self.config.chunk_size;
         let first = range.start / chunk;
         let computed = self.cache.table(id).map_or(0, |t| t.computed());
@@ -93,6 +95,6 @@ impl Engine {
                 self.cache.lose_chunk(id, i);
             }
         }
-        self.stats.tokens_shifted += shifted as u64;
+        shifted
     }
 }

@@ -52,7 +52,11 @@ pub(crate) struct PreparedTurn {
     pub user_messages: Vec<Message>,
     /// Where the turn begins (recorded with its exchange, a later cut point), if known.
     pub mark: Option<Mark>,
-    /// The oldest history to drop before the turn runs ([`OverflowPolicy::DropOldest`]).
+    /// The tail of the history to drop first, which the template renders otherwise
+    /// (`super::rewind`).
+    pub rewind: Option<Cut>,
+    /// The oldest history to drop before the turn runs ([`OverflowPolicy::DropOldest`]),
+    /// after the rewind.
     pub cut: Option<Cut>,
     pub size: TurnSize,
 }
@@ -71,6 +75,17 @@ pub(crate) fn prepare(
     max_reply: usize,
 ) -> Result<PreparedTurn> {
     validate(model, conv, &turn)?;
+    let rewind = super::rewind::rewind(model, conv, &turn)?;
+    let rewound;
+    let conv = match &rewind {
+        Some(cut) => {
+            let mut c = conv.clone();
+            c.apply_cut(cut);
+            rewound = c;
+            &rewound
+        }
+        None => conv,
+    };
     let history = conv.tokens().len();
     let enc = encode(
         model,
@@ -108,6 +123,7 @@ pub(crate) fn prepare(
         prompt_text: enc.text,
         user_messages: enc.messages,
         mark: enc.mark,
+        rewind,
         cut,
         size,
     })
@@ -510,12 +526,28 @@ impl ActiveTurn {
         if let Some(mark) = self.mark {
             conv.add_mark(mark);
         }
+        let reply = assistant_message(model, self.reply);
+        let reply_tokens = conv
+            .tokens()
+            .len()
+            .saturating_sub(self.history + self.prompt_tokens);
         conv.record_exchange(
             &self.prompt_text,
             self.user_messages,
             &seen,
-            Message::new("assistant", self.reply),
+            reply,
+            reply_tokens,
         );
+    }
+}
+
+/// A reply as the transcript keeps it: for a thinking model's template, its thought apart
+/// from its answer ([`Message::reasoning_content`]).
+pub(crate) fn assistant_message(model: &Model, reply: String) -> Message {
+    let thinks = model.template().is_some_and(|t| t.thinks());
+    match crate::model::split_thought(&reply).filter(|_| thinks) {
+        Some((thought, answer)) => Message::new("assistant", answer).with_reasoning(thought),
+        None => Message::new("assistant", reply),
     }
 }
 

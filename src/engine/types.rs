@@ -323,6 +323,10 @@ pub struct EngineStats {
     pub tokens_cut: u64,
     /// Tokens whose cached KV a cut moved to new positions (re-rotated, not recomputed).
     pub tokens_shifted: u64,
+    /// History tokens dropped because the chat template renders them otherwise than the
+    /// model saw them (a thinking model's thought, which its template leaves out of the
+    /// transcript): the next turn computes the rendering from there.
+    pub rewound_tokens: u64,
     /// Device slots in use now.
     pub device_slots_used: usize,
     /// Device slots in total.

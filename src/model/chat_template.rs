@@ -16,6 +16,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     tool_format: Option<ToolFormat>,
+    thinks: bool,
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -74,7 +75,15 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             tool_format: ToolFormat::detect(source),
+            thinks: super::reasoning::template_thinks(source),
         })
+    }
+
+    /// Whether the template is a thinking model's (it names `</think>`): a reply's thought
+    /// (up to `</think>`) is kept apart from its answer in the transcript
+    /// ([`Message::reasoning_content`]), as the template expects.
+    pub fn thinks(&self) -> bool {
+        self.thinks
     }
 
     /// How replies write tool calls, for a template that takes tools (`None`: it takes none).

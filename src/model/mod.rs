@@ -12,6 +12,7 @@ mod generation;
 mod grammar;
 mod ops;
 mod packed;
+mod reasoning;
 mod source;
 mod tiny;
 mod tokenizer;
@@ -35,6 +36,7 @@ pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
 pub use grammar::Constraint;
 pub(crate) use grammar::Guide;
+pub use reasoning::{split_thought, ReasoningParser, ReasoningStream};
 pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };

@@ -499,16 +499,23 @@ impl Driver {
         }
     }
 
-    /// The assistant message of a reply: with tools, its calls parsed out of its text.
+    /// The assistant message of a reply: a thinking model's thought apart from its answer,
+    /// and with tools, its calls parsed out of the answer.
     fn reply_message(&self, conv: ConversationId, reply: String) -> Message {
         let tools = self.engine.tools(conv).is_ok_and(|t| !t.is_empty());
-        let format = self.engine.model().template().and_then(|t| t.tool_format());
-        match format.filter(|_| tools).and_then(|f| f.parse(&reply)) {
+        let model = self.engine.model();
+        let message = crate::engine::assistant_message(model, reply);
+        let format = model.template().and_then(|t| t.tool_format());
+        match format
+            .filter(|_| tools)
+            .and_then(|f| f.parse(&message.content))
+        {
             Some((content, tool_calls)) => Message {
                 tool_calls,
-                ..Message::new("assistant", content)
+                content,
+                ..message
             },
-            None => Message::new("assistant", reply),
+            None => message,
         }
     }
 

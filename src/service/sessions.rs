@@ -87,7 +87,7 @@ impl Sessions {
         self.mark_idle(conv);
         if let Some(s) = self.map.get_mut(&conv) {
             if let Some(m) = &mut s.messages {
-                m.push(reply);
+                m.push(as_sent(false, reply));
                 if s.name.is_none() {
                     self.by_content.insert(transcript_key(m, &s.tools), conv);
                 }
@@ -122,6 +122,9 @@ impl Sessions {
             });
         }
         let (history, last) = messages.split_at(messages.len() - new);
+        let thinks = engine.model().template().is_some_and(|t| t.thinks());
+        let sent: Vec<Message> = history.iter().map(|m| as_sent(thinks, m.clone())).collect();
+        let history_sent = sent.as_slice();
         let turn = match last {
             [m] if m.role == "user" => Turn::user(m.content.clone()),
             _ => Turn::Messages(last.to_vec()),
@@ -131,14 +134,14 @@ impl Sessions {
         }
         let continues = |s: &Session| {
             s.tools == tools
-                && (s.messages.as_deref() == Some(history)
+                && (s.messages.as_deref() == Some(history_sent)
                     || (s.messages.is_some() && history.is_empty()))
         };
         let found = match &name {
             Some(n) => self.by_name.get(n).copied(),
             None => self
                 .by_content
-                .get(&transcript_key(history, &tools))
+                .get(&transcript_key(history_sent, &tools))
                 .copied(),
         };
         let mut replaces = None;
@@ -180,7 +183,9 @@ impl Sessions {
             name: None,
             tools: tools.clone(),
         })?;
-        self.add_session(conv, Some(messages), None, tools);
+        let mut sent = sent;
+        sent.extend_from_slice(last);
+        self.add_session(conv, Some(sent), None, tools);
         let opened = match name {
             Some(name) => Opened::Naming(Naming { name, replaces }),
             None => Opened::New,
@@ -355,7 +360,10 @@ impl Sessions {
             if let Some(old) = held {
                 self.unlink(old);
             }
-            let messages = engine.messages(conv).map(<[_]>::to_vec).ok();
+            let messages = engine
+                .messages(conv)
+                .map(|m| m.iter().map(|m| as_sent(false, m.clone())).collect())
+                .ok();
             let tools = engine.tools(conv).map(<[_]>::to_vec).unwrap_or_default();
             self.by_name.insert(name.to_string(), conv);
             self.add_session(conv, messages, Some(name.to_string()), tools);
@@ -433,6 +441,20 @@ pub(super) fn named(engine: &Engine, conv: ConversationId) -> bool {
     engine
         .durability(conv)
         .is_ok_and(|d| d != Durability::NotStored)
+}
+
+/// A message as a client sends it back, to find its session by: an assistant's thought left
+/// out, since clients return an answer's `content` with or without its `reasoning_content`;
+/// for a thinking model's template (`thinks`), a thought a client returns inside the content
+/// (`<think>...</think>answer`, as a server without a reasoning parser answered it) too.
+fn as_sent(thinks: bool, mut m: Message) -> Message {
+    if m.role == "assistant" {
+        m.reasoning_content = None;
+        if let Some((_, answer)) = crate::model::split_thought(&m.content).filter(|_| thinks) {
+            m.content = answer;
+        }
+    }
+    m
 }
 
 /// The key of a chat transcript (and the tools its template lists) in `Sessions::by_content`.

@@ -46,6 +46,7 @@ use axum::{Json, Router};
 use clap::Parser;
 use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
 use pensieve::engine::Engine;
+use pensieve::model::ReasoningParser;
 use pensieve::service::{Chat, Service, ServiceConfig};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -132,6 +133,11 @@ struct Args {
     /// none by default.
     #[arg(long, env = "PENSIEVE_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// How chat answers tell a thinking model's thought from its answer: `deepseek-r1` or
+    /// `qwen3` answer it as `reasoning_content` (streamed as its own deltas), as vLLM's
+    /// parsers of these names do; without it, the thought stays in `content`.
+    #[arg(long, env = "PENSIEVE_REASONING_PARSER", value_parser = reasoning_parser)]
+    reasoning_parser: Option<ReasoningParser>,
     /// Log lines as `text`, or `json` (one object per line) for log collectors.
     #[arg(long, env = "PENSIEVE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: ops::LogFormat,
@@ -156,6 +162,17 @@ struct AppState {
     /// What must fit in the context window, refused before the engine thread sees it (none
     /// under the `truncate-prompt` policy).
     prompt_bound: Option<tokens::PromptBound>,
+    /// How chat answers split a thought from the answer (`--reasoning-parser`).
+    reasoning: Option<ReasoningParser>,
+}
+
+fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
+    ReasoningParser::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser {name:?} (known: {})",
+            ReasoningParser::NAMES.join(", ")
+        )
+    })
 }
 
 fn main() -> ExitCode {
@@ -199,6 +216,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
         tokens: model,
         panic_on: args.fault_panic_on.map(Into::into),
         prompt_bound,
+        reasoning: args.reasoning_parser,
     };
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),

@@ -9,7 +9,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::{FinishReason, SamplingParams, TokenLogprobs};
-use pensieve::model::{Message, Model};
+use pensieve::model::{Message, Model, ReasoningParser, ReasoningStream};
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
 
@@ -46,6 +46,8 @@ struct Framing {
     /// With tools offered: whether a reply may make several calls. A reply is then sent
     /// whole even when streamed, its calls parsed out of its text at its end.
     tools: Option<bool>,
+    /// How a chat answer's thought is told from its answer (`--reasoning-parser`).
+    reasoning: Option<ReasoningParser>,
 }
 
 impl Framing {
@@ -62,6 +64,7 @@ impl Framing {
             logprobs,
             token_ids: false,
             tools,
+            reasoning: None,
         }
     }
 
@@ -90,9 +93,14 @@ impl Framing {
             .enumerate()
             .map(|(index, c)| {
                 let logprobs = self.logprobs(&c.tokens, 0);
-                let message = match &c.message {
-                    Some(m) => crate::tools::message_json(m, self.tools.unwrap_or(true)),
-                    None => json!({"role": "assistant", "content": c.text}),
+                let message = match (&c.message, self.reasoning) {
+                    (Some(m), _) => crate::tools::message_json(m, self.tools.unwrap_or(true)),
+                    (None, Some(parser)) => match parser.split(&c.text) {
+                        (Some(thought), content) => json!({"role": "assistant",
+                            "content": content, "reasoning_content": thought}),
+                        (None, content) => json!({"role": "assistant", "content": content}),
+                    },
+                    (None, None) => json!({"role": "assistant", "content": c.text}),
                 };
                 match self.kind {
                     Kind::Chat => json!({"index": index, "logprobs": logprobs,
@@ -111,20 +119,21 @@ impl Framing {
     fn chunk(
         &self,
         index: usize,
-        text: Option<&str>,
+        text: Option<Piece>,
         reason: Option<&str>,
         logprobs: Value,
     ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match text {
-                    Some(t) => json!({"content": t}),
+                    Some(Piece::Answer(t)) => json!({"content": t}),
+                    Some(Piece::Thought(t)) => json!({"reasoning_content": t}),
                     None if reason.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
                 return self.delta_chunk(index, delta, reason, logprobs);
             }
-            Kind::Completion => json!({"index": index, "text": text.unwrap_or(""),
+            Kind::Completion => json!({"index": index, "text": text.map_or("", Piece::text),
                 "logprobs": logprobs, "finish_reason": reason}),
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created,
@@ -151,6 +160,21 @@ impl Framing {
     }
 }
 
+/// Streamed text of a reply: its answer, or its thought (with a reasoning parser).
+#[derive(Clone, Copy)]
+enum Piece<'a> {
+    Answer(&'a str),
+    Thought(&'a str),
+}
+
+impl<'a> Piece<'a> {
+    fn text(self) -> &'a str {
+        match self {
+            Piece::Answer(t) | Piece::Thought(t) => t,
+        }
+    }
+}
+
 /// A choice as it is collected.
 #[derive(Default)]
 struct Choice {
@@ -163,6 +187,8 @@ struct Choice {
     end: Option<Usage>,
     /// The reply as the service recorded it (its tool calls parsed), with tools offered.
     message: Option<Message>,
+    /// Its thought told from its answer as it streams (with a reasoning parser).
+    split: Option<ReasoningStream>,
 }
 
 impl Choice {
@@ -209,6 +235,7 @@ pub async fn serve(
     let request = turns.first().map_or(0, |t| t.request().as_u64());
     let mut framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
     framing.token_ids = common.return_tokens_as_token_ids;
+    framing.reasoning = s.reasoning.filter(|_| matches!(kind, Kind::Chat));
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
@@ -306,8 +333,12 @@ impl<S> St<S> {
             } => {
                 let ids = self.framing.token_ids;
                 self.choices[i].record(&self.model, token, logprobs, ids);
-                if !text.is_empty() && self.framing.tools.is_none() {
-                    self.send(i, Some(&text), None);
+                if text.is_empty() || self.framing.tools.is_some() {
+                    return;
+                }
+                match self.choices[i].split.as_mut().map(|s| s.push(&text)) {
+                    Some((thought, answer)) => self.send_split(i, &thought, &answer),
+                    None => self.send(i, Some(Piece::Answer(&text)), None),
                 }
             }
             TurnEvent::Finished(end) => self.end(i, &end),
@@ -315,8 +346,19 @@ impl<S> St<S> {
         }
     }
 
+    /// Chunks of choice `i`'s thought and answer text, each when there is some; the first
+    /// carries the tokens they complete.
+    fn send_split(&mut self, i: usize, thought: &str, answer: &str) {
+        if !thought.is_empty() {
+            self.send(i, Some(Piece::Thought(thought)), None);
+        }
+        if !answer.is_empty() {
+            self.send(i, Some(Piece::Answer(answer)), None);
+        }
+    }
+
     /// A chunk of choice `i`'s `text` (and `reason`), with the tokens it completes.
-    fn send(&mut self, i: usize, text: Option<&str>, reason: Option<&str>) {
+    fn send(&mut self, i: usize, text: Option<Piece>, reason: Option<&str>) {
         let c = &mut self.choices[i];
         let logprobs = self.framing.logprobs(&c.tokens, c.sent);
         c.sent += c.tokens.iter().map(|t| t.len).sum::<usize>();
@@ -329,6 +371,10 @@ impl<S> St<S> {
         match outcome(end) {
             Ok((reason, usage)) => {
                 self.choices[i].end = Some(usage);
+                if let Some((thought, answer)) = self.choices[i].split.as_mut().map(|s| s.finish())
+                {
+                    self.send_split(i, &thought, &answer);
+                }
                 // With tools, the reply went unsent: it goes now, its calls parsed.
                 if let (Some(parallel), Some(m)) = (self.framing.tools, &end.message) {
                     let c = &mut self.choices[i];
@@ -362,7 +408,13 @@ fn stream(
     model: Arc<Model>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let choices: Vec<Choice> = turns.iter().map(|_| Choice::default()).collect();
+    let choices: Vec<Choice> = turns
+        .iter()
+        .map(|_| Choice {
+            split: framing.reasoning.map(ReasoningParser::stream),
+            ..Choice::default()
+        })
+        .collect();
     let mut first = std::collections::VecDeque::new();
     if let Kind::Chat = framing.kind {
         for i in 0..choices.len() {

@@ -170,7 +170,16 @@ fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Valu
 
 /// An assistant message's `message` (or stream `delta`) body: its text (null when it only
 /// calls tools) and its calls, at most one unless `parallel`.
+/// A thinking model's thought, which the engine keeps apart, comes as `reasoning_content`.
 pub fn message_json(m: &Message, parallel: bool) -> Value {
+    let mut v = calls_json(m, parallel);
+    if let Some(thought) = &m.reasoning_content {
+        v["reasoning_content"] = json!(thought);
+    }
+    v
+}
+
+fn calls_json(m: &Message, parallel: bool) -> Value {
     if m.tool_calls.is_empty() {
         return json!({"role": "assistant", "content": m.content});
     }
