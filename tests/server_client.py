@@ -5,6 +5,7 @@ Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL stream
        server_client.py BASE_URL concurrent CLIENTS TURNS
        server_client.py BASE_URL reasoning FRESH_BASE_URL
+       server_client.py BASE_URL agent
 """
 
 import json
@@ -152,8 +153,9 @@ def concurrent(base, clients, turns):
 
 def reasoning(base, fresh_base):
     """A thinking model's replies (forced into shape by a regex) through a reasoning parser:
-    the thought as `reasoning_content`, whole and streamed; then the next turn, sent back
-    with the answer only as clients do, on this server and on a fresh one."""
+    the thought as `reasoning_content`, whole and streamed; then two more turns, each with
+    the history sent back with the answers only as clients do, the last also on a fresh
+    server."""
     c = client(base)
     shape = r"<think>\n[a-z ]{6,20}\n</think>\n\n[A-Za-z ]{4,20}"
     args = dict(model=MODEL, temperature=0, max_tokens=80, extra_body={"guided_regex": shape})
@@ -169,13 +171,11 @@ def reasoning(base, fresh_base):
                 streamed["order_ok"] = False
             streamed["reasoning"] += thought
             streamed["content"] += choice.delta.content or ""
-    history = first + [
-        {"role": "assistant", "content": m.content},
-        {"role": "user", "content": "And goodbye?"},
-    ]
+    history = first + [{"role": "assistant", "content": m.content}]
 
-    def ask(cl):
-        r = cl.chat.completions.create(messages=history, **args)
+    def ask(cl, question):
+        r = cl.chat.completions.create(
+            messages=history + [{"role": "user", "content": question}], **args)
         details = r.usage.prompt_tokens_details
         msg = r.choices[0].message
         return {
@@ -185,18 +185,89 @@ def reasoning(base, fresh_base):
             "cached_tokens": details.cached_tokens if details else None,
         }
 
+    # Two more turns, each sending back the answers only; the last also to a fresh server.
+    second = ask(c, "And goodbye?")
+    history += [{"role": "user", "content": "And goodbye?"},
+                {"role": "assistant", "content": second["reply"]}]
     return {
         "whole": whole,
         "streamed": streamed,
         "first_prompt_tokens": r.usage.prompt_tokens,
-        "next": ask(c),
-        "fresh": ask(client(fresh_base)),
+        "second": second,
+        "next": ask(c, "Thanks."),
+        "fresh": ask(client(fresh_base), "Thanks."),
     }
+
+
+AGENT_TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "write_file", "description": "Write a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                       "content": {"type": "string", "maxLength": 40}},
+                       "required": ["path", "content"], "additionalProperties": False}}},
+]
+
+
+def agent(base):
+    """A coding agent's loop: streamed turns that call tools, the calls and their results sent
+    back each turn with the whole history; each call also asked for whole (a new
+    conversation: the same messages), to compare."""
+    c = client(base)
+    messages = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": "The tests in main.py fail. Fix the bug."},
+    ]
+    args = dict(model=MODEL, tools=AGENT_TOOLS, max_tokens=128, temperature=0)
+    steps = []
+    for step in range(3):
+        calls, content, finish, usage, fragments = {}, "", None, None, 0
+        stream = c.chat.completions.create(
+            messages=messages, stream=True, stream_options={"include_usage": True},
+            tool_choice="required", **args)
+        for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for tc in choice.delta.tool_calls or []:
+                    call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                    call["id"] = tc.id or call["id"]
+                    if tc.function and tc.function.name:
+                        call["name"] += tc.function.name
+                    if tc.function and tc.function.arguments:
+                        call["arguments"] += tc.function.arguments
+                        fragments += 1
+                finish = choice.finish_reason or finish
+        whole = c.chat.completions.create(messages=messages, tool_choice="required", **args)
+        w = whole.choices[0].message.tool_calls[0]
+        made = [calls[i] for i in sorted(calls)]
+        details = usage.prompt_tokens_details
+        steps.append({
+            "calls": made, "content": content, "finish_reason": finish, "fragments": fragments,
+            "whole": {"name": w.function.name, "arguments": w.function.arguments,
+                      "finish_reason": whole.choices[0].finish_reason},
+            "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": details.cached_tokens if details else None,
+        })
+        first = made[0]
+        messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": first["id"], "type": "function",
+             "function": {"name": first["name"], "arguments": first["arguments"]}}]})
+        messages.append({"role": "tool", "tool_call_id": first["id"],
+                         "content": f"result {step}: def add(a, b): return a - b"})
+    return {"steps": steps}
 
 
 def main():
     base, cmd, *rest = sys.argv[1:]
-    commands = {"resend": resend, "stream": stream, "concurrent": concurrent, "reasoning": reasoning}
+    commands = {
+        "resend": resend,
+        "stream": stream,
+        "concurrent": concurrent,
+        "reasoning": reasoning,
+        "agent": agent,
+    }
     result = commands[cmd](base, *rest)
     print(json.dumps(result))
 

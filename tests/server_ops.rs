@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::server::{post, server_exe, start};
+use common::server::{client, post, server_exe, start};
 
 /// `--api-key` (here from its environment variable, as every flag can be given) guards the
 /// generation and tokenizer routes; probes and scrapers need no key.
@@ -302,7 +302,7 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     assert_eq!(status, 200, "{first}");
     let reply = first["choices"][0]["message"].clone();
     assert!(reply["content"].is_string(), "{first}");
-    // Streamed, the same reply arrives (whole, at its end, so that calls can be parsed).
+    // Streamed, the same reply arrives.
     let mut stream_body = body.clone();
     stream_body["stream"] = json!(true);
     let (text, chunks) = streamed(b, "/v1/chat/completions", &stream_body);
@@ -467,4 +467,35 @@ fn vllm_guided_fields_hold_the_reply() {
     let (status, answer) = ask(json!({"guided_regex": "a",
         "response_format": {"type": "json_object"}}));
     assert_eq!(status, 400, "{answer}");
+}
+
+#[test]
+fn real_model_an_agent_s_streamed_tool_calls_round_trip_with_the_history_cached() {
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let out = client(&server.base, &["agent"]);
+    let steps = out["steps"].as_array().unwrap();
+    for (i, step) in steps.iter().enumerate() {
+        assert_eq!(step["finish_reason"], "tool_calls", "step {i}: {out}");
+        let call = &step["calls"][0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"), "{out}");
+        // The call streamed as it was written: its arguments in pieces that add up to JSON...
+        assert!(step["fragments"].as_u64().unwrap() >= 2, "step {i}: {out}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("step {i}: {e}: {out}"));
+        assert!(args["path"].is_string(), "step {i}: {out}");
+        // ...and is the call the same request makes whole.
+        assert_eq!(call["name"], step["whole"]["name"], "step {i}: {out}");
+        assert_eq!(
+            call["arguments"], step["whole"]["arguments"],
+            "step {i}: {out}"
+        );
+        assert_eq!(step["whole"]["finish_reason"], "tool_calls", "{out}");
+        // Each turn after the first continued the conversation the server held: its
+        // history, calls and results included, came from the cache.
+        if i > 0 {
+            let before = steps[i - 1]["prompt_tokens"].as_u64().unwrap();
+            let cached = step["cached_tokens"].as_u64().unwrap();
+            assert!(cached + 32 >= before && cached > 0, "step {i}: {out}");
+        }
+    }
 }

@@ -31,6 +31,9 @@ pub(crate) struct Summary {
     pub(crate) prefilled_tokens: u64,
     pub(crate) reused_tokens: u64,
     pub(crate) recomputed_tokens: u64,
+    /// History tokens taken back because the template renders them otherwise (a thought it
+    /// drops, a reply it trims), and computed again as it renders them.
+    pub(crate) rewound_tokens: u64,
     pub(crate) generated_tokens: u64,
     /// Tokens drafted from conversations' histories and verified, and those taken.
     pub(crate) drafted_tokens: u64,
@@ -120,6 +123,7 @@ pub(crate) fn summarize(mode: Mode, load: Load, run: &Run, stats: &EngineStats) 
             + stats.reused_host_tokens
             + stats.reused_store_tokens,
         recomputed_tokens: stats.recomputed_tokens,
+        rewound_tokens: stats.rewound_tokens,
         generated_tokens: stats.generated_tokens,
         drafted_tokens: stats.drafted_tokens,
         accepted_tokens: stats.accepted_tokens,

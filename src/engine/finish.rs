@@ -87,7 +87,7 @@ impl Engine {
             self.stats.recomputed_tokens += counts.recomputed as u64;
             self.stats.prefilled_tokens += counts.prefilled as u64;
             if completed {
-                self.settle_reply(conv_id, turn);
+                self.settle_reply(id, conv_id, turn);
             }
         }
         // A turn never admitted may have booked shared chunks past the history in the table.
@@ -112,8 +112,9 @@ impl Engine {
     /// Records a finished turn's exchange; when its reply was cut short of what was generated,
     /// the history keeps the tokens whose text the client received whole, then the text's
     /// own tokens for the rest (without KV: the next turn computes them).
-    fn settle_reply(&mut self, conv_id: ConversationId, turn: ActiveTurn) {
+    fn settle_reply(&mut self, id: RequestId, conv_id: ConversationId, turn: ActiveTurn) {
         let trim = turn.trim(&self.model);
+        let calls = self.tool_calls(conv_id, id, turn.reply());
         let Some(conv) = self.convs.get_mut(&conv_id) else {
             return;
         };
@@ -125,7 +126,7 @@ impl Engine {
             conv.extend_tokens(tail);
             self.cache.truncate(conv_id, keep);
         }
-        turn.record(&self.model, conv);
+        turn.record(&self.model, conv, calls);
     }
 
     /// Takes the conversation back to the `history` tokens it had before a turn that did not

@@ -27,10 +27,27 @@ pub(super) enum Command {
     Cancel(RequestId),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Shared {
     inbox: Mutex<Vec<Command>>,
     next_request: AtomicU64,
+    /// This engine's part of its tool calls' ids (a request's id is the rest), so that ids do
+    /// not repeat across engines or restarts of a stored conversation.
+    pub call_ids: u64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        static ENGINES: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        Self {
+            inbox: Mutex::default(),
+            next_request: AtomicU64::new(0),
+            call_ids: now.map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(40)
+                ^ ENGINES.fetch_add(1, Ordering::Relaxed).rotate_left(20),
+        }
+    }
 }
 
 impl Shared {

@@ -26,6 +26,7 @@ mod persist;
 mod rewind;
 mod sampler;
 mod share;
+mod tools;
 mod turn;
 mod types;
 mod verify;
@@ -42,7 +43,6 @@ pub use config::{
     RedisConfig, StoreConfig, StoreLocation,
 };
 pub use persist::{Fetched, Registration, ResumeReader};
-pub(crate) use turn::assistant_message;
 pub use turn::TurnSize;
 pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,

@@ -2,9 +2,10 @@
 //! templates drop a reply's thought from the transcript (R1's renders only what follows
 //! `</think>`), and others trim replies; a stateless server would feed the next turn the
 //! template's rendering, so a stateful one must too, or the two would answer differently.
-//! Before a turn, the history is taken back to the last point the rendering still agrees
-//! with, and the turn's prompt carries the rendering from there: only the reply is recomputed
-//! (its answer, without the thought), never the turns before it.
+//! Before a turn, the history is taken back to just before the reply the rendering no longer
+//! agrees with (its generation prompt), and the turn's prompt carries the rendering from
+//! there: only that reply is recomputed (its answer, without the thought), never the turns
+//! before it.
 
 use super::encode::turn_messages;
 use super::{Engine, Turn};
@@ -15,9 +16,10 @@ use crate::Result;
 
 /// The tail of `conv`'s history to drop before `turn`, when the template renders the
 /// transcript and `turn` otherwise than the model saw it; `None` when the rendering continues
-/// what was seen. Messages stay: only tokens and seen text go, back to the latest reply's
-/// last token that the rendering agrees with, or else to the latest turn's start that it
-/// does (the start of the conversation if none).
+/// what was seen. Messages stay: only tokens and seen text go, back to the latest point before
+/// the divergence where a conversation opened with the transcript would split its tokens too
+/// ([`before_control`], then the turns' marks; the start of the conversation if none), so
+/// that the rendering from there is tokenized exactly as that conversation tokenizes it.
 ///
 /// # Errors
 /// The template's.
@@ -33,16 +35,13 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
         return Ok(None);
     }
     let common = common_prefix(&rendered, seen);
-    let to = match conv.reply_start().filter(|m| m.text <= common) {
-        Some(start) => within_reply(model, conv, start, common),
-        None => conv
-            .marks()
-            .iter()
-            .rev()
-            .find(|m| m.text <= common)
-            .copied()
-            .unwrap_or_default(),
-    };
+    let reply = conv
+        .reply_start()
+        .and_then(|r| before_control(model, conv, r));
+    let marks = conv.marks().iter().rev().copied();
+    let to = (reply.into_iter().chain(marks))
+        .find(|m| m.text <= common)
+        .unwrap_or_default();
     let n = conv.messages().len();
     Ok(Some(Cut {
         start: Mark { messages: n, ..to },
@@ -54,30 +53,30 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
     }))
 }
 
-/// The latest point of the reply beginning at `start` that ends at or before byte `common` of
-/// the seen text: the most of its tokens that decode to a beginning of the reply's text no
-/// longer than that (found by bisection: a thought is thousands of tokens).
-fn within_reply(model: &Model, conv: &Conversation, start: Mark, common: usize) -> Mark {
-    let tokens = conv.tokens().get(start.tokens..).unwrap_or_default();
-    let text = conv.seen_text().get(start.text..).unwrap_or_default();
-    let room = common - start.text;
-    let fits = |n: usize| -> Option<usize> {
-        let decoded = model.decode(&tokens[..n]).ok()?;
-        (decoded.len() <= room && text.starts_with(&decoded)).then_some(decoded.len())
-    };
-    let (mut lo, mut hi) = (0, tokens.len());
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        match fits(mid) {
-            Some(_) => lo = mid,
-            None => hi = mid - 1,
-        }
-    }
-    Mark {
-        tokens: start.tokens + lo,
-        text: start.text + fits(lo).unwrap_or(0),
-        messages: start.messages,
-    }
+/// The point just before the last control token that precedes the latest reply (which begins
+/// at `reply`) in its turn: the first of its generation prompt, as `<|im_start|>` of
+/// `<|im_start|>assistant\n`. Tokenizers split text at control tokens before anything else, so
+/// the text from there tokenizes the same alone or after the rest, which a point inside the
+/// prompt's markup or the reply does not promise. `None` when the turn has no control token
+/// there (a template whose markup is plain text in this vocabulary).
+fn before_control(model: &Model, conv: &Conversation, reply: Mark) -> Option<Mark> {
+    let added = model.tokenizer().get_added_tokens_decoder();
+    let tokens = conv.tokens();
+    let turn = conv
+        .marks()
+        .last()
+        .map_or(0, |m| m.tokens)
+        .min(reply.tokens);
+    let at = (turn..reply.tokens)
+        .rev()
+        .find(|&k| added.get(&tokens[k]).is_some_and(|t| t.special))?;
+    let text = model.decode(&tokens[at..reply.tokens]).ok()?;
+    let from = reply.text.checked_sub(text.len())?;
+    (conv.seen_text().get(from..reply.text) == Some(text.as_str())).then_some(Mark {
+        tokens: at,
+        text: from,
+        messages: reply.messages,
+    })
 }
 
 impl Engine {

@@ -10,7 +10,7 @@ use super::encode::{encode, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
 use crate::conversation::{Conversation, Cut, Mark};
-use crate::model::{Guide, IncrementalDecoder, Message, Model};
+use crate::model::{Guide, IncrementalDecoder, Message, Model, ToolCall};
 use crate::{Error, Result};
 
 /// What bounds a turn's size, from the model and the engine configuration.
@@ -513,9 +513,19 @@ impl ActiveTurn {
         self.first_token
     }
 
+    /// The reply's text as the client receives it.
+    pub fn reply(&self) -> &str {
+        &self.reply
+    }
+
     /// Records the finished exchange in `conv`'s transcript: the reply as the client
-    /// received it.
-    pub fn record(self, model: &Model, conv: &mut Conversation) {
+    /// received it, with the `calls` read out of it.
+    pub fn record(
+        self,
+        model: &Model,
+        conv: &mut Conversation,
+        calls: Option<(String, Vec<ToolCall>)>,
+    ) {
         // The transcript holds what the model saw: special tokens (an end-of-turn) included.
         let (kept, from) = match self.trimmed {
             true => self.kept(),
@@ -526,7 +536,7 @@ impl ActiveTurn {
         if let Some(mark) = self.mark {
             conv.add_mark(mark);
         }
-        let reply = assistant_message(model, self.reply);
+        let reply = super::tools::reply_message(model, self.reply, calls);
         let reply_tokens = conv
             .tokens()
             .len()
@@ -538,16 +548,6 @@ impl ActiveTurn {
             reply,
             reply_tokens,
         );
-    }
-}
-
-/// A reply as the transcript keeps it: for a thinking model's template, its thought apart
-/// from its answer ([`Message::reasoning_content`]).
-pub(crate) fn assistant_message(model: &Model, reply: String) -> Message {
-    let thinks = model.template().is_some_and(|t| t.thinks());
-    match crate::model::split_thought(&reply).filter(|_| thinks) {
-        Some((thought, answer)) => Message::new("assistant", answer).with_reasoning(thought),
-        None => Message::new("assistant", reply),
     }
 }
 

@@ -16,6 +16,7 @@ mod reasoning;
 mod source;
 mod tiny;
 mod tokenizer;
+mod tool_stream;
 mod tools;
 mod transformer;
 
@@ -41,6 +42,7 @@ pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
+pub use tool_stream::{ToolDelta, ToolStream};
 pub use tools::ToolFormat;
 pub use transformer::WeightFormat;
 #[cfg(feature = "internals")]
@@ -258,6 +260,17 @@ impl Model {
     /// The tokenizer shipped with the weights.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// A reply as a conversation's transcript keeps it: for a thinking model's template
+    /// ([`ChatTemplate::thinks`]), a reply that closes its thought has it apart from its
+    /// answer ([`Message::reasoning_content`]).
+    pub fn assistant_message(&self, reply: String) -> Message {
+        let thinks = self.template.as_ref().is_some_and(ChatTemplate::thinks);
+        match split_thought(&reply).filter(|_| thinks) {
+            Some((thought, answer)) => Message::new("assistant", answer).with_reasoning(thought),
+            None => Message::new("assistant", reply),
+        }
     }
 
     /// The model's chat template, when it ships one.

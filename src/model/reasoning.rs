@@ -164,7 +164,7 @@ impl ReasoningStream {
 
 /// The length of the longest end of `text` that begins `tag` (held back: the tag may be
 /// arriving).
-fn partial_tag(text: &str, tag: &str) -> usize {
+pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -1,8 +1,5 @@
-//! Tool calling: the calls an assistant message carries, how chat templates see them, and how
-//! calls are read back from a reply in the format of the template's family.
-
-use crate::message::ToolCall;
-use serde_json::Value;
+//! Tool calling: the formats of the templates' families, told by a template's source; the
+//! calls are read back from a reply in its format by `super::tool_stream`.
 
 /// How a chat template's family writes tool calls in a reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,100 +32,99 @@ impl ToolFormat {
             None
         }
     }
-
-    /// The reply's text before its calls, and the calls, each with an id derived from the
-    /// reply and its place; `None` when the reply makes no (well-formed) call.
-    pub fn parse(self, reply: &str) -> Option<(String, Vec<ToolCall>)> {
-        let (text, calls) = match self {
-            Self::Hermes => hermes(reply)?,
-            Self::Mistral => {
-                let at = reply.find("[TOOL_CALLS]")?;
-                let list = reply[at + "[TOOL_CALLS]".len()..].trim();
-                let calls = serde_json::from_str::<Vec<Value>>(list).ok()?;
-                (reply[..at].to_string(), calls)
-            }
-            Self::Llama3Json => {
-                let body = reply.trim();
-                let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
-                let call = serde_json::from_str::<Value>(body).ok()?;
-                (String::new(), vec![call])
-            }
-        };
-        let calls = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| call(c, reply, i))
-            .collect::<Option<Vec<_>>>()?;
-        (!calls.is_empty()).then(|| (text.trim().to_string(), calls))
-    }
-}
-
-/// The `<tool_call>` elements of a Hermes-style reply, and the text before the first.
-fn hermes(reply: &str) -> Option<(String, Vec<Value>)> {
-    const OPEN: &str = "<tool_call>";
-    const CLOSE: &str = "</tool_call>";
-    let first = reply.find(OPEN)?;
-    let mut calls = Vec::new();
-    let mut rest = &reply[first..];
-    while let Some(start) = rest.find(OPEN) {
-        let body = &rest[start + OPEN.len()..];
-        // A reply cut at its length may leave the last element open: read what is there.
-        let end = body.find(CLOSE).unwrap_or(body.len());
-        calls.push(serde_json::from_str::<Value>(body[..end].trim()).ok()?);
-        rest = body.get(end + CLOSE.len()..).unwrap_or("");
-    }
-    Some((reply[..first].to_string(), calls))
-}
-
-/// A call from its JSON: a name, and arguments (`arguments`, or Llama's `parameters`) as JSON
-/// text.
-fn call(v: &Value, reply: &str, index: usize) -> Option<ToolCall> {
-    let name = v.get("name")?.as_str()?.to_string();
-    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
-        Some(Value::String(s)) => s.clone(),
-        Some(a) => a.to_string(),
-        None => "{}".to_string(),
-    };
-    let mut h = blake3::Hasher::new();
-    h.update(reply.as_bytes());
-    h.update(&(index as u64).to_le_bytes());
-    let id = format!("call_{}", &h.finalize().to_hex()[..24]);
-    Some(ToolCall {
-        id,
-        name,
-        arguments,
-    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tool_stream::ToolDelta;
     use super::*;
+    use crate::message::ToolCall;
 
     #[test]
     fn each_family_s_calls_are_read_with_their_arguments() {
         let reply = "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
                      {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"time\", \
                      \"arguments\": {}}\n</tool_call>";
-        let (text, calls) = ToolFormat::Hermes.parse(reply).unwrap();
+        let (text, calls) = ToolFormat::Hermes.parse(reply, 1).unwrap();
         assert_eq!(text, "Let me check.");
         assert_eq!(calls.len(), 2);
+        // The arguments as the model wrote them.
         assert_eq!(
             (calls[0].name.as_str(), calls[0].arguments.as_str()),
-            ("weather", r#"{"city":"Paris"}"#)
+            ("weather", r#"{"city": "Paris"}"#)
         );
         assert_ne!(calls[0].id, calls[1].id);
-        let mistral = r#"[TOOL_CALLS][{"name": "time", "arguments": {"zone": "UTC"}}]"#;
-        let (text, calls) = ToolFormat::Mistral.parse(mistral).unwrap();
+        // Ids are the turn's: another seed, other ids.
+        assert_ne!(
+            ToolFormat::Hermes.parse(reply, 2).unwrap().1[0].id,
+            calls[0].id
+        );
+        let mistral = r#"[TOOL_CALLS][{"name": "time", "arguments": {"zone": "UTC"}}, {"name": "date", "arguments": "{\"zone\": \"UTC\"}"}]"#;
+        let (text, calls) = ToolFormat::Mistral.parse(mistral, 1).unwrap();
         assert_eq!((text.as_str(), calls[0].name.as_str()), ("", "time"));
+        // Arguments given as a JSON string are its contents.
+        assert_eq!(calls[1].arguments, r#"{"zone": "UTC"}"#);
         let llama = r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#;
-        let (_, calls) = ToolFormat::Llama3Json.parse(llama).unwrap();
-        assert_eq!(calls[0].arguments, r#"{"zone":"UTC"}"#);
+        let (_, calls) = ToolFormat::Llama3Json.parse(llama, 1).unwrap();
+        assert_eq!(calls[0].arguments, r#"{"zone": "UTC"}"#);
         // Text without calls, or calls that are not JSON, are a plain reply.
-        assert!(ToolFormat::Hermes.parse("The weather is fine.").is_none());
         assert!(ToolFormat::Hermes
-            .parse("<tool_call>{not json}</tool_call>")
+            .parse("The weather is fine.", 1)
             .is_none());
-        assert!(ToolFormat::Llama3Json.parse("Paris is sunny.").is_none());
+        assert!(ToolFormat::Hermes
+            .parse("<tool_call>{not json}</tool_call>", 1)
+            .is_none());
+        assert!(ToolFormat::Llama3Json.parse("Paris is sunny.", 1).is_none());
+        assert!(ToolFormat::Llama3Json
+            .parse(r#"{"name": "time", "parameters": {}} and more"#, 1)
+            .is_none());
+        // A call cut off by the length is no call.
+        assert!(ToolFormat::Hermes
+            .parse("<tool_call>{\"name\": \"time\", \"arguments\": {\"zo", 1)
+            .is_none());
+    }
+
+    #[test]
+    fn a_streamed_reply_gives_the_same_text_and_calls_in_any_pieces() {
+        let replies = [
+            (ToolFormat::Hermes, "Checking <the> weather.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Par\\\"is}\", \"days\": [1, {\"a\": 2}]}}\n</tool_call>\nignored<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"late\"}</tool_call>"),
+            (ToolFormat::Mistral, r#"[TOOL_CALLS] [{"name": "a", "arguments": {"k": "v"}}, {"name": "b", "arguments": "{}"}]"#),
+            (ToolFormat::Llama3Json, r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#),
+            (ToolFormat::Hermes, "No calls at all, just < and <tool text.  "),
+        ];
+        for (format, reply) in replies {
+            let whole = format.parse(reply, 9);
+            let chars: Vec<char> = reply.chars().collect();
+            for size in [1, 2, 3, 5, 8, 13, 1000] {
+                let mut s = format.stream(9);
+                let mut deltas = Vec::new();
+                for piece in chars.chunks(size) {
+                    deltas.extend(s.push(&piece.iter().collect::<String>()));
+                }
+                deltas.extend(s.finish());
+                let mut text = String::new();
+                let mut calls: Vec<ToolCall> = Vec::new();
+                for d in deltas {
+                    match d {
+                        ToolDelta::Text(t) => text.push_str(&t),
+                        ToolDelta::Call { index, id, name } => {
+                            assert_eq!(index, calls.len());
+                            calls.push(ToolCall::new(id, name, ""));
+                        }
+                        ToolDelta::Arguments { index, fragment } => {
+                            calls[index].arguments.push_str(&fragment)
+                        }
+                    }
+                }
+                assert_eq!(s.result(), whole, "{format:?} in pieces of {size}");
+                match &whole {
+                    Some((t, c)) => {
+                        assert_eq!((&text, &calls), (t, c), "{format:?} in pieces of {size}")
+                    }
+                    None => assert_eq!(text, reply, "{format:?} in pieces of {size}"),
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::engine::{
     ConversationId, Durability, Engine, Event, Fetched, FinishReason, RequestId, SamplingParams,
     StoreLocation, Turn,
 };
-use crate::model::Message;
+use crate::model::{Message, ToolStream};
 use crate::{Error, Result};
 
 /// What a submission asks for.
@@ -71,11 +71,12 @@ struct Running {
     conv: ConversationId,
     events: UnboundedSender<TurnEvent>,
     slot: Slot,
-    reply: String,
     hints: Hints,
     last_token: Option<Instant>,
     /// The name this turn's conversation takes once it has a reply (see [`Opened::Naming`]).
     naming: Option<Naming>,
+    /// With tools: the reply's calls as they are read.
+    tools: Option<ToolStream>,
 }
 
 /// What a turn's end waits for.
@@ -334,13 +335,13 @@ impl Driver {
                 conv,
                 events,
                 slot,
-                reply: String::new(),
                 hints: match i {
                     0 => hints.clone(),
                     _ => Hints::default(),
                 },
                 last_token: None,
                 naming: naming.clone().filter(|_| i == 0),
+                tools: self.engine.tool_stream(conv, request),
             };
             self.running.insert(request, running);
         }
@@ -389,12 +390,15 @@ impl Driver {
                 if let (Some(last), Some(o)) = (r.last_token.replace(now), &self.observer) {
                     o.token(now - last);
                 }
-                r.reply.push_str(&text);
+                let deltas = r.tools.as_mut().map(|s| s.push(&text)).unwrap_or_default();
                 let _ = r.events.send(TurnEvent::Token {
                     token,
                     text,
                     logprobs,
                 });
+                for d in deltas {
+                    let _ = r.events.send(TurnEvent::Tool(d));
+                }
             }
             Event::Finished {
                 request,
@@ -402,9 +406,12 @@ impl Driver {
                 reason,
                 stats,
             } => {
-                let Some(r) = self.running.remove(&request) else {
+                let Some(mut r) = self.running.remove(&request) else {
                     return;
                 };
+                for d in r.tools.as_mut().map(ToolStream::finish).unwrap_or_default() {
+                    let _ = r.events.send(TurnEvent::Tool(d));
+                }
                 if let Some(o) = &self.observer {
                     o.finished(&reason, &stats);
                 }
@@ -419,7 +426,9 @@ impl Driver {
                     }
                 }
                 let settled = settled(&reason);
-                let message = settled.then(|| self.reply_message(r.conv, r.reply));
+                // The reply as the conversation recorded it (its calls read out of it).
+                let recorded = self.engine.messages(r.conv).ok().and_then(|m| m.last());
+                let message = recorded.filter(|_| settled).cloned();
                 let named = self.stored && named(&self.engine, r.conv);
                 self.settle(r.conv, message.clone(), &r.hints);
                 let end = TurnEnd {
@@ -496,26 +505,6 @@ impl Driver {
                 held.end.reason = FinishReason::Failed(Arc::new(e));
             }
             let _ = held.events.send(TurnEvent::Finished(held.end));
-        }
-    }
-
-    /// The assistant message of a reply: a thinking model's thought apart from its answer,
-    /// and with tools, its calls parsed out of the answer.
-    fn reply_message(&self, conv: ConversationId, reply: String) -> Message {
-        let tools = self.engine.tools(conv).is_ok_and(|t| !t.is_empty());
-        let model = self.engine.model();
-        let message = crate::engine::assistant_message(model, reply);
-        let format = model.template().and_then(|t| t.tool_format());
-        match format
-            .filter(|_| tools)
-            .and_then(|f| f.parse(&message.content))
-        {
-            Some((content, tool_calls)) => Message {
-                tool_calls,
-                content,
-                ..message
-            },
-            None => message,
         }
     }
 

@@ -25,6 +25,11 @@ pub enum TurnEvent {
         /// Its log-probability and the best alternatives, when the parameters asked.
         logprobs: Option<TokenLogprobs>,
     },
+    /// For a conversation with tools: what the reply's text so far adds, told apart into the
+    /// text before its calls and the calls (each as it begins, then its arguments as they are
+    /// written), in the format of the model's template. Follows the `Token` whose text it
+    /// reads; the turn's [`TurnEnd::message`] holds the same text and calls whole.
+    Tool(crate::model::ToolDelta),
     /// The turn's end: the last event of its stream.
     Finished(TurnEnd),
 }
@@ -123,6 +128,7 @@ impl TurnStream {
                     tokens.push(token);
                     logprobs.extend(l);
                 }
+                TurnEvent::Tool(_) => {}
                 TurnEvent::Finished(end) => {
                     return Ok(Reply {
                         text,

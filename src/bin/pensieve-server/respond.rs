@@ -9,7 +9,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pensieve::engine::{FinishReason, SamplingParams, TokenLogprobs};
-use pensieve::model::{Message, Model, ReasoningParser, ReasoningStream};
+use pensieve::model::{Message, Model, ReasoningParser, ReasoningStream, ToolDelta};
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
 
@@ -43,8 +43,8 @@ struct Framing {
     logprobs: bool,
     /// Whether log-probabilities name tokens by id (`return_tokens_as_token_ids`).
     token_ids: bool,
-    /// With tools offered: whether a reply may make several calls. A reply is then sent
-    /// whole even when streamed, its calls parsed out of its text at its end.
+    /// With tools offered: whether a reply may make several calls (else only its first is
+    /// answered). Streamed, its text and calls go out as the service reads them.
     tools: Option<bool>,
     /// How a chat answer's thought is told from its answer (`--reasoning-parser`).
     reasoning: Option<ReasoningParser>,
@@ -128,6 +128,11 @@ impl Framing {
                 let delta = match text {
                     Some(Piece::Answer(t)) => json!({"content": t}),
                     Some(Piece::Thought(t)) => json!({"reasoning_content": t}),
+                    Some(Piece::Call { index, id, name }) => json!({"tool_calls": [{
+                        "index": index, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
+                    Some(Piece::Arguments { index, fragment }) => json!({"tool_calls": [{
+                        "index": index, "function": {"arguments": fragment}}]}),
                     None if reason.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
@@ -160,17 +165,29 @@ impl Framing {
     }
 }
 
-/// Streamed text of a reply: its answer, or its thought (with a reasoning parser).
+/// Streamed parts of a reply: its answer's text, its thought's (with a reasoning parser), and
+/// with tools, a call's start and its arguments' fragments.
 #[derive(Clone, Copy)]
 enum Piece<'a> {
     Answer(&'a str),
     Thought(&'a str),
+    Call {
+        index: usize,
+        id: &'a str,
+        name: &'a str,
+    },
+    Arguments {
+        index: usize,
+        fragment: &'a str,
+    },
 }
 
 impl<'a> Piece<'a> {
+    /// Its text, for a completion (which has no thoughts or calls).
     fn text(self) -> &'a str {
         match self {
             Piece::Answer(t) | Piece::Thought(t) => t,
+            Piece::Call { .. } | Piece::Arguments { .. } => "",
         }
     }
 }
@@ -333,16 +350,45 @@ impl<S> St<S> {
             } => {
                 let ids = self.framing.token_ids;
                 self.choices[i].record(&self.model, token, logprobs, ids);
-                if text.is_empty() || self.framing.tools.is_some() {
-                    return;
+                // With tools, the text comes as the service reads it (`Tool` events).
+                if !text.is_empty() && self.framing.tools.is_none() {
+                    self.send_text(i, &text);
                 }
-                match self.choices[i].split.as_mut().map(|s| s.push(&text)) {
-                    Some((thought, answer)) => self.send_split(i, &thought, &answer),
-                    None => self.send(i, Some(Piece::Answer(&text)), None),
+            }
+            TurnEvent::Tool(delta) => {
+                let all = self.framing.tools.unwrap_or(true);
+                match delta {
+                    ToolDelta::Text(text) => self.send_text(i, &text),
+                    ToolDelta::Call { index, id, name } if all || index == 0 => self.send(
+                        i,
+                        Some(Piece::Call {
+                            index,
+                            id: &id,
+                            name: &name,
+                        }),
+                        None,
+                    ),
+                    ToolDelta::Arguments { index, fragment } if all || index == 0 => {
+                        let piece = Piece::Arguments {
+                            index,
+                            fragment: &fragment,
+                        };
+                        self.send(i, Some(piece), None)
+                    }
+                    _ => {}
                 }
             }
             TurnEvent::Finished(end) => self.end(i, &end),
             _ => {}
+        }
+    }
+
+    /// A chunk of choice `i`'s reply text, its thought told from its answer with a reasoning
+    /// parser.
+    fn send_text(&mut self, i: usize, text: &str) {
+        match self.choices[i].split.as_mut().map(|s| s.push(text)) {
+            Some((thought, answer)) => self.send_split(i, &thought, &answer),
+            None => self.send(i, Some(Piece::Answer(text)), None),
         }
     }
 
@@ -374,15 +420,6 @@ impl<S> St<S> {
                 if let Some((thought, answer)) = self.choices[i].split.as_mut().map(|s| s.finish())
                 {
                     self.send_split(i, &thought, &answer);
-                }
-                // With tools, the reply went unsent: it goes now, its calls parsed.
-                if let (Some(parallel), Some(m)) = (self.framing.tools, &end.message) {
-                    let c = &mut self.choices[i];
-                    let logprobs = self.framing.logprobs(&c.tokens, c.sent);
-                    c.tokens.clear();
-                    let delta = crate::tools::message_json(m, parallel);
-                    let chunk = self.framing.delta_chunk(i, delta, None, logprobs);
-                    self.out.push_back(chunk.to_string());
                 }
                 self.send(i, None, Some(reason));
                 if !self.choices.iter().all(|c| c.end.is_some()) {

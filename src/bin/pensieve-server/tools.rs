@@ -51,7 +51,7 @@ impl WireCall {
 /// The tools a request offers the model, checked (`function` entries with a name), and the
 /// constraint `tool_choice` puts on the reply: none for `"auto"`; `"none"` offers no tools;
 /// `"required"` or a named function holds the reply to one call (of any tool, or of that
-/// one) in the template's format, `format` (Hermes-style templates only, for now).
+/// one) in the template's format, `format`.
 pub fn offered(
     tools: &[Value],
     choice: Option<&Value>,
@@ -82,18 +82,20 @@ pub fn offered(
     if forced.is_empty() {
         return Err(ApiError::bad("tool_choice \"required\" needs tools"));
     }
-    if format != Some(ToolFormat::Hermes) {
-        return Err(ApiError::bad(
-            "tool_choice \"required\" or a named function is supported on templates that write \
-             <tool_call> elements (Hermes, Qwen, chatml-tools)",
-        ));
-    }
-    Ok((tools.to_vec(), Some(one_call(&forced))))
+    let Some(format) = format else {
+        return Err(ApiError::bad("this model's chat template takes no tools"));
+    };
+    Ok((tools.to_vec(), Some(one_call(format, &forced))))
 }
 
-/// A grammar of one `<tool_call>` element calling one of `tools` with arguments of its
-/// schema.
-fn one_call(tools: &[&Value]) -> Constraint {
+/// A grammar of one call of one of `tools`, with arguments of its schema, as `format`
+/// writes it: a `<tool_call>` element (Hermes), a one-call `[TOOL_CALLS]` list (Mistral), or
+/// the reply as one object with `parameters` (Llama 3).
+fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
+    let arguments_key = match format {
+        ToolFormat::Llama3Json => "parameters",
+        _ => "arguments",
+    };
     let mut defs = serde_json::Map::new();
     let calls: Vec<Value> = tools
         .iter()
@@ -105,17 +107,20 @@ fn one_call(tools: &[&Value]) -> Constraint {
                 p => hoist(p, &format!("tool{i}"), &mut defs),
             };
             json!({"type": "object", "properties": {
-                "name": {"const": f["name"]}, "arguments": arguments},
-                "required": ["name", "arguments"], "additionalProperties": false})
+                "name": {"const": f["name"]}, arguments_key: arguments},
+                "required": ["name", arguments_key], "additionalProperties": false})
         })
         .collect();
     let mut schema = json!({ "anyOf": calls });
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
     }
-    Constraint::Lark(format!(
-        "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}"
-    ))
+    let start = match format {
+        ToolFormat::Mistral => r#"start: "[TOOL_CALLS][" call "]""#,
+        ToolFormat::Llama3Json => "start: call",
+        _ => r#"start: "<tool_call>\n" call "\n</tool_call>""#,
+    };
+    Constraint::Lark(format!("{start}\ncall: %json {schema}"))
 }
 
 /// A tool's parameter schema made to stand inside the schema of every call: its definitions

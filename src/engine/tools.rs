@@ -1,0 +1,46 @@
+//! Tool calls in the transcript: a reply of a conversation with tools is recorded with its
+//! calls read out of it, as a client sends them back, so that the template renders the
+//! history as it would for a server that holds nothing (and `super::rewind` makes the next
+//! turn read that way).
+
+use super::{Engine, RequestId};
+use crate::ids::ConversationId;
+use crate::model::{Message, Model, ToolCall, ToolStream};
+
+impl Engine {
+    /// A reader of the tool calls of request `request`'s reply as it streams, when its
+    /// conversation `conv` has tools: the ids it gives are those the conversation records
+    /// (and a client sends back), so a host streaming calls gets the same ones.
+    pub fn tool_stream(&self, conv: ConversationId, request: RequestId) -> Option<ToolStream> {
+        let format = self.model.template()?.tool_format()?;
+        let offered = self.convs.get(&conv).is_some_and(|c| !c.tools().is_empty());
+        let seed = self.shared.call_ids ^ request.as_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        offered.then(|| format.stream(seed))
+    }
+
+    /// The calls request `request`'s `reply` makes, and its text before them.
+    pub(super) fn tool_calls(
+        &self,
+        conv: ConversationId,
+        request: RequestId,
+        reply: &str,
+    ) -> Option<(String, Vec<ToolCall>)> {
+        let mut stream = self.tool_stream(conv, request)?;
+        stream.push(reply);
+        stream.finish();
+        stream.result()
+    }
+}
+
+/// A reply as the transcript keeps it: its calls, when it makes some, after the text before
+/// them; a thinking model's thought apart from its answer.
+pub(super) fn reply_message(
+    model: &Model,
+    reply: String,
+    calls: Option<(String, Vec<ToolCall>)>,
+) -> Message {
+    match calls {
+        Some((text, calls)) => model.assistant_message(text).with_tool_calls(calls),
+        None => model.assistant_message(reply),
+    }
+}
