@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::server::{client, example, histogram, metric, post, start};
+use common::server::{client, example, fleet, histogram, metric, post, start};
 
 #[test]
 fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
@@ -498,10 +498,7 @@ fn a_named_conversation_continues_from_its_new_message_alone_with_hints() {
 
 #[test]
 fn two_servers_on_one_redis_serve_a_conversation_wherever_its_turns_land() {
-    let redis = common::redis_server::Server::start(None);
-    let url = redis.url();
-    let fleet = ["--redis", url.as_str(), "--redis-prefix", "server-test"];
-    let (a, b) = (start(&fleet), start(&fleet));
+    let (_redis, a, b) = fleet("server-test");
     let alone = start(&[]);
     let ask = |base: &str, body: Value| {
         let (status, answer) = post(base, "/v1/chat/completions", &body.to_string());

@@ -6,6 +6,7 @@ Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL concurrent CLIENTS TURNS
        server_client.py BASE_URL reasoning FRESH_BASE_URL
        server_client.py BASE_URL agent
+       server_client.py BASE_URL responses FLEET_BASE_URL
 """
 
 import json
@@ -259,6 +260,59 @@ def agent(base):
     return {"steps": steps}
 
 
+def responses(base, fleet_base):
+    """The Responses API: a response, the next naming it and sending only its new input, one
+    streamed, one retrieved, the same history sent whole (stateless, not stored), a
+    continuation on a second server of a fleet, and a deleted response no longer found."""
+    c = client(base)
+    args = dict(model=MODEL, max_output_tokens=16, temperature=0)
+
+    def usage(r):
+        return {"input": r.usage.input_tokens, "output": r.usage.output_tokens,
+                "cached": r.usage.input_tokens_details.cached_tokens}
+
+    first = c.responses.create(
+        input="What is the capital of France?", instructions="Answer briefly.", **args)
+    second = c.responses.create(input="And of Italy?", previous_response_id=first.id, **args)
+    events, text, completed = [], "", None
+    for event in c.responses.create(
+            input="And of Spain?", previous_response_id=second.id, stream=True, **args):
+        events.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        if event.type == "response.completed":
+            completed = event.response
+    stateless = c.responses.create(store=False, input=[
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And of Italy?"},
+    ], **args)
+    fleet = client(fleet_base).responses.create(
+        input="And of Germany?", previous_response_id=second.id, **args)
+    retrieved = c.responses.retrieve(second.id)
+    deleted = c.responses.delete(first.id)
+    try:
+        c.responses.create(input="Hm?", previous_response_id=first.id, **args)
+        gone = False
+    except openai.NotFoundError:
+        gone = True
+    return {
+        "first": {"id": first.id, "text": first.output_text, "usage": usage(first),
+                  "status": first.status},
+        "second": {"id": second.id, "text": second.output_text, "usage": usage(second),
+                   "previous": second.previous_response_id},
+        "streamed": {"text": text, "events": events,
+                     "completed": completed.output_text if completed else None,
+                     "usage": usage(completed) if completed else None},
+        "stateless": {"text": stateless.output_text, "usage": usage(stateless)},
+        "fleet": {"text": fleet.output_text, "usage": usage(fleet)},
+        "retrieved": retrieved.output_text,
+        "deleted": deleted is None or getattr(deleted, "deleted", True),
+        "gone": gone,
+    }
+
+
 def main():
     base, cmd, *rest = sys.argv[1:]
     commands = {
@@ -267,6 +321,7 @@ def main():
         "concurrent": concurrent,
         "reasoning": reasoning,
         "agent": agent,
+        "responses": responses,
     }
     result = commands[cmd](base, *rest)
     print(json.dumps(result))

@@ -67,6 +67,16 @@ fn spawn(extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
     Server { child, base }
 }
 
+/// Two servers sharing a Redis store under `prefix` (a fleet), with the Redis server they
+/// share (stopped when dropped).
+pub fn fleet(prefix: &str) -> (super::redis_server::Server, Server, Server) {
+    let redis = super::redis_server::Server::start(None);
+    let url = redis.url();
+    let args = ["--redis", url.as_str(), "--redis-prefix", prefix];
+    let (a, b) = (start(&args), start(&args));
+    (redis, a, b)
+}
+
 pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("PENSIEVE_PYTHON") {
         return p.into();

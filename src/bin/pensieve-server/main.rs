@@ -64,6 +64,7 @@ mod logprobs;
 mod metrics;
 mod ops;
 mod respond;
+mod responses;
 mod shutdown;
 mod structured;
 mod tokens;
@@ -279,6 +280,11 @@ fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router
     let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
