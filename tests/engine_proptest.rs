@@ -4,7 +4,10 @@
 //! of them hold the same chunks, shared by content. After every operation
 //! the invariants hold, every submit and cancel answers as the API promises, and every turn
 //! that ran to its length generated exactly the greedy tokens of a stateless recompute of its
-//! conversation alone (one forward pass over the whole history).
+//! conversation alone (one forward pass over the whole history). Half the sequences run a
+//! template that rewrites replies, so that turns take back histories the template renders
+//! otherwise (`EngineStats::rewound_tokens`); their turns are checked as they end, against
+//! the history they ran on.
 //!
 //! `PENSIEVE_PROPTEST_CASES` sets the number of sequences (64 by default; `.ci/run` runs a
 //! longer pass).
@@ -63,6 +66,8 @@ struct TurnLog {
     /// Length of the conversation's history when the turn ended (its last token's end).
     end: Option<usize>,
     finished: Option<FinishReason>,
+    /// Checked already (when it ended).
+    checked: bool,
 }
 
 struct Harness {
@@ -70,7 +75,17 @@ struct Harness {
     model: Model,
     turns: HashMap<RequestId, TurnLog>,
     open: Vec<ConversationId>,
+    /// Whether the template rewrites replies: a later turn may then take back the tokens of
+    /// an earlier reply, which is checked when it ends instead of when its conversation
+    /// closes.
+    rewrites: bool,
 }
+
+/// ChatML that renders every reply without its first character (as thinking templates drop
+/// a reply's thought, and Gemma's trims it), so that each turn takes back the latest reply.
+const REWRITING: &str = "{%- for m in messages %}<|im_start|>{{ m.role }}\n\
+    {% if m.role == 'assistant' %}{{ m.content[1:] }}{% else %}{{ m.content }}{% endif %}\
+    <|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 impl Harness {
     fn record(&mut self, events: Vec<Event>) {
@@ -89,7 +104,14 @@ impl Harness {
                         "{request}: {reason:?}"
                     );
                     t.end = self.e.tokens(t.conv).ok().map(|h| h.len());
+                    let ran = matches!(reason, FinishReason::Length);
                     t.finished = Some(reason);
+                    if self.rewrites && ran {
+                        let history = self.e.tokens(self.turns[&request].conv).unwrap();
+                        let logits = common::score_all(&self.model, history);
+                        self.check(&self.turns[&request], history, &logits).unwrap();
+                        self.turns.get_mut(&request).unwrap().checked = true;
+                    }
                 }
                 other => panic!("unexpected event {other:?}"),
             }
@@ -102,41 +124,53 @@ impl Harness {
         let done: Vec<&TurnLog> = self
             .turns
             .values()
-            .filter(|t| t.conv == conv && t.finished == Some(FinishReason::Length))
+            .filter(|t| t.conv == conv && t.finished == Some(FinishReason::Length) && !t.checked)
             .collect();
         if done.is_empty() {
             return Ok(());
         }
         let logits = common::score_all(&self.model, history);
         for t in done {
-            let (start, end) = (t.start, t.end.unwrap());
-            // The history keeps the reply as the client got it: the tokens of a character
-            // the length limit cut in two are not in it.
-            let kept = end - start;
-            let cut = &t.generated[kept..];
-            prop_assert!(
-                cut.len() <= 3,
-                "{} tokens cut from {:?}",
-                cut.len(),
-                t.generated
+            self.check(t, history, &logits)?;
+        }
+        Ok(())
+    }
+
+    /// Turn `t` generated the greedy tokens of `history` (with its `logits`), which holds its
+    /// reply where the turn ended.
+    fn check(
+        &self,
+        t: &TurnLog,
+        history: &[u32],
+        logits: &[Vec<f32>],
+    ) -> Result<(), TestCaseError> {
+        let (start, end) = (t.start, t.end.unwrap());
+        // The history keeps the reply as the client got it: the tokens of a character the
+        // length limit cut in two are not in it.
+        let kept = end - start;
+        let cut = &t.generated[kept..];
+        prop_assert!(
+            cut.len() <= 3,
+            "{} tokens cut from {:?}",
+            cut.len(),
+            t.generated
+        );
+        let text = self.model.decode(cut).unwrap();
+        prop_assert!(
+            cut.is_empty() || text.ends_with('\u{FFFD}'),
+            "cut {:?}",
+            text
+        );
+        prop_assert_eq!(&history[start..end], &t.generated[..kept]);
+        for (i, &token) in t.generated[..kept].iter().enumerate() {
+            let p = start + i;
+            prop_assert_eq!(
+                common::argmax(&logits[p - 1]),
+                token,
+                "{} position {}",
+                t.conv,
+                p
             );
-            let text = self.model.decode(cut).unwrap();
-            prop_assert!(
-                cut.is_empty() || text.ends_with('\u{FFFD}'),
-                "cut {:?}",
-                text
-            );
-            prop_assert_eq!(&history[start..end], &t.generated[..kept]);
-            for (i, &token) in t.generated[..kept].iter().enumerate() {
-                let p = start + i;
-                prop_assert_eq!(
-                    common::argmax(&logits[p - 1]),
-                    token,
-                    "{} position {}",
-                    conv,
-                    p
-                );
-            }
         }
         Ok(())
     }
@@ -161,6 +195,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..60),
         mode in 0usize..3,
         reserve in prop_oneof![Just(0.0), Just(0.1)],
+        rewrites in any::<bool>(),
     ) {
         let mode = [CacheMode::Tiered, CacheMode::DeviceOnly, CacheMode::Stateless][mode];
         let config = EngineConfig::default()
@@ -174,11 +209,16 @@ proptest! {
 .reserve(reserve)
 .cost_profile(CostProfile::Fixed(CostModel::new(1e-4, 1e-7)))
 .check_invariants(true);
+        let mut model = Model::tiny(7).unwrap();
+        if rewrites {
+            model = model.with_template_source(REWRITING).unwrap();
+        }
         let mut h = Harness {
-            e: Engine::with_model(Model::tiny(7).unwrap(), config).unwrap(),
+            e: Engine::with_model(model, config).unwrap(),
             model: Model::tiny(7).unwrap(),
             turns: HashMap::new(),
             open: Vec::new(),
+            rewrites,
         };
         let mut submitted: Vec<RequestId> = Vec::new();
         for op in ops {
@@ -209,7 +249,7 @@ proptest! {
                         Ok(id) => {
                             prop_assert!(!busy, "{conv} accepted a second turn");
                             submitted.push(id);
-                            h.turns.insert(id, TurnLog { conv, generated: Vec::new(), start, end: None, finished: None });
+                            h.turns.insert(id, TurnLog { conv, generated: Vec::new(), start, end: None, finished: None, checked: false });
                         }
                         Err(Error::ConversationBusy(c)) => prop_assert!(busy && c == conv),
                         // The 96-slot pool bounds a conversation's length.
