@@ -7,8 +7,6 @@
 //! ([`ReasoningParser`]) are what clients of vLLM and llama-server get back as
 //! `reasoning_content`: they also decide what an unfinished thought is.
 
-use serde::{Deserialize, Serialize};
-
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -28,8 +26,7 @@ pub(crate) fn template_thinks(source: &str) -> bool {
 
 /// How an answer's `reasoning_content` is told from its `content`, as vLLM's parsers of the
 /// same names do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReasoningParser {
     /// DeepSeek R1 and its distills: the reply is thought until `</think>` (the template's

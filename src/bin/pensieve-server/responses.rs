@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pensieve::engine::FinishReason;
+use pensieve::engine::{ConversationId, FinishReason};
 use pensieve::model::Message;
 use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde::Deserialize;
@@ -144,20 +144,28 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", &h.finalize().to_hex()[..32])
 }
 
+fn missing(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"))
+}
+
+/// The conversation of the stored response `id` (a 404 when there is none).
+async fn stored(s: &AppState, id: &str) -> Result<ConversationId, ApiError> {
+    if !id.starts_with("resp_") {
+        return Err(missing(id));
+    }
+    s.service.resume(id).await.map_err(|_| missing(id))
+}
+
 /// The transcript of the stored response `id`.
 async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError> {
-    let missing = || ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"));
-    if !id.starts_with("resp_") {
-        return Err(missing());
-    }
-    let conv = s.service.resume(id).await.map_err(|_| missing())?;
+    let conv = stored(s, id).await?;
     let messages = s
         .service
         .with_engine(move |e| e.messages(conv).map(<[_]>::to_vec))
         .await;
     match messages {
         Ok(Ok(m)) => Ok(m),
-        _ => Err(missing()),
+        _ => Err(missing(id)),
     }
 }
 
@@ -421,14 +429,11 @@ pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Resp
 
 /// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
 pub async fn delete(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Err(e) = transcript(&s, &id).await {
-        return e.into_response();
-    }
-    let closed = match s.service.resume(&id).await {
-        Ok(conv) => s.service.close(conv).await,
-        Err(e) => Err(e),
+    let conv = match stored(&s, &id).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
     };
-    match closed {
+    match s.service.close(conv).await {
         Ok(()) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
         Err(e) => ApiError::from_engine(&e).into_response(),
     }
