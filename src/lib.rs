@@ -15,10 +15,9 @@
 //! - [`workload`]: multi-turn workloads (ShareGPT, traces) for replay benchmarks;
 //! - `service` (feature `service`): the engine on its own thread behind an async, cloneable
 //!   handle, each turn a stream of events, and chats continued by their content;
-//! - `cli` (feature `cli`): the flags pensieve's tools share.
-//!
-//! The `server` feature builds `pensieve-server`, an OpenAI-compatible HTTP server over
-//! `service`.
+//! - `cli` (feature `cli`): the flags pensieve's tools share;
+//! - `server` (feature `server`): `pensieve-server`, an OpenAI-compatible HTTP server over
+//!   `service`, as a program and as a function a host may call.
 //!
 //! The types most hosts need are at the root (`pensieve::Engine`, `pensieve::Turn`, ...).
 //! See `docs/ARCHITECTURE.md` for the design and `docs/BENCHMARKS.md` for measurements.
@@ -37,6 +36,8 @@ pub mod kv;
 mod message;
 pub mod model;
 mod scheduler;
+#[cfg(feature = "server")]
+pub mod server;
 #[cfg(feature = "service")]
 pub mod service;
 mod setters;

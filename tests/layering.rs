@@ -23,12 +23,13 @@ use syn::visit::Visit;
 const LAYER: [&str; 3] = ["crate::kv", "crate::scheduler", "crate::conversation"];
 
 /// Modules the layer must not reach.
-const ABOVE: [&str; 5] = [
+const ABOVE: [&str; 6] = [
     "crate::model",
     "crate::attention",
     "crate::engine",
     "crate::service",
     "crate::cli",
+    "crate::server",
 ];
 
 /// Crates the layer must not reach.
@@ -502,13 +503,13 @@ impl<'ast> Visit<'ast> for Used {
 }
 
 /// The crate-only names (declared short of `pub`, and not also `pub` elsewhere) declared
-/// outside `service/` that files under it use.
-fn back_channels(files: &[(String, String)]) -> Vec<String> {
+/// outside the host module `host` (`service`, `server`) that files under it use.
+fn back_channels(files: &[(String, String)], host: &str) -> Vec<String> {
     let (mut declared, mut own, mut used) =
         (Declared::default(), Names::default(), Used::default());
     for (path, source) in files {
         let file = syn::parse_file(source).unwrap_or_else(|e| panic!("{path}: {e}"));
-        if path.starts_with("service/") || path == "service.rs" {
+        if path.starts_with(&format!("{host}/")) || *path == format!("{host}.rs") {
             used.visit_file(&file);
             own.visit_file(&file);
         } else {
@@ -521,18 +522,23 @@ fn back_channels(files: &[(String, String)]) -> Vec<String> {
 
 /// The service is a host of the engine like any other: it keeps store reads off the step
 /// thread with the engine's public `ResumeReader`, and reaches nothing of the crate that a
-/// dependent could not (no `pub(crate)` back channel between the two).
+/// dependent could not (no `pub(crate)` back channel between the two). The same holds for the
+/// server over the service: a downstream crate could write it.
 #[test]
-fn the_service_uses_only_what_a_dependent_can_name() {
+fn the_service_and_the_server_use_only_what_a_dependent_can_name() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &src, &mut files);
-    assert!(files.iter().any(|(p, _)| p.starts_with("service/")));
-    let found = back_channels(&files);
-    assert!(
-        found.is_empty(),
-        "the service uses crate-only items: {found:?}"
-    );
+    for host in ["service", "server"] {
+        assert!(files
+            .iter()
+            .any(|(p, _)| p.starts_with(&format!("{host}/"))));
+        let found = back_channels(&files, host);
+        assert!(
+            found.is_empty(),
+            "the {host} uses crate-only items: {found:?}"
+        );
+    }
 }
 
 #[test]
@@ -546,17 +552,24 @@ fn a_crate_only_method_or_type_the_service_uses_is_found() {
             ("service/mod.rs".to_string(), service.to_string()),
         ]
     };
-    assert!(back_channels(&files("fn f(e: &crate::engine::Engine) { e.open(); }")).is_empty());
+    assert!(back_channels(
+        &files("fn f(e: &crate::engine::Engine) { e.open(); }"),
+        "service"
+    )
+    .is_empty());
     assert_eq!(
-        back_channels(&files("fn f(e: &crate::engine::Engine) { e.open_with(); }")),
+        back_channels(
+            &files("fn f(e: &crate::engine::Engine) { e.open_with(); }"),
+            "service"
+        ),
         ["open_with"]
     );
     assert_eq!(
-        back_channels(&files("use crate::engine::{Engine, Fetched};")),
+        back_channels(&files("use crate::engine::{Engine, Fetched};"), "service"),
         ["Fetched"]
     );
     assert_eq!(
-        back_channels(&files("fn f() { crate::engine::helper() }")),
+        back_channels(&files("fn f() { crate::engine::helper() }"), "service"),
         ["helper"]
     );
 }

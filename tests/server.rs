@@ -61,7 +61,7 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
     let served: Vec<&str> = turns.iter().map(|t| t["reply"].as_str().unwrap()).collect();
     assert_eq!(served, replies);
     // The metrics saw the four turns: each one's latencies, tokens and reason, and the
-    // history the cache served (vLLM's names beside, in src/bin/pensieve-server/metrics.rs).
+    // history the cache served (vLLM's names beside, in src/server/metrics.rs).
     let b = &server.base;
     assert!(metric(b, "pensieve_reused_device_tokens_total") > 0.0);
     assert!(

@@ -4,19 +4,19 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::{FinishReason, SamplingParams, TokenLogprobs};
+use crate::model::{Message, Model, ReasoningParser, ReasoningStream, ToolDelta};
+use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pensieve::engine::{FinishReason, SamplingParams, TokenLogprobs};
-use pensieve::model::{Message, Model, ReasoningParser, ReasoningStream, ToolDelta};
-use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde_json::{json, Value};
 
-use crate::api::{Common, Usage};
-use crate::error::ApiError;
-use crate::logprobs::{self, Logprob};
-use crate::{now_s, AppState};
+use super::api::{Common, Usage};
+use super::error::ApiError;
+use super::logprobs::{self, Logprob};
+use super::{now_s, AppState};
 
 /// What a request asks for.
 pub enum Job {
@@ -94,7 +94,7 @@ impl Framing {
             .map(|(index, c)| {
                 let logprobs = self.logprobs(&c.tokens, 0);
                 let message = match (&c.message, self.reasoning) {
-                    (Some(m), _) => crate::tools::message_json(m, self.tools.unwrap_or(true)),
+                    (Some(m), _) => super::tools::message_json(m, self.tools.unwrap_or(true)),
                     (None, Some(parser)) => match parser.split(&c.text) {
                         (Some(thought), content) => json!({"role": "assistant",
                             "content": content, "reasoning_content": thought}),
@@ -274,8 +274,6 @@ fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
             ))
         }
         FinishReason::Failed(e) => return Err(ApiError::from_failed_turn(e)),
-        // A reason added to the engine since: the reply stands, ended.
-        _ => "stop",
     };
     let calls = end
         .message
@@ -379,7 +377,6 @@ impl<S> St<S> {
                 }
             }
             TurnEvent::Finished(end) => self.end(i, &end),
-            _ => {}
         }
     }
 

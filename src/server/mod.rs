@@ -1,6 +1,8 @@
-//! `pensieve-server`: an OpenAI-compatible HTTP server over one pensieve engine. Any OpenAI
-//! client (or `curl`) talks to the stateful engine, and clients that resend the whole history
-//! every turn still get the history's KV reused.
+//! `pensieve-server`, an OpenAI-compatible HTTP server over one engine (feature `server`): any
+//! OpenAI client (or `curl`) talks to the stateful engine, and clients that resend the whole
+//! history every turn still get the history's KV reused. The `pensieve-server` binary calls
+//! [`main`]; a host (the Python package's `pensieve.serve`) may call [`run`] with a command line
+//! of its own.
 //!
 //! ```text
 //! cargo install --path . --features server
@@ -26,17 +28,22 @@
 //! Extensions of the chat request: `conversation_id` (or the `X-Conversation-Id` header) names
 //! a conversation to continue, with hints `pin`, `expect_resume_s` and `end_conversation`.
 //!
-//! The server is a thin client of `pensieve::service`, which owns the engine on its own thread,
+//! The server is a thin client of [`crate::service`], which owns the engine on its own thread,
 //! maps each request to the conversation its content (or name) continues, and streams each
 //! turn's events. A client that disconnects drops its turn's stream, which cancels the turn;
 //! past `--max-queue` requests in flight the server answers 429; a malformed request gets a
 //! 400 with OpenAI's error body, and everyone else is served on.
 
 use std::error::Error;
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::cli::{exit_code, positive, EngineArgs, StoreArgs};
+use crate::engine::Engine;
+use crate::model::ReasoningParser;
+use crate::service::{Chat, Service, ServiceConfig};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -44,10 +51,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
-use pensieve::cli::{exit_code, positive, EngineArgs, StoreArgs};
-use pensieve::engine::Engine;
-use pensieve::model::ReasoningParser;
-use pensieve::service::{Chat, Service, ServiceConfig};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -157,7 +160,7 @@ struct AppState {
     default_max_tokens: usize,
     /// The model's tokenizer and chat template, for `/tokenize`, `/detokenize`, prompts and
     /// log-probabilities.
-    tokens: Arc<pensieve::model::Model>,
+    tokens: Arc<crate::model::Model>,
     /// Testing only: a chat whose last message is this text panics the engine thread.
     panic_on: Option<Arc<str>>,
     /// What must fit in the context window, refused before the engine thread sees it (none
@@ -176,11 +179,40 @@ fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
     })
 }
 
-fn main() -> ExitCode {
-    exit_code(run(Args::parse()))
+/// A failure to serve: the command line refused (a `clap::Error`, whose `use_stderr` is false
+/// for `--help` and `--version`), the model or store unusable, the address taken.
+pub type ServeError = Box<dyn Error + Send + Sync>;
+
+/// The `pensieve-server` program: serves with the command line `args` (the program's name
+/// first, as `std::env::args_os` gives it) until SIGINT or SIGTERM and their drain. A command
+/// line it refuses prints clap's message and exits the process as clap does; a failure to
+/// serve prints one line with its causes and returns a failure code.
+pub fn main<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match Args::try_parse_from(args) {
+        Ok(args) => exit_code(run_parsed(args).map_err(|e| e as Box<dyn Error>)),
+        Err(e) => e.exit(),
+    }
 }
 
-fn run(args: Args) -> Result<(), Box<dyn Error>> {
+/// Serves with the command line `args` (the program's name first; the flags of
+/// `pensieve-server --help`) until SIGINT or SIGTERM and their drain, on a runtime of its own;
+/// it prints `listening on http://ADDRESS` once it takes requests.
+///
+/// # Errors
+/// [`ServeError`]: a refused command line or a failure to serve.
+pub fn run<I, T>(args: I) -> Result<(), ServeError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    run_parsed(Args::try_parse_from(args)?)
+}
+
+fn run_parsed(args: Args) -> Result<(), ServeError> {
     ops::init_logging(args.log_format);
     let cors = ops::cors(&args.allowed_origins)?;
     // A model without a chat template (a base model) serves completions; chat requests to it
@@ -263,7 +295,7 @@ fn run(args: Args) -> Result<(), Box<dyn Error>> {
             r = serve => r?,
             () = shutdown::deadline(began, drain) => {}
         }
-        Ok::<_, Box<dyn Error>>(())
+        Ok::<_, ServeError>(())
     });
     // Cancels what still runs, flushes the store, and ends the engine thread; the streams of
     // cancelled turns end on the runtime's threads meanwhile.

@@ -10,7 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// The limits every request body is read under.
 #[derive(Clone, Copy, Debug)]

@@ -28,9 +28,9 @@
 
 use std::time::Duration;
 
-use pensieve::engine::{FinishReason, TurnStats};
-use pensieve::kv::StoreStats;
-use pensieve::service::{Observer, Service, ServiceStats};
+use crate::engine::{FinishReason, TurnStats};
+use crate::kv::StoreStats;
+use crate::service::{Observer, Service, ServiceStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -192,8 +192,6 @@ fn finished_reason(reason: &FinishReason) -> &'static str {
         FinishReason::Length | FinishReason::ContextFull => "length",
         FinishReason::Cancelled => "abort",
         FinishReason::Failed(_) => "error",
-        // A reason added to the engine since: counted apart rather than as another.
-        _ => "other",
     }
 }
 

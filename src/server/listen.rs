@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::deadline::WriteDeadline;
+use super::deadline::WriteDeadline;
 
 /// The connection guards.
 #[derive(Clone, Copy, Debug)]
@@ -82,7 +82,7 @@ impl Drop for Share {
 /// Answers a connection past its client's share with a 429 and closes it (within a second:
 /// a client that does not read the refusal gets nothing more).
 async fn refuse(mut stream: TcpStream, limit: usize) {
-    let body = crate::error::ApiError::busy(
+    let body = super::error::ApiError::busy(
         axum::http::StatusCode::TOO_MANY_REQUESTS,
         format!("this client already holds {limit} connections, its share of this server's"),
         1,

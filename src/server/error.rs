@@ -57,8 +57,8 @@ impl ApiError {
     /// The engine's refusal of a turn, by its kind: the caller's mistake (400), nothing by
     /// that name (404), a clash with the state found (409), a capacity limit (429, retry), the
     /// store or service unavailable (503, retry), else the server's (500).
-    pub fn from_engine(e: &pensieve::Error) -> Self {
-        use pensieve::ErrorKind as K;
+    pub fn from_engine(e: &crate::Error) -> Self {
+        use crate::ErrorKind as K;
         let status = match e.kind() {
             K::InvalidInput => StatusCode::BAD_REQUEST,
             K::NotFound => StatusCode::NOT_FOUND,
@@ -69,7 +69,7 @@ impl ApiError {
         };
         match e {
             // Pins free up as conversations end, which takes longer than a queue drains.
-            pensieve::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
+            crate::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
             _ if status.is_server_error() => Self::internal(e, status),
             _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
             _ => Self {
@@ -82,10 +82,10 @@ impl ApiError {
     /// A failure on the server's side: the client learns what kind it is, the log what it
     /// was. Its text may name files, a store's address or a backtrace (candle's errors carry
     /// one), none of which a client should see.
-    fn internal(e: &pensieve::Error, status: StatusCode) -> Self {
+    fn internal(e: &crate::Error, status: StatusCode) -> Self {
         tracing::error!(error = %e, status = status.as_u16(), "request failed");
         match e {
-            pensieve::Error::ServiceStopped => {
+            crate::Error::ServiceStopped => {
                 Self::busy(status, "the server is stopping; retry on another", 1)
             }
             _ if status == StatusCode::SERVICE_UNAVAILABLE => Self::busy(
@@ -100,9 +100,9 @@ impl ApiError {
     /// A turn that failed after it was accepted: the engine could not make room for it now
     /// (other conversations' KV, pins) is a capacity condition (503, retry), not the client's
     /// mistake; anything else as [`ApiError::from_engine`].
-    pub fn from_failed_turn(e: &pensieve::Error) -> Self {
+    pub fn from_failed_turn(e: &crate::Error) -> Self {
         match e {
-            pensieve::Error::BudgetTooSmall { .. } => {
+            crate::Error::BudgetTooSmall { .. } => {
                 Self::busy(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), 1)
             }
             _ => Self::from_engine(e),
@@ -124,16 +124,16 @@ impl ApiError {
 }
 
 /// The request field an engine error names, as the OpenAI API calls it.
-fn param_of(e: &pensieve::Error) -> Option<&'static str> {
+fn param_of(e: &crate::Error) -> Option<&'static str> {
     match e {
         // A turn's constraint comes from `response_format` or a forced tool choice: the
         // engine cannot tell which, so the error names neither.
-        pensieve::Error::InvalidParams {
+        crate::Error::InvalidParams {
             param: "constraint",
             ..
         } => None,
-        pensieve::Error::InvalidParams { param, .. } => Some(param),
-        pensieve::Error::InvalidRequest { field, .. } => Some(field),
+        crate::Error::InvalidParams { param, .. } => Some(param),
+        crate::Error::InvalidRequest { field, .. } => Some(field),
         _ => None,
     }
 }

@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// Passes a request whose bearer token is `key`; answers any other with a 401.
 pub async fn require_key(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {

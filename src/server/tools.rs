@@ -1,11 +1,11 @@
 //! Tool calling on the wire: the `tools` a chat request offers, `tool_choice`, the calls an
 //! assistant message carries (in requests and in answers), and `tool` messages.
 
-use pensieve::model::{Constraint, Message, ToolCall, ToolFormat};
+use crate::model::{Constraint, Message, ToolCall, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// A call as OpenAI's messages carry it.
 #[derive(Deserialize, Debug)]

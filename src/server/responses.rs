@@ -11,21 +11,21 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::engine::{ConversationId, FinishReason};
+use crate::model::Message;
+use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pensieve::engine::{ConversationId, FinishReason};
-use pensieve::model::Message;
-use pensieve::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{self, Common, Usage};
-use crate::error::ApiError;
-use crate::{check_model_name, now_s, AppState};
+use super::api::{self, Common, Usage};
+use super::error::ApiError;
+use super::{check_model_name, now_s, AppState};
 
 /// The fields a `POST /v1/responses` body may have.
 const FIELDS: &[&str] = &[

@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pensieve::engine::SamplingParams;
-use pensieve::service::{Hints, TurnEnd};
+use crate::engine::SamplingParams;
+use crate::service::{Hints, TurnEnd};
 
-use crate::error::ApiError;
-use crate::structured::{Guided, ResponseFormat};
-use crate::tools::WireCall;
+use super::error::ApiError;
+use super::structured::{Guided, ResponseFormat};
+use super::tools::WireCall;
 
-use pensieve::model::{GenerationDefaults, Message};
+use crate::model::{GenerationDefaults, Message};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -240,7 +240,7 @@ impl CompletionRequest {
 }
 
 /// A chat request needs a chat template: a base model without one serves completions only.
-pub fn check_template(model: &pensieve::model::Model) -> Result<(), ApiError> {
+pub fn check_template(model: &crate::model::Model) -> Result<(), ApiError> {
     match model.template() {
         Some(_) => Ok(()),
         None => Err(ApiError::bad(
@@ -420,6 +420,7 @@ impl ChatRequest {
 
     /// The session hints; `named` says the request names its conversation, which pins and
     /// resume hints need (an unnamed conversation is closed when nobody continues it).
+    #[expect(clippy::field_reassign_with_default)]
     pub fn hints(&self, named: bool) -> Result<Hints, ApiError> {
         let expect_resume = match self.expect_resume_s {
             Some(s) if (0.0..=MAX_RESUME_S).contains(&s) => Some(Duration::from_secs_f64(s)),
@@ -435,6 +436,7 @@ impl ChatRequest {
                 "pin and expect_resume_s apply to named conversations: give conversation_id",
             ));
         }
+        // `Hints` is non-exhaustive: as a dependent must, set its fields on a default.
         let mut hints = Hints::default();
         hints.pin = self.pin;
         hints.expect_resume = expect_resume;

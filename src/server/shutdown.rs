@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pensieve::service::Service;
+use crate::service::Service;
 use tokio::sync::Notify;
 
 /// Why the server began to stop.

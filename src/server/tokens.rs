@@ -2,18 +2,18 @@
 
 use std::sync::Arc;
 
+use crate::engine::OverflowPolicy;
+use crate::model::Model;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pensieve::engine::OverflowPolicy;
-use pensieve::model::Model;
 use serde_json::json;
 
-use crate::api;
-use crate::error::ApiError;
-use crate::{check_model_name, AppState};
+use super::api;
+use super::error::ApiError;
+use super::{check_model_name, AppState};
 
 /// vLLM's `/tokenize`: the ids of a prompt (as `/v1/completions` encodes it) or of chat
 /// messages rendered with the model's template, exactly as a new conversation's first turn
@@ -98,11 +98,7 @@ pub struct PromptBound {
 impl PromptBound {
     /// The bound for `model` with a context window of `window` tokens; `None` under the
     /// `truncate-prompt` policy, which cuts any prompt to fit.
-    pub fn new(
-        model: &pensieve::model::Model,
-        window: usize,
-        policy: OverflowPolicy,
-    ) -> Option<Self> {
+    pub fn new(model: &crate::model::Model, window: usize, policy: OverflowPolicy) -> Option<Self> {
         let whole = match policy {
             OverflowPolicy::Error => true,
             OverflowPolicy::DropOldest => false,
@@ -164,7 +160,7 @@ impl PromptBound {
                     break;
                 }
             }
-            Ok::<_, pensieve::Error>(tokens)
+            Ok::<_, crate::Error>(tokens)
         });
         let tokens = counted
             .await
@@ -199,20 +195,18 @@ pub async fn encode(
         .map_err(|e| ApiError::from_engine(&e))
 }
 
-/// The ids a first turn of `messages` feeds (`pensieve::engine::chat_tokens`), computed on a
+/// The ids a first turn of `messages` feeds (`crate::engine::chat_tokens`), computed on a
 /// blocking thread.
 async fn chat_tokens(
     model: &Arc<Model>,
-    messages: Vec<pensieve::model::Message>,
+    messages: Vec<crate::model::Message>,
     generation: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let model = Arc::clone(model);
-    tokio::task::spawn_blocking(move || {
-        pensieve::engine::chat_tokens(&model, &messages, generation)
-    })
-    .await
-    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
-    .map_err(|e| ApiError::from_engine(&e))
+    tokio::task::spawn_blocking(move || crate::engine::chat_tokens(&model, &messages, generation))
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?
+        .map_err(|e| ApiError::from_engine(&e))
 }
 
 /// Bytes of text in chat messages: what the bound counts.

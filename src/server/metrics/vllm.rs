@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use pensieve::service::Service;
+use crate::service::Service;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;

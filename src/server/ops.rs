@@ -24,12 +24,13 @@ pub fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
-    match format {
+    // A host that set its own subscriber (or served before) keeps it.
+    let _already_set = match format {
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
+            .try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).try_init(),
+    };
 }
 
 /// The CORS layer for `origins` (`*`: any), or none when no origin is given: browsers then

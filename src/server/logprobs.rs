@@ -1,8 +1,8 @@
 //! Log-probabilities in OpenAI's two formats: chat's `content` entries and the completions
 //! API's parallel lists.
 
-use pensieve::engine::TokenLogprobs;
-use pensieve::model::Model;
+use crate::engine::TokenLogprobs;
+use crate::model::Model;
 use serde_json::{json, Value};
 
 /// One generated token's log-probability and the most likely alternatives, each token as the

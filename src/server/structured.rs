@@ -1,13 +1,13 @@
 //! Structured output on the wire: `response_format`, or vLLM's `guided_*` fields, as the
 //! constraint the engine holds a reply to (decoding constrained by llguidance, see
-//! `pensieve::model::Constraint`).
+//! `crate::model::Constraint`).
 
-use pensieve::model::Constraint;
+use crate::model::Constraint;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// `response_format`: free text, any JSON object, or JSON valid under a schema.
 #[derive(Deserialize, Debug)]
