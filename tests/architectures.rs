@@ -176,6 +176,48 @@ fn qwen3_with_qk_norms_matches_candle() {
 }
 
 #[test]
+fn qwen3_moe_matches_candle() {
+    use candle_transformers::models::qwen3_moe;
+    let dir = tempfile::tempdir().unwrap();
+    // Eight experts, two per token: with 24 tokens every expert gets rows and some none.
+    let json = config_json(
+        "Qwen3MoeForCausalLM",
+        r#""rope_theta":1000000.0,"head_dim":24,"attention_bias":false,"sliding_window":null,
+           "max_window_layers":2,"use_sliding_window":false,"hidden_act":"silu",
+           "decoder_sparse_step":1,"moe_intermediate_size":48,"num_experts_per_tok":2,
+           "num_experts":8,"norm_topk_prob":true"#,
+    );
+    let config = write_checkpoint(dir.path(), &json);
+    assert_eq!(config.experts.map(|e| (e.count, e.per_token)), Some((8, 2)));
+    let cfg: qwen3_moe::Config = serde_json::from_str(&json).unwrap();
+    let mut model = qwen3_moe::ModelForCausalLM::new(&cfg, vb(dir.path())).unwrap();
+    compare(
+        "qwen3moe",
+        &ours(dir.path(), &json),
+        &model.forward(&input(), 0).unwrap(),
+    );
+}
+
+#[test]
+fn mixtral_matches_candle() {
+    use candle_transformers::models::mixtral;
+    let dir = tempfile::tempdir().unwrap();
+    let json = config_json(
+        "MixtralForCausalLM",
+        r#""rope_theta":1000000.0,"sliding_window":4096,"hidden_act":"silu",
+           "num_local_experts":4,"num_experts_per_tok":2,"use_flash_attn":false"#,
+    );
+    write_checkpoint(dir.path(), &json);
+    let cfg: mixtral::Config = serde_json::from_str(&json).unwrap();
+    let mut model = mixtral::Model::new(&cfg, vb(dir.path())).unwrap();
+    compare(
+        "mixtral",
+        &ours(dir.path(), &json),
+        &model.forward(&input(), 0).unwrap(),
+    );
+}
+
+#[test]
 fn gemma3_matches_candle() {
     use candle_transformers::models::gemma3;
     let dir = tempfile::tempdir().unwrap();
@@ -277,6 +319,30 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
                 r#""rope_scaling":{"rope_type":"yarn","factor":4.0}"#,
             ),
             "rope_scaling",
+        ),
+        (
+            config_json(
+                "Qwen3MoeForCausalLM",
+                r#""num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":48,
+                   "decoder_sparse_step":2"#,
+            ),
+            "decoder_sparse_step",
+        ),
+        (
+            config_json(
+                "Qwen3MoeForCausalLM",
+                r#""num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":48,
+                   "mlp_only_layers":[0]"#,
+            ),
+            "mlp_only_layers",
+        ),
+        (
+            config_json("Qwen3MoeForCausalLM", r#""num_experts":8"#),
+            "num_experts_per_tok",
+        ),
+        (
+            config_json("MixtralForCausalLM", r#""num_experts_per_tok":9"#),
+            "experts per token",
         ),
         (format!(r#"{{{COMMON}}}"#), "architecture"),
     ] {

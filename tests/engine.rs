@@ -12,6 +12,7 @@ use pensieve::engine::{
     FinishReason, RequestId, SamplingParams, Turn,
 };
 use pensieve::kv::CostModel;
+use pensieve::model::Model;
 use pensieve::Error;
 
 fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineConfig {
@@ -29,11 +30,16 @@ fn config(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> EngineCon
 }
 
 fn engine(mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
-    Engine::with_model(
+    engine_of(
         pensieve::model::Model::tiny(7).unwrap(),
-        config(mode, device_tokens, host_bytes),
+        mode,
+        device_tokens,
+        host_bytes,
     )
-    .unwrap()
+}
+
+fn engine_of(model: Model, mode: CacheMode, device_tokens: usize, host_bytes: usize) -> Engine {
+    Engine::with_model(model, config(mode, device_tokens, host_bytes)).unwrap()
 }
 
 /// Steps until no work is left; returns the events.
@@ -102,10 +108,20 @@ fn second_turn_prefills_only_its_new_tokens() {
 
 #[test]
 fn tiered_outputs_equal_stateless_under_pressure_on_the_tiny_model() {
+    tiered_equals_stateless_under_pressure(&|| Model::tiny(7).unwrap());
+}
+
+/// Routing is per token: a mixture's conversation reuses its KV as a dense model's does.
+#[test]
+fn tiered_outputs_equal_stateless_under_pressure_on_a_tiny_mixture_of_experts() {
+    tiered_equals_stateless_under_pressure(&|| Model::tiny_experts(7).unwrap());
+}
+
+fn tiered_equals_stateless_under_pressure(model: &dyn Fn() -> Model) {
     // 12 conversations of ~170 tokens in 30 device blocks of 8 tokens and 40 host chunks:
     // swaps, drops and recomputes all happen.
     let run = |mode: CacheMode, device: usize, host: usize| {
-        let mut e = engine(mode, device, host);
+        let mut e = engine_of(model(), mode, device, host);
         let convs: Vec<_> = (0..12)
             .map(|_| e.open(ConversationOptions::default()).unwrap())
             .collect();

@@ -71,6 +71,17 @@ fn unknown_architecture_is_refused_by_key() {
 }
 
 #[test]
+fn a_mixture_without_its_expert_counts_is_refused_by_key() {
+    // Mixtral's GGUF files say `llama` and count their experts.
+    let f = header_only(
+        |md| md.push(("llama.expert_count".into(), gguf_file::Value::U32(8))),
+        |_| {},
+    );
+    let msg = refusal(&f);
+    assert!(msg.contains("llama.expert_used_count"), "{msg}");
+}
+
+#[test]
 fn unknown_pre_tokenizer_is_refused_by_key() {
     let f = header_only(|md| set(md, "tokenizer.ggml.pre", "jais"), |_| {});
     let msg = refusal(&f);

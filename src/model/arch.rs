@@ -11,6 +11,8 @@
 //! | `mistral` | none, beyond an optional sliding window on every layer (`sliding_window`) |
 //! | `qwen2` | biases on the Q, K and V projections; RoPE pairs `(i, i + d/2)` in GGUF too |
 //! | `qwen3` | an RMSNorm over each head of Q and of K before RoPE; no biases |
+//! | `qwen3moe` | Qwen3's attention; the MLP a mixture of experts: a router picks `k` of `n` SwiGLU experts per token by softmax, their outputs weighted (renormalized with `norm_topk_prob`) |
+//! | `mixtral` | Mistral's attention; the MLP a mixture of experts, weights always renormalized over the `k` chosen |
 //! | `gemma3` | embeddings scaled by `sqrt(hidden)`; RMSNorm weights are `1 + w` (GGUF files store the sum); a norm after attention and after the MLP as well as before; per-head Q/K RMSNorm; GeGLU with tanh GELU; scores scaled by `query_pre_attn_scalar^-1/2`; five of every six layers attend within a sliding window with their own RoPE base, the sixth globally with the model's base |
 //!
 //! GGUF files of `llama` and `mistral` hold Q and K permuted for RoPE's interleaved pairs
@@ -34,6 +36,10 @@ pub enum Architecture {
     Qwen3,
     /// Gemma 3 text models (`Gemma3ForCausalLM`).
     Gemma3,
+    /// Qwen3 mixture-of-experts models (`Qwen3MoeForCausalLM`: Qwen3-30B-A3B, ...).
+    Qwen3Moe,
+    /// Mixtral and other `MixtralForCausalLM` mixture-of-experts models.
+    Mixtral,
 }
 
 /// The gated MLP's activation.
@@ -47,23 +53,35 @@ pub enum Activation {
 }
 
 /// Every architecture, in the order the README lists them.
-pub const ARCHITECTURES: [Architecture; 5] = [
+pub const ARCHITECTURES: [Architecture; 7] = [
     Architecture::Llama,
     Architecture::Mistral,
     Architecture::Qwen2,
     Architecture::Qwen3,
     Architecture::Gemma3,
+    Architecture::Qwen3Moe,
+    Architecture::Mixtral,
 ];
 
 impl Architecture {
-    /// The name GGUF files use (`general.architecture`), which also prefixes their keys.
+    /// The name GGUF files use (`general.architecture`), which also prefixes their keys:
+    /// llama.cpp writes Mixtral as `llama` with experts.
     pub fn gguf_name(self) -> &'static str {
         match self {
-            Self::Llama => "llama",
+            Self::Llama | Self::Mixtral => "llama",
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::Qwen3Moe => "qwen3moe",
+        }
+    }
+
+    /// Its own name, as messages and `config.json`'s `model_type` give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mixtral => "mixtral",
+            other => other.gguf_name(),
         }
     }
 
@@ -75,6 +93,8 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -117,7 +137,13 @@ impl Architecture {
     }
 
     fn supported(name: fn(Self) -> &'static str) -> String {
-        ARCHITECTURES.map(name).join(", ")
+        let mut names: Vec<&str> = Vec::new();
+        for n in ARCHITECTURES.map(name) {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        names.join(", ")
     }
 
     /// Whether the Q, K and V projections carry biases.
@@ -127,7 +153,12 @@ impl Architecture {
 
     /// Whether each head of Q and K is RMS-normalized before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Gemma3)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
+    }
+
+    /// Whether the MLP is a mixture of experts.
+    pub fn has_experts(self) -> bool {
+        matches!(self, Self::Qwen3Moe | Self::Mixtral)
     }
 
     /// Whether attention and MLP outputs are normalized before they join the residual stream.
@@ -156,13 +187,13 @@ impl Architecture {
 
     /// Whether GGUF files hold Q and K permuted for interleaved RoPE pairs.
     pub fn gguf_interleaved_rope(self) -> bool {
-        matches!(self, Self::Llama | Self::Mistral)
+        matches!(self, Self::Llama | Self::Mistral | Self::Mixtral)
     }
 }
 
 impl fmt::Display for Architecture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.gguf_name())
+        f.write_str(self.name())
     }
 }
 
@@ -173,7 +204,13 @@ mod tests {
     #[test]
     fn names_round_trip_and_unknown_ones_name_what_is_supported() {
         for a in ARCHITECTURES {
-            assert_eq!(Architecture::from_gguf_name(a.gguf_name()).ok(), Some(a));
+            // Mixtral's GGUF files say `llama`: the expert count tells them apart.
+            let gguf = if a == Architecture::Mixtral {
+                Architecture::Llama
+            } else {
+                a
+            };
+            assert_eq!(Architecture::from_gguf_name(a.gguf_name()).ok(), Some(gguf));
             assert_eq!(Architecture::from_hf_name(a.hf_name()).ok(), Some(a));
         }
         let e = Architecture::from_gguf_name("phi3")

@@ -56,6 +56,23 @@ pub struct RopeConfig {
     pub freq_factors: Option<Vec<f32>>,
 }
 
+/// A mixture-of-experts MLP: per token, a router's softmax over `count` gated (SwiGLU)
+/// experts picks the `per_token` most likely, whose outputs are summed with those
+/// probabilities as weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Experts {
+    /// Experts in each layer.
+    pub count: usize,
+    /// Experts each token is routed to.
+    pub per_token: usize,
+    /// Each expert's inner width.
+    pub intermediate_size: usize,
+    /// Whether the chosen experts' probabilities are rescaled to sum to one (Mixtral always,
+    /// Qwen3 MoE with `norm_topk_prob`).
+    pub normalize: bool,
+}
+
 /// Hyper-parameters of a decoder of one of the supported [`Architecture`]s.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -90,6 +107,9 @@ pub struct ModelConfig {
     /// The attention window of each layer: `Some(w)` sees only the last `w` positions (its
     /// own included), `None` the whole context.
     pub layer_windows: Vec<Option<u32>>,
+    /// The mixture of experts every layer's MLP is, for the architectures that have one (the
+    /// MLP is then no dense one: `intermediate_size` is unused).
+    pub experts: Option<Experts>,
 }
 
 impl ModelConfig {
@@ -165,6 +185,21 @@ impl ModelConfig {
                 self.rope.freq_factors.as_ref().map(Vec::len),
                 self.query_pre_attn_scalar
             ));
+        }
+        match (self.architecture.has_experts(), self.experts) {
+            (true, None) => return bad(format!("a {} model needs experts", self.architecture)),
+            (false, Some(_)) => {
+                return bad(format!("a {} model has no experts", self.architecture))
+            }
+            (true, Some(e))
+                if e.per_token == 0 || e.per_token > e.count || e.intermediate_size == 0 =>
+            {
+                return bad(format!(
+                    "{} experts per token of {}, of inner width {}",
+                    e.per_token, e.count, e.intermediate_size
+                ))
+            }
+            _ => {}
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
             return bad(format!(

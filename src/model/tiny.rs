@@ -49,11 +49,32 @@ impl Model {
     /// # Errors
     /// Only if candle or the tokenizer cannot build it.
     pub fn tiny(seed: u64) -> Result<Self> {
-        let config = ModelConfig::from_hf_json(
-            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,
+        Self::tiny_of(
+            r#""architectures":["LlamaForCausalLM"],"intermediate_size":64"#,
+            seed,
+        )
+    }
+
+    /// [`Model::tiny`] with a mixture of experts for its MLPs (the Qwen3 MoE graph: 4 experts
+    /// of width 16, 2 per token), for tests of what routing per token must not change.
+    ///
+    /// # Errors
+    /// Only if candle or the tokenizer cannot build it.
+    pub fn tiny_experts(seed: u64) -> Result<Self> {
+        Self::tiny_of(
+            r#""architectures":["Qwen3MoeForCausalLM"],"intermediate_size":64,"head_dim":8,
+               "num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":16,
+               "norm_topk_prob":true"#,
+            seed,
+        )
+    }
+
+    fn tiny_of(architecture: &str, seed: u64) -> Result<Self> {
+        let config = ModelConfig::from_hf_json(&format!(
+            r#"{{{architecture},"vocab_size":259,"hidden_size":32,"num_hidden_layers":2,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
-                "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}"#,
-        )?;
+                "rope_theta":10000.0,"max_position_embeddings":2048,"tie_word_embeddings":true}}"#
+        ))?;
         let llama = Transformer::random(config, seed, WeightFormat::F32, &Device::Cpu)?;
         Model::new(llama, byte_tokenizer()?, None, vec![2]).with_builtin_template("chatml")
     }

@@ -16,14 +16,16 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::{ModelConfig, RopeVariant};
-use super::ops::gated;
 use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention_in_window, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
+mod ffn;
 mod gguf;
 mod load;
 mod names;
+
+use ffn::Ffn;
 
 /// How linear-layer weights are held in memory and multiplied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,9 +126,7 @@ struct Layer {
     /// Norm of the attention output before the residual add (Gemma 3).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    w_gate: Linear,
-    w_up: Linear,
-    w_down: Linear,
+    ffn: Ffn,
     /// Norm of the MLP output before the residual add (Gemma 3).
     post_ffn_norm: Option<Tensor>,
     /// The attention window, if the layer attends within one.
@@ -304,7 +304,11 @@ impl Transformer {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.linears())
+            })
             .map(Linear::bytes)
             .sum();
         layers + self.lm_head.bytes()
@@ -464,11 +468,13 @@ impl Transformer {
             };
 
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let [gate, up] = Linear::forward_many([&layer.w_gate, &layer.w_up], &h)?;
-            let act = gated(&gate, &up, arch.activation())?;
+            let act = arch.activation();
             x = match &layer.post_ffn_norm {
-                Some(n) => (&x + candle_nn::ops::rms_norm(&layer.w_down.forward(&act)?, n, eps)?)?,
-                None => layer.w_down.forward_residual(&act, &x)?,
+                Some(n) => {
+                    let y = layer.ffn.forward(&h, None, act)?;
+                    (&x + candle_nn::ops::rms_norm(&y, n, eps)?)?
+                }
+                None => layer.ffn.forward(&h, Some(&x), act)?,
             };
         }
         if batch.logit_rows.is_empty() {

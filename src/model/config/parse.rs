@@ -4,7 +4,7 @@
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
-use super::{Architecture, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
+use super::{Architecture, Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 use crate::{Error, Result};
 
 /// Gemma 3's layer pattern when a file does not give one: five local layers, then a global.
@@ -109,6 +109,22 @@ impl ModelConfig {
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
         let md = Gguf::new(&content.metadata);
         let arch = Architecture::from_gguf_name(&md.arch)?;
+        // llama.cpp writes Mixtral as `llama` with experts; its mixtures renormalize the
+        // chosen experts' weights (Qwen3 MoE's `norm_topk_prob` is true in every release).
+        let experts = match md.get("expert_count") {
+            Ok(count) if count > 0 => Some(Experts {
+                count,
+                per_token: md.get("expert_used_count")?,
+                intermediate_size: (md.get("expert_feed_forward_length"))
+                    .or_else(|_| md.get("feed_forward_length"))?,
+                normalize: true,
+            }),
+            _ => None,
+        };
+        let arch = match (arch, &experts) {
+            (Architecture::Llama, Some(_)) => Architecture::Mixtral,
+            (arch, _) => arch,
+        };
         let (get, get_f) = (|k: &str| md.get(k), |k: &str| md.get_f(k));
         let hidden_size = get("embedding_length")?;
         let num_heads = get("attention.head_count")?;
@@ -139,7 +155,10 @@ impl ModelConfig {
             architecture: arch,
             vocab_size,
             hidden_size,
-            intermediate_size: get("feed_forward_length")?,
+            intermediate_size: match experts {
+                Some(e) => get("feed_forward_length").unwrap_or(e.intermediate_size),
+                None => get("feed_forward_length")?,
+            },
             num_layers,
             num_heads,
             num_kv_heads: get("attention.head_count_kv").unwrap_or(num_heads),
@@ -161,6 +180,7 @@ impl ModelConfig {
             tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
             query_pre_attn_scalar,
             layer_windows,
+            experts,
         };
         config.validate()?;
         Ok(config)
@@ -210,6 +230,7 @@ impl ModelConfig {
                 None
             },
             layer_windows,
+            experts: hf.experts(arch)?,
         };
         config.validate()?;
         Ok(config)
@@ -253,6 +274,13 @@ struct Hf {
     query_pre_attn_scalar: Option<f32>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 impl Hf {
@@ -268,12 +296,14 @@ impl Hf {
             },
             (None, Some(t)) => {
                 let t = t.strip_suffix("_text").unwrap_or(t);
-                Architecture::from_gguf_name(t).map_err(|_| {
-                    Error::invalid_model(
-                        "config.json model_type",
-                        format!("'{t}' is not supported"),
-                    )
-                })
+                (crate::model::arch::ARCHITECTURES.into_iter())
+                    .find(|a| a.name() == t)
+                    .ok_or_else(|| {
+                        Error::invalid_model(
+                            "config.json model_type",
+                            format!("'{t}' is not supported"),
+                        )
+                    })
             }
             (None, None) => Err(Error::invalid_model(
                 "config.json",
@@ -326,8 +356,31 @@ impl Hf {
                     self.sliding_window_pattern.unwrap_or(GEMMA3_PATTERN),
                 ),
             },
-            Architecture::Mistral => vec![window; n],
+            Architecture::Mistral | Architecture::Mixtral => vec![window; n],
             _ => vec![None; n],
+        })
+    }
+
+    /// The experts of a mixture-of-experts architecture, with each one's defaults in
+    /// transformers where a field is absent.
+    fn experts(&self, arch: Architecture) -> Result<Option<Experts>> {
+        let need = |v: Option<usize>, field: &str| {
+            v.ok_or_else(|| Error::invalid_model(format!("config.json {field}"), "missing"))
+        };
+        Ok(match arch {
+            Architecture::Qwen3Moe => Some(Experts {
+                count: need(self.num_experts, "num_experts")?,
+                per_token: need(self.num_experts_per_tok, "num_experts_per_tok")?,
+                intermediate_size: need(self.moe_intermediate_size, "moe_intermediate_size")?,
+                normalize: self.norm_topk_prob.unwrap_or(false),
+            }),
+            Architecture::Mixtral => Some(Experts {
+                count: self.num_local_experts.unwrap_or(8),
+                per_token: self.num_experts_per_tok.unwrap_or(2),
+                intermediate_size: self.intermediate_size,
+                normalize: true,
+            }),
+            _ => None,
         })
     }
 
@@ -356,6 +409,13 @@ impl Hf {
         }
         if self.use_sliding_window == Some(true) && arch != Architecture::Mistral {
             return refuse("use_sliding_window", "true".into());
+        }
+        // Every layer's MLP is the mixture: dense layers among them are not implemented.
+        if let Some(step) = self.decoder_sparse_step.filter(|&s| s != 1) {
+            return refuse("decoder_sparse_step", step.to_string());
+        }
+        if let Some(dense) = self.mlp_only_layers.as_ref().filter(|l| !l.is_empty()) {
+            return refuse("mlp_only_layers", format!("{dense:?}"));
         }
         for (field, v) in [
             ("final_logit_softcapping", self.final_logit_softcapping),

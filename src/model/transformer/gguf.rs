@@ -4,7 +4,8 @@
 use std::cell::RefCell;
 use std::io::{Read, Seek, SeekFrom};
 
-use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
 
 use super::load::linear_from_q;
@@ -21,7 +22,7 @@ pub(super) struct GgufTensors<'a, R> {
     pub(super) packed: bool,
 }
 
-impl<R: Read + Seek> GgufTensors<'_, R> {
+impl<'a, R: Read + Seek> GgufTensors<'a, R> {
     /// Tensor `name`, read whole.
     pub(super) fn qtensor(&self, name: &str) -> Result<QTensor> {
         let mut reader = self.reader.borrow_mut();
@@ -33,36 +34,14 @@ impl<R: Read + Seek> GgufTensors<'_, R> {
     /// Matrix `name` packed in its own codes, read a panel of rows at a time where its type
     /// allows (so the file is never held whole a second time), else read whole.
     pub(super) fn packed(&self, name: &str) -> Result<PackedLinear> {
-        let info = self
-            .content
-            .tensor_infos
-            .get(name)
-            .ok_or_else(|| Error::invalid_model(name, "missing tensor"))?;
+        let info = self.info(name)?;
         let dtype = info.ggml_dtype;
         if !PackedLinear::streams(dtype) {
             return PackedLinear::from_qtensor(&self.qtensor(name)?);
         }
         let (n, k) = info.shape.dims2()?;
-        let size = (n * k / dtype.block_size() * dtype.type_size()) as u64;
         let start = self.content.tensor_data_offset.saturating_add(info.offset);
-        let mut reader = self.reader.borrow_mut();
-        let io = |e: std::io::Error| Error::invalid_model(name, e);
-        let end = reader.seek(SeekFrom::End(0)).map_err(io)?;
-        if start.saturating_add(size) > end {
-            return Err(Error::invalid_model(
-                name,
-                format!("{size} bytes at offset {start}, past the end of the file ({end})"),
-            ));
-        }
-        PackedLinear::from_gguf(dtype, n, k, &mut |at, len, buf| {
-            buf.resize(len, 0);
-            reader
-                .seek(SeekFrom::Start(start + at as u64))
-                .map_err(io)?;
-            reader.read_exact(buf).map_err(io)?;
-            Ok(())
-        })
-        .map_err(|e| Error::invalid_model(name, e))
+        self.packed_at(name, dtype, (n, k), start)
     }
 
     /// Linear layer `name` in `format`.
@@ -71,5 +50,87 @@ impl<R: Read + Seek> GgufTensors<'_, R> {
             return Ok(Linear::Packed(self.packed(name)?, Isa::detect()));
         }
         linear_from_q(self.qtensor(name)?, format, self.device)
+    }
+
+    /// Expert `expert`'s matrix of the stacked tensor `name` (`[experts, rows, columns]`, one
+    /// expert after another), in `format`: only its own bytes are read.
+    pub(super) fn expert(&self, name: &str, expert: usize, format: WeightFormat) -> Result<Linear> {
+        let info = self.info(name)?;
+        let dtype = info.ggml_dtype;
+        let (experts, n, k) = info.shape.dims3()?;
+        if expert >= experts {
+            return Err(Error::invalid_model(
+                name,
+                format!("holds {experts} experts, not expert {expert}"),
+            ));
+        }
+        let bytes = n * k / dtype.block_size() * dtype.type_size();
+        let start = (self.content.tensor_data_offset.saturating_add(info.offset))
+            .saturating_add((expert * bytes) as u64);
+        if self.packed && PackedLinear::streams(dtype) {
+            return Ok(Linear::Packed(
+                self.packed_at(name, dtype, (n, k), start)?,
+                Isa::detect(),
+            ));
+        }
+        let mut raw = Vec::new();
+        self.read_at(name, start, bytes)?(0, bytes, &mut raw)?;
+        let q = qtensor_from_ggml(dtype, &raw, vec![n, k], self.device)
+            .map_err(|e| Error::invalid_model(name, e))?;
+        match self.packed {
+            true => Ok(Linear::Packed(
+                PackedLinear::from_qtensor(&q)?,
+                Isa::detect(),
+            )),
+            false => linear_from_q(q, format, self.device),
+        }
+    }
+
+    fn info(&self, name: &str) -> Result<&gguf_file::TensorInfo> {
+        (self.content.tensor_infos.get(name))
+            .ok_or_else(|| Error::invalid_model(name, "missing tensor"))
+    }
+
+    /// The `(rows, columns)` matrix of `dtype` at byte `start` of the file, packed a panel of
+    /// rows at a time.
+    fn packed_at(
+        &self,
+        name: &str,
+        dtype: GgmlDType,
+        (n, k): (usize, usize),
+        start: u64,
+    ) -> Result<PackedLinear> {
+        let size = n * k / dtype.block_size() * dtype.type_size();
+        PackedLinear::from_gguf(dtype, n, k, &mut self.read_at(name, start, size)?)
+            .map_err(|e| Error::invalid_model(name, e))
+    }
+
+    /// A reader of the `size` bytes at `start` of the file (`(offset, len, buf)`: `len` bytes
+    /// at `offset` of them into `buf`), checked to lie within the file.
+    fn read_at(
+        &self,
+        name: &str,
+        start: u64,
+        size: usize,
+    ) -> Result<impl FnMut(usize, usize, &mut Vec<u8>) -> Result<()> + use<'_, 'a, R>> {
+        let io = |e: std::io::Error| Error::invalid_model(name, e);
+        let end = (self.reader.borrow_mut().seek(SeekFrom::End(0))).map_err(io)?;
+        if start.saturating_add(size as u64) > end {
+            return Err(Error::invalid_model(
+                name,
+                format!("{size} bytes at offset {start}, past the end of the file ({end})"),
+            ));
+        }
+        let name = name.to_string();
+        Ok(move |at: usize, len: usize, buf: &mut Vec<u8>| {
+            let io = |e: std::io::Error| Error::invalid_model(&name, e);
+            let mut reader = self.reader.borrow_mut();
+            buf.resize(len, 0);
+            reader
+                .seek(SeekFrom::Start(start + at as u64))
+                .map_err(io)?;
+            reader.read_exact(buf).map_err(io)?;
+            Ok(())
+        })
     }
 }

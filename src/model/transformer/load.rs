@@ -10,6 +10,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::ffn::{Ffn, Mixture};
 use super::gguf::GgufTensors;
 use super::names::{check_tensors, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
@@ -19,27 +20,46 @@ use crate::{Error, Result};
 
 impl Layer {
     /// Reads layer `index` of `config`'s graph through `fetch` (a raw tensor by name),
-    /// turning raw tensors into linear weights and vectors (norms, biases) with the
-    /// format's converters.
+    /// turning raw tensors into linear weights (of one expert, where a tensor stacks them) and
+    /// vectors (norms, biases) with the format's converters.
     fn load<T>(
         config: &ModelConfig,
         scheme: Scheme,
         index: usize,
         mut fetch: impl FnMut(&str) -> Result<T>,
-        linear: impl Fn(T) -> Result<Linear>,
+        linear: impl Fn(T, Option<usize>) -> Result<Linear>,
         vector: impl Fn(T) -> Result<Tensor>,
     ) -> Result<Self> {
         let arch = config.architecture;
         let mut raw = |r: Role| fetch(&r.name(scheme, arch, index));
-        let mut lin = |r: Role| linear(raw(r)?);
+        let mut lin = |r: Role| linear(raw(r)?, r.stacked_expert(scheme));
         let (wq, wk, wv, wo) = (
             lin(Role::Wq)?,
             lin(Role::Wk)?,
             lin(Role::Wv)?,
             lin(Role::Wo)?,
         );
-        let (w_gate, w_up, w_down) = (lin(Role::Gate)?, lin(Role::Up)?, lin(Role::Down)?);
-        let roles = Role::of(arch);
+        let ffn = match config.experts {
+            None => Ffn::Dense {
+                gate: lin(Role::Gate)?,
+                up: lin(Role::Up)?,
+                down: lin(Role::Down)?,
+            },
+            Some(shape) => Ffn::Experts(Mixture {
+                router: lin(Role::Router)?,
+                experts: (0..shape.count)
+                    .map(|e| {
+                        Ok([
+                            lin(Role::ExpertGate(e))?,
+                            lin(Role::ExpertUp(e))?,
+                            lin(Role::ExpertDown(e))?,
+                        ])
+                    })
+                    .collect::<Result<_>>()?,
+                shape,
+            }),
+        };
+        let roles = Role::of(config);
         let mut vectors = roles
             .iter()
             .filter(|r| r.is_norm() || r.is_bias())
@@ -79,9 +99,7 @@ impl Layer {
             qk_norm,
             post_attn_norm: take(Role::PostAttnNorm),
             ffn_norm,
-            w_gate,
-            w_up,
-            w_down,
+            ffn,
             post_ffn_norm: take(Role::PostFfnNorm),
             window,
             rope: usize::from(window.is_some() && !config.uniform_rope()),
@@ -140,7 +158,10 @@ impl Transformer {
                 Scheme::Gguf,
                 i,
                 |name| Ok(name.to_string()),
-                |name| file.linear(&name, format),
+                |name, expert| match expert {
+                    Some(e) => file.expert(&name, e, format),
+                    None => file.linear(&name, format),
+                },
                 vector,
             )?);
             loaded(i + 1, config.num_layers);
@@ -240,7 +261,7 @@ impl Transformer {
                 Scheme::Hf,
                 i,
                 &mut take,
-                |t| linear_from_tensor(t, format),
+                |t, _| linear_from_tensor(t, format),
                 f32,
             )?);
             loaded(i + 1, config.num_layers);
@@ -313,7 +334,8 @@ impl Transformer {
             tensors.insert(g.output.to_string(), matrix(&mut state, c.vocab_size, h)?);
         }
         tensors.insert(g.norm.to_string(), ones(h)?);
-        let roles = Role::of(arch);
+        let roles = Role::of(c);
+        let ffe = c.experts.map_or(0, |e| e.intermediate_size);
         for i in 0..c.num_layers {
             for &role in &roles {
                 let t = match role {
@@ -322,6 +344,9 @@ impl Transformer {
                     Role::Wo => matrix(&mut state, h, q)?,
                     Role::Gate | Role::Up => matrix(&mut state, ff, h)?,
                     Role::Down => matrix(&mut state, h, ff)?,
+                    Role::Router => matrix(&mut state, c.experts.map_or(0, |e| e.count), h)?,
+                    Role::ExpertGate(_) | Role::ExpertUp(_) => matrix(&mut state, ffe, h)?,
+                    Role::ExpertDown(_) => matrix(&mut state, h, ffe)?,
                     Role::AttnNorm | Role::FfnNorm => ones(h)?,
                     Role::PostAttnNorm | Role::PostFfnNorm => vector(&mut state, h, 1.0 - offset)?,
                     Role::QNorm | Role::KNorm => vector(&mut state, c.head_dim, 1.0 - offset)?,

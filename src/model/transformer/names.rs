@@ -37,13 +37,29 @@ pub(super) enum Role {
     Up,
     Down,
     PostFfnNorm,
+    /// A mixture's router (one score per expert).
+    Router,
+    /// Expert `e`'s gate, up and down projections.
+    ExpertGate(usize),
+    ExpertUp(usize),
+    ExpertDown(usize),
 }
 
 impl Role {
-    /// The roles a layer of `arch` has, in load order.
-    pub(super) fn of(arch: Architecture) -> Vec<Role> {
+    /// The roles a layer of `config`'s graph has, in load order.
+    pub(super) fn of(config: &ModelConfig) -> Vec<Role> {
         use Role::*;
-        let mut roles = vec![AttnNorm, Wq, Wk, Wv, Wo, FfnNorm, Gate, Up, Down];
+        let arch = config.architecture;
+        let mut roles = vec![AttnNorm, Wq, Wk, Wv, Wo, FfnNorm];
+        match config.experts {
+            Some(experts) => {
+                roles.push(Router);
+                for e in 0..experts.count {
+                    roles.extend([ExpertGate(e), ExpertUp(e), ExpertDown(e)]);
+                }
+            }
+            None => roles.extend([Gate, Up, Down]),
+        }
         if arch.qkv_bias() {
             roles.extend([QBias, KBias, VBias]);
         }
@@ -54,6 +70,17 @@ impl Role {
             roles.extend([PostAttnNorm, PostFfnNorm]);
         }
         roles
+    }
+
+    /// The expert a tensor of `scheme` holds among others, for the experts' projections in
+    /// GGUF files (one tensor per projection with every expert's matrix, one after another).
+    pub(super) fn stacked_expert(self, scheme: Scheme) -> Option<usize> {
+        match (scheme, self) {
+            (Scheme::Gguf, Role::ExpertGate(e) | Role::ExpertUp(e) | Role::ExpertDown(e)) => {
+                Some(e)
+            }
+            _ => None,
+        }
     }
 
     /// Whether the tensor is a norm weight (a vector the activations are scaled by).
@@ -74,7 +101,24 @@ impl Role {
     pub(super) fn name(self, scheme: Scheme, arch: Architecture, layer: usize) -> String {
         use Role::*;
         let gemma = arch == Architecture::Gemma3;
+        // Hugging Face's Mixtral names its mixture and its experts' projections otherwise.
+        let (moe, [gate, up, down]) = match arch {
+            Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        };
+        let expert = |e: usize, hf: &str, gguf: &str| match scheme {
+            // GGUF files stack a layer's experts in one tensor per projection.
+            Scheme::Gguf => format!("blk.{layer}.{gguf}.weight"),
+            Scheme::Hf => format!("model.layers.{layer}.{moe}.experts.{e}.{hf}.weight"),
+        };
         let (gguf, hf) = match self {
+            ExpertGate(e) => return expert(e, gate, "ffn_gate_exps"),
+            ExpertUp(e) => return expert(e, up, "ffn_up_exps"),
+            ExpertDown(e) => return expert(e, down, "ffn_down_exps"),
+            Router => match scheme {
+                Scheme::Gguf => return format!("blk.{layer}.ffn_gate_inp.weight"),
+                Scheme::Hf => return format!("model.layers.{layer}.{moe}.gate.weight"),
+            },
             AttnNorm => ("attn_norm.weight", "input_layernorm.weight"),
             Wq => ("attn_q.weight", "self_attn.q_proj.weight"),
             Wk => ("attn_k.weight", "self_attn.k_proj.weight"),
@@ -156,7 +200,7 @@ pub(super) fn check_tensors<'a>(
     if !config.tie_word_embeddings {
         wanted.insert(g.output.to_string());
     }
-    let roles = Role::of(config.architecture);
+    let roles = Role::of(config);
     for layer in 0..config.num_layers {
         wanted.extend(
             roles
