@@ -218,6 +218,26 @@ fn mixtral_matches_candle() {
 }
 
 #[test]
+fn phi3_with_fused_projections_matches_candle() {
+    use candle_transformers::models::phi3;
+    let dir = tempfile::tempdir().unwrap();
+    let json = config_json(
+        "Phi3ForCausalLM",
+        r#""rope_theta":10000.0,"hidden_act":"silu","sliding_window":2047,
+           "original_max_position_embeddings":256,"rope_scaling":null"#,
+    );
+    let config = write_checkpoint(dir.path(), &json);
+    assert_eq!(config.layer_windows, vec![Some(2047); 2]);
+    let cfg: phi3::Config = serde_json::from_str(&json).unwrap();
+    let mut model = phi3::Model::new(&cfg, vb(dir.path())).unwrap();
+    compare(
+        "phi3",
+        &ours(dir.path(), &json),
+        &model.forward(&input(), 0).unwrap(),
+    );
+}
+
+#[test]
 fn gemma3_matches_candle() {
     use candle_transformers::models::gemma3;
     let dir = tempfile::tempdir().unwrap();
@@ -343,6 +363,17 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
         (
             config_json("MixtralForCausalLM", r#""num_experts_per_tok":9"#),
             "experts per token",
+        ),
+        (
+            config_json("Phi3ForCausalLM", r#""partial_rotary_factor":0.75"#),
+            "partial_rotary_factor",
+        ),
+        (
+            config_json(
+                "Phi3ForCausalLM",
+                r#""rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[1.0]}"#,
+            ),
+            "rope_scaling",
         ),
         (format!(r#"{{{COMMON}}}"#), "architecture"),
     ] {

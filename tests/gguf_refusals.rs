@@ -62,10 +62,10 @@ fn refusal(file: &tempfile::NamedTempFile) -> String {
 
 #[test]
 fn unknown_architecture_is_refused_by_key() {
-    let f = header_only(|md| set(md, "general.architecture", "phi3"), |_| {});
+    let f = header_only(|md| set(md, "general.architecture", "phi2"), |_| {});
     let msg = refusal(&f);
     assert!(
-        msg.contains("general.architecture") && msg.contains("phi3") && msg.contains("gemma3"),
+        msg.contains("general.architecture") && msg.contains("phi2") && msg.contains("gemma3"),
         "{msg}"
     );
 }

@@ -13,6 +13,7 @@
 //! | `qwen3` | an RMSNorm over each head of Q and of K before RoPE; no biases |
 //! | `qwen3moe` | Qwen3's attention; the MLP a mixture of experts: a router picks `k` of `n` SwiGLU experts per token by softmax, their outputs weighted (renormalized with `norm_topk_prob`) |
 //! | `mixtral` | Mistral's attention; the MLP a mixture of experts, weights always renormalized over the `k` chosen |
+//! | `phi3` | Q, K and V in one fused projection, gate and up in another (split at load); a sliding window on every layer (`sliding_window`) |
 //! | `gemma3` | embeddings scaled by `sqrt(hidden)`; RMSNorm weights are `1 + w` (GGUF files store the sum); a norm after attention and after the MLP as well as before; per-head Q/K RMSNorm; GeGLU with tanh GELU; scores scaled by `query_pre_attn_scalar^-1/2`; five of every six layers attend within a sliding window with their own RoPE base, the sixth globally with the model's base |
 //!
 //! GGUF files of `llama` and `mistral` hold Q and K permuted for RoPE's interleaved pairs
@@ -40,6 +41,8 @@ pub enum Architecture {
     Qwen3Moe,
     /// Mixtral and other `MixtralForCausalLM` mixture-of-experts models.
     Mixtral,
+    /// Phi-3 and Phi-3.5 mini (`Phi3ForCausalLM`) without long-context RoPE scaling.
+    Phi3,
 }
 
 /// The gated MLP's activation.
@@ -53,7 +56,7 @@ pub enum Activation {
 }
 
 /// Every architecture, in the order the README lists them.
-pub const ARCHITECTURES: [Architecture; 7] = [
+pub const ARCHITECTURES: [Architecture; 8] = [
     Architecture::Llama,
     Architecture::Mistral,
     Architecture::Qwen2,
@@ -61,6 +64,7 @@ pub const ARCHITECTURES: [Architecture; 7] = [
     Architecture::Gemma3,
     Architecture::Qwen3Moe,
     Architecture::Mixtral,
+    Architecture::Phi3,
 ];
 
 impl Architecture {
@@ -74,6 +78,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -95,6 +100,7 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -156,6 +162,12 @@ impl Architecture {
         matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
     }
 
+    /// Whether checkpoints hold Q, K and V in one projection (`qkv_proj`) and the MLP's gate
+    /// and up in another (`gate_up_proj`).
+    pub fn fused_projections(self) -> bool {
+        self == Self::Phi3
+    }
+
     /// Whether the MLP is a mixture of experts.
     pub fn has_experts(self) -> bool {
         matches!(self, Self::Qwen3Moe | Self::Mixtral)
@@ -213,11 +225,11 @@ mod tests {
             assert_eq!(Architecture::from_gguf_name(a.gguf_name()).ok(), Some(gguf));
             assert_eq!(Architecture::from_hf_name(a.hf_name()).ok(), Some(a));
         }
-        let e = Architecture::from_gguf_name("phi3")
+        let e = Architecture::from_gguf_name("phi2")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("general.architecture") && e.contains("phi3") && e.contains("gemma3"),
+            e.contains("general.architecture") && e.contains("phi2") && e.contains("gemma3"),
             "{e}"
         );
     }

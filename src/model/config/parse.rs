@@ -148,7 +148,7 @@ impl ModelConfig {
                     head_dim as f32
                 }),
             ),
-            Architecture::Mistral => (vec![window; num_layers], None, None),
+            Architecture::Mistral | Architecture::Phi3 => (vec![window; num_layers], None, None),
             _ => (vec![None; num_layers], None, None),
         };
         let config = Self {
@@ -281,6 +281,7 @@ struct Hf {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    partial_rotary_factor: Option<f64>,
 }
 
 impl Hf {
@@ -356,7 +357,9 @@ impl Hf {
                     self.sliding_window_pattern.unwrap_or(GEMMA3_PATTERN),
                 ),
             },
-            Architecture::Mistral | Architecture::Mixtral => vec![window; n],
+            Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
+                vec![window; n]
+            }
             _ => vec![None; n],
         })
     }
@@ -409,6 +412,9 @@ impl Hf {
         }
         if self.use_sliding_window == Some(true) && arch != Architecture::Mistral {
             return refuse("use_sliding_window", "true".into());
+        }
+        if let Some(f) = self.partial_rotary_factor.filter(|&f| f != 1.0) {
+            return refuse("partial_rotary_factor", f.to_string());
         }
         // Every layer's MLP is the mixture: dense layers among them are not implemented.
         if let Some(step) = self.decoder_sparse_step.filter(|&s| s != 1) {

@@ -9,6 +9,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
 
 use super::load::linear_from_q;
+use super::names::Part;
 use super::{Linear, WeightFormat};
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
@@ -52,21 +53,27 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
         linear_from_q(self.qtensor(name)?, format, self.device)
     }
 
-    /// Expert `expert`'s matrix of the stacked tensor `name` (`[experts, rows, columns]`, one
-    /// expert after another), in `format`: only its own bytes are read.
-    pub(super) fn expert(&self, name: &str, expert: usize, format: WeightFormat) -> Result<Linear> {
+    /// `part` of tensor `name` in `format`: an expert's matrix of stacked ones (`[experts,
+    /// rows, columns]`, one after another) or rows of a matrix. Only its own bytes are read.
+    pub(super) fn part(&self, name: &str, part: Part, format: WeightFormat) -> Result<Linear> {
         let info = self.info(name)?;
         let dtype = info.ggml_dtype;
-        let (experts, n, k) = info.shape.dims3()?;
-        if expert >= experts {
-            return Err(Error::invalid_model(
-                name,
-                format!("holds {experts} experts, not expert {expert}"),
-            ));
-        }
-        let bytes = n * k / dtype.block_size() * dtype.type_size();
+        let (k, row_bytes) = {
+            let k = *info.shape.dims().last().unwrap_or(&0);
+            (k, k / dtype.block_size() * dtype.type_size())
+        };
+        let (first, n) = match (part, info.shape.dims()) {
+            (Part::Expert(e), &[experts, n, _]) if e < experts => (e * n, n),
+            (Part::Rows { start, len }, &[n, _]) if start + len <= n => (start, len),
+            (part, dims) => {
+                return Err(Error::invalid_model(
+                    name,
+                    format!("{part:?} is not a part of a tensor of shape {dims:?}"),
+                ))
+            }
+        };
         let start = (self.content.tensor_data_offset.saturating_add(info.offset))
-            .saturating_add((expert * bytes) as u64);
+            .saturating_add((first * row_bytes) as u64);
         if self.packed && PackedLinear::streams(dtype) {
             return Ok(Linear::Packed(
                 self.packed_at(name, dtype, (n, k), start)?,
@@ -74,7 +81,7 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
             ));
         }
         let mut raw = Vec::new();
-        self.read_at(name, start, bytes)?(0, bytes, &mut raw)?;
+        self.read_at(name, start, n * row_bytes)?(0, n * row_bytes, &mut raw)?;
         let q = qtensor_from_ggml(dtype, &raw, vec![n, k], self.device)
             .map_err(|e| Error::invalid_model(name, e))?;
         match self.packed {

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ffn::{Ffn, Mixture};
 use super::gguf::GgufTensors;
-use super::names::{check_tensors, Role, Scheme};
+use super::names::{check_tensors, Part, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
 use crate::model::packed::{Isa, PackedLinear};
@@ -20,32 +20,62 @@ use crate::{Error, Result};
 
 impl Layer {
     /// Reads layer `index` of `config`'s graph through `fetch` (a raw tensor by name),
-    /// turning raw tensors into linear weights (of one expert, where a tensor stacks them) and
-    /// vectors (norms, biases) with the format's converters.
-    fn load<T>(
+    /// turning raw tensors into linear weights (of a part, where a tensor holds several: one
+    /// expert of stacked ones, one projection of fused ones) and vectors (norms, biases) with
+    /// the format's converters.
+    fn load<T: Clone>(
         config: &ModelConfig,
         scheme: Scheme,
         index: usize,
         mut fetch: impl FnMut(&str) -> Result<T>,
-        linear: impl Fn(T, Option<usize>) -> Result<Linear>,
+        linear: impl Fn(T, Part) -> Result<Linear>,
         vector: impl Fn(T) -> Result<Tensor>,
     ) -> Result<Self> {
         let arch = config.architecture;
         let mut raw = |r: Role| fetch(&r.name(scheme, arch, index));
-        let mut lin = |r: Role| linear(raw(r)?, r.stacked_expert(scheme));
-        let (wq, wk, wv, wo) = (
-            lin(Role::Wq)?,
-            lin(Role::Wk)?,
-            lin(Role::Wv)?,
-            lin(Role::Wo)?,
+        // A fused matrix's projections, by their rows: read once, split in `linear`.
+        let mut split = |r: Role, lens: &[usize]| -> Result<Vec<Linear>> {
+            let t = raw(r)?;
+            let starts = lens.iter().scan(0, |at, &len| {
+                *at += len;
+                Some(*at - len)
+            });
+            (starts.zip(lens))
+                .map(|(start, &len)| linear(t.clone(), Part::Rows { start, len }))
+                .collect()
+        };
+        let (q, kv) = (
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
         );
-        let ffn = match config.experts {
-            None => Ffn::Dense {
+        let fused = arch.fused_projections();
+        let qkv = match fused {
+            true => split(Role::Wqkv, &[q, kv, kv])?,
+            false => Vec::new(),
+        };
+        let ff = config.intermediate_size;
+        let gate_up = match fused && config.experts.is_none() {
+            true => split(Role::GateUp, &[ff, ff])?,
+            false => Vec::new(),
+        };
+        let mut lin = |r: Role| linear(raw(r)?, r.part(scheme));
+        let [wq, wk, wv] = match <[Linear; 3]>::try_from(qkv) {
+            Ok(split) => split,
+            Err(_) => [lin(Role::Wq)?, lin(Role::Wk)?, lin(Role::Wv)?],
+        };
+        let wo = lin(Role::Wo)?;
+        let ffn = match (config.experts, <[Linear; 2]>::try_from(gate_up)) {
+            (None, Ok([gate, up])) => Ffn::Dense {
+                gate,
+                up,
+                down: lin(Role::Down)?,
+            },
+            (None, Err(_)) => Ffn::Dense {
                 gate: lin(Role::Gate)?,
                 up: lin(Role::Up)?,
                 down: lin(Role::Down)?,
             },
-            Some(shape) => Ffn::Experts(Mixture {
+            (Some(shape), _) => Ffn::Experts(Mixture {
                 router: lin(Role::Router)?,
                 experts: (0..shape.count)
                     .map(|e| {
@@ -158,9 +188,9 @@ impl Transformer {
                 Scheme::Gguf,
                 i,
                 |name| Ok(name.to_string()),
-                |name, expert| match expert {
-                    Some(e) => file.expert(&name, e, format),
-                    None => file.linear(&name, format),
+                |name, part| match part {
+                    Part::Whole => file.linear(&name, format),
+                    part => file.part(&name, part, format),
                 },
                 vector,
             )?);
@@ -261,7 +291,13 @@ impl Transformer {
                 Scheme::Hf,
                 i,
                 &mut take,
-                |t, _| linear_from_tensor(t, format),
+                |t, part| match part {
+                    Part::Rows { start, len } => {
+                        linear_from_tensor(t.narrow(0, start, len)?, format)
+                    }
+                    // Safetensors checkpoints hold each expert apart.
+                    Part::Whole | Part::Expert(_) => linear_from_tensor(t, format),
+                },
                 f32,
             )?);
             loaded(i + 1, config.num_layers);
@@ -344,6 +380,8 @@ impl Transformer {
                     Role::Wo => matrix(&mut state, h, q)?,
                     Role::Gate | Role::Up => matrix(&mut state, ff, h)?,
                     Role::Down => matrix(&mut state, h, ff)?,
+                    Role::Wqkv => matrix(&mut state, q + 2 * kv, h)?,
+                    Role::GateUp => matrix(&mut state, 2 * ff, h)?,
                     Role::Router => matrix(&mut state, c.experts.map_or(0, |e| e.count), h)?,
                     Role::ExpertGate(_) | Role::ExpertUp(_) => matrix(&mut state, ffe, h)?,
                     Role::ExpertDown(_) => matrix(&mut state, h, ffe)?,

@@ -37,6 +37,10 @@ pub(super) enum Role {
     Up,
     Down,
     PostFfnNorm,
+    /// Q, K and V in one matrix (rows in that order).
+    Wqkv,
+    /// The MLP's gate and up in one matrix (the gate's rows first).
+    GateUp,
     /// A mixture's router (one score per expert).
     Router,
     /// Expert `e`'s gate, up and down projections.
@@ -50,7 +54,12 @@ impl Role {
     pub(super) fn of(config: &ModelConfig) -> Vec<Role> {
         use Role::*;
         let arch = config.architecture;
-        let mut roles = vec![AttnNorm, Wq, Wk, Wv, Wo, FfnNorm];
+        let fused = arch.fused_projections();
+        // In the order random weights are drawn in: a seed keeps its weights.
+        let mut roles = match fused {
+            true => vec![AttnNorm, Wqkv, Wo, FfnNorm],
+            false => vec![AttnNorm, Wq, Wk, Wv, Wo, FfnNorm],
+        };
         match config.experts {
             Some(experts) => {
                 roles.push(Router);
@@ -58,6 +67,7 @@ impl Role {
                     roles.extend([ExpertGate(e), ExpertUp(e), ExpertDown(e)]);
                 }
             }
+            None if fused => roles.extend([GateUp, Down]),
             None => roles.extend([Gate, Up, Down]),
         }
         if arch.qkv_bias() {
@@ -72,14 +82,15 @@ impl Role {
         roles
     }
 
-    /// The expert a tensor of `scheme` holds among others, for the experts' projections in
-    /// GGUF files (one tensor per projection with every expert's matrix, one after another).
-    pub(super) fn stacked_expert(self, scheme: Scheme) -> Option<usize> {
+    /// The part of its tensor a role's matrix is in `scheme`: an expert's of a GGUF file's
+    /// stacked experts (one tensor per projection, each expert's matrix after another), else
+    /// the whole tensor.
+    pub(super) fn part(self, scheme: Scheme) -> Part {
         match (scheme, self) {
             (Scheme::Gguf, Role::ExpertGate(e) | Role::ExpertUp(e) | Role::ExpertDown(e)) => {
-                Some(e)
+                Part::Expert(e)
             }
-            _ => None,
+            _ => Part::Whole,
         }
     }
 
@@ -124,6 +135,8 @@ impl Role {
             Wk => ("attn_k.weight", "self_attn.k_proj.weight"),
             Wv => ("attn_v.weight", "self_attn.v_proj.weight"),
             Wo => ("attn_output.weight", "self_attn.o_proj.weight"),
+            Wqkv => ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+            GateUp => ("ffn_up.weight", "mlp.gate_up_proj.weight"),
             QBias => ("attn_q.bias", "self_attn.q_proj.bias"),
             KBias => ("attn_k.bias", "self_attn.k_proj.bias"),
             VBias => ("attn_v.bias", "self_attn.v_proj.bias"),
@@ -147,6 +160,19 @@ impl Role {
             Scheme::Hf => format!("model.layers.{layer}.{hf}"),
         }
     }
+}
+
+/// The part of a tensor a linear layer's weights are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Part {
+    Whole,
+    /// Matrix `e` of a `[experts, rows, columns]` tensor.
+    Expert(usize),
+    /// `len` rows from `start` of a matrix (one projection of a fused one).
+    Rows {
+        start: usize,
+        len: usize,
+    },
 }
 
 /// Names of the tensors outside the layers.
