@@ -1,7 +1,8 @@
 //! Tokenizers rebuilt from GGUF metadata give llama.cpp's token ids: on llama.cpp's own
 //! vocabulary-only files (Llama 3 BPE, Qwen2 BPE, Llama 2 SentencePiece) for 200 ShareGPT texts
-//! and for the cases of llama.cpp's tokenizer tests (`.inp` / `.out` beside each file), and on
-//! the Gemma 3 file. Unsupported vocabularies are refused by key.
+//! and for the cases of llama.cpp's tokenizer tests (`.inp` / `.out` beside each file), on
+//! Phi-3's for those cases, and on the Gemma 3 file. Unsupported vocabularies are refused by
+//! key.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -85,6 +86,13 @@ fn llama2_sentencepiece_ids_match_llama_cpp() {
     let (_, t) = load(&llamacpp::vocab_gguf("llama-spm"));
     check_texts("llama-spm", &t);
     check_llamacpp_cases("llama-spm", &t);
+}
+
+/// Phi-3's vocabulary: Llama 2's SentencePiece with its chat's control tokens added.
+#[test]
+fn phi3_sentencepiece_ids_match_llama_cpps_own_cases() {
+    let (_, t) = load(&llamacpp::vocab_gguf("phi-3"));
+    check_llamacpp_cases("phi-3", &t);
 }
 
 #[test]
