@@ -13,9 +13,9 @@ impl Engine {
     /// (and a client sends back), so a host streaming calls gets the same ones.
     pub fn tool_stream(&self, conv: ConversationId, request: RequestId) -> Option<ToolStream> {
         let format = self.model.template()?.tool_format()?;
-        let offered = self.convs.get(&conv).is_some_and(|c| !c.tools().is_empty());
+        let tools = self.convs.get(&conv).map(|c| c.tools())?;
         let seed = self.shared.call_ids ^ request.as_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        offered.then(|| format.stream(seed))
+        (!tools.is_empty()).then(|| format.stream(seed).with_tools(tools))
     }
 
     /// The calls request `request`'s `reply` makes, and its text before them.

@@ -10,9 +10,13 @@
 //! `<|python_tag|>`). The objects are scanned character by character (strings, escapes and
 //! nesting), so the arguments' text is known to end without waiting for the whole object.
 
+use std::collections::HashMap;
+
 use super::reasoning::partial_tag;
 use super::tools::ToolFormat;
 use crate::message::ToolCall;
+
+mod xml;
 
 /// What a streamed reply adds, told apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +48,8 @@ enum Phase {
     Between,
     /// Inside a call's object.
     Call(Scan),
+    /// Inside a Qwen3-Coder call's `<function=...>` element.
+    Xml(xml::XmlCall),
     /// Hermes: after a call's object, until `</tool_call>`.
     Closing,
     /// The calls are over: anything but whitespace after them makes them malformed.
@@ -66,6 +72,8 @@ pub struct ToolStream {
     calls: Vec<ToolCall>,
     /// A call was cut off, lacked a name, or text followed where none may.
     malformed: bool,
+    /// Each tool's parameters' JSON types, by function name (`ToolStream::with_tools`).
+    types: HashMap<String, HashMap<String, String>>,
 }
 
 impl ToolFormat {
@@ -80,6 +88,7 @@ impl ToolFormat {
             text: String::new(),
             calls: Vec::new(),
             malformed: false,
+            types: HashMap::new(),
         }
     }
 
@@ -95,6 +104,24 @@ impl ToolFormat {
 }
 
 impl ToolStream {
+    /// The reader with the tools offered (OpenAI's `{"type": "function", "function": {...}}`):
+    /// formats whose calls write arguments as text (Qwen3-Coder) type each value by its
+    /// parameter's schema; values of parameters it does not name stay strings.
+    pub fn with_tools(mut self, tools: &[serde_json::Value]) -> Self {
+        for t in tools {
+            let f = &t["function"];
+            let Some(name) = f["name"].as_str() else {
+                continue;
+            };
+            let props = f["parameters"]["properties"].as_object();
+            let types = (props.into_iter().flatten())
+                .filter_map(|(k, v)| Some((k.clone(), v["type"].as_str()?.to_string())))
+                .collect();
+            self.types.insert(name.to_string(), types);
+        }
+        self
+    }
+
     /// Takes the next piece of the reply; returns what it adds.
     pub fn push(&mut self, piece: &str) -> Vec<ToolDelta> {
         self.held.push_str(piece);
@@ -115,7 +142,7 @@ impl ToolStream {
                     out.push(ToolDelta::Text(rest));
                 }
             }
-            Phase::Call(_) => self.malformed = true,
+            Phase::Call(_) | Phase::Xml(_) => self.malformed = true,
             // A reply cut off before `</tool_call>` still made its call.
             Phase::Closing | Phase::Between | Phase::Done => {}
         }
@@ -162,6 +189,7 @@ impl ToolStream {
                 };
                 true
             }
+            Phase::Xml(_) => self.xml_step(out),
             Phase::Closing => match self.held.find(HERMES_CLOSE) {
                 Some(at) => {
                     self.held.drain(..at + HERMES_CLOSE.len());
@@ -183,7 +211,7 @@ impl ToolStream {
     /// whitespace.
     fn text_step(&mut self, out: &mut Vec<ToolDelta>) -> bool {
         let open = match self.format {
-            ToolFormat::Hermes => HERMES_OPEN,
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder => HERMES_OPEN,
             ToolFormat::Mistral => MISTRAL_OPEN,
             ToolFormat::Llama3Json => return self.llama_start(),
         };
@@ -204,11 +232,17 @@ impl ToolStream {
             return false;
         };
         self.held.drain(..next - send);
-        self.phase = match self.format {
-            ToolFormat::Hermes => Phase::Call(Scan::default()),
-            _ => Phase::Between,
-        };
+        self.phase = self.call_phase();
         true
+    }
+
+    /// The phase inside a call, after Hermes' or Qwen3-Coder's opener.
+    fn call_phase(&self) -> Phase {
+        match self.format {
+            ToolFormat::Hermes => Phase::Call(Scan::default()),
+            ToolFormat::Qwen3Coder => Phase::Xml(xml::XmlCall::default()),
+            _ => Phase::Between,
+        }
     }
 
     /// Llama 3: a reply that opens with an object (after `<|python_tag|>`) is a call;
@@ -236,15 +270,15 @@ impl ToolStream {
         }
     }
 
-    /// Between calls: Hermes skips to the next opener; Mistral reads its array's
-    /// punctuation.
+    /// Between calls: Hermes and Qwen3-Coder skip to the next opener; Mistral reads its
+    /// array's punctuation.
     fn between_step(&mut self) -> bool {
-        if self.format == ToolFormat::Hermes {
+        if matches!(self.format, ToolFormat::Hermes | ToolFormat::Qwen3Coder) {
             // Text after the first call is not the reply's content: it is skipped.
             return match self.held.find(HERMES_OPEN) {
                 Some(at) => {
                     self.held.drain(..at + HERMES_OPEN.len());
-                    self.phase = Phase::Call(Scan::default());
+                    self.phase = self.call_phase();
                     true
                 }
                 None => {

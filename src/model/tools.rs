@@ -13,6 +13,9 @@ pub enum ToolFormat {
     /// A reply that is one JSON object `{"name": ..., "parameters": {...}}`, possibly after
     /// `<|python_tag|>` (Llama 3.1 to 3.3).
     Llama3Json,
+    /// `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>`,
+    /// each value on lines of its own and typed by the tool's schema (Qwen3-Coder).
+    Qwen3Coder,
 }
 
 impl ToolFormat {
@@ -22,7 +25,9 @@ impl ToolFormat {
         if !source.contains("tools") {
             return None;
         }
-        if source.contains("<tool_call>") {
+        if source.contains("<function=") && source.contains("<parameter=") {
+            Some(Self::Qwen3Coder)
+        } else if source.contains("<tool_call>") {
             Some(Self::Hermes)
         } else if source.contains("[TOOL_CALLS]") {
             Some(Self::Mistral)
@@ -91,6 +96,7 @@ mod tests {
             (ToolFormat::Mistral, r#"[TOOL_CALLS] [{"name": "a", "arguments": {"k": "v"}}, {"name": "b", "arguments": "{}"}]"#),
             (ToolFormat::Llama3Json, r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#),
             (ToolFormat::Hermes, "No calls at all, just < and <tool text.  "),
+            (ToolFormat::Qwen3Coder, "Let me look.\n<tool_call>\n<function=read>\n<parameter=path>\nsrc/a<b>.rs\n</parameter>\n<parameter=lines>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=list>\n</function>\n</tool_call>"),
         ];
         for (format, reply) in replies {
             let whole = format.parse(reply, 9);
@@ -134,6 +140,10 @@ mod tests {
             Some(ToolFormat::Hermes)
         );
         assert_eq!(ToolFormat::detect("<tool_call> without the list"), None);
+        assert_eq!(
+            ToolFormat::detect("{% if tools %}<tool_call>\n<function=x>\n<parameter=y>{% endif %}"),
+            Some(ToolFormat::Qwen3Coder)
+        );
         assert_eq!(
             ToolFormat::detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"),
             Some(ToolFormat::Mistral)

@@ -92,6 +92,9 @@ pub fn offered(
 /// writes it: a `<tool_call>` element (Hermes), a one-call `[TOOL_CALLS]` list (Mistral), or
 /// the reply as one object with `parameters` (Llama 3).
 fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
+    if format == ToolFormat::Qwen3Coder {
+        return xml_call(tools);
+    }
     let arguments_key = match format {
         ToolFormat::Llama3Json => "parameters",
         _ => "arguments",
@@ -121,6 +124,53 @@ fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
         _ => r#"start: "<tool_call>\n" call "\n</tool_call>""#,
     };
     Constraint::Lark(format!("{start}\ncall: %json {schema}"))
+}
+
+/// Qwen3-Coder's call of one of `tools`: a `<function=...>` element of its name, whose
+/// `<parameter=...>` elements name its parameters, any number in any order (required ones
+/// are the model's to give). Each value follows its schema's type: digits for integers and
+/// numbers, `true`/`false`, JSON of the schema for objects and arrays, and one line for
+/// strings and the rest (a grammar cannot look ahead for `</parameter>`, so a string may not
+/// span lines here, as it may when the model calls unforced). A tool without listed
+/// parameters takes any names, each value a line.
+fn xml_call(tools: &[&Value]) -> Constraint {
+    const LINE: &str = r"/([^\n<]|<[^\/\n])*/";
+    let quoted = |s: &str| Value::String(s.to_string()).to_string();
+    let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+    let mut rules = vec![format!(
+        r#"start: "<tool_call>\n" ({}) "</tool_call>""#,
+        calls.join(" | ")
+    )];
+    for (i, t) in tools.iter().enumerate() {
+        let f = &t["function"];
+        let name = f["name"].as_str().unwrap_or_default();
+        let props = f["parameters"]["properties"].as_object();
+        let mut params = Vec::new();
+        for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
+            let value = match schema["type"].as_str() {
+                Some("integer") => r"/-?[0-9]+/".to_string(),
+                Some("number") => r"/-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?/".to_string(),
+                Some("boolean") => r#""true" | "false""#.to_string(),
+                Some("object" | "array") => format!("%json {schema}"),
+                _ => LINE.to_string(),
+            };
+            let open = quoted(&format!("<parameter={key}>\n"));
+            rules.push(format!("p{i}_{j}: {open} ({value}) \"\\n</parameter>\\n\""));
+            params.push(format!("p{i}_{j}"));
+        }
+        if params.is_empty() {
+            rules.push(format!(
+                "p{i}_any: \"<parameter=\" /[A-Za-z_][A-Za-z0-9_]*/ \">\\n\" {LINE} \"\\n</parameter>\\n\""
+            ));
+            params.push(format!("p{i}_any"));
+        }
+        rules.push(format!(
+            "call{i}: {} ({})* \"</function>\\n\"",
+            quoted(&format!("<function={name}>\n")),
+            params.join(" | ")
+        ));
+    }
+    Constraint::Lark(rules.join("\n"))
 }
 
 /// A tool's parameter schema made to stand inside the schema of every call: its definitions

@@ -1,0 +1,91 @@
+//! Tool calls in Qwen3-Coder's format (`<function=...>` with `<parameter=...>` elements) over
+//! HTTP, on the real SmolLM2 weights with a template of that format
+//! (`tests/fixtures/templates/xml-tools.jinja`): a forced call is written, parsed and typed by
+//! the tool's schema, streamed as `delta.tool_calls` fragments that add up to the whole answer,
+//! and its result continues the conversation the server holds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use serde_json::{json, Value};
+
+use common::server::{post, start};
+
+fn template() -> String {
+    format!(
+        "{}/tests/fixtures/templates/xml-tools.jinja",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn xml_tool_calls_are_forced_typed_streamed_and_continued() {
+    let template = template();
+    let server = start(&["--chat-template", &template]);
+    let b = &server.base;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city over some days",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+            "days": {"type": "integer"}}, "required": ["city"]}}}]);
+    let question = json!({"role": "user", "content": "What is the weather in Paris?"});
+    let body = json!({"messages": [question], "tools": tools, "tool_choice": "required",
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{answer}"
+    );
+    let made = answer["choices"][0]["message"].clone();
+    let call = &made["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{made}");
+    let arguments = call["function"]["arguments"].as_str().unwrap();
+    let args: Value = serde_json::from_str(arguments).unwrap();
+    let keys: Vec<&String> = args.as_object().unwrap().keys().collect();
+    assert!(keys.iter().all(|k| *k == "city" || *k == "days"), "{made}");
+    // Typed by the schema: a city is a string whatever it reads as.
+    assert!(args.get("city").is_none_or(Value::is_string), "{made}");
+
+    // Streamed, the same call arrives as fragments of the same arguments.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = ureq::post(&format!("{b}/v1/chat/completions"))
+        .set("content-type", "application/json")
+        .send_string(&streamed.to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let (mut name, mut fragments) = (String::new(), String::new());
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        for d in chunk["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            name.push_str(d["function"]["name"].as_str().unwrap_or_default());
+            fragments.push_str(d["function"]["arguments"].as_str().unwrap_or_default());
+        }
+    }
+    assert_eq!(
+        (name.as_str(), fragments.as_str()),
+        ("get_weather", arguments),
+        "{text}"
+    );
+
+    // The result goes back; the history, the call as the template renders it, is cached.
+    let result = json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"});
+    let next = json!({"messages": [question, made, result], "tools": tools, "max_tokens": 8});
+    let (status, second) = post(b, "/v1/chat/completions", &next.to_string());
+    assert_eq!(status, 200, "{second}");
+    let usage = &second["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(cached > 100 && cached + 48 >= prompt, "{second}");
+}
