@@ -112,10 +112,11 @@ fn gguf_tensors(hf: &HashMap<String, Tensor>, dtype: GgmlDType) -> Vec<(String, 
 
 /// A GGUF file of `metadata` and `tensors`.
 fn write_gguf(
-    metadata: &[(&str, gguf_file::Value)],
+    metadata: &[(String, gguf_file::Value)],
     tensors: &[(String, QTensor)],
 ) -> tempfile::NamedTempFile {
-    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let md: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let file = tempfile::NamedTempFile::new().unwrap();
     gguf_file::write(&mut std::fs::File::create(file.path()).unwrap(), &md, &ts).unwrap();
@@ -128,25 +129,42 @@ fn gguf_file(
     per_token: u32,
     dtype: GgmlDType,
 ) -> tempfile::NamedTempFile {
-    use gguf_file::Value::{String as S, F32, U32};
-    let md = [
-        ("general.architecture", S("qwen3moe".into())),
-        ("qwen3moe.vocab_size", U32(300)),
-        ("qwen3moe.embedding_length", U32(256)),
-        ("qwen3moe.feed_forward_length", U32(512)),
-        ("qwen3moe.block_count", U32(LAYERS as u32)),
-        ("qwen3moe.attention.head_count", U32(4)),
-        ("qwen3moe.attention.head_count_kv", U32(2)),
-        ("qwen3moe.attention.key_length", U32(64)),
-        ("qwen3moe.attention.value_length", U32(64)),
-        ("qwen3moe.attention.layer_norm_rms_epsilon", F32(1e-6)),
-        ("qwen3moe.rope.freq_base", F32(1e6)),
-        ("qwen3moe.context_length", U32(256)),
-        ("qwen3moe.expert_count", U32(EXPERTS as u32)),
-        ("qwen3moe.expert_used_count", U32(per_token)),
-        ("qwen3moe.expert_feed_forward_length", U32(256)),
-    ];
+    use gguf_file::Value::{F32, U32};
+    let md = metadata(
+        "qwen3moe",
+        &[
+            ("attention.key_length", U32(64)),
+            ("attention.value_length", U32(64)),
+            ("attention.layer_norm_rms_epsilon", F32(1e-6)),
+            ("rope.freq_base", F32(1e6)),
+            ("expert_count", U32(EXPERTS as u32)),
+            ("expert_used_count", U32(per_token)),
+            ("expert_feed_forward_length", U32(256)),
+        ],
+    );
     write_gguf(&md, &gguf_tensors(hf, dtype))
+}
+
+/// The metadata of a GGUF file of architecture `arch` of the tests' shape (vocabulary 300,
+/// width 256, inner width 512, 4 heads over 2 KV heads, 256 positions), and `more` keys.
+fn metadata(arch: &str, more: &[(&str, gguf_file::Value)]) -> Vec<(String, gguf_file::Value)> {
+    use gguf_file::Value::{String as S, U32};
+    let mut md = vec![("general.architecture".to_string(), S(arch.into()))];
+    for (key, value) in [
+        ("vocab_size", U32(300)),
+        ("embedding_length", U32(256)),
+        ("feed_forward_length", U32(512)),
+        ("block_count", U32(LAYERS as u32)),
+        ("attention.head_count", U32(4)),
+        ("attention.head_count_kv", U32(2)),
+        ("context_length", U32(256)),
+    ]
+    .into_iter()
+    .chain(more.iter().cloned())
+    {
+        md.push((format!("{arch}.{key}"), value));
+    }
+    md
 }
 
 fn load_gguf(file: &tempfile::NamedTempFile, format: WeightFormat) -> Transformer {
@@ -209,7 +227,7 @@ fn a_mixture_of_experts_row_does_not_depend_on_its_batch() {
 /// `gate_up_proj` are.
 #[test]
 fn fused_gguf_projections_load_as_the_safetensors_checkpoint_of_the_same_weights() {
-    use gguf_file::Value::{String as S, F32, U32};
+    use gguf_file::Value::{F32, U32};
     let config = ModelConfig::from_hf_json(
         r#"{"architectures":["Phi3ForCausalLM"],"vocab_size":300,"hidden_size":256,
             "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,
@@ -240,19 +258,14 @@ fn fused_gguf_projections_load_as_the_safetensors_checkpoint_of_the_same_weights
             tensors.push((format!("blk.{l}.{gguf}.weight"), t));
         }
     }
-    let metadata = [
-        ("general.architecture", S("phi3".into())),
-        ("phi3.vocab_size", U32(300)),
-        ("phi3.embedding_length", U32(256)),
-        ("phi3.feed_forward_length", U32(512)),
-        ("phi3.block_count", U32(LAYERS as u32)),
-        ("phi3.attention.head_count", U32(4)),
-        ("phi3.attention.head_count_kv", U32(2)),
-        ("phi3.attention.layer_norm_rms_epsilon", F32(1e-5)),
-        ("phi3.attention.sliding_window", U32(2047)),
-        ("phi3.rope.freq_base", F32(1e4)),
-        ("phi3.context_length", U32(256)),
-    ];
+    let metadata = metadata(
+        "phi3",
+        &[
+            ("attention.layer_norm_rms_epsilon", F32(1e-5)),
+            ("attention.sliding_window", U32(2047)),
+            ("rope.freq_base", F32(1e4)),
+        ],
+    );
     let file = write_gguf(&metadata, &tensors);
     let gguf = load_gguf(&file, WeightFormat::F32);
     assert_eq!(gguf.config().layer_windows, config.layer_windows);

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::server::{client, post, server_exe, start};
+use common::server::{client, forced_call, post, server_exe, start};
 
 /// `--api-key` (here from its environment variable, as every flag can be given) guards the
 /// generation and tokenizer routes; probes and scrapers need no key.
@@ -256,19 +256,6 @@ fn several_choices_come_from_forks_a_client_may_continue() {
     }
 }
 
-/// The assistant message of a reply held to a tool call by `choice`, which must call one.
-fn forced_call(b: &str, messages: Value, tools: &Value, choice: Value) -> Value {
-    let body = json!({"messages": messages, "tools": tools, "tool_choice": choice,
-        "max_tokens": 64, "temperature": 0});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        answer["choices"][0]["finish_reason"], "tool_calls",
-        "{answer}"
-    );
-    answer["choices"][0]["message"].clone()
-}
-
 #[test]
 fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
@@ -436,7 +423,9 @@ fn vllm_guided_fields_hold_the_reply() {
     let ask = |extra: Value| {
         let mut body = json!({
             "messages": [{"role": "user", "content": "Is the sky blue? Answer in one word."}],
-            "max_tokens": 24,
+            // Greedy: sampled (the checkpoint's defaults), a JSON reply could take more
+            // than the 24 tokens to close.
+            "max_tokens": 24, "temperature": 0,
         });
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
@@ -460,7 +449,8 @@ fn vllm_guided_fields_hold_the_reply() {
     );
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
         "required": ["n"], "additionalProperties": false});
-    let object: Value = serde_json::from_str(&reply(json!({"guided_json": schema}))).unwrap();
+    let text = reply(json!({"guided_json": schema}));
+    let object: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
     assert!(object["n"].is_i64(), "{object}");
     let (status, answer) = ask(json!({"guided_regex": "a", "guided_choice": ["b"]}));
     assert_eq!(status, 400, "{answer}");

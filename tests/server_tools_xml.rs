@@ -10,7 +10,7 @@ mod common;
 
 use serde_json::{json, Value};
 
-use common::server::{post, start};
+use common::server::{forced_call, post, start};
 
 fn template() -> String {
     format!(
@@ -29,15 +29,7 @@ fn xml_tool_calls_are_forced_typed_streamed_and_continued() {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"},
             "days": {"type": "integer"}}, "required": ["city"]}}}]);
     let question = json!({"role": "user", "content": "What is the weather in Paris?"});
-    let body = json!({"messages": [question], "tools": tools, "tool_choice": "required",
-        "max_tokens": 64, "temperature": 0});
-    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        answer["choices"][0]["finish_reason"], "tool_calls",
-        "{answer}"
-    );
-    let made = answer["choices"][0]["message"].clone();
+    let made = forced_call(b, json!([question]), &tools, json!("required"));
     let call = &made["tool_calls"][0];
     assert_eq!(call["function"]["name"], "get_weather", "{made}");
     let arguments = call["function"]["arguments"].as_str().unwrap();
@@ -48,8 +40,8 @@ fn xml_tool_calls_are_forced_typed_streamed_and_continued() {
     assert!(args.get("city").is_none_or(Value::is_string), "{made}");
 
     // Streamed, the same call arrives as fragments of the same arguments.
-    let mut streamed = body.clone();
-    streamed["stream"] = json!(true);
+    let streamed = json!({"messages": [question], "tools": tools, "tool_choice": "required",
+        "max_tokens": 64, "temperature": 0, "stream": true});
     let text = ureq::post(&format!("{b}/v1/chat/completions"))
         .set("content-type", "application/json")
         .send_string(&streamed.to_string())

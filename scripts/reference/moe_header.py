@@ -10,7 +10,12 @@ Usage: python moe_header.py TOKENIZER_HEAD.gguf OUT.gguf [--layers N]
 """
 
 import argparse
+import os
 import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_replica import Reader  # noqa: E402  (the same header reader)
 
 # The published config of Qwen3-30B-A3B.
 CONFIG = {
@@ -29,34 +34,7 @@ CONFIG = {
 }
 F32, Q4_K, Q6_K = 0, 12, 14
 BLOCKS = {F32: (4, 1), Q4_K: (144, 256), Q6_K: (210, 256)}
-STRING, UINT32, FLOAT32, ARRAY = 8, 4, 6, 9
-SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-class Reader:
-    def __init__(self, data):
-        self.data, self.at = data, 0
-
-    def take(self, n):
-        out = self.data[self.at:self.at + n]
-        self.at += n
-        return out
-
-    def u32(self):
-        return struct.unpack("<I", self.take(4))[0]
-
-    def u64(self):
-        return struct.unpack("<Q", self.take(8))[0]
-
-    def skip_value(self, kind):
-        if kind == STRING:
-            self.take(self.u64())
-        elif kind == ARRAY:
-            inner, n = self.u32(), self.u64()
-            for _ in range(n):
-                self.skip_value(inner)
-        else:
-            self.take(SCALAR[kind])
+STRING, UINT32, FLOAT32 = 8, 4, 6
 
 
 def tokenizer_entries(path):

@@ -24,6 +24,7 @@ mod ffn;
 mod gguf;
 mod load;
 mod names;
+mod random;
 
 use ffn::Ffn;
 

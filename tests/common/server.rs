@@ -192,3 +192,17 @@ pub fn histogram(base: &str, name: &str) -> Vec<(f64, f64)> {
     let buckets = found.unwrap_or_else(|| panic!("no histogram {name}"));
     buckets.iter().map(|b| (b.less_than, b.count)).collect()
 }
+
+/// The assistant message of a chat answer whose reply `tool_choice` held to a call, checked to
+/// have ended with its calls.
+pub fn forced_call(base: &str, messages: Value, tools: &Value, choice: Value) -> Value {
+    let body = serde_json::json!({"messages": messages, "tools": tools, "tool_choice": choice,
+        "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(base, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{answer}"
+    );
+    answer["choices"][0]["message"].clone()
+}
