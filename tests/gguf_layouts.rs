@@ -180,9 +180,14 @@ fn stacked_gguf_experts_load_as_the_safetensors_checkpoint_of_the_same_weights()
     let file = gguf_file(&hf, 2, GgmlDType::F32);
     let gguf = load_gguf(&file, WeightFormat::F32);
     assert_eq!(gguf.config().experts, config.experts);
+    assert_same_logits(&gguf, config, hf);
+}
+
+/// `gguf` (f32 tensors) computes what the safetensors checkpoint `hf` of `config` does.
+fn assert_same_logits(gguf: &Transformer, config: ModelConfig, hf: HashMap<String, Tensor>) {
     let reference =
         Transformer::from_hf_tensors(config, hf, WeightFormat::F32, &Device::Cpu).unwrap();
-    let (diff, scale) = max_diff(&logits(&gguf, 0), &logits(&reference, 0));
+    let (diff, scale) = max_diff(&logits(gguf, 0), &logits(&reference, 0));
     assert!(
         scale > 0.1 && diff <= 1e-5 * scale,
         "{diff} (scale {scale})"
@@ -269,11 +274,5 @@ fn fused_gguf_projections_load_as_the_safetensors_checkpoint_of_the_same_weights
     let file = write_gguf(&metadata, &tensors);
     let gguf = load_gguf(&file, WeightFormat::F32);
     assert_eq!(gguf.config().layer_windows, config.layer_windows);
-    let reference =
-        Transformer::from_hf_tensors(config, hf, WeightFormat::F32, &Device::Cpu).unwrap();
-    let (diff, scale) = max_diff(&logits(&gguf, 0), &logits(&reference, 0));
-    assert!(
-        scale > 0.1 && diff <= 1e-5 * scale,
-        "{diff} (scale {scale})"
-    );
+    assert_same_logits(&gguf, config, hf);
 }
