@@ -16,6 +16,7 @@ use super::reasoning::partial_tag;
 use super::tools::ToolFormat;
 use crate::message::ToolCall;
 
+mod named;
 mod xml;
 
 /// What a streamed reply adds, told apart.
@@ -50,6 +51,8 @@ enum Phase {
     Call(Scan),
     /// Inside a Qwen3-Coder call's `<function=...>` element.
     Xml(xml::XmlCall),
+    /// A `[TOOL_CALLS]NAME[ARGS]{...}` call: its name, then its arguments' object.
+    Named(named::NamedCall),
     /// Hermes: after a call's object, until `</tool_call>`.
     Closing,
     /// The calls are over: anything but whitespace after them makes them malformed.
@@ -142,7 +145,7 @@ impl ToolStream {
                     out.push(ToolDelta::Text(rest));
                 }
             }
-            Phase::Call(_) | Phase::Xml(_) => self.malformed = true,
+            Phase::Call(_) | Phase::Xml(_) | Phase::Named(_) => self.malformed = true,
             // A reply cut off before `</tool_call>` still made its call.
             Phase::Closing | Phase::Between | Phase::Done => {}
         }
@@ -190,6 +193,7 @@ impl ToolStream {
                 true
             }
             Phase::Xml(_) => self.xml_step(out),
+            Phase::Named(_) => self.named_step(out),
             Phase::Closing => match self.held.find(HERMES_CLOSE) {
                 Some(at) => {
                     self.held.drain(..at + HERMES_CLOSE.len());
@@ -212,7 +216,7 @@ impl ToolStream {
     fn text_step(&mut self, out: &mut Vec<ToolDelta>) -> bool {
         let open = match self.format {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => HERMES_OPEN,
-            ToolFormat::Mistral => MISTRAL_OPEN,
+            ToolFormat::Mistral | ToolFormat::MistralArgs => MISTRAL_OPEN,
             ToolFormat::Llama3Json => return self.llama_start(),
         };
         let (send, next) = match self.held.find(open) {
@@ -241,6 +245,7 @@ impl ToolStream {
         match self.format {
             ToolFormat::Hermes => Phase::Call(Scan::default()),
             ToolFormat::Qwen3Coder => Phase::Xml(xml::XmlCall::default()),
+            ToolFormat::MistralArgs => Phase::Named(named::NamedCall::default()),
             _ => Phase::Between,
         }
     }
@@ -270,19 +275,24 @@ impl ToolStream {
         }
     }
 
-    /// Between calls: Hermes and Qwen3-Coder skip to the next opener; Mistral reads its
-    /// array's punctuation.
+    /// Between calls: Hermes, Qwen3-Coder and Mistral's named calls skip to the next opener;
+    /// Mistral's list reads its array's punctuation.
     fn between_step(&mut self) -> bool {
-        if matches!(self.format, ToolFormat::Hermes | ToolFormat::Qwen3Coder) {
+        let opener = match self.format {
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder => Some(HERMES_OPEN),
+            ToolFormat::MistralArgs => Some(MISTRAL_OPEN),
+            _ => None,
+        };
+        if let Some(open) = opener {
             // Text after the first call is not the reply's content: it is skipped.
-            return match self.held.find(HERMES_OPEN) {
+            return match self.held.find(open) {
                 Some(at) => {
-                    self.held.drain(..at + HERMES_OPEN.len());
+                    self.held.drain(..at + open.len());
                     self.phase = self.call_phase();
                     true
                 }
                 None => {
-                    let keep = partial_tag(&self.held, HERMES_OPEN);
+                    let keep = partial_tag(&self.held, open);
                     self.held.drain(..self.held.len() - keep);
                     false
                 }

@@ -10,6 +10,9 @@ pub enum ToolFormat {
     Hermes,
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral).
     Mistral,
+    /// `[TOOL_CALLS]NAME[ARGS]{...}`, the opener before each call (Mistral's templates from
+    /// tokenizer v11: Mistral Small 3.2, Devstral, Magistral).
+    MistralArgs,
     /// A reply that is one JSON object `{"name": ..., "parameters": {...}}`, possibly after
     /// `<|python_tag|>` (Llama 3.1 to 3.3).
     Llama3Json,
@@ -29,6 +32,8 @@ impl ToolFormat {
             Some(Self::Qwen3Coder)
         } else if source.contains("<tool_call>") {
             Some(Self::Hermes)
+        } else if source.contains("[TOOL_CALLS]") && source.contains("[ARGS]") {
+            Some(Self::MistralArgs)
         } else if source.contains("[TOOL_CALLS]") {
             Some(Self::Mistral)
         } else if source.contains("<|start_header_id|>") && source.contains("parameters") {
@@ -69,6 +74,19 @@ mod tests {
         assert_eq!((text.as_str(), calls[0].name.as_str()), ("", "time"));
         // Arguments given as a JSON string are its contents.
         assert_eq!(calls[1].arguments, r#"{"zone": "UTC"}"#);
+        let named = r#"On it.[TOOL_CALLS]time[ARGS]{"zone": "UTC"}[TOOL_CALLS]date[ARGS]{}"#;
+        let (text, calls) = ToolFormat::MistralArgs.parse(named, 1).unwrap();
+        assert_eq!(text, "On it.");
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [("time", r#"{"zone": "UTC"}"#), ("date", "{}")]
+        );
+        assert!(ToolFormat::MistralArgs
+            .parse("[TOOL_CALLS]time[ARGS]{\"zone\": ", 1)
+            .is_none());
         let llama = r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#;
         let (_, calls) = ToolFormat::Llama3Json.parse(llama, 1).unwrap();
         assert_eq!(calls[0].arguments, r#"{"zone": "UTC"}"#);
@@ -96,6 +114,7 @@ mod tests {
             (ToolFormat::Mistral, r#"[TOOL_CALLS] [{"name": "a", "arguments": {"k": "v"}}, {"name": "b", "arguments": "{}"}]"#),
             (ToolFormat::Llama3Json, r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#),
             (ToolFormat::Hermes, "No calls at all, just < and <tool text.  "),
+            (ToolFormat::MistralArgs, r#"Sure.[TOOL_CALLS]weather[ARGS]{"city": "Pa}ris", "days": [1, {"a": 2}]}[TOOL_CALLS]time[ARGS]{}"#),
             (ToolFormat::Qwen3Coder, "Let me look.\n<tool_call>\n<function=read>\n<parameter=path>\nsrc/a<b>.rs\n</parameter>\n<parameter=lines>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=list>\n</function>\n</tool_call>"),
         ];
         for (format, reply) in replies {
@@ -140,6 +159,10 @@ mod tests {
             Some(ToolFormat::Hermes)
         );
         assert_eq!(ToolFormat::detect("<tool_call> without the list"), None);
+        assert_eq!(
+            ToolFormat::detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]x[ARGS]"),
+            Some(ToolFormat::MistralArgs)
+        );
         assert_eq!(
             ToolFormat::detect("{% if tools %}<tool_call>\n<function=x>\n<parameter=y>{% endif %}"),
             Some(ToolFormat::Qwen3Coder)

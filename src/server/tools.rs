@@ -92,8 +92,10 @@ pub fn offered(
 /// writes it: a `<tool_call>` element (Hermes), a one-call `[TOOL_CALLS]` list (Mistral), or
 /// the reply as one object with `parameters` (Llama 3).
 fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
-    if format == ToolFormat::Qwen3Coder {
-        return xml_call(tools);
+    match format {
+        ToolFormat::Qwen3Coder => return xml_call(tools),
+        ToolFormat::MistralArgs => return named_call(tools),
+        _ => {}
     }
     let arguments_key = match format {
         ToolFormat::Llama3Json => "parameters",
@@ -124,6 +126,27 @@ fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
         _ => r#"start: "<tool_call>\n" call "\n</tool_call>""#,
     };
     Constraint::Lark(format!("{start}\ncall: %json {schema}"))
+}
+
+/// Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` call of one of `tools`, its arguments of the
+/// tool's schema.
+fn named_call(tools: &[&Value]) -> Constraint {
+    let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+    let mut rules = vec![format!(r#"start: "[TOOL_CALLS]" ({})"#, calls.join(" | "))];
+    for (i, t) in tools.iter().enumerate() {
+        let f = &t["function"];
+        let mut defs = serde_json::Map::new();
+        let mut schema = match &f["parameters"] {
+            Value::Null => json!({"type": "object"}),
+            p => hoist(p, &format!("tool{i}"), &mut defs),
+        };
+        if !defs.is_empty() {
+            schema["$defs"] = Value::Object(defs);
+        }
+        let name = format!("{}[ARGS]", f["name"].as_str().unwrap_or_default());
+        rules.push(format!("call{i}: {} %json {schema}", Value::String(name)));
+    }
+    Constraint::Lark(rules.join("\n"))
 }
 
 /// Qwen3-Coder's call of one of `tools`: a `<function=...>` element of its name, whose

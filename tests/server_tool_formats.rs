@@ -1,8 +1,9 @@
-//! Tool calls in Qwen3-Coder's format (`<function=...>` with `<parameter=...>` elements) over
-//! HTTP, on the real SmolLM2 weights with a template of that format
-//! (`tests/fixtures/templates/xml-tools.jinja`): a forced call is written, parsed and typed by
-//! the tool's schema, streamed as `delta.tool_calls` fragments that add up to the whole answer,
-//! and its result continues the conversation the server holds.
+//! Tool calls in the formats whose calls are not one JSON object with a name, over HTTP on the
+//! real SmolLM2 weights with a template of each (`tests/fixtures/templates`): Qwen3-Coder's
+//! `<function=...>` with `<parameter=...>` elements (`xml-tools.jinja`) and Mistral's
+//! `[TOOL_CALLS]NAME[ARGS]{...}` (`named-tools.jinja`). A forced call is written, parsed (and
+//! typed by the tool's schema), streamed as `delta.tool_calls` fragments that add up to the
+//! whole answer, and its result continues the conversation the server holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -12,16 +13,25 @@ use serde_json::{json, Value};
 
 use common::server::{forced_call, post, start};
 
-fn template() -> String {
+fn template(name: &str) -> String {
     format!(
-        "{}/tests/fixtures/templates/xml-tools.jinja",
+        "{}/tests/fixtures/templates/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
 }
 
 #[test]
 fn xml_tool_calls_are_forced_typed_streamed_and_continued() {
-    let template = template();
+    forced_streamed_and_continued("xml-tools.jinja");
+}
+
+#[test]
+fn named_tool_calls_are_forced_streamed_and_continued() {
+    forced_streamed_and_continued("named-tools.jinja");
+}
+
+fn forced_streamed_and_continued(template_file: &str) {
+    let template = template(template_file);
     let server = start(&["--chat-template", &template]);
     let b = &server.base;
     let tools = json!([{"type": "function", "function": {"name": "get_weather",

@@ -1,0 +1,113 @@
+//! Mistral's calls from tokenizer v11 on: `[TOOL_CALLS]NAME[ARGS]{...}`, the opener before
+//! each call, the function's name as text and its arguments as one JSON object, streamed as the
+//! model writes it.
+
+use super::{call_id, Phase, ToolDelta, ToolStream};
+use crate::message::ToolCall;
+
+const ARGS: &str = "[ARGS]";
+
+/// A call as it is read: its name once `[ARGS]` ends it, then its arguments' object.
+#[derive(Clone, Debug, Default)]
+pub(super) struct NamedCall {
+    name: Option<String>,
+    /// The arguments' text so far (sent as it grows).
+    arguments: String,
+    depth: u32,
+    in_str: bool,
+    escaped: bool,
+}
+
+impl ToolStream {
+    /// One move inside a call; false when it needs more input.
+    pub(super) fn named_step(&mut self, out: &mut Vec<ToolDelta>) -> bool {
+        let Phase::Named(call) = &mut self.phase else {
+            return false;
+        };
+        let index = self.calls.len();
+        if call.name.is_none() {
+            let Some(at) = self.held.find(ARGS) else {
+                return false;
+            };
+            let name = self.held[..at].trim().to_string();
+            let valid = !name.is_empty() && !name.contains(char::is_whitespace);
+            self.held.drain(..at + ARGS.len());
+            if !valid {
+                self.malformed = true;
+                self.phase = Phase::Done;
+                return true;
+            }
+            out.push(ToolDelta::Call {
+                index,
+                id: call_id(self.seed, index),
+                name: name.clone(),
+            });
+            call.name = Some(name);
+            return true;
+        }
+        if call.arguments.is_empty() {
+            let lead = self.held.len() - self.held.trim_start().len();
+            self.held.drain(..lead);
+            match self.held.chars().next() {
+                None => return false,
+                Some('{') => {}
+                Some(_) => {
+                    self.malformed = true;
+                    self.phase = Phase::Done;
+                    return true;
+                }
+            }
+        }
+        let mut used = self.held.len();
+        let mut closed = false;
+        for (at, c) in self.held.char_indices() {
+            if call.take(c) {
+                used = at + c.len_utf8();
+                closed = true;
+                break;
+            }
+        }
+        let fragment: String = self.held.drain(..used).collect();
+        call.arguments.push_str(&fragment);
+        if !fragment.is_empty() {
+            out.push(ToolDelta::Arguments { index, fragment });
+        }
+        if !closed {
+            return false;
+        }
+        let valid = serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok();
+        self.calls.push(ToolCall {
+            id: call_id(self.seed, index),
+            name: call.name.take().unwrap_or_default(),
+            arguments: std::mem::take(&mut call.arguments),
+        });
+        self.malformed |= !valid;
+        self.phase = Phase::Between;
+        true
+    }
+}
+
+impl NamedCall {
+    /// Takes the arguments' next character; true when it closes their object.
+    fn take(&mut self, c: char) -> bool {
+        if self.in_str {
+            match (self.escaped, c) {
+                (true, _) => self.escaped = false,
+                (false, '\\') => self.escaped = true,
+                (false, '"') => self.in_str = false,
+                _ => {}
+            }
+            return false;
+        }
+        match c {
+            '"' => self.in_str = true,
+            '{' | '[' => self.depth += 1,
+            '}' | ']' => {
+                self.depth = self.depth.saturating_sub(1);
+                return self.depth == 0;
+            }
+            _ => {}
+        }
+        false
+    }
+}
