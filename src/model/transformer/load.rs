@@ -160,7 +160,7 @@ impl Transformer {
             content,
             reader: RefCell::new(reader),
             device,
-            packed: format == WeightFormat::Packed && device.is_cpu(),
+            packed: packs(format, device),
         };
         if content.tensor_infos.contains_key(ROPE_FREQS) {
             let factors = file.qtensor(ROPE_FREQS)?.dequantize(&Device::Cpu)?;
@@ -265,7 +265,7 @@ impl Transformer {
         let f32 = |t: Tensor| Ok(t.to_dtype(DType::F32)?);
         let g = Scheme::Hf.globals();
         let embed = take(g.embed)?;
-        let packed = format == WeightFormat::Packed && device.is_cpu();
+        let packed = packs(format, device);
         let (embed, lm_head) = match (packed, config.tie_word_embeddings) {
             (true, true) => (Embedding::Packed(None), linear_from_tensor(embed, format)?),
             (true, false) => (
@@ -400,6 +400,21 @@ fn activation_dtype(format: WeightFormat, device: &Device) -> DType {
     } else {
         DType::F32
     }
+}
+
+/// Whether `format` keeps the weights packed on `device`. The packed kernel is the CPU's:
+/// elsewhere the weights are held as f32, and a warning says so (a quantized file then takes
+/// 4-8x its bytes on the device; issue 43 keeps them in their own codes there).
+fn packs(format: WeightFormat, device: &Device) -> bool {
+    let packed = format == WeightFormat::Packed;
+    if packed && !device.is_cpu() {
+        tracing::warn!(
+            ?device,
+            "the packed weight format runs on the CPU: the weights are held as f32 on this \
+             device (4-8x a quantized file's bytes); --format f16 halves that"
+        );
+    }
+    packed && device.is_cpu()
 }
 
 /// A candle linear layer of `q` in `format` (the packed format off the CPU: f32).
