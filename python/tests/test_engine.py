@@ -120,3 +120,13 @@ def test_bad_input_raises_the_exception_of_its_kind_and_the_engine_serves_on(eng
     # Nothing of the above harmed the conversation or the engine.
     assert chat.ask("Hi", max_tokens=4).text
     assert engine.stats().turns_finished > 0
+
+
+def test_wait_reads_the_rest_or_times_out_leaving_the_turn_running(engine):
+    stream = engine.open().send("Write a long story.", max_tokens=120, ignore_eos=True)
+    with pytest.raises(TimeoutError):
+        stream.wait(timeout=0.01)
+    assert stream.finish_reason is None
+    text = stream.wait()
+    assert text == stream.text and stream.finish_reason == "length"
+    assert len(stream.tokens) == 120
