@@ -60,6 +60,14 @@ impl Core {
         async move { (service.with_engine(|e| e.stored_conversations()).await).map_err(raise) }
     }
 
+    fn tokenize(&self, text: &str, add_special: bool) -> PyResult<Vec<u32>> {
+        (self.service.model().encode_prompt(text, add_special)).map_err(raise)
+    }
+
+    fn detokenize(&self, tokens: Vec<u32>) -> PyResult<String> {
+        self.service.model().decode(&tokens).map_err(raise)
+    }
+
     fn stats(&self) -> EngineStats {
         let s = self.service.stats();
         let e = &s.engine;
@@ -185,6 +193,19 @@ impl Engine {
         self.0.stats()
     }
 
+    /// Token ids of a raw prompt, with the begin token (and end token) where the vocabulary
+    /// asks for them unless `add_special` is false; a turn of them continues the text as a
+    /// base model does (`Conversation.send(ids)`).
+    #[pyo3(signature = (text, add_special=true))]
+    fn tokenize(&self, text: &str, add_special: bool) -> PyResult<Vec<u32>> {
+        self.0.tokenize(text, add_special)
+    }
+
+    /// The text of token ids.
+    fn detokenize(&self, tokens: Vec<u32>) -> PyResult<String> {
+        self.0.detokenize(tokens)
+    }
+
     /// Cancels what runs, writes what the store was promised and stops the engine.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         block_on(py, self.0.shutdown())
@@ -247,6 +268,19 @@ impl AsyncEngine {
     /// The engine's totals and state.
     fn stats(&self) -> EngineStats {
         self.0.stats()
+    }
+
+    /// Token ids of a raw prompt, with the begin token (and end token) where the vocabulary
+    /// asks for them unless `add_special` is false; a turn of them continues the text as a
+    /// base model does (`Conversation.send(ids)`).
+    #[pyo3(signature = (text, add_special=true))]
+    fn tokenize(&self, text: &str, add_special: bool) -> PyResult<Vec<u32>> {
+        self.0.tokenize(text, add_special)
+    }
+
+    /// The text of token ids.
+    fn detokenize(&self, tokens: Vec<u32>) -> PyResult<String> {
+        self.0.detokenize(tokens)
     }
 
     /// Stops the engine (see `Engine.shutdown`).

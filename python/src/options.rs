@@ -171,16 +171,21 @@ pub fn opening(
     Ok(options)
 }
 
-/// A turn: a user's text, or messages (OpenAI's dicts: tool results, several at once).
+/// A turn: a user's text, messages (OpenAI's dicts: tool results, several at once), or token
+/// ids.
 pub fn turn(content: &Bound<'_, PyAny>) -> PyResult<Turn> {
     if let Ok(text) = content.cast::<PyString>() {
         return Ok(Turn::user(text.to_string()));
     }
-    if content.cast::<PyList>().is_ok() {
+    if let Ok(list) = content.cast::<PyList>() {
+        // Token ids (`Engine.tokenize`'s): a raw prompt, as a base model continues text.
+        if !list.is_empty() && list.iter().all(|x| x.extract::<u32>().is_ok()) {
+            return Ok(Turn::Tokens(content.extract()?));
+        }
         let messages: Vec<Message> = from_python(content, "messages")?;
         return Ok(Turn::Messages(messages));
     }
     Err(PyTypeError::new_err(
-        "a turn is a str (the user's text) or a list of message dicts",
+        "a turn is a str (the user's text), a list of message dicts, or a list of token ids",
     ))
 }

@@ -130,3 +130,15 @@ def test_wait_reads_the_rest_or_times_out_leaving_the_turn_running(engine):
     text = stream.wait()
     assert text == stream.text and stream.finish_reason == "length"
     assert len(stream.tokens) == 120
+
+
+def test_token_ids_are_a_raw_prompt_a_base_model_continues(engine):
+    ids = engine.tokenize("The capital of France is")
+    assert engine.detokenize(ids).endswith("The capital of France is")
+    plain = engine.tokenize("The capital of France is", add_special=False)
+    # The same text's tokens, after the begin token where the vocabulary asks for one.
+    assert ids[len(ids) - len(plain):] == plain
+    chat = engine.open()
+    reply = chat.ask(ids, max_tokens=4)
+    assert reply.stats.prompt_tokens == len(ids) and reply.stats.output_tokens == 4
+    assert chat.tokens()[: len(ids)] == ids
