@@ -146,3 +146,41 @@ fn real_model_a_turn_after_thoughts_feeds_the_tokens_a_fresh_server_feeds() {
         "{out}"
     );
 }
+
+#[test]
+fn real_model_thoughts_are_reasoning_items_of_responses_and_leave_the_stored_conversation() {
+    let args = [
+        "--chat-template",
+        "tests/fixtures/templates/chatml-think.jinja",
+        "--reasoning-parser",
+        "qwen3",
+    ];
+    let server = start(&args);
+    let out = client(&server.base, &["responses_reasoning"]);
+    let first = &out["first"];
+    let thought = first["reasoning"].as_str().unwrap();
+    let answer = first["content"].as_str().unwrap();
+    assert!(!thought.is_empty() && !thought.contains("think>"), "{out}");
+    assert!(!answer.is_empty() && !answer.contains("think>"), "{out}");
+    assert_eq!(
+        first["kinds"],
+        serde_json::json!(["reasoning", "message"]),
+        "{out}"
+    );
+    // The thought's tokens are counted apart: some, not all, of the reply's.
+    let (reasoning, output) = (&first["usage"]["reasoning"], &first["usage"]["output"]);
+    assert!(reasoning.as_u64().unwrap() > 4, "{out}");
+    assert!(reasoning.as_u64() < output.as_u64(), "{out}");
+    // Streamed: the same split, the thought's deltas before the answer's.
+    assert_eq!(out["streamed"]["reasoning"], first["reasoning"], "{out}");
+    assert_eq!(out["streamed"]["content"], first["content"], "{out}");
+    assert!(out["streamed"]["order_ok"].as_bool().unwrap(), "{out}");
+    // The next response read the stored conversation from the cache and answered as the
+    // history sent whole with the answer only does, token for token.
+    let (next, resent) = (&out["next"], &out["resent"]);
+    let cached = next["usage"]["cached"].as_u64().unwrap();
+    let before = first["usage"]["input"].as_u64().unwrap();
+    assert!(cached > 0 && cached + 32 >= before, "{out}");
+    assert_eq!(next["content"], resent["content"], "{out}");
+    assert_eq!(next["usage"]["input"], resent["usage"]["input"], "{out}");
+}

@@ -7,6 +7,8 @@ Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL reasoning FRESH_BASE_URL
        server_client.py BASE_URL agent
        server_client.py BASE_URL responses FLEET_BASE_URL
+       server_client.py BASE_URL responses_agent
+       server_client.py BASE_URL responses_reasoning
 """
 
 import json
@@ -260,6 +262,86 @@ def agent(base):
     return {"steps": steps}
 
 
+def response_usage(r):
+    return {"input": r.usage.input_tokens, "output": r.usage.output_tokens,
+            "cached": r.usage.input_tokens_details.cached_tokens,
+            "reasoning": r.usage.output_tokens_details.reasoning_tokens}
+
+
+def response_calls(r):
+    return [{"call_id": o.call_id, "name": o.name, "arguments": o.arguments}
+            for o in r.output if o.type == "function_call"]
+
+
+def responses_agent(base):
+    """A coding agent's loop on the Responses API: each turn streamed and made to call a tool,
+    the next sending only the call's output and naming the response before; each turn also
+    asked whole (the same request, not stored) to compare; the last response retrieved."""
+    c = client(base)
+    tools = [{"type": "function", **t["function"]} for t in AGENT_TOOLS]
+    args = dict(model=MODEL, tools=tools, tool_choice="required", max_output_tokens=128,
+                temperature=0)
+    request = dict(instructions="You are a coding agent. Use the tools.",
+                   input="The tests in main.py fail. Fix the bug.")
+    steps, completed = [], None
+    for step in range(3):
+        events, fragments, arguments = [], 0, ""
+        for event in c.responses.create(stream=True, **request, **args):
+            events.append(event.type)
+            if event.type == "response.function_call_arguments.delta":
+                fragments += 1
+                arguments += event.delta
+            if event.type == "response.completed":
+                completed = event.response
+        whole = c.responses.create(store=False, **request, **args)
+        calls = response_calls(completed)
+        steps.append({"events": events, "fragments": fragments, "arguments": arguments,
+                      "calls": calls, "whole": response_calls(whole),
+                      "usage": response_usage(completed)})
+        request = dict(previous_response_id=completed.id, input=[
+            {"type": "function_call_output", "call_id": calls[0]["call_id"],
+             "output": f"result {step}: def add(a, b): return a - b"}])
+    return {"steps": steps, "retrieved": response_calls(c.responses.retrieve(completed.id))}
+
+
+def responses_reasoning(base):
+    """A thinking model's responses (forced into shape by a regex): the thought as a reasoning
+    item, whole and streamed; then the next response naming the first, and the same history
+    sent whole with the answer only (not stored), as clients that keep it do."""
+    c = client(base)
+    shape = r"<think>\n[a-z ]{6,20}\n</think>\n\n[A-Za-z ]{4,20}"
+    args = dict(model=MODEL, temperature=0, max_output_tokens=80,
+                extra_body={"guided_regex": shape})
+    # Instructions long enough that the first turn's prompt fills whole KV blocks, which a
+    # response continuing it shares by content.
+    system = ("You are a friendly assistant. Think about what the user wants first, then "
+              "answer in a few plain words, without lists, code or quotes.")
+    args["instructions"] = system
+    first = c.responses.create(input="Say hello.", **args)
+    thought = "".join(part.text for o in first.output if o.type == "reasoning"
+                      for part in o.content or [])
+    streamed = {"reasoning": "", "content": "", "order_ok": True}
+    for event in c.responses.create(input="Say hello.", stream=True, **args):
+        if event.type == "response.reasoning_text.delta":
+            streamed["order_ok"] &= not streamed["content"]
+            streamed["reasoning"] += event.delta
+        if event.type == "response.output_text.delta":
+            streamed["content"] += event.delta
+    after = c.responses.create(input="And goodbye?", previous_response_id=first.id, **args)
+    resent = c.responses.create(store=False, input=[
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And goodbye?"},
+    ], **args)
+    return {
+        "first": {"reasoning": thought, "content": first.output_text,
+                  "kinds": [o.type for o in first.output], "usage": response_usage(first)},
+        "streamed": streamed,
+        "next": {"content": after.output_text, "usage": response_usage(after)},
+        "resent": {"content": resent.output_text, "usage": response_usage(resent)},
+    }
+
+
 def responses(base, fleet_base):
     """The Responses API: a response, the next naming it and sending only its new input, one
     streamed, one retrieved, the same history sent whole (stateless, not stored), a
@@ -290,6 +372,10 @@ def responses(base, fleet_base):
     ], **args)
     fleet = client(fleet_base).responses.create(
         input="And of Germany?", previous_response_id=second.id, **args)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    structured = c.responses.create(input="Pick a number.", store=False, text={"format": {
+        "type": "json_schema", "name": "pick", "schema": schema, "strict": True}}, **args)
     retrieved = c.responses.retrieve(second.id)
     deleted = c.responses.delete(first.id)
     try:
@@ -308,6 +394,8 @@ def responses(base, fleet_base):
         "stateless": {"text": stateless.output_text, "usage": usage(stateless)},
         "fleet": {"text": fleet.output_text, "usage": usage(fleet)},
         "retrieved": retrieved.output_text,
+        "structured": structured.output_text,
+        "structured_format": structured.text.format.type,
         "deleted": deleted is None or getattr(deleted, "deleted", True),
         "gone": gone,
     }
@@ -322,6 +410,8 @@ def main():
         "reasoning": reasoning,
         "agent": agent,
         "responses": responses,
+        "responses_agent": responses_agent,
+        "responses_reasoning": responses_reasoning,
     }
     result = commands[cmd](base, *rest)
     print(json.dumps(result))

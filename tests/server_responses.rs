@@ -7,7 +7,22 @@
 
 mod common;
 
-use common::server::{client, fleet};
+use common::server::{client, fleet, start};
+use serde_json::Value;
+
+/// A stream's event types, checked to open with the response's creation and close with its
+/// completion.
+fn framed_events<'a>(events: &'a Value, out: &Value) -> Vec<&'a str> {
+    let events: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(events.first(), Some(&"response.created"), "{out}");
+    assert_eq!(events.last(), Some(&"response.completed"), "{out}");
+    events
+}
 
 #[test]
 fn real_model_responses_continue_stored_conversations_across_a_fleet() {
@@ -30,14 +45,7 @@ fn real_model_responses_continue_stored_conversations_across_a_fleet() {
     // Streamed: the deltas add up to the response, between its first and last events.
     let streamed = &out["streamed"];
     assert_eq!(streamed["text"], streamed["completed"], "{out}");
-    let events: Vec<&str> = streamed["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect();
-    assert_eq!(events.first(), Some(&"response.created"), "{out}");
-    assert_eq!(events.last(), Some(&"response.completed"), "{out}");
+    let events = framed_events(&streamed["events"], &out);
     assert!(events.contains(&"response.output_text.delta"), "{out}");
     assert!(streamed["usage"]["cached"].as_u64().unwrap() > 0, "{out}");
     // The other server of the fleet continued the second response from the shared store.
@@ -45,7 +53,52 @@ fn real_model_responses_continue_stored_conversations_across_a_fleet() {
     assert!(!fleet["text"].as_str().unwrap().is_empty(), "{out}");
     assert!(fleet["usage"]["cached"].as_u64().unwrap() > 0, "{out}");
     assert_eq!(out["retrieved"], second["text"], "{out}");
+    // `text.format` holds the reply to a schema, and is echoed.
+    let structured = out["structured"].as_str().unwrap();
+    let number: Value = serde_json::from_str(structured).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(number["n"].is_i64(), "{out}");
+    assert_eq!(out["structured_format"], "json_schema", "{out}");
     // Deleted, a response is no longer found.
     assert_eq!(out["deleted"], true, "{out}");
     assert_eq!(out["gone"], true, "{out}");
+}
+
+#[test]
+fn real_model_an_agent_s_tool_calls_stream_as_response_items_on_the_stored_conversation() {
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let out = client(&server.base, &["responses_agent"]);
+    let steps = out["steps"].as_array().unwrap();
+    for (i, step) in steps.iter().enumerate() {
+        let events = framed_events(&step["events"], &out);
+        assert!(events.contains(&"response.output_item.added"), "{out}");
+        assert!(
+            events.contains(&"response.function_call_arguments.done"),
+            "{out}"
+        );
+        // The call streamed as it was written: its arguments in pieces adding up to JSON...
+        let call = &step["calls"][0];
+        assert!(
+            call["call_id"].as_str().unwrap().starts_with("call_"),
+            "{out}"
+        );
+        assert!(step["fragments"].as_u64().unwrap() >= 2, "step {i}: {out}");
+        assert_eq!(step["arguments"], call["arguments"], "step {i}: {out}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("step {i}: {e}: {out}"));
+        assert!(args["path"].is_string(), "step {i}: {out}");
+        // ...and is the call the same request makes whole.
+        assert_eq!(call["name"], step["whole"][0]["name"], "step {i}: {out}");
+        assert_eq!(
+            call["arguments"], step["whole"][0]["arguments"],
+            "step {i}: {out}"
+        );
+        // Each response after the first continued the stored conversation: its history,
+        // calls and outputs included, came from the cache.
+        if i > 0 {
+            let before = steps[i - 1]["usage"]["input"].as_u64().unwrap();
+            let cached = step["usage"]["cached"].as_u64().unwrap();
+            assert!(cached + 32 >= before && cached > 0, "step {i}: {out}");
+        }
+    }
+    assert_eq!(out["retrieved"], steps[2]["calls"], "{out}");
 }

@@ -433,14 +433,7 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
         let format = s.tokens.template().and_then(|t| t.tool_format());
         let choice = request.tool_choice.as_ref();
         let (tools, forced) = tools::offered(&request.tools, choice, format)?;
-        if forced.is_some() {
-            if params.constraint.is_some() {
-                return Err(ApiError::bad(
-                    "response_format and a required tool call cannot both hold the reply",
-                ));
-            }
-            params.constraint = forced;
-        }
+        tools::hold(&mut params, forced)?;
         let mut chat = Chat::new(messages).with_hints(hints).with_tools(tools);
         chat.name = name;
         let parallel = request.parallel_tool_calls.unwrap_or(true);

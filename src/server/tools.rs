@@ -1,6 +1,7 @@
 //! Tool calling on the wire: the `tools` a chat request offers, `tool_choice`, the calls an
 //! assistant message carries (in requests and in answers), and `tool` messages.
 
+use crate::engine::SamplingParams;
 use crate::model::{Constraint, Message, ToolCall, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -86,6 +87,21 @@ pub fn offered(
         return Err(ApiError::bad("this model's chat template takes no tools"));
     };
     Ok((tools.to_vec(), Some(one_call(format, &forced))))
+}
+
+/// Holds the reply to the grammar of a call `tool_choice` forces (from [`offered`]), which
+/// cannot join another constraint on it.
+pub fn hold(params: &mut SamplingParams, forced: Option<Constraint>) -> Result<(), ApiError> {
+    if forced.is_some() {
+        if params.constraint.is_some() {
+            return Err(ApiError::bad(
+                "a response format (or guided_*) and a required tool call cannot both hold \
+                 the reply",
+            ));
+        }
+        params.constraint = forced;
+    }
+    Ok(())
 }
 
 /// A grammar of one call of one of `tools`, with arguments of its schema, as `format`

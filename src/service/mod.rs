@@ -364,7 +364,9 @@ impl Service {
         .await?
     }
 
-    /// Resumes a stored conversation by name ([`Engine::resume`]).
+    /// Resumes a stored conversation by name ([`Engine::resume`]). On an engine without a
+    /// store, names live in the service only: this finds the conversation a chat named
+    /// ([`Chat::name`]) while it is open.
     ///
     /// # Errors
     /// As [`Engine::resume`]; [`Error::ServiceStopped`].

@@ -351,6 +351,10 @@ impl Sessions {
         fetched: Option<Fetched>,
     ) -> Result<ConversationId> {
         let held = self.by_name.get(name).copied();
+        // Without a store, names live here only: the engine knows none.
+        if let (false, Some(conv)) = (self.stored, held) {
+            return Ok(conv);
+        }
         let conv = match fetched {
             Some(f) => engine.resume_with(name, f)?,
             None => engine.resume(name)?,

@@ -1,0 +1,338 @@
+//! A `POST /v1/responses` body: its input items as the conversation's messages, its tools and
+//! `tool_choice` in the chat endpoint's shape, and `text.format` as the constraint on the reply.
+
+use crate::model::{Message, ToolCall};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::super::error::ApiError;
+use super::super::structured::{Guided, JsonSchemaFormat, ResponseFormat};
+
+/// The fields a `POST /v1/responses` body may have: OpenAI's that this server implements, and
+/// vLLM's `guided_*` extensions (as on the chat endpoint).
+pub const FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "store",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "metadata",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+];
+
+#[derive(Deserialize)]
+pub struct Request {
+    pub model: Option<String>,
+    pub input: Input,
+    pub instructions: Option<String>,
+    pub previous_response_id: Option<String>,
+    #[serde(default = "yes")]
+    pub store: bool,
+    #[serde(default)]
+    pub stream: bool,
+    pub max_output_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub metadata: Option<Value>,
+    /// Functions the model may call, in the Responses API's flat shape.
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    pub tool_choice: Option<Value>,
+    /// Whether a reply may make several calls (the first only when false).
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"format": ...}`: free text, any JSON object, or JSON under a schema.
+    pub text: Option<Value>,
+    #[serde(flatten)]
+    pub guided: Guided,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Text {
+    format: Option<Format>,
+}
+
+/// `text.format`: the chat endpoint's `response_format`, with the schema's fields beside its
+/// type rather than under `json_schema`.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Format {
+    Text,
+    JsonObject,
+    JsonSchema(JsonSchemaFormat),
+}
+
+/// `text.format` as the chat endpoint's `response_format`.
+pub fn response_format(text: Option<&Value>) -> Result<Option<ResponseFormat>, ApiError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let text: Text = serde_json::from_value(text.clone())
+        .map_err(|e| ApiError::bad(format!("invalid text.format: {e}")))?;
+    Ok(text.format.map(|f| match f {
+        Format::Text => ResponseFormat::Text,
+        Format::JsonObject => ResponseFormat::JsonObject,
+        Format::JsonSchema(json_schema) => ResponseFormat::JsonSchema { json_schema },
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    Text(String),
+    Items(Vec<Item>),
+}
+
+/// An input item: a message (`{"role", "content"}`, with or without `"type": "message"`), a
+/// function call the model made, a call's output, or a reasoning item given back.
+#[derive(Deserialize)]
+pub struct Item {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    role: Option<String>,
+    content: Option<Content>,
+    call_id: Option<String>,
+    name: Option<String>,
+    arguments: Option<String>,
+    output: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+impl Content {
+    /// The text of its text parts.
+    fn text(&self) -> Result<String, ApiError> {
+        let parts = match self {
+            Content::Text(t) => return Ok(t.clone()),
+            Content::Parts(parts) => parts,
+        };
+        let mut text = String::new();
+        for p in parts {
+            match (p.kind.as_str(), &p.text) {
+                ("input_text" | "output_text", Some(t)) => text.push_str(t),
+                (kind, _) => {
+                    return Err(ApiError::bad(format!(
+                        "content parts of type {kind:?} are not supported: text only"
+                    )))
+                }
+            }
+        }
+        Ok(text)
+    }
+}
+
+impl Input {
+    /// Appends the input to `messages`, the conversation so far.
+    pub fn append_to(&self, messages: &mut Vec<Message>) -> Result<(), ApiError> {
+        match self {
+            Input::Text(t) => messages.push(Message::new("user", t.clone())),
+            Input::Items(items) => {
+                for item in items {
+                    item.append_to(messages)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Item {
+    fn append_to(&self, messages: &mut Vec<Message>) -> Result<(), ApiError> {
+        let need = |field: Option<&String>, what: &str| {
+            field
+                .cloned()
+                .ok_or_else(|| ApiError::bad(format!("a {what} input item needs its {what}")))
+        };
+        match self.kind.as_deref().unwrap_or("message") {
+            "message" => messages.push(self.message()?),
+            // A reply's calls are its message's: they join the answer text before them.
+            "function_call" => {
+                let call = ToolCall::new(
+                    need(self.call_id.as_ref(), "call_id")?,
+                    need(self.name.as_ref(), "name")?,
+                    need(self.arguments.as_ref(), "arguments")?,
+                );
+                match messages.last_mut() {
+                    Some(m) if m.role == "assistant" => m.tool_calls.push(call),
+                    _ => messages.push(Message::new("assistant", "").with_tool_calls(vec![call])),
+                }
+            }
+            "function_call_output" => {
+                let output = match &self.output {
+                    Some(o) => o.text()?,
+                    None => return Err(ApiError::bad("a function_call_output needs its output")),
+                };
+                let call = need(self.call_id.as_ref(), "call_id")?;
+                messages.push(Message::new("tool", output).answering(call));
+            }
+            // Thoughts do not stay in a conversation (its template drops them from history,
+            // and the stored conversation keeps none), so one given back adds nothing.
+            "reasoning" => {}
+            other => {
+                return Err(ApiError::bad(format!(
+                    "input items of type {other:?} are not supported: message, function_call, \
+                     function_call_output and reasoning are"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn message(&self) -> Result<Message, ApiError> {
+        let role = match self.role.as_deref() {
+            Some("developer" | "system") => "system",
+            Some(r @ ("user" | "assistant")) => r,
+            other => return Err(ApiError::bad(format!("an input message's role {other:?}"))),
+        };
+        match &self.content {
+            Some(c) => Ok(Message::new(role, c.text()?)),
+            None => Err(ApiError::bad("an input message needs content")),
+        }
+    }
+}
+
+/// The Responses API's function tools (`{"type": "function", "name", "parameters", ...}`) in
+/// the chat endpoint's shape (`{"type": "function", "function": {...}}`), which templates
+/// take. Other tool types (hosted search, code interpreters) are refused.
+pub fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
+    tools
+        .iter()
+        .map(|t| match t.as_object() {
+            Some(o) if o.get("type") == Some(&json!("function")) => {
+                let mut function = o.clone();
+                function.remove("type");
+                Ok(json!({"type": "function", "function": function}))
+            }
+            _ => Err(ApiError::bad(format!(
+                "tools of type {} are not supported: function tools only",
+                t["type"]
+            ))),
+        })
+        .collect()
+}
+
+/// `tool_choice` in the chat endpoint's shape: a named function's `{"type": "function",
+/// "name"}` becomes `{"type": "function", "function": {"name"}}`.
+pub fn chat_tool_choice(choice: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    match choice {
+        Some(Value::Object(o)) => match (o.get("type"), o.get("name")) {
+            (Some(t), Some(name)) if t == "function" => Ok(Some(
+                json!({"type": "function", "function": {"name": name}}),
+            )),
+            _ => Err(ApiError::bad(format!(
+                "tool_choice {} is not valid: \"auto\", \"none\", \"required\" or \
+                 {{\"type\": \"function\", \"name\": ...}}",
+                Value::Object(o.clone())
+            ))),
+        },
+        other => Ok(other.cloned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn input(v: Value) -> Vec<Message> {
+        let input: Input = serde_json::from_value(v).unwrap();
+        let mut messages = vec![Message::new("user", "Fix it.")];
+        input.append_to(&mut messages).unwrap();
+        messages
+    }
+
+    #[test]
+    fn calls_join_the_answer_before_them_and_outputs_answer_them() {
+        let m = input(json!([
+            {"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "Reading.", "annotations": []}]},
+            {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": "{}"},
+            {"type": "function_call", "call_id": "call_2", "name": "ls", "arguments": "{}"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call_output", "call_id": "call_1", "output": "text"},
+            {"type": "function_call_output", "call_id": "call_2", "output": [
+                {"type": "input_text", "text": "a.py"}]},
+        ]));
+        assert_eq!(m.len(), 4, "{m:?}");
+        assert_eq!(m[1].content, "Reading.");
+        let names: Vec<&str> = m[1].tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["read", "ls"]);
+        assert_eq!(
+            (m[2].role.as_str(), m[2].content.as_str()),
+            ("tool", "text")
+        );
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("call_2"));
+        assert_eq!(m[3].content, "a.py");
+        // A call with no answer text before it is an assistant message of its own.
+        let m = input(
+            json!([{"type": "function_call", "call_id": "c", "name": "f",
+            "arguments": "{}"}]),
+        );
+        assert_eq!(
+            (m[1].role.as_str(), m[1].tool_calls.len()),
+            ("assistant", 1)
+        );
+    }
+
+    #[test]
+    fn malformed_items_and_tools_are_refused_by_name() {
+        let refused = |v: Value| {
+            let input: Input = serde_json::from_value(v).unwrap();
+            input.append_to(&mut Vec::new()).unwrap_err().message
+        };
+        let e = refused(json!([{"type": "function_call", "name": "f", "arguments": "{}"}]));
+        assert!(e.contains("call_id"), "{e}");
+        let e = refused(json!([{"type": "function_call_output", "call_id": "c"}]));
+        assert!(e.contains("output"), "{e}");
+        let e = refused(json!([{"type": "web_search_call", "id": "x"}]));
+        assert!(e.contains("web_search_call"), "{e}");
+        let e = chat_tools(&[json!({"type": "web_search"})]).unwrap_err();
+        assert!(e.message.contains("web_search"), "{}", e.message);
+        let e = chat_tool_choice(Some(&json!({"type": "mcp"}))).unwrap_err();
+        assert!(e.message.contains("mcp"), "{}", e.message);
+    }
+
+    #[test]
+    fn tools_and_a_named_choice_take_the_chat_shape() {
+        let tools = chat_tools(&[json!({"type": "function", "name": "f", "strict": true,
+            "parameters": {"type": "object"}})])
+        .unwrap();
+        assert_eq!(tools[0]["function"]["name"], "f");
+        assert_eq!(tools[0]["function"]["parameters"]["type"], "object");
+        assert!(tools[0]["function"].get("type").is_none());
+        let choice = chat_tool_choice(Some(&json!({"type": "function", "name": "f"}))).unwrap();
+        assert_eq!(
+            choice,
+            Some(json!({"type": "function", "function": {"name": "f"}}))
+        );
+        let auto = chat_tool_choice(Some(&json!("required"))).unwrap();
+        assert_eq!(auto, Some(json!("required")));
+    }
+}

@@ -1,0 +1,391 @@
+//! OpenAI's Responses API on named conversations: `POST /v1/responses` (text in and out,
+//! whole or as its stream of events), `GET` and `DELETE /v1/responses/{id}`.
+//!
+//! A stored response is the conversation it ends, named by the response's id, so it lives in
+//! the engine's store as any named conversation does: `previous_response_id` finds it on
+//! whichever server of a fleet the request lands (from the shared store when this one does
+//! not hold it). A response continues its previous one on a conversation of its own, opened
+//! with the previous one's transcript, whose KV it shares by content: the previous response
+//! stays as it was, so another request may branch from it too.
+
+mod input;
+mod output;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use crate::engine::{ConversationId, FinishReason};
+use crate::model::{Message, ReasoningStream, ToolDelta};
+use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::api::{self, Common, Usage};
+use super::error::ApiError;
+use super::{check_model_name, now_s, tools, AppState};
+use input::Request;
+use output::Output;
+
+/// A new response's id.
+fn new_id(prefix: &str) -> String {
+    let mut h = blake3::Hasher::new();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    h.update(&now.map_or(0, |d| d.as_nanos()).to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    h.update(
+        &NEXT
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_le_bytes(),
+    );
+    format!("{prefix}_{}", &h.finalize().to_hex()[..32])
+}
+
+fn missing(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"))
+}
+
+/// The conversation of the stored response `id` (a 404 when there is none).
+async fn stored(s: &AppState, id: &str) -> Result<ConversationId, ApiError> {
+    if !id.starts_with("resp_") {
+        return Err(missing(id));
+    }
+    s.service.resume(id).await.map_err(|_| missing(id))
+}
+
+/// The transcript of the stored response `id`.
+async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError> {
+    let conv = stored(s, id).await?;
+    let messages = s
+        .service
+        .with_engine(move |e| e.messages(conv).map(<[_]>::to_vec))
+        .await;
+    match messages {
+        Ok(Ok(m)) => Ok(m),
+        _ => Err(missing(id)),
+    }
+}
+
+/// `POST /v1/responses`.
+pub async fn create(State(s): State<AppState>, body: Bytes) -> Response {
+    match start(&s, &body).await {
+        Ok(run) if run.framing.stream => stream(run).into_response(),
+        Ok(run) => whole(run).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// What a response echoes of its request, and its id.
+struct Framing {
+    id: String,
+    created: u64,
+    model: String,
+    request: Value,
+    stream: bool,
+}
+
+impl Framing {
+    /// The response object with `status`, its `output` items, and its `usage` once known.
+    fn object(&self, status: &str, output: Vec<Value>, usage: Option<Value>) -> Value {
+        let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
+        let mut v = json!({"id": self.id, "object": "response", "created_at": self.created,
+            "status": status, "model": self.model, "output": output, "usage": usage,
+            "incomplete_details": incomplete, "error": null, "parallel_tool_calls": true,
+            "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}}});
+        if let (Some(o), Some(r)) = (v.as_object_mut(), self.request.as_object()) {
+            o.extend(
+                r.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+        }
+        v
+    }
+}
+
+/// A response's status at the end of its turn.
+fn status(end: &TurnEnd) -> &'static str {
+    match end.reason {
+        FinishReason::Length | FinishReason::ContextFull => "incomplete",
+        _ => "completed",
+    }
+}
+
+/// A response being made: its turn's events read into output items.
+struct Run {
+    framing: Framing,
+    turn: TurnStream,
+    output: Output,
+    /// With tools offered, the reply's text comes as the service reads it (`Tool` events).
+    tools: bool,
+    /// Tells the thought from the answer (`--reasoning-parser`).
+    split: Option<ReasoningStream>,
+    /// The same, token by token, to count the reply's tokens before its answer began.
+    counter: Option<ReasoningStream>,
+    answered: bool,
+    reasoning_tokens: usize,
+}
+
+impl Run {
+    /// Reads one event of the turn into the output; its end when the turn ended.
+    fn on_event(&mut self, event: TurnEvent) -> Option<TurnEnd> {
+        match event {
+            TurnEvent::Token { text, .. } => {
+                self.count(&text);
+                if !self.tools {
+                    self.text(&text);
+                }
+            }
+            TurnEvent::Tool(ToolDelta::Text(text)) => self.text(&text),
+            TurnEvent::Tool(ToolDelta::Call { index, id, name }) => {
+                self.output.call(index, &id, &name)
+            }
+            TurnEvent::Tool(ToolDelta::Arguments { index, fragment }) => {
+                self.output.arguments(index, &fragment)
+            }
+            TurnEvent::Finished(end) => {
+                if let Some((thought, answer)) = self.split.as_mut().map(|s| s.finish()) {
+                    self.output.thought(&thought);
+                    self.output.answer(&answer);
+                }
+                self.output.finish(status(&end));
+                return Some(end);
+            }
+        }
+        None
+    }
+
+    /// Text of the reply, its thought told from its answer.
+    fn text(&mut self, text: &str) {
+        match self.split.as_mut().map(|s| s.push(text)) {
+            Some((thought, answer)) => {
+                self.output.thought(&thought);
+                self.output.answer(&answer);
+            }
+            None => self.output.answer(text),
+        }
+    }
+
+    /// Counts a token of the thought: one of a reply with a thought, before its answer began.
+    fn count(&mut self, text: &str) {
+        let Some(counter) = self.counter.as_mut() else {
+            return;
+        };
+        let (_, answer) = counter.push(text);
+        if counter.thought_seen() && !self.answered {
+            self.reasoning_tokens += 1;
+        }
+        self.answered |= !answer.is_empty();
+    }
+
+    /// The finished response object.
+    fn object(&self, end: &TurnEnd) -> Value {
+        let u = Usage::of(end);
+        let usage = json!({"input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": u.prompt_tokens + u.completion_tokens});
+        let status = status(end);
+        (self.framing).object(status, self.output.items(status), Some(usage))
+    }
+}
+
+/// Checks the request, finds its history, and starts its turn.
+async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
+    let mut request: Request = api::parse_only(body, input::FIELDS)?;
+    check_model_name(s, request.model.as_deref())?;
+    api::check_template(&s.tokens)?;
+    let common = Common {
+        max_tokens: request.max_output_tokens,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        response_format: input::response_format(request.text.as_ref())?,
+        guided: std::mem::take(&mut request.guided),
+        ..Common::default()
+    };
+    let mut params = common.params(s.default_max_tokens, s.tokens.generation_defaults())?;
+    let format = s.tokens.template().and_then(|t| t.tool_format());
+    let choice = input::chat_tool_choice(request.tool_choice.as_ref())?;
+    let offered = input::chat_tools(&request.tools)?;
+    let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
+    tools::hold(&mut params, forced)?;
+    let mut messages = match &request.previous_response_id {
+        Some(prev) => transcript(s, prev).await?,
+        None => Vec::new(),
+    };
+    // Instructions are the system message: new ones replace those the history began with.
+    if let Some(instructions) = &request.instructions {
+        if messages.first().is_some_and(|m| m.role == "system") {
+            messages.remove(0);
+        }
+        messages.insert(0, Message::new("system", instructions.clone()));
+    }
+    request.input.append_to(&mut messages)?;
+    let id = new_id("resp");
+    let with_tools = !tools.is_empty();
+    let mut chat = Chat::new(messages).with_tools(tools);
+    if request.store {
+        chat.name = Some(id.clone());
+    }
+    let turn = (s.service.chat(chat, params).await).map_err(|e| ApiError::from_engine(&e))?;
+    let parallel = request.parallel_tool_calls.unwrap_or(true);
+    let echo = json!({"previous_response_id": request.previous_response_id,
+        "instructions": request.instructions, "store": request.store,
+        "temperature": request.temperature, "top_p": request.top_p,
+        "max_output_tokens": request.max_output_tokens, "metadata": request.metadata,
+        "tools": request.tools, "tool_choice": request.tool_choice,
+        "parallel_tool_calls": parallel, "text": request.text});
+    let framing = Framing {
+        id,
+        created: now_s(),
+        model: s.model.to_string(),
+        request: echo,
+        stream: request.stream,
+    };
+    Ok(Run {
+        framing,
+        turn,
+        output: Output::new(parallel),
+        tools: with_tools,
+        split: s.reasoning.map(|p| p.stream()),
+        counter: s.reasoning.map(|p| p.stream()),
+        answered: false,
+        reasoning_tokens: 0,
+    })
+}
+
+/// The end of a turn as the response's status, or the error it is answered with.
+fn ended(end: &TurnEnd) -> Result<(), ApiError> {
+    match &end.reason {
+        FinishReason::Failed(e) => Err(ApiError::from_failed_turn(e)),
+        FinishReason::Cancelled => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the response was cancelled",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn engine_stopped() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped")
+}
+
+async fn whole(mut run: Run) -> Response {
+    while let Some(event) = run.turn.next_event().await {
+        if let Some(end) = run.on_event(event) {
+            return match ended(&end) {
+                Ok(()) => Json(run.object(&end)).into_response(),
+                Err(e) => e.into_response(),
+            };
+        }
+    }
+    engine_stopped().into_response()
+}
+
+/// The response's events, as the Responses API streams them.
+fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    struct St {
+        run: Run,
+        sequence: u64,
+        out: std::collections::VecDeque<SseEvent>,
+        done: bool,
+    }
+    impl St {
+        fn event(&mut self, mut data: Value) {
+            data["sequence_number"] = json!(self.sequence);
+            self.sequence += 1;
+            let kind = data["type"].as_str().unwrap_or_default().to_string();
+            let event = SseEvent::default().event(kind).data(data.to_string());
+            self.out.push_back(event);
+        }
+        fn error(&mut self, e: &ApiError) {
+            self.done = true;
+            let code = e.status.as_u16();
+            self.event(json!({"type": "error", "code": code, "message": e.message,
+                "param": null}));
+        }
+    }
+    let mut st = St {
+        run,
+        sequence: 0,
+        out: Default::default(),
+        done: false,
+    };
+    let created = st.run.framing.object("in_progress", Vec::new(), None);
+    st.event(json!({"type": "response.created", "response": created}));
+    st.event(json!({"type": "response.in_progress", "response": created}));
+    let events = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.out.pop_front() {
+                return Some((Ok(e), st));
+            }
+            if st.done {
+                return None;
+            }
+            let Some(event) = st.run.turn.next_event().await else {
+                st.error(&engine_stopped());
+                continue;
+            };
+            let end = st.run.on_event(event);
+            for e in st.run.output.take_events() {
+                st.event(e);
+            }
+            if let Some(end) = end {
+                match ended(&end) {
+                    Ok(()) => {
+                        st.done = true;
+                        let object = st.run.object(&end);
+                        st.event(json!({"type": "response.completed", "response": object}));
+                    }
+                    Err(e) => st.error(&e),
+                }
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// `GET /v1/responses/{id}`: a stored response, from its conversation's transcript (its
+/// output is the conversation's last reply, whose thought it does not keep; usage is not
+/// kept either).
+pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    let messages = match transcript(&s, &id).await {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    let mut output = Output::new(true);
+    if let Some(reply) = messages.last().filter(|m| m.role == "assistant") {
+        output.answer(&reply.content);
+        for (index, call) in reply.tool_calls.iter().enumerate() {
+            output.call(index, &call.id, &call.name);
+            output.arguments(index, &call.arguments);
+        }
+    }
+    output.finish("completed");
+    let framing = Framing {
+        id,
+        created: now_s(),
+        model: s.model.to_string(),
+        request: json!({}),
+        stream: false,
+    };
+    Json(framing.object("completed", output.items("completed"), None)).into_response()
+}
+
+/// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
+pub async fn delete(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    let conv = match stored(&s, &id).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    match s.service.close(conv).await {
+        Ok(()) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
+        Err(e) => ApiError::from_engine(&e).into_response(),
+    }
+}
