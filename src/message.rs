@@ -57,14 +57,16 @@ impl Message {
         }
     }
 
-    /// The message as templates see it (OpenAI's shape).
-    pub(crate) fn template_view(&self) -> Value {
-        let mut v = serde_json::json!({"role": self.role, "content": self.content});
+    /// The message as templates see it (OpenAI's shape): a message that only calls tools has
+    /// null content, as clients send it; calls' arguments are text with
+    /// `arguments_as_text` (templates that concatenate them), else parsed.
+    pub(crate) fn template_view(&self, arguments_as_text: bool) -> Value {
+        let calls_only = self.content.is_empty() && !self.tool_calls.is_empty();
+        let content = (!calls_only).then_some(self.content.as_str());
+        let mut v = serde_json::json!({"role": self.role, "content": content});
         if !self.tool_calls.is_empty() {
-            v["tool_calls"] = self
-                .tool_calls
-                .iter()
-                .map(ToolCall::template_view)
+            v["tool_calls"] = (self.tool_calls.iter())
+                .map(|c| c.template_view(arguments_as_text))
                 .collect();
         }
         if let Some(id) = &self.tool_call_id {
@@ -104,10 +106,13 @@ impl ToolCall {
     }
 
     /// The call as templates see it: OpenAI's shape, the arguments parsed when they are JSON
-    /// (templates write them back with `tojson`).
-    pub(crate) fn template_view(&self) -> Value {
-        let arguments = serde_json::from_str::<Value>(&self.arguments)
-            .unwrap_or_else(|_| Value::String(self.arguments.clone()));
+    /// (most templates write them back with `tojson`) unless `as_text`.
+    pub(crate) fn template_view(&self, as_text: bool) -> Value {
+        let text = || Value::String(self.arguments.clone());
+        let arguments = match as_text {
+            true => text(),
+            false => serde_json::from_str::<Value>(&self.arguments).unwrap_or_else(|_| text()),
+        };
         serde_json::json!({
             "id": self.id,
             "type": "function",

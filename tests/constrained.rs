@@ -78,6 +78,19 @@ fn real_model_replies_follow_a_json_schema_and_a_regular_expression() {
         "{reply:?}"
     );
 
+    // Forced text whose characters span several tokens of this vocabulary (the first bytes
+    // of `｜` are a token of their own) is written exactly.
+    let conv = e.open(ConversationOptions::default()).unwrap();
+    let forced = r#"start: "<｜tool▁sep｜>" /[a-z]{2,6}/"#;
+    let params = constrained(Constraint::Lark(forced.into()), 24);
+    e.run_turn(conv, Turn::user("Name a tool."), params, |_| {})
+        .unwrap();
+    let reply = e.messages(conv).unwrap().last().unwrap().content.clone();
+    let word = reply
+        .strip_prefix("<｜tool▁sep｜>")
+        .unwrap_or_else(|| panic!("{reply:?}"));
+    assert!(word.chars().all(|c| c.is_ascii_lowercase()), "{reply:?}");
+
     // A constraint that does not compile is the submission's error; the engine serves on.
     let bad = constrained(Constraint::JsonSchema(json!({"type": "no such type"})), 8);
     let err = e.submit(conv, Turn::user("x"), bad).unwrap_err();

@@ -1,7 +1,10 @@
-//! Tool calls in the formats whose calls are not one JSON object with a name, over HTTP on the
+//! Tool calls in the formats beside Hermes' `<tool_call>` elements, over HTTP on the
 //! real SmolLM2 weights with a template of each (`tests/fixtures/templates`): Qwen3-Coder's
 //! `<function=...>` with `<parameter=...>` elements (`xml-tools.jinja`) and Mistral's
-//! `[TOOL_CALLS]NAME[ARGS]{...}` (`named-tools.jinja`). A forced call is written, parsed (and
+//! `[TOOL_CALLS]NAME[ARGS]{...}` (`named-tools.jinja`), DeepSeek V3's
+//! `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` with its fenced arguments
+//! (`deepseek-tools.jinja`) and V3.1's unfenced form (`deepseek-v31-tools.jinja`), and Llama 3.1's reply that is one `{"name", "parameters"}`
+//! object (`llama3-tools.jinja`). A forced call is written, parsed (and
 //! typed by the tool's schema), streamed as `delta.tool_calls` fragments that add up to the
 //! whole answer, and its result continues the conversation the server holds.
 
@@ -30,6 +33,21 @@ fn named_tool_calls_are_forced_streamed_and_continued() {
     forced_streamed_and_continued("named-tools.jinja");
 }
 
+#[test]
+fn deepseek_v31_tool_calls_are_forced_streamed_and_continued() {
+    forced_streamed_and_continued("deepseek-v31-tools.jinja");
+}
+
+#[test]
+fn llama3_tool_calls_are_forced_streamed_and_continued() {
+    forced_streamed_and_continued("llama3-tools.jinja");
+}
+
+#[test]
+fn deepseek_tool_calls_are_forced_streamed_and_continued() {
+    forced_streamed_and_continued("deepseek-tools.jinja");
+}
+
 fn forced_streamed_and_continued(template_file: &str) {
     let template = template(template_file);
     let server = start(&["--chat-template", &template]);
@@ -37,7 +55,8 @@ fn forced_streamed_and_continued(template_file: &str) {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "The weather in a city over some days",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-            "days": {"type": "integer"}}, "required": ["city"]}}}]);
+            "days": {"type": "integer"}}, "required": ["city"],
+            "additionalProperties": false}}}]);
     let question = json!({"role": "user", "content": "What is the weather in Paris?"});
     let made = forced_call(b, json!([question]), &tools, json!("required"));
     let call = &made["tool_calls"][0];
@@ -51,7 +70,7 @@ fn forced_streamed_and_continued(template_file: &str) {
 
     // Streamed, the same call arrives as fragments of the same arguments.
     let streamed = json!({"messages": [question], "tools": tools, "tool_choice": "required",
-        "max_tokens": 64, "temperature": 0, "stream": true});
+        "max_tokens": 160, "temperature": 0, "stream": true});
     let text = ureq::post(&format!("{b}/v1/chat/completions"))
         .set("content-type", "application/json")
         .send_string(&streamed.to_string())

@@ -69,6 +69,13 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // A message that only calls tools has null content, as clients send it: templates
+        // written for that test it, and one that writes it anyway writes nothing (not
+        // minijinja's `none`).
+        env.set_formatter(|out, state, value| match value.is_none() {
+            true => Ok(()),
+            false => minijinja::escape_formatter(out, state, value),
+        });
         env.add_template_owned(TEMPLATE_NAME, source.to_string())?;
         Ok(Self {
             env,
@@ -113,7 +120,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
-        let messages: Vec<Value> = messages.iter().map(Message::template_view).collect();
+        // DeepSeek's templates write a call's arguments by concatenation: as text.
+        let as_text = matches!(
+            self.tool_format,
+            Some(ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31)
+        );
+        let messages: Vec<Value> = messages.iter().map(|m| m.template_view(as_text)).collect();
         Ok(template.render(context! {
             messages => messages,
             tools => (!tools.is_empty()).then_some(tools),
@@ -278,6 +290,25 @@ mod tests {
             .render(&msgs[..2], true)
             .unwrap()
             .starts_with("<|im_start|>system\nBe brief.<|im_end|>"));
+    }
+
+    #[test]
+    fn a_message_that_only_calls_has_null_content_and_deepseek_s_arguments_are_text() {
+        let call = ToolCall::new("c1", "time", r#"{"zone": "UTC"}"#);
+        let msgs = [
+            Message::new("user", "Time?"),
+            Message::new("assistant", "").with_tool_calls(vec![call]),
+        ];
+        let probe = "{% for m in messages %}[{{ m.content is none }}:{{ m.content }}]\
+            {% for c in m.tool_calls %}{{ c.function.arguments is string }}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(probe, "", "").unwrap();
+        assert_eq!(t.render(&msgs, false).unwrap(), "[False:Time?][True:]False");
+        let deepseek = format!("{probe}{{# tools #}}<｜tool▁call▁begin｜>```json");
+        let t = ChatTemplate::new(&deepseek, "", "").unwrap();
+        assert!(t
+            .render(&msgs, false)
+            .unwrap()
+            .starts_with("[False:Time?][True:]True"));
     }
 
     #[test]

@@ -63,14 +63,16 @@ impl TokenizerEnv for Vocabulary {
         &self.trie
     }
 
+    /// Bytes the grammar forces may end inside a character (the first bytes of `｜`): the
+    /// text's whole characters go through the tokenizer and the rest byte by byte through
+    /// the trie, never as a replacement character.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        match self
-            .tokenizer
-            .encode_fast(String::from_utf8_lossy(s).as_ref(), false)
-        {
-            Ok(e) => e.get_ids().to_vec(),
-            Err(_) => self.trie.greedy_tokenize(s),
-        }
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            match self.tokenizer.encode_fast(text, false) {
+                Ok(e) => e.get_ids().to_vec(),
+                Err(_) => self.trie.greedy_tokenize(text.as_bytes()),
+            }
+        })
     }
 }
 

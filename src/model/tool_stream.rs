@@ -40,6 +40,8 @@ const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
+const DEEPSEEK_OPEN: &str = "<｜tool▁calls▁begin｜>";
+const DEEPSEEK_CALL: &str = "<｜tool▁call▁begin｜>";
 
 #[derive(Clone, Debug)]
 enum Phase {
@@ -217,6 +219,7 @@ impl ToolStream {
         let open = match self.format {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => HERMES_OPEN,
             ToolFormat::Mistral | ToolFormat::MistralArgs => MISTRAL_OPEN,
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => DEEPSEEK_OPEN,
             ToolFormat::Llama3Json => return self.llama_start(),
         };
         let (send, next) = match self.held.find(open) {
@@ -236,7 +239,11 @@ impl ToolStream {
             return false;
         };
         self.held.drain(..next - send);
-        self.phase = self.call_phase();
+        // DeepSeek's calls each open after the list's opener.
+        self.phase = match self.format {
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => Phase::Between,
+            _ => self.call_phase(),
+        };
         true
     }
 
@@ -245,7 +252,9 @@ impl ToolStream {
         match self.format {
             ToolFormat::Hermes => Phase::Call(Scan::default()),
             ToolFormat::Qwen3Coder => Phase::Xml(xml::XmlCall::default()),
-            ToolFormat::MistralArgs => Phase::Named(named::NamedCall::default()),
+            ToolFormat::MistralArgs | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
+                Phase::Named(named::NamedCall::default())
+            }
             _ => Phase::Between,
         }
     }
@@ -275,12 +284,13 @@ impl ToolStream {
         }
     }
 
-    /// Between calls: Hermes, Qwen3-Coder and Mistral's named calls skip to the next opener;
-    /// Mistral's list reads its array's punctuation.
+    /// Between calls: Hermes, Qwen3-Coder, Mistral's named calls and DeepSeek's skip to the
+    /// next opener; Mistral's list reads its array's punctuation.
     fn between_step(&mut self) -> bool {
         let opener = match self.format {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => Some(HERMES_OPEN),
             ToolFormat::MistralArgs => Some(MISTRAL_OPEN),
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => Some(DEEPSEEK_CALL),
             _ => None,
         };
         if let Some(open) = opener {

@@ -19,6 +19,13 @@ pub enum ToolFormat {
     /// `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>`,
     /// each value on lines of its own and typed by the tool's schema (Qwen3-Coder).
     Qwen3Coder,
+    /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` then the
+    /// arguments' object fenced as ` ```json `, then `<｜tool▁call▁end｜>`, per call
+    /// (DeepSeek V3 and R1).
+    DeepSeekV3,
+    /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`
+    /// per call (DeepSeek V3.1).
+    DeepSeekV31,
 }
 
 impl ToolFormat {
@@ -28,7 +35,12 @@ impl ToolFormat {
         if !source.contains("tools") {
             return None;
         }
-        if source.contains("<function=") && source.contains("<parameter=") {
+        if source.contains("<｜tool▁call▁begin｜>") {
+            match source.contains("```json") {
+                true => Some(Self::DeepSeekV3),
+                false => Some(Self::DeepSeekV31),
+            }
+        } else if source.contains("<function=") && source.contains("<parameter=") {
             Some(Self::Qwen3Coder)
         } else if source.contains("<tool_call>") {
             Some(Self::Hermes)
@@ -87,6 +99,26 @@ mod tests {
         assert!(ToolFormat::MistralArgs
             .parse("[TOOL_CALLS]time[ARGS]{\"zone\": ", 1)
             .is_none());
+        let deepseek = "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>time\n```json\n{\"zone\": \"UTC\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>date\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let (text, calls) = ToolFormat::DeepSeekV3.parse(deepseek, 1).unwrap();
+        assert_eq!(text, "Checking.");
+        let pairs = |calls: &[ToolCall]| -> Vec<(String, String)> {
+            (calls.iter())
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect()
+        };
+        let expected = [("time", r#"{"zone": "UTC"}"#), ("date", "{}")]
+            .map(|(n, a)| (n.to_string(), a.to_string()));
+        assert_eq!(pairs(&calls), expected);
+        let v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>time<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>date<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let (text, calls) = ToolFormat::DeepSeekV31.parse(v31, 1).unwrap();
+        assert_eq!((text.as_str(), pairs(&calls)), ("", expected.to_vec()));
+        assert!(ToolFormat::DeepSeekV3
+            .parse(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>time\n```json\n{}",
+                1
+            )
+            .is_none());
         let llama = r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#;
         let (_, calls) = ToolFormat::Llama3Json.parse(llama, 1).unwrap();
         assert_eq!(calls[0].arguments, r#"{"zone": "UTC"}"#);
@@ -115,6 +147,8 @@ mod tests {
             (ToolFormat::Llama3Json, r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#),
             (ToolFormat::Hermes, "No calls at all, just < and <tool text.  "),
             (ToolFormat::MistralArgs, r#"Sure.[TOOL_CALLS]weather[ARGS]{"city": "Pa}ris", "days": [1, {"a": 2}]}[TOOL_CALLS]time[ARGS]{}"#),
+            (ToolFormat::DeepSeekV3, "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n{\"city\": \"Pa}ris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            (ToolFormat::DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>{\"days\": [1, {\"a\": 2}]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
             (ToolFormat::Qwen3Coder, "Let me look.\n<tool_call>\n<function=read>\n<parameter=path>\nsrc/a<b>.rs\n</parameter>\n<parameter=lines>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=list>\n</function>\n</tool_call>"),
         ];
         for (format, reply) in replies {
@@ -171,5 +205,11 @@ mod tests {
             ToolFormat::detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"),
             Some(ToolFormat::Mistral)
         );
+        let deepseek = "{% if tools %}{{ tools }}{% endif %}<｜tool▁call▁begin｜>";
+        assert_eq!(
+            ToolFormat::detect(&format!("{deepseek}function<｜tool▁sep｜>\n```json\n")),
+            Some(ToolFormat::DeepSeekV3)
+        );
+        assert_eq!(ToolFormat::detect(deepseek), Some(ToolFormat::DeepSeekV31));
     }
 }

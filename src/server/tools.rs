@@ -110,7 +110,9 @@ pub fn hold(params: &mut SamplingParams, forced: Option<Constraint>) -> Result<(
 fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
     match format {
         ToolFormat::Qwen3Coder => return xml_call(tools),
-        ToolFormat::MistralArgs => return named_call(tools),
+        ToolFormat::MistralArgs | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
+            return named_call(format, tools)
+        }
         _ => {}
     }
     let arguments_key = match format {
@@ -144,11 +146,28 @@ fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
     Constraint::Lark(format!("{start}\ncall: %json {schema}"))
 }
 
-/// Mistral's `[TOOL_CALLS]NAME[ARGS]{...}` call of one of `tools`, its arguments of the
-/// tool's schema.
-fn named_call(tools: &[&Value]) -> Constraint {
+/// A call of one of `tools` in a format that writes the function's name as text before its
+/// arguments' object (of the tool's schema): Mistral's `[TOOL_CALLS]NAME[ARGS]{...}`, or
+/// DeepSeek's list of one call (V3 fences the object as JSON, V3.1 does not).
+fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
+    const DEEPSEEK_OPEN: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+    const DEEPSEEK_CLOSE: &str = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    let (open, close) = match format {
+        ToolFormat::DeepSeekV3 => (DEEPSEEK_OPEN, format!("\n```{DEEPSEEK_CLOSE}")),
+        ToolFormat::DeepSeekV31 => (DEEPSEEK_OPEN, DEEPSEEK_CLOSE.to_string()),
+        _ => ("[TOOL_CALLS]", String::new()),
+    };
+    let quoted = |s: &str| Value::String(s.to_string()).to_string();
     let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
-    let mut rules = vec![format!(r#"start: "[TOOL_CALLS]" ({})"#, calls.join(" | "))];
+    let close = match close.is_empty() {
+        true => String::new(),
+        false => quoted(&close),
+    };
+    let mut rules = vec![format!(
+        "start: {} ({}) {close}",
+        quoted(open),
+        calls.join(" | "),
+    )];
     for (i, t) in tools.iter().enumerate() {
         let f = &t["function"];
         let mut defs = serde_json::Map::new();
@@ -159,8 +178,13 @@ fn named_call(tools: &[&Value]) -> Constraint {
         if !defs.is_empty() {
             schema["$defs"] = Value::Object(defs);
         }
-        let name = format!("{}[ARGS]", f["name"].as_str().unwrap_or_default());
-        rules.push(format!("call{i}: {} %json {schema}", Value::String(name)));
+        let name = f["name"].as_str().unwrap_or_default();
+        let head = match format {
+            ToolFormat::DeepSeekV3 => format!("function<｜tool▁sep｜>{name}\n```json\n"),
+            ToolFormat::DeepSeekV31 => format!("{name}<｜tool▁sep｜>"),
+            _ => format!("{name}[ARGS]"),
+        };
+        rules.push(format!("call{i}: {} %json {schema}", quoted(&head)));
     }
     Constraint::Lark(rules.join("\n"))
 }

@@ -197,7 +197,7 @@ pub fn histogram(base: &str, name: &str) -> Vec<(f64, f64)> {
 /// have ended with its calls.
 pub fn forced_call(base: &str, messages: Value, tools: &Value, choice: Value) -> Value {
     let body = serde_json::json!({"messages": messages, "tools": tools, "tool_choice": choice,
-        "max_tokens": 64, "temperature": 0});
+        "max_tokens": 160, "temperature": 0});
     let (status, answer) = post(base, "/v1/chat/completions", &body.to_string());
     assert_eq!(status, 200, "{answer}");
     assert_eq!(

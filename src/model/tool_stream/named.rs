@@ -1,11 +1,25 @@
-//! Mistral's calls from tokenizer v11 on: `[TOOL_CALLS]NAME[ARGS]{...}`, the opener before
-//! each call, the function's name as text and its arguments as one JSON object, streamed as the
-//! model writes it.
+//! Calls that write the function's name as text, then its arguments as one JSON object,
+//! streamed as the model writes it: Mistral's from tokenizer v11 on
+//! (`[TOOL_CALLS]NAME[ARGS]{...}`) and DeepSeek's (`function<｜tool▁sep｜>NAME` and a fenced
+//! object in V3, `NAME<｜tool▁sep｜>{...}` in V3.1), each after its opener.
 
 use super::{call_id, Phase, ToolDelta, ToolStream};
 use crate::message::ToolCall;
+use crate::model::ToolFormat;
 
 const ARGS: &str = "[ARGS]";
+const SEP: &str = "<｜tool▁sep｜>";
+/// DeepSeek V3's fence before the arguments' object.
+const FENCE: &str = "```json";
+
+/// What ends a call's name in `format`, and what comes before the name (to be dropped).
+fn name_bounds(format: ToolFormat) -> (&'static str, Option<&'static str>) {
+    match format {
+        ToolFormat::DeepSeekV3 => ("\n", Some(SEP)),
+        ToolFormat::DeepSeekV31 => (SEP, None),
+        _ => (ARGS, None),
+    }
+}
 
 /// A call as it is read: its name once `[ARGS]` ends it, then its arguments' object.
 #[derive(Clone, Debug, Default)]
@@ -26,12 +40,19 @@ impl ToolStream {
         };
         let index = self.calls.len();
         if call.name.is_none() {
-            let Some(at) = self.held.find(ARGS) else {
+            let (end, before) = name_bounds(self.format);
+            let Some(at) = self.held.find(end) else {
                 return false;
             };
-            let name = self.held[..at].trim().to_string();
-            let valid = !name.is_empty() && !name.contains(char::is_whitespace);
-            self.held.drain(..at + ARGS.len());
+            let (name, kind_given) = match before {
+                Some(sep) => match self.held[..at].split_once(sep) {
+                    Some((_, name)) => (name.trim().to_string(), true),
+                    None => (String::new(), false),
+                },
+                None => (self.held[..at].trim().to_string(), true),
+            };
+            let valid = kind_given && !name.is_empty() && !name.contains(char::is_whitespace);
+            self.held.drain(..at + end.len());
             if !valid {
                 self.malformed = true;
                 self.phase = Phase::Done;
@@ -48,6 +69,15 @@ impl ToolStream {
         if call.arguments.is_empty() {
             let lead = self.held.len() - self.held.trim_start().len();
             self.held.drain(..lead);
+            if self.format == ToolFormat::DeepSeekV3 {
+                if self.held.starts_with(FENCE) {
+                    self.held.drain(..FENCE.len());
+                    return true;
+                }
+                if FENCE.starts_with(self.held.as_str()) {
+                    return false;
+                }
+            }
             match self.held.chars().next() {
                 None => return false,
                 Some('{') => {}
