@@ -10,9 +10,11 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use pensieve::attention::KvPool;
-use pensieve::model::{ForwardBatch, ModelConfig, Transformer, WeightFormat};
+use pensieve::model::{ModelConfig, Transformer, WeightFormat};
 use pensieve::Error;
+
+#[path = "common/checkpoint.rs"]
+mod checkpoint;
 
 const PROMPT: usize = 24;
 /// Largest difference allowed, relative to the largest logit.
@@ -26,41 +28,16 @@ fn config_json(arch: &str, extra: &str) -> String {
     format!(r#"{{"architectures":["{arch}"],{COMMON},{extra}}}"#)
 }
 
-/// Writes `config.json` and `model.safetensors` of random weights into `dir`.
 fn write_checkpoint(dir: &Path, json: &str) -> ModelConfig {
-    let config = ModelConfig::from_hf_json(json).unwrap();
-    let tensors = Transformer::random_tensors(&config, 42, &Device::Cpu).unwrap();
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
-    std::fs::write(dir.join("config.json"), json).unwrap();
-    config
+    checkpoint::write(dir, json, 42)
 }
 
 fn prompt() -> Vec<u32> {
     (0..PROMPT as u32).map(|i| (i * 37 + 11) % 300).collect()
 }
 
-/// Our logits after the prompt, loading the checkpoint in `dir`.
 fn ours(dir: &Path, json: &str) -> Vec<f32> {
-    let config = ModelConfig::from_hf_json(json).unwrap();
-    let m = Transformer::from_safetensors(
-        config,
-        &[dir.join("model.safetensors")],
-        WeightFormat::F32,
-        &Device::Cpu,
-    )
-    .unwrap();
-    let pool = KvPool::new(m.config().kv_shape(), PROMPT, DType::F32, &Device::Cpu).unwrap();
-    let idx: Vec<u32> = (0..PROMPT as u32).collect();
-    let mut batch = ForwardBatch::new();
-    batch
-        .push(&prompt(), &idx, &idx, &idx, idx.len(), true)
-        .unwrap();
-    m.forward(&batch, &pool)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    checkpoint::last_logits(dir, json, &prompt())
 }
 
 fn vb(dir: &Path) -> VarBuilder<'static> {
@@ -83,18 +60,7 @@ fn input() -> Tensor {
 
 fn compare(name: &str, ours: &[f32], theirs: &Tensor) {
     let theirs = theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert_eq!(ours.len(), theirs.len(), "{name}");
-    let scale = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let diff = ours
-        .iter()
-        .zip(&theirs)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    println!("{name}: max |diff| {diff:.2e} (logits up to {scale:.2})");
-    assert!(scale > 0.1, "{name}: degenerate logits");
-    assert!(
-        diff <= TOLERANCE * scale,
-        "{name}: logits differ by {diff} (scale {scale})"
-    );
+    checkpoint::assert_close(name, ours, &theirs, TOLERANCE);
 }
 
 #[test]
@@ -365,13 +331,20 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
             "experts per token",
         ),
         (
-            config_json("Phi3ForCausalLM", r#""partial_rotary_factor":0.75"#),
+            config_json("LlamaForCausalLM", r#""partial_rotary_factor":0.75"#),
             "partial_rotary_factor",
         ),
         (
             config_json(
                 "Phi3ForCausalLM",
                 r#""rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[1.0]}"#,
+            ),
+            "frequency factors of Some(1)",
+        ),
+        (
+            config_json(
+                "Phi3ForCausalLM",
+                r#""rope_scaling":{"type":"dynamic","factor":2.0}"#,
             ),
             "rope_scaling",
         ),

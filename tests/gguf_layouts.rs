@@ -229,16 +229,22 @@ fn a_mixture_of_experts_row_does_not_depend_on_its_batch() {
 
 /// Phi-3's fused projections (`attn_qkv`, and `ffn_up` holding gate and up) are split by rows
 /// at load, from their own bytes, as the safetensors checkpoint's `qkv_proj` and
-/// `gate_up_proj` are.
+/// `gate_up_proj` are; its partial rotary (`rope.dimension_count` under the head size) and
+/// LongRoPE factors (`rope_factors_short`/`_long`, past `original_context_length`) read as
+/// `partial_rotary_factor` and `rope_scaling` do.
 #[test]
 fn fused_gguf_projections_load_as_the_safetensors_checkpoint_of_the_same_weights() {
     use gguf_file::Value::{F32, U32};
-    let config = ModelConfig::from_hf_json(
-        r#"{"architectures":["Phi3ForCausalLM"],"vocab_size":300,"hidden_size":256,
+    let factors = |step: f32| -> Vec<f32> { (0..24).map(|i| 1.0 + step * i as f32).collect() };
+    let (short, long) = (factors(0.05), factors(0.4));
+    let config = ModelConfig::from_hf_json(&format!(
+        r#"{{"architectures":["Phi3ForCausalLM"],"vocab_size":300,"hidden_size":256,
             "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,
             "num_key_value_heads":2,"rms_norm_eps":1e-5,"rope_theta":10000.0,
-            "max_position_embeddings":256,"sliding_window":2047,"tie_word_embeddings":false}"#,
-    )
+            "max_position_embeddings":256,"sliding_window":2047,"tie_word_embeddings":false,
+            "partial_rotary_factor":0.75,"original_max_position_embeddings":8,
+            "rope_scaling":{{"type":"longrope","short_factor":{short:?},"long_factor":{long:?}}}}}"#
+    ))
     .unwrap();
     let hf = Transformer::random_tensors(&config, 4, &Device::Cpu).unwrap();
     let f32 = |name: &str| QTensor::quantize(&hf[name], GgmlDType::F32).unwrap();
@@ -263,16 +269,25 @@ fn fused_gguf_projections_load_as_the_safetensors_checkpoint_of_the_same_weights
             tensors.push((format!("blk.{l}.{gguf}.weight"), t));
         }
     }
+    for (name, f) in [("rope_factors_short", &short), ("rope_factors_long", &long)] {
+        let t = Tensor::new(f.as_slice(), &Device::Cpu).unwrap();
+        let t = QTensor::quantize(&t, GgmlDType::F32).unwrap();
+        tensors.push((format!("{name}.weight"), t));
+    }
     let metadata = metadata(
         "phi3",
         &[
             ("attention.layer_norm_rms_epsilon", F32(1e-5)),
             ("attention.sliding_window", U32(2047)),
             ("rope.freq_base", F32(1e4)),
+            ("rope.dimension_count", U32(48)),
+            ("rope.scaling.original_context_length", U32(8)),
         ],
     );
     let file = write_gguf(&metadata, &tensors);
     let gguf = load_gguf(&file, WeightFormat::F32);
     assert_eq!(gguf.config().layer_windows, config.layer_windows);
+    assert_eq!(gguf.config().rope, config.rope);
+    assert_eq!(config.rope.freq_factors.as_ref(), Some(&long));
     assert_same_logits(&gguf, config, hf);
 }

@@ -51,9 +51,42 @@ pub struct RopeConfig {
     pub llama3_scaling: Option<Llama3RopeScaling>,
     /// Linear position scaling of the global layers (positions divided by it).
     pub linear_factor: Option<f32>,
-    /// Per-frequency divisors, `head_dim / 2` of them (a Llama 3.x GGUF's `rope_freqs` tensor:
-    /// its RoPE scaling, computed by the converter).
+    /// Per-frequency divisors, one per rotated pair (a Llama 3.x GGUF's `rope_freqs` tensor:
+    /// its RoPE scaling, computed by the converter; Phi-3's LongRoPE short or long factors).
     pub freq_factors: Option<Vec<f32>>,
+    /// Dimensions of each head that rotate, the first ones (Phi's `partial_rotary_factor`);
+    /// `None`: all of them.
+    pub rotary_dim: Option<usize>,
+    /// Scale of the rotary tables' cosines and sines (LongRoPE's attention factor), so of
+    /// queries and keys alike; `None`: 1.
+    pub attention_factor: Option<f32>,
+}
+
+impl RopeConfig {
+    /// LongRoPE (Phi-3's `longrope`, once `su`): per-frequency `short` factors for a model
+    /// that serves no more than the `original` window it was trained with, `long` ones past it,
+    /// chosen once by the window it serves, `max_positions` (as llama.cpp chooses by its
+    /// context size: a conversation's cached keys keep their rotation as it grows), with the
+    /// attention factor `sqrt(1 + ln(max / original) / ln(original))` unless `attention`
+    /// names one.
+    pub fn longrope(
+        &mut self,
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original: usize,
+        max_positions: usize,
+        attention: Option<f32>,
+    ) {
+        let scale = max_positions as f32 / original.max(1) as f32;
+        self.freq_factors = Some(if max_positions > original {
+            long
+        } else {
+            short
+        });
+        self.attention_factor = attention.or_else(|| {
+            (scale > 1.0).then(|| (1.0 + scale.ln() / (original.max(2) as f32).ln()).sqrt())
+        });
+    }
 }
 
 /// A mixture-of-experts MLP: per token, a router's softmax over `count` gated (SwiGLU)
@@ -139,6 +172,13 @@ impl ModelConfig {
                 self.head_dim
             ));
         }
+        let rotary = self.rotary_dim();
+        if rotary == 0 || rotary > self.head_dim || !rotary.is_multiple_of(2) {
+            return bad(format!(
+                "rotary_dim {rotary} must be positive, even and at most head_dim {}",
+                self.head_dim
+            ));
+        }
         if self.vocab_size == 0 || self.max_position_embeddings == 0 {
             return bad("vocabulary and context window must be positive".into());
         }
@@ -167,22 +207,24 @@ impl ModelConfig {
             return bad("a sliding window of 0 tokens".into());
         }
         let factors_ok = self.rope.freq_factors.as_ref().is_none_or(|f| {
-            f.len() == self.head_dim / 2 && f.iter().all(|x| x.is_finite() && *x > 0.0)
+            f.len() == self.rotary_dim() / 2 && f.iter().all(|x| x.is_finite() && *x > 0.0)
         });
         let scalars_ok = [
             self.rope.local_base.map(|b| b > 1.0),
             self.rope.linear_factor.map(|f| f >= 1.0),
             self.query_pre_attn_scalar.map(|s| s > 0.0),
+            (self.rope.attention_factor).map(|f| f.is_finite() && f > 0.0),
         ]
         .into_iter()
         .all(|ok| ok != Some(false));
         if !factors_ok || !scalars_ok {
             return bad(format!(
-                "RoPE local base {:?}, linear factor {:?}, frequency factors of {:?} entries or \
-                 query scalar {:?} out of range",
+                "RoPE local base {:?}, linear factor {:?}, frequency factors of {:?} entries, \
+                 attention factor {:?} or query scalar {:?} out of range",
                 self.rope.local_base,
                 self.rope.linear_factor,
                 self.rope.freq_factors.as_ref().map(Vec::len),
+                self.rope.attention_factor,
                 self.query_pre_attn_scalar
             ));
         }
@@ -228,10 +270,15 @@ impl ModelConfig {
             .sqrt()
     }
 
-    /// Inverse frequencies of the rotary embedding of `layer`, `head_dim / 2` of them, with
+    /// Dimensions of each head that rotate.
+    pub fn rotary_dim(&self) -> usize {
+        self.rope.rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Inverse frequencies of the rotary embedding of `layer`, `rotary_dim / 2` of them, with
     /// the model's scaling applied (sliding-window layers with their own base are unscaled).
     pub fn rope_inv_freq(&self, layer: usize) -> Vec<f32> {
-        let d = self.head_dim;
+        let d = self.rotary_dim();
         let local = self.layer_windows.get(layer).copied().flatten().is_some();
         if let (true, Some(base)) = (local, self.rope.local_base) {
             return (0..d / 2)
@@ -244,7 +291,7 @@ impl ModelConfig {
     /// Inverse frequencies of the layers that attend globally (every layer but the
     /// sliding-window ones with a base of their own).
     pub fn global_inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim;
+        let d = self.rotary_dim();
         let base = self.rope.base;
         let linear = self.rope.linear_factor.unwrap_or(1.0);
         let raw = (0..d / 2).map(|i| {

@@ -410,8 +410,14 @@ impl Transformer {
             .iter()
             .map(|inv_freq| {
                 let angles = positions.broadcast_mul(inv_freq)?;
+                let scale = f64::from(c.rope.attention_factor.unwrap_or(1.0));
                 let at = |v: Tensor| -> Result<Tensor> {
-                    Ok(v.to_dtype(self.act)?.reshape((t, 1, c.head_dim / 2))?)
+                    let v = if scale == 1.0 {
+                        v
+                    } else {
+                        v.affine(scale, 0.0)?
+                    };
+                    Ok(v.to_dtype(self.act)?.reshape((t, 1, c.rotary_dim() / 2))?)
                 };
                 Ok((at(angles.cos()?)?, at(angles.sin()?)?))
             })
@@ -493,9 +499,20 @@ impl Transformer {
         // [tokens, heads, 1, d] is candle's [batch, heads, seq, d] with one position per
         // "batch" row, which lets every token carry its own position.
         let x = x.reshape((t, heads, 1, d))?;
-        let y = match self.config.rope.variant {
-            RopeVariant::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
-            RopeVariant::HalfSplit => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+        let rotary = self.config.rotary_dim();
+        let turn = |x: &Tensor| -> Result<Tensor> {
+            Ok(match self.config.rope.variant {
+                RopeVariant::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
+                RopeVariant::HalfSplit => candle_nn::rotary_emb::rope(x, cos, sin)?,
+            })
+        };
+        let y = match rotary < d {
+            // Partial rotary: the first dimensions turn, the rest pass as they are.
+            true => {
+                let turned = turn(&x.narrow(3, 0, rotary)?.contiguous()?)?;
+                Tensor::cat(&[turned, x.narrow(3, rotary, d - rotary)?], 3)?
+            }
+            false => turn(&x)?,
         };
         Ok(y.reshape((t, heads, d))?)
     }

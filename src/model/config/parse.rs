@@ -73,10 +73,15 @@ impl<'a> Gguf<'a> {
         })
     }
 
-    /// The head size (`default` where no key gives it); values of another size are refused.
-    fn head_dim(&self, default: usize) -> Result<usize> {
+    /// The head size (`default` where no key gives it; the rotated dimensions' count where
+    /// the architecture turns them all); values of another size are refused.
+    fn head_dim(&self, default: usize, rotates_all: bool) -> Result<usize> {
+        let rotated = (self.get("rope.dimension_count"))
+            .ok()
+            .filter(|_| rotates_all);
         let head_dim = (self.get("attention.key_length"))
-            .or_else(|_| self.get("rope.dimension_count"))
+            .ok()
+            .or(rotated)
             .unwrap_or(default);
         match self.get("attention.value_length") {
             Ok(v) if v != head_dim => Err(Error::invalid_model(
@@ -101,6 +106,28 @@ impl<'a> Gguf<'a> {
 }
 
 impl ModelConfig {
+    /// LongRoPE from a GGUF (Phi-3's): its `short` and `long` factors (the file's
+    /// `rope_factors_short` and `rope_factors_long` tensors), with the window the model was
+    /// trained with and the attention factor from its metadata.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] if the factors do not fit the rotated dimensions.
+    pub(crate) fn gguf_longrope(
+        &mut self,
+        content: &gguf_file::Content,
+        short: Vec<f32>,
+        long: Vec<f32>,
+    ) -> Result<()> {
+        let md = Gguf::new(&content.metadata);
+        let window = self.max_position_embeddings;
+        let original = md
+            .get("rope.scaling.original_context_length")
+            .unwrap_or(window);
+        let attention = md.get_f("rope.scaling.attn_factor");
+        self.rope.longrope(short, long, original, window, attention);
+        self.validate()
+    }
+
     /// Reads the config of a GGUF file of a supported architecture.
     ///
     /// # Errors
@@ -130,7 +157,8 @@ impl ModelConfig {
         let num_heads = get("attention.head_count")?;
         let num_layers = get("block_count")?;
         let vocab_size = md.vocab_size()?;
-        let head_dim = md.head_dim(hidden_size / num_heads.max(1))?;
+        let phi = arch == Architecture::Phi3;
+        let head_dim = md.head_dim(hidden_size / num_heads.max(1), !phi)?;
         let linear_factor = md.linear_factor()?;
         let window = get("attention.sliding_window")
             .ok()
@@ -175,6 +203,9 @@ impl ModelConfig {
                 llama3_scaling: None,
                 linear_factor,
                 freq_factors: None,
+                // Phi's partial rotary: fewer rotated dimensions than the head has.
+                rotary_dim: (get("rope.dimension_count").ok()).filter(|&r| phi && r < head_dim),
+                attention_factor: None,
             },
             max_position_embeddings: get("context_length").unwrap_or(4096),
             tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
@@ -201,7 +232,7 @@ impl ModelConfig {
         let n = hf.num_hidden_layers;
         let layer_windows = hf.layer_windows(arch)?;
         let gemma = arch == Architecture::Gemma3;
-        let config = Self {
+        let mut config = Self {
             architecture: arch,
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
@@ -220,6 +251,8 @@ impl ModelConfig {
                 llama3_scaling,
                 linear_factor,
                 freq_factors: None,
+                rotary_dim: None,
+                attention_factor: None,
             },
             max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
             // Each architecture's own default in transformers.
@@ -232,10 +265,25 @@ impl ModelConfig {
             layer_windows,
             experts: hf.experts(arch)?,
         };
+        let head_dim = config.head_dim;
+        if let Some(f) = hf.partial_rotary_factor.filter(|&f| f != 1.0) {
+            // As transformers rounds it.
+            config.rope.rotary_dim = Some((head_dim as f64 * f) as usize);
+        }
+        if let Some((short, long, attention)) = hf.longrope()? {
+            let window = config.max_position_embeddings;
+            let original = hf.original_max_position_embeddings.unwrap_or(window);
+            config
+                .rope
+                .longrope(short, long, original, window, attention);
+        }
         config.validate()?;
         Ok(config)
     }
 }
+
+/// LongRoPE's short factors, long factors and attention factor.
+type LongRope = (Vec<f32>, Vec<f32>, Option<f32>);
 
 #[derive(Deserialize)]
 struct RopeScaling {
@@ -282,6 +330,7 @@ struct Hf {
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
     partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
 }
 
 impl Hf {
@@ -325,11 +374,36 @@ impl Hf {
                 Ok((Some(scaling), None))
             }
             Some("linear") => Ok((None, s.params["factor"].as_f64().map(|f| f as f32))),
+            // Applied once the config is read (`Hf::longrope`).
+            Some("longrope" | "su") => Ok((None, None)),
             other => Err(Error::invalid_model(
                 "config.json rope_scaling",
-                format!("rope_type {other:?} is not supported (supported: llama3, linear)"),
+                format!(
+                    "rope_type {other:?} is not supported (supported: llama3, linear, longrope)"
+                ),
             )),
         }
+    }
+
+    /// LongRoPE's short and long factors and its attention factor, if it is the scaling.
+    fn longrope(&self) -> Result<Option<LongRope>> {
+        let Some(s) = self
+            .rope_scaling
+            .as_ref()
+            .filter(|s| matches!(s.rope_type.as_deref(), Some("longrope" | "su")))
+        else {
+            return Ok(None);
+        };
+        let factors = |key: &str| {
+            serde_json::from_value::<Vec<f32>>(s.params[key].clone())
+                .map_err(|e| Error::invalid_model(format!("config.json rope_scaling.{key}"), e))
+        };
+        let attention = s.params["attention_factor"].as_f64().map(|f| f as f32);
+        Ok(Some((
+            factors("short_factor")?,
+            factors("long_factor")?,
+            attention,
+        )))
     }
 
     /// Each layer's sliding window (`None`: global attention).
@@ -413,8 +487,11 @@ impl Hf {
         if self.use_sliding_window == Some(true) && arch != Architecture::Mistral {
             return refuse("use_sliding_window", "true".into());
         }
+        // Phi's attention turns the first dimensions only; others' turn all of them.
         if let Some(f) = self.partial_rotary_factor.filter(|&f| f != 1.0) {
-            return refuse("partial_rotary_factor", f.to_string());
+            if arch != Architecture::Phi3 {
+                return refuse("partial_rotary_factor", f.to_string());
+            }
         }
         // Every layer's MLP is the mixture: dense layers among them are not implemented.
         if let Some(step) = self.decoder_sparse_step.filter(|&s| s != 1) {

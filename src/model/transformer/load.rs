@@ -162,10 +162,21 @@ impl Transformer {
             device,
             packed: packs(format, device),
         };
-        if content.tensor_infos.contains_key(ROPE_FREQS) {
-            let factors = file.qtensor(ROPE_FREQS)?.dequantize(&Device::Cpu)?;
-            config.rope.freq_factors = Some(factors.flatten_all()?.to_vec1::<f32>()?);
+        let factors = |name: &str| -> Result<Option<Vec<f32>>> {
+            match content.tensor_infos.contains_key(name) {
+                true => {
+                    let t = file.qtensor(name)?.dequantize(&Device::Cpu)?;
+                    Ok(Some(t.flatten_all()?.to_vec1::<f32>()?))
+                }
+                false => Ok(None),
+            }
+        };
+        if let Some(f) = factors(ROPE_FREQS)? {
+            config.rope.freq_factors = Some(f);
             config.validate()?;
+        }
+        if let (Some(short), Some(long)) = (factors(ROPE_SHORT)?, factors(ROPE_LONG)?) {
+            config.gguf_longrope(content, short, long)?;
         }
         let g = Scheme::Gguf.globals();
         let (embed, lm_head) = match (file.packed, config.tie_word_embeddings) {
@@ -483,6 +494,9 @@ fn loaded(layers: usize, of: usize) {
 
 /// A Llama 3.x GGUF's RoPE frequency factors.
 const ROPE_FREQS: &str = "rope_freqs.weight";
+/// A Phi-3 GGUF's LongRoPE factors, for the window it was trained with and past it.
+const ROPE_SHORT: &str = "rope_factors_short.weight";
+const ROPE_LONG: &str = "rope_factors_long.weight";
 
 /// `config`, its output projection untied when the checkpoint ships one (some tied
 /// checkpoints store a copy of the embedding as `lm_head.weight`; reading it is exact).

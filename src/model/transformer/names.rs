@@ -199,11 +199,14 @@ impl Scheme {
     }
 
     /// Tensors a file may hold that the graph reads outside this table (Llama 3 GGUFs' RoPE
-    /// frequency factors) or that hold nothing of the model (old checkpoints' cached RoPE
-    /// frequencies).
+    /// frequency factors, Phi-3's LongRoPE factors) or that hold nothing of the model (old
+    /// checkpoints' cached RoPE frequencies).
     fn ignorable(self, name: &str) -> bool {
         match self {
-            Scheme::Gguf => name == "rope_freqs.weight",
+            Scheme::Gguf => matches!(
+                name,
+                "rope_freqs.weight" | "rope_factors_short.weight" | "rope_factors_long.weight"
+            ),
             Scheme::Hf => name.ends_with(".rotary_emb.inv_freq"),
         }
     }

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Writes the reference logits of tests/transformers_reference.rs: for each small config
+below, pensieve's `random_checkpoint` example writes seeded random weights (Hugging Face
+names), Hugging Face `transformers` runs them on a fixed prompt, and the last position's
+logits go to tests/fixtures/transformers/NAME.json with the config, the seed and the prompt.
+The test writes the same weights again from the seed, so CI needs neither torch nor the
+checkpoints.
+
+Run where `transformers` and a CPU `torch` are installed (both from PyPI):
+    python scripts/reference/transformers_logits.py
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "fixtures" / "transformers"
+SEED = 42
+PROMPT = [(i * 37 + 11) % 300 for i in range(24)]
+
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+              max_position_embeddings=256, tie_word_embeddings=False, rope_theta=10000.0,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+CASES = {
+    # Phi-4-mini's shape of attention: three quarters of each head rotate, with LongRoPE
+    # past the 8 positions it was "trained" on (the prompt is longer: long factors).
+    "phi3_longrope_partial": dict(
+        architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_act="silu", partial_rotary_factor=0.75,
+        original_max_position_embeddings=8,
+        rope_scaling={"type": "longrope",
+                      "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                      "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]},
+        **COMMON),
+    "qwen3_moe": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, **COMMON),
+    "qwen3_moe_unnormalized": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False, **COMMON),
+    "mixtral": dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
+        **COMMON),
+}
+
+
+def logits(config, folder):
+    folder = pathlib.Path(folder)
+    (folder / "case.json").write_text(json.dumps(config))
+    subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "random_checkpoint",
+                    "--", str(folder / "case.json"), str(SEED), str(folder / "model")],
+                   cwd=ROOT, check=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        folder / "model", dtype=torch.float32, output_loading_info=True)
+    # Every weight read from the checkpoint, none left to random initialization.
+    assert not any(info.values()), info
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.tensor([PROMPT])).logits[0, -1]
+    return [float(x) for x in out]
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, config in CASES.items():
+        with tempfile.TemporaryDirectory() as folder:
+            values = logits(config, folder)
+        fixture = {"config": config, "seed": SEED, "prompt": PROMPT, "logits": values,
+                   "reference": f"transformers {transformers.__version__}, "
+                                f"torch {torch.__version__}"}
+        (OUT / f"{name}.json").write_text(json.dumps(fixture) + "\n")
+        print(f"{name}: {len(values)} logits", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
