@@ -302,7 +302,7 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
         (
             config_json(
                 "LlamaForCausalLM",
-                r#""rope_scaling":{"rope_type":"yarn","factor":4.0}"#,
+                r#""rope_scaling":{"rope_type":"yarn","factor":4.0,"extra":1}"#,
             ),
             "rope_scaling",
         ),

@@ -1,6 +1,7 @@
 //! A GGUF file the graph or tokenizer cannot run as written is refused with a typed error that
 //! names the key or tensor, from the file's header alone: every file here is cut short where
-//! the weights begin, so reading any weight would fail with an I/O error instead.
+//! the weights begin, so reading any weight would fail with an I/O error instead. Header keys
+//! the graph does implement read as their `config.json` counterparts do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -149,4 +150,36 @@ fn a_tokenizer_json_beside_the_file_or_named_stands_in() {
         beside.encode(text).unwrap(),
         reference.encode(text).unwrap()
     );
+}
+
+/// A GGUF's YaRN keys scale RoPE as the same settings in `config.json` do.
+#[test]
+fn yarn_keys_scale_rope_as_config_json_does() {
+    use gguf_file::Value::{String as S, F32, U32};
+    let file = header_only(
+        |md| {
+            md.push(("llama.rope.scaling.type".into(), S("yarn".into())));
+            md.push(("llama.rope.scaling.factor".into(), F32(4.0)));
+            md.push((
+                "llama.rope.scaling.original_context_length".into(),
+                U32(2048),
+            ));
+        },
+        |_| {},
+    );
+    let mut r = std::fs::File::open(file.path()).unwrap();
+    let content = gguf_file::Content::read(&mut r).unwrap();
+    let gguf = pensieve::model::ModelConfig::from_gguf(&content).unwrap();
+    let json = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,
+        "intermediate_size":1536,"num_attention_heads":9,"num_hidden_layers":30,
+        "num_key_value_heads":3,"rms_norm_eps":1e-05,"rope_theta":100000,
+        "max_position_embeddings":8192,"tie_word_embeddings":true,"vocab_size":49152,
+        "rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":2048}}"#;
+    let hf = pensieve::model::ModelConfig::from_hf_json(json).unwrap();
+    // llama.cpp's GGUFs pair dimensions interleaved (their converter permuted Q and K).
+    assert_eq!(
+        (gguf.rope.freq_factors, gguf.rope.attention_factor),
+        (hf.rope.freq_factors.clone(), hf.rope.attention_factor)
+    );
+    assert!(hf.rope.attention_factor.is_some_and(|f| f > 1.0));
 }

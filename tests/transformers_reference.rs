@@ -37,6 +37,12 @@ fn phi3_with_partial_rotary_and_longrope_matches_transformers() {
 }
 
 #[test]
+fn yarn_scaling_matches_transformers() {
+    check("qwen3_yarn");
+    check("llama_yarn_mscale");
+}
+
+#[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe");
     check("qwen3_moe_unnormalized");

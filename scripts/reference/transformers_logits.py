@@ -39,6 +39,19 @@ CASES = {
                       "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                       "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]},
         **COMMON),
+    # Qwen3 with YaRN over a window 8x the one it was trained with (the prompt spans the
+    # ramp's dimensions), and with YaRN's ramp unrounded and its attention factor from mscale.
+    "qwen3_yarn": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0,
+                      "original_max_position_embeddings": 32},
+        **COMMON),
+    "llama_yarn_mscale": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                      "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False,
+                      "mscale": 0.707, "mscale_all_dim": 1.0},
+        **COMMON),
     "qwen3_moe": dict(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=16,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, **COMMON),

@@ -41,7 +41,7 @@ pub enum Architecture {
     Qwen3Moe,
     /// Mixtral and other `MixtralForCausalLM` mixture-of-experts models.
     Mixtral,
-    /// Phi-3 and Phi-3.5 mini (`Phi3ForCausalLM`) without long-context RoPE scaling.
+    /// Phi-3, Phi-3.5 and Phi-4 mini (`Phi3ForCausalLM`), with LongRoPE and partial rotary.
     Phi3,
 }
 

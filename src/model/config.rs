@@ -9,6 +9,7 @@ use crate::attention::KvShape;
 use crate::{Error, Result};
 
 mod parse;
+mod yarn;
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
+use super::yarn::Yarn;
 use super::{Architecture, Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 use crate::{Error, Result};
 
@@ -97,11 +98,28 @@ impl<'a> Gguf<'a> {
         match self.get_s("rope.scaling.type").as_deref() {
             None | Some("none") => Ok(None),
             Some("linear") => Ok(self.get_f("rope.scaling.factor").filter(|&f| f != 1.0)),
+            // Applied once the config is read (`Gguf::yarn`).
+            Some("yarn") => Ok(None),
             Some(other) => Err(Error::invalid_model(
                 self.key("rope.scaling.type"),
-                format!("'{other}' is not supported (supported: none, linear)"),
+                format!("'{other}' is not supported (supported: none, linear, yarn)"),
             )),
         }
+    }
+}
+
+impl Gguf<'_> {
+    /// YaRN, if the file scales its RoPE so.
+    fn yarn(&self) -> Result<Option<Yarn>> {
+        if self.get_s("rope.scaling.type").as_deref() != Some("yarn") {
+            return Ok(None);
+        }
+        let factor = (self.get_f("rope.scaling.factor"))
+            .ok_or_else(|| Error::invalid_model(self.key("rope.scaling.factor"), "missing"))?;
+        let original = self.get("rope.scaling.original_context_length").ok();
+        let betas =
+            ["yarn_beta_fast", "yarn_beta_slow"].map(|k| self.get_f(&format!("rope.scaling.{k}")));
+        Ok(Some(Yarn::gguf(factor, original, betas)))
     }
 }
 
@@ -179,7 +197,7 @@ impl ModelConfig {
             Architecture::Mistral | Architecture::Phi3 => (vec![window; num_layers], None, None),
             _ => (vec![None; num_layers], None, None),
         };
-        let config = Self {
+        let mut config = Self {
             architecture: arch,
             vocab_size,
             hidden_size,
@@ -213,6 +231,10 @@ impl ModelConfig {
             layer_windows,
             experts,
         };
+        if let Some(yarn) = md.yarn()? {
+            let (dim, window) = (config.rotary_dim(), config.max_position_embeddings);
+            yarn.apply(&mut config.rope, dim, window);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -269,6 +291,11 @@ impl ModelConfig {
         if let Some(f) = hf.partial_rotary_factor.filter(|&f| f != 1.0) {
             // As transformers rounds it.
             config.rope.rotary_dim = Some((head_dim as f64 * f) as usize);
+        }
+        if let Some(mut yarn) = hf.yarn()? {
+            yarn.default_original(hf.original_max_position_embeddings);
+            let (dim, window) = (config.rotary_dim(), config.max_position_embeddings);
+            yarn.apply(&mut config.rope, dim, window);
         }
         if let Some((short, long, attention)) = hf.longrope()? {
             let window = config.max_position_embeddings;
@@ -374,12 +401,13 @@ impl Hf {
                 Ok((Some(scaling), None))
             }
             Some("linear") => Ok((None, s.params["factor"].as_f64().map(|f| f as f32))),
-            // Applied once the config is read (`Hf::longrope`).
-            Some("longrope" | "su") => Ok((None, None)),
+            // Applied once the config is read (`Hf::longrope`, `Hf::yarn`).
+            Some("longrope" | "su" | "yarn") => Ok((None, None)),
             other => Err(Error::invalid_model(
                 "config.json rope_scaling",
                 format!(
-                    "rope_type {other:?} is not supported (supported: llama3, linear, longrope)"
+                    "rope_type {other:?} is not supported (supported: llama3, linear, \
+                     longrope, yarn)"
                 ),
             )),
         }
@@ -404,6 +432,17 @@ impl Hf {
             factors("long_factor")?,
             attention,
         )))
+    }
+
+    /// YaRN's parameters, if it is the scaling.
+    fn yarn(&self) -> Result<Option<Yarn>> {
+        let Some(s) =
+            (self.rope_scaling.as_ref()).filter(|s| s.rope_type.as_deref() == Some("yarn"))
+        else {
+            return Ok(None);
+        };
+        serde_json::from_value(s.params.clone())
+            .map_err(|e| Error::invalid_model("config.json rope_scaling", e))
     }
 
     /// Each layer's sliding window (`None`: global attention).
