@@ -106,7 +106,7 @@ fn figure10(c: &mut Criterion) {
             b.iter(|| attention(&ideal.q, &ideal.k, &ideal.v, &ideal.batch, scale()))
         });
         group.bench_with_input(BenchmarkId::new("gather_then_attend", ctx), &ctx, |b, _| {
-            b.iter(|| attention_gather(q, k, v, batch, scale(), None))
+            b.iter(|| attention_gather(q, k, v, batch, scale(), None, None))
         });
         group.bench_with_input(
             BenchmarkId::new("one_query_at_a_time", ctx),
@@ -142,7 +142,7 @@ fn engine_batches(c: &mut Criterion) {
             });
             let id = format!("{name}/gather_then_attend");
             group.bench_with_input(BenchmarkId::new(id, ctx), &ctx, |b, _| {
-                b.iter(|| attention_gather(&q, &k, &v, &batch, scale(), None))
+                b.iter(|| attention_gather(&q, &k, &v, &batch, scale(), None, None))
             });
         }
     }

@@ -157,7 +157,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 Ok(())
             })?;
             let t_gather = median(gpu, args.repeats, || {
-                attention_gather(&q, &kd, &vd, &ours, scale as f32, None)?;
+                attention_gather(&q, &kd, &vd, &ours, scale as f32, None, None)?;
                 Ok(())
             })?;
             let qc = q

@@ -348,6 +348,21 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
             ),
             "rope_scaling",
         ),
+        (
+            config_json(
+                "GptOssForCausalLM",
+                r#""num_local_experts":4,"num_experts_per_tok":2,"swiglu_limit":5.0"#,
+            ),
+            "swiglu_limit",
+        ),
+        (
+            config_json(
+                "GptOssForCausalLM",
+                r#""num_local_experts":4,"num_experts_per_tok":2,
+                "quantization_config":{"quant_method":"mxfp4"}"#,
+            ),
+            "quantization_config",
+        ),
         (format!(r#"{{{COMMON}}}"#), "architecture"),
     ] {
         let e = ModelConfig::from_hf_json(&json).unwrap_err();

@@ -21,8 +21,8 @@ fn fast_error(c: &Case, dtype: DType) -> f32 {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
-    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window).unwrap();
+    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window, None).unwrap();
     max_rel_err(&fast, &reference)
 }
 
@@ -52,15 +52,79 @@ proptest! {
     fn gather_equals_reference(c in case()) {
         let (q, k, v, batch) = build(&c);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
-        let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window).unwrap();
+        let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+        let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window, None).unwrap();
         let err = max_rel_err(&gathered, &reference);
         prop_assert!(err < GATHER_TOL, "err {}", err);
     }
 }
 
+/// Each query head's sink from the case's seed, scores of the size the queries make.
+fn sinks(c: &Case) -> Vec<f32> {
+    values(c.n_kv_heads * c.group, c.seed ^ 0x51)
+}
+
+/// The fast CPU kernel's and the gather path's errors against the reference, with sinks.
+fn sink_errors(c: &Case) -> (f32, f32) {
+    let (q, k, v, batch) = build(c);
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let s = sinks(c);
+    let s = Some(s.as_slice());
+    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, s);
+    let reference = reference.unwrap();
+    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window, s).unwrap();
+    let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window, s).unwrap();
+    (
+        max_rel_err(&fast, &reference),
+        max_rel_err(&gathered, &reference),
+    )
+}
+
+#[test]
+fn a_large_sink_takes_the_attention_and_a_small_one_leaves_it() {
+    let (q, k, v, batch) = build(&Case {
+        n_kv_heads: 2,
+        group: 2,
+        head_dim: 64,
+        seqs: vec![SeqCase {
+            ctx_len: 40,
+            queries: (30..40).collect(),
+        }],
+        seed: 7,
+        window: None,
+    });
+    let scale = 0.125;
+    let plain = attention_in_window(&q, &k, &v, &batch, scale, None, None).unwrap();
+    let norm = |t: &Tensor| {
+        t.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    let with = |s: f32| attention_in_window(&q, &k, &v, &batch, scale, None, Some(&[s; 4]));
+    assert!(norm(&with(40.0).unwrap()) < 1e-6 * norm(&plain));
+    assert!(max_rel_err(&with(-40.0).unwrap(), &plain) < FAST_TOL);
+    // One value per query head.
+    assert!(attention_in_window(&q, &k, &v, &batch, scale, None, Some(&[0.0; 3])).is_err());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sinks_join_the_softmax_as_the_reference_s(c in case()) {
+        let (fast, gathered) = sink_errors(&c);
+        prop_assert!(fast < FAST_TOL, "err {}", fast);
+        prop_assert!(gathered < GATHER_TOL, "err {}", gathered);
+    }
+
+    #[test]
+    fn long_contexts_merge_their_segments_before_their_sinks(c in long_case()) {
+        let (fast, _) = sink_errors(&c);
+        prop_assert!(fast < FAST_TOL, "err {}", fast);
+    }
 
     #[test]
     fn long_contexts_merge_their_segments(c in long_case()) {
@@ -179,7 +243,7 @@ fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
+    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
     let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
     let out = attention_in_window(
         &on_gpu(&q),
@@ -188,6 +252,7 @@ fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
         &batch,
         scale,
         c.window,
+        None,
     )
     .unwrap();
     Some(max_rel_err(

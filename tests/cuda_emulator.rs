@@ -41,7 +41,7 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window).unwrap();
+    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
     let mut first: Option<(Schedule, Tensor)> = None;
     for schedule in Schedule::ALL {
         let how = Emulation {

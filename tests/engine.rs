@@ -117,6 +117,12 @@ fn tiered_outputs_equal_stateless_under_pressure_on_a_tiny_mixture_of_experts() 
     tiered_equals_stateless_under_pressure(&|| Model::tiny_experts(7).unwrap());
 }
 
+/// Sinks, biases and sliding windows change nothing of what a conversation keeps.
+#[test]
+fn tiered_outputs_equal_stateless_under_pressure_on_a_tiny_gpt_oss() {
+    tiered_equals_stateless_under_pressure(&|| Model::tiny_gpt_oss(7).unwrap());
+}
+
 fn tiered_equals_stateless_under_pressure(model: &dyn Fn() -> Model) {
     // 12 conversations of ~170 tokens in 30 device blocks of 8 tokens and 40 host chunks:
     // swaps, drops and recomputes all happen.

@@ -49,6 +49,11 @@ fn qwen3_moe_matches_transformers() {
 }
 
 #[test]
+fn gpt_oss_matches_transformers() {
+    check("gpt_oss");
+}
+
+#[test]
 fn mixtral_matches_transformers() {
     check("mixtral");
 }

@@ -58,6 +58,16 @@ CASES = {
     "qwen3_moe_unnormalized": dict(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=16,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False, **COMMON),
+    # gpt-oss: attention sinks and biases, sliding and full layers in turn (the window
+    # shorter than the prompt), YaRN, experts with biases behind a biased router, the clamped
+    # SwiGLU.
+    "gpt_oss": dict(
+        architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, attention_bias=True, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], swiglu_limit=7.0,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "truncate": False, "original_max_position_embeddings": 32},
+        **COMMON),
     "mixtral": dict(
         architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
         **COMMON),

@@ -41,6 +41,8 @@ pub(super) struct PagedAttention<'a> {
     pub scale: f32,
     /// Positions a query sees back from its own (`u32::MAX`: all).
     pub window: u32,
+    /// Each query head's attention sink, if the model has them.
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl CustomOp3 for PagedAttention<'_> {
@@ -61,26 +63,13 @@ impl CustomOp3 for PagedAttention<'_> {
             candle_core::bail!("q must be f32 for the CPU attention kernel")
         };
         let q = contiguous(q, q_l, "q")?;
-        let (b, d, s, w) = (self.batch, self.dims, self.scale, self.window);
         let out = match (k, v) {
-            (CpuStorage::F32(k), CpuStorage::F32(v)) => forward(
-                q,
-                contiguous(k, k_l, "k")?,
-                contiguous(v, v_l, "v")?,
-                b,
-                d,
-                s,
-                w,
-            ),
-            (CpuStorage::F16(k), CpuStorage::F16(v)) => forward(
-                q,
-                contiguous(k, k_l, "k")?,
-                contiguous(v, v_l, "v")?,
-                b,
-                d,
-                s,
-                w,
-            ),
+            (CpuStorage::F32(k), CpuStorage::F32(v)) => {
+                forward(q, contiguous(k, k_l, "k")?, contiguous(v, v_l, "v")?, self)
+            }
+            (CpuStorage::F16(k), CpuStorage::F16(v)) => {
+                forward(q, contiguous(k, k_l, "k")?, contiguous(v, v_l, "v")?, self)
+            }
             _ => candle_core::bail!("the CPU attention kernel reads f32 or f16 KV pools"),
         };
         let d = self.dims;
@@ -122,15 +111,14 @@ impl Item {
 /// A sequence's context is cut into segments of [`SEGMENT`] tiles by index in its context
 /// list, whatever the batch; each segment is its own work item with its own softmax state, and
 /// the segments are merged in order. A query's result depends on its own context only.
-pub(super) fn forward<T: KvElem>(
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    batch: &AttentionBatch,
-    dims: Dims,
-    scale: f32,
-    window: u32,
-) -> Vec<f32> {
+pub(super) fn forward<T: KvElem>(q: &[f32], k: &[T], v: &[T], op: &PagedAttention) -> Vec<f32> {
+    let PagedAttention {
+        batch,
+        dims,
+        scale,
+        window,
+        sinks,
+    } = *op;
     let d = dims.head_dim;
     let group = dims.n_heads / dims.n_kv_heads;
     let row_len = dims.n_heads * d;
@@ -183,7 +171,12 @@ pub(super) fn forward<T: KvElem>(
             part.merge(&next, d);
         }
         let first = batch.sequence(item.seq).first_row + item.row0;
-        for (r, dst) in part.normalized(d).chunks_exact(group * d).enumerate() {
+        let sinks = sinks.map(|s| &s[item.g * group..(item.g + 1) * group]);
+        for (r, dst) in part
+            .normalized(d, sinks)
+            .chunks_exact(group * d)
+            .enumerate()
+        {
             let at = (first + r) * row_len + item.g * group * d;
             out[at..at + group * d].copy_from_slice(dst);
         }
@@ -225,9 +218,17 @@ impl Partial {
         }
     }
 
-    /// The attention outputs: `acc / l` (zero for a query that saw no context).
-    fn normalized(mut self, d: usize) -> Vec<f32> {
-        for (acc, &l) in self.acc.chunks_exact_mut(d).zip(&self.l) {
+    /// The attention outputs: `acc / l` (zero for a query that saw no context), with
+    /// `sinks` (one per query head of the group; query `i` is head `i % group`) as one more
+    /// score each in the softmax's sum.
+    fn normalized(mut self, d: usize, sinks: Option<&[f32]>) -> Vec<f32> {
+        for (i, acc) in self.acc.chunks_exact_mut(d).enumerate() {
+            let (l, m) = (self.l[i], self.m[i]);
+            let sink = match sinks {
+                Some(s) if l > 0.0 => exp(s[i % s.len()] - m),
+                _ => 0.0,
+            };
+            let l = l + sink;
             let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
             acc.iter_mut().for_each(|a| *a *= inv);
         }

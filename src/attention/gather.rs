@@ -11,7 +11,7 @@ use crate::Result;
 /// Same contract as [`super::attention_in_window`], for any candle device.
 ///
 /// # Errors
-/// As [`super::attention`].
+/// As [`super::attention_in_window`].
 pub fn attention_gather(
     q: &Tensor,
     k_pool: &Tensor,
@@ -19,8 +19,10 @@ pub fn attention_gather(
     batch: &AttentionBatch,
     scale: f32,
     window: Option<u32>,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    super::check_sinks(sinks, dims)?;
     let device = q.device();
     let group = dims.n_heads / dims.n_kv_heads;
     let mut outs = Vec::with_capacity(batch.num_sequences());
@@ -58,7 +60,13 @@ pub fn attention_gather(
             .collect();
         let mask = Tensor::from_vec(mask, (1, nq, nc), device)?.to_dtype(qs.dtype())?;
         let scores = (qs.matmul(&ks.t()?)? * f64::from(scale))?.broadcast_add(&mask)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
+        let mut scores = scores.to_dtype(DType::F32)?;
+        if let Some(s) = sinks {
+            // Each head's sink is one more score, whose value is dropped after the softmax.
+            let s = Tensor::from_slice(s, (dims.n_heads, 1, 1), device)?;
+            scores = Tensor::cat(&[scores, s.broadcast_as((dims.n_heads, nq, 1))?], 2)?;
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?.narrow(2, 0, nc)?;
         // A query with no visible entry has an all -inf row: softmax gives NaN, the contract zeros.
         let probs = probs.eq(&probs)?.where_cond(&probs, &probs.zeros_like()?)?;
         let out = probs.to_dtype(qs.dtype())?.matmul(&vs)?; // [H, nq, d]

@@ -35,6 +35,7 @@ mod reference;
 
 use candle_core::{DType, Device, Tensor};
 
+#[cfg(feature = "internals")]
 pub use gather::attention_gather;
 pub use pool::{KeyRotation, KvPool, KvShape};
 #[cfg(feature = "internals")]
@@ -286,14 +287,17 @@ pub fn attention(
     batch: &AttentionBatch,
     scale: f32,
 ) -> Result<Tensor> {
-    attention_in_window(q, k_pool, v_pool, batch, scale, None)
+    attention_in_window(q, k_pool, v_pool, batch, scale, None, None)
 }
 
 /// [`attention`] on a layer whose queries see only the last `window` positions (a sliding
-/// window; `None`: the whole causal context).
+/// window; `None`: the whole causal context), with attention sinks where the model has them
+/// (gpt-oss's): per query head, a learned score that joins the softmax's sum and attends to
+/// no value, so a head may attend to little. `sinks` has one value per query head. On CUDA,
+/// sinks take the gather path for now.
 ///
 /// # Errors
-/// As [`attention`].
+/// As [`attention`]; [`Error::InvalidBatch`] for a sink list of another length.
 pub fn attention_in_window(
     q: &Tensor,
     k_pool: &Tensor,
@@ -301,11 +305,15 @@ pub fn attention_in_window(
     batch: &AttentionBatch,
     scale: f32,
     window: Option<u32>,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    check_sinks(sinks, dims)?;
     match q.device() {
         #[cfg(feature = "cuda-emulator")]
-        Device::Cpu if emulator::replaces_the_cpu_op(dims.head_dim, k_pool.dtype()) => {
+        Device::Cpu
+            if sinks.is_none() && emulator::replaces_the_cpu_op(dims.head_dim, k_pool.dtype()) =>
+        {
             let how = emulator::Emulation {
                 sms: 1,
                 ..Default::default()
@@ -328,6 +336,7 @@ pub fn attention_in_window(
                 dims,
                 scale,
                 window: window.unwrap_or(u32::MAX),
+                sinks,
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
@@ -335,7 +344,8 @@ pub fn attention_in_window(
         // rest take the gather path.
         #[cfg(feature = "cuda")]
         Device::Cuda(_)
-            if matches!(dims.head_dim, 64 | 128 | 256)
+            if sinks.is_none()
+                && matches!(dims.head_dim, 64 | 128 | 256)
                 && matches!(k_pool.dtype(), DType::F32 | DType::F16 | DType::BF16) =>
         {
             let in_dtype = q.dtype();
@@ -350,7 +360,19 @@ pub fn attention_in_window(
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
         // Other devices run the device-agnostic gather path.
-        _ => attention_gather(q, k_pool, v_pool, batch, scale, window),
+        _ => gather::attention_gather(q, k_pool, v_pool, batch, scale, window, sinks),
+    }
+}
+
+/// Refuses a sink list that is not one value per query head.
+fn check_sinks(sinks: Option<&[f32]>, dims: Dims) -> Result<()> {
+    match sinks {
+        Some(s) if s.len() != dims.n_heads => Err(Error::InvalidBatch(format!(
+            "{} attention sinks for {} query heads",
+            s.len(),
+            dims.n_heads
+        ))),
+        _ => Ok(()),
     }
 }
 

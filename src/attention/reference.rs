@@ -9,7 +9,7 @@ use crate::Result;
 /// Same contract as [`super::attention_in_window`], computed the obvious way on the host.
 ///
 /// # Errors
-/// As [`super::attention`].
+/// As [`super::attention_in_window`].
 pub fn attention_reference(
     q: &Tensor,
     k_pool: &Tensor,
@@ -17,8 +17,10 @@ pub fn attention_reference(
     batch: &AttentionBatch,
     scale: f32,
     window: Option<u32>,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
+    super::check_sinks(sinks, dims)?;
     let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let kv = k_pool
         .to_dtype(DType::F32)?
@@ -54,7 +56,12 @@ pub fn attention_reference(
                     .iter()
                     .map(|&(_, s)| s)
                     .fold(f64::NEG_INFINITY, f64::max);
-                let denom: f64 = visible.iter().map(|&(_, s)| (s - max).exp()).sum();
+                // A sink is one more score in the softmax, whose value is zero.
+                let sink = match (sinks, visible.is_empty()) {
+                    (Some(s), false) => (f64::from(s[h]) - max).exp(),
+                    _ => 0.0,
+                };
+                let denom: f64 = visible.iter().map(|&(_, s)| (s - max).exp()).sum::<f64>() + sink;
                 let dst = &mut out[(row * h_n + h) * d..][..d];
                 for (i, o) in dst.iter_mut().enumerate() {
                     let num: f64 = visible

@@ -20,9 +20,14 @@ const ELEMENTS_PER_TASK: usize = 16 * 1024;
 /// [`crate::Error::Candle`] when the shapes differ.
 pub(super) fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
     if !matches!(gate.device(), Device::Cpu) || gate.dtype() != DType::F32 {
-        let a = match act {
-            Activation::Silu => gate.silu()?,
-            Activation::GeluTanh => gate.gelu()?,
+        let (a, up) = match act {
+            Activation::Silu => (gate.silu()?, up.clone()),
+            Activation::GeluTanh => (gate.gelu()?, up.clone()),
+            Activation::ClampedSwiglu => {
+                let g = gate.minimum(CLAMP)?;
+                let sigmoid = candle_nn::ops::sigmoid(&(&g * f64::from(ALPHA))?)?;
+                ((g * sigmoid)?, (up.clamp(-CLAMP, CLAMP)? + 1.0)?)
+            }
         };
         return Ok((a * up)?);
     }
@@ -32,6 +37,9 @@ pub(super) fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tenso
 
 /// `sqrt(2 / pi)`, as candle's `gelu` spells it.
 const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+/// gpt-oss's clamped SwiGLU: the sigmoid's slope and the clamp.
+const ALPHA: f32 = 1.702;
+const CLAMP: f32 = 7.0;
 
 struct Gated(Activation);
 
@@ -40,6 +48,7 @@ impl CustomOp2 for Gated {
         match self.0 {
             Activation::Silu => "pensieve-swiglu",
             Activation::GeluTanh => "pensieve-geglu",
+            Activation::ClampedSwiglu => "pensieve-clamped-swiglu",
         }
     }
 
@@ -68,14 +77,18 @@ impl CustomOp2 for Gated {
             .zip(u.par_chunks(ELEMENTS_PER_TASK))
             .for_each(|((o, g), u)| {
                 for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                    let a = match act {
-                        Activation::Silu => g / (1.0 + (-g).exp()),
+                    *o = match act {
+                        Activation::Silu => g / (1.0 + (-g).exp()) * u,
                         Activation::GeluTanh => {
                             0.5 * g
                                 * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * g * (1.0 + 0.044715 * g * g)))
+                                * u
+                        }
+                        Activation::ClampedSwiglu => {
+                            let g = g.min(CLAMP);
+                            g / (1.0 + (-ALPHA * g).exp()) * (u.clamp(-CLAMP, CLAMP) + 1.0)
                         }
                     };
-                    *o = a * u;
                 }
             });
         Ok((CpuStorage::F32(out), gl.shape().clone()))
@@ -110,6 +123,15 @@ mod tests {
         };
         assert_eq!(bits(&fused)?, bits(&reference)?);
         assert_eq!(bits(&fused_gelu)?, bits(&reference_gelu)?);
+        // gpt-oss's: the fused loop against the same formula in candle's ops (the path of
+        // other devices and types), past both clamps.
+        let fused = super::gated(&g, &u, super::Activation::ClampedSwiglu)
+            .map_err(candle_core::Error::wrap)?;
+        let g7 = g.minimum(7f32)?;
+        let sigmoid = candle_nn::ops::sigmoid(&(&g7 * 1.702)?)?;
+        let reference = ((g7 * sigmoid)? * (u.clamp(-7f32, 7f32)? + 1.0)?)?;
+        let diff = (fused - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "{diff}");
         Ok(())
     }
 }

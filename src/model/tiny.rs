@@ -69,6 +69,23 @@ impl Model {
         )
     }
 
+    /// [`Model::tiny`] of gpt-oss's graph: attention sinks and biases, a 16-token sliding
+    /// window on every other layer, YaRN, and a mixture of 4 biased experts of width 16 with
+    /// the clamped SwiGLU, 2 per token.
+    ///
+    /// # Errors
+    /// Only if candle or the tokenizer cannot build it.
+    pub fn tiny_gpt_oss(seed: u64) -> Result<Self> {
+        Self::tiny_of(
+            r#""architectures":["GptOssForCausalLM"],"intermediate_size":16,"head_dim":8,
+               "num_local_experts":4,"num_experts_per_tok":2,"attention_bias":true,
+               "sliding_window":16,"layer_types":["sliding_attention","full_attention"],
+               "rope_scaling":{"rope_type":"yarn","factor":4.0,
+               "original_max_position_embeddings":512}"#,
+            seed,
+        )
+    }
+
     fn tiny_of(architecture: &str, seed: u64) -> Result<Self> {
         let config = ModelConfig::from_hf_json(&format!(
             r#"{{{architecture},"vocab_size":259,"hidden_size":32,"num_hidden_layers":2,

@@ -22,6 +22,7 @@ use crate::{Error, Result};
 
 mod ffn;
 mod gguf;
+mod gpt_oss;
 mod load;
 mod names;
 mod random;
@@ -120,8 +121,12 @@ struct Layer {
     wk: Linear,
     wv: Linear,
     wo: Linear,
-    /// Q, K and V biases (Qwen2).
+    /// Q, K and V biases (Qwen2, gpt-oss).
     qkv_bias: Option<[Tensor; 3]>,
+    /// The attention output's bias (gpt-oss).
+    o_bias: Option<Tensor>,
+    /// Each query head's attention sink (gpt-oss).
+    sinks: Option<Vec<f32>>,
     /// Per-head RMSNorm weights of Q and K (Qwen3, Gemma 3).
     qk_norm: Option<[Tensor; 2]>,
     /// Norm of the attention output before the residual add (Gemma 3).
@@ -145,6 +150,8 @@ impl Layer {
             .chain(self.qk_norm.iter_mut().flatten())
             .chain(self.post_attn_norm.as_mut())
             .chain(self.post_ffn_norm.as_mut())
+            .chain(self.o_bias.as_mut())
+            .chain(self.ffn.vectors_mut())
     }
 }
 
@@ -467,12 +474,17 @@ impl Transformer {
             let (q, k) = (self.rope(&q, cos, sin)?, self.rope(&k, cos, sin)?);
             pool.write(i, &write_index, &k, &v)?;
             let (k_pool, v_pool) = pool.layer(i)?;
-            let a = attention_in_window(&q, k_pool, v_pool, &batch.attention, scale, layer.window)?;
+            let (window, sinks) = (layer.window, layer.sinks.as_deref());
+            let a =
+                attention_in_window(&q, k_pool, v_pool, &batch.attention, scale, window, sinks)?;
             let a = a.reshape((t, c.num_heads * c.head_dim))?;
             x = match &layer.post_attn_norm {
                 Some(n) => (&x + candle_nn::ops::rms_norm(&layer.wo.forward(&a)?, n, eps)?)?,
                 None => layer.wo.forward_residual(&a, &x)?,
             };
+            if let Some(b) = &layer.o_bias {
+                x = x.broadcast_add(b)?;
+            }
 
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let act = arch.activation();

@@ -358,6 +358,9 @@ struct Hf {
     mlp_only_layers: Option<Vec<usize>>,
     partial_rotary_factor: Option<f64>,
     original_max_position_embeddings: Option<usize>,
+    swiglu_limit: Option<f64>,
+    swiglu_alpha: Option<f64>,
+    quantization_config: Option<serde_json::Value>,
 }
 
 impl Hf {
@@ -452,7 +455,7 @@ impl Hf {
             self.sliding_window.filter(|&w| w > 0),
         );
         Ok(match arch {
-            Architecture::Gemma3 => match &self.layer_types {
+            Architecture::Gemma3 | Architecture::GptOss => match &self.layer_types {
                 Some(types) => types
                     .iter()
                     .map(|t| match t.as_str() {
@@ -490,6 +493,13 @@ impl Hf {
                 intermediate_size: need(self.moe_intermediate_size, "moe_intermediate_size")?,
                 normalize: self.norm_topk_prob.unwrap_or(false),
             }),
+            Architecture::GptOss => Some(Experts {
+                count: need(self.num_local_experts, "num_local_experts")?,
+                per_token: need(self.num_experts_per_tok, "num_experts_per_tok")?,
+                intermediate_size: self.intermediate_size,
+                // A softmax over the chosen experts' scores.
+                normalize: true,
+            }),
             Architecture::Mixtral => Some(Experts {
                 count: self.num_local_experts.unwrap_or(8),
                 per_token: self.num_experts_per_tok.unwrap_or(2),
@@ -516,9 +526,23 @@ impl Hf {
         if let Some(a) = act.filter(|a| !want.contains(&a.as_str())) {
             return refuse("hidden_act", format!("'{a}'"));
         }
-        // Qwen2's own bias is part of the architecture; another's would be dropped.
-        if self.attention_bias == Some(true) && arch != Architecture::Qwen2 {
+        // Qwen2's and gpt-oss's own biases are part of the architecture; another's would be
+        // dropped.
+        if self.attention_bias == Some(true) && !arch.qkv_bias() {
             return refuse("attention_bias", "true".into());
+        }
+        if let Some(q) = &self.quantization_config {
+            return refuse(
+                "quantization_config",
+                format!("method {}", q["quant_method"]),
+            );
+        }
+        // gpt-oss's SwiGLU is built with its release's clamp and slope.
+        if let Some(l) = self.swiglu_limit.filter(|&l| l != 7.0) {
+            return refuse("swiglu_limit", l.to_string());
+        }
+        if let Some(a) = self.swiglu_alpha.filter(|&a| (a - 1.702).abs() > 1e-6) {
+            return refuse("swiglu_alpha", a.to_string());
         }
         if self.mlp_bias == Some(true) {
             return refuse("mlp_bias", "true".into());

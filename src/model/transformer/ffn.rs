@@ -40,6 +40,16 @@ pub(super) struct Mixture {
     /// Each expert's gate, up and down projections.
     pub experts: Vec<[Linear; 3]>,
     pub shape: Experts,
+    /// The router's bias and each expert's projections' (gpt-oss), where the model has them.
+    pub biases: Option<Biases>,
+}
+
+/// A mixture's biases.
+#[derive(Debug)]
+pub(super) struct Biases {
+    pub router: Tensor,
+    /// Each expert's gate, up and down biases.
+    pub experts: Vec<[Tensor; 3]>,
 }
 
 impl Ffn {
@@ -51,6 +61,19 @@ impl Ffn {
                 .chain(m.experts.iter().flatten())
                 .collect(),
         }
+    }
+
+    /// Its vectors that activations meet (the mixture's biases), to convert with them.
+    pub(super) fn vectors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        let biases = match self {
+            Ffn::Experts(Mixture {
+                biases: Some(b), ..
+            }) => Some(b),
+            _ => None,
+        };
+        biases
+            .into_iter()
+            .flat_map(|b| std::iter::once(&mut b.router).chain(b.experts.iter_mut().flatten()))
     }
 
     /// The MLP of `h` (`[tokens, hidden]`), added to `residual` where given.
@@ -82,11 +105,11 @@ impl Ffn {
 
 impl Mixture {
     fn forward(&self, h: &Tensor, act: Activation) -> Result<Tensor> {
-        let scores = self
-            .router
-            .forward(h)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
+        let mut scores = self.router.forward(h)?;
+        if let Some(b) = &self.biases {
+            scores = scores.broadcast_add(&b.router)?;
+        }
+        let scores = scores.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let routes = route(&scores, self.shape.per_token, self.shape.normalize);
         let mut out = h.zeros_like()?;
         for (e, [gate, up, down]) in self.experts.iter().enumerate() {
@@ -102,8 +125,15 @@ impl Mixture {
             let n = rows.len();
             let rows = Tensor::from_vec(rows, n, h.device())?;
             let x = h.index_select(&rows, 0)?;
-            let [g, u] = Linear::forward_many([gate, up], &x)?;
-            let y = down.forward(&gated(&g, &u, act)?)?;
+            let [mut g, mut u] = Linear::forward_many([gate, up], &x)?;
+            let bias = self.biases.as_ref().map(|b| &b.experts[e]);
+            if let Some([gb, ub, _]) = bias {
+                (g, u) = (g.broadcast_add(gb)?, u.broadcast_add(ub)?);
+            }
+            let mut y = down.forward(&gated(&g, &u, act)?)?;
+            if let Some([_, _, db]) = bias {
+                y = y.broadcast_add(db)?;
+            }
             let weights = Tensor::from_vec(weights, (n, 1), h.device())?.to_dtype(y.dtype())?;
             out = out.index_add(&rows, &y.broadcast_mul(&weights)?, 0)?;
         }

@@ -10,7 +10,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::ffn::{Ffn, Mixture};
+use super::ffn::{Biases, Ffn, Mixture};
 use super::gguf::GgufTensors;
 use super::names::{check_tensors, Part, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
@@ -87,12 +87,13 @@ impl Layer {
                     })
                     .collect::<Result<_>>()?,
                 shape,
+                biases: None,
             }),
         };
         let roles = Role::of(config);
         let mut vectors = roles
             .iter()
-            .filter(|r| r.is_norm() || r.is_bias())
+            .filter(|r| r.is_vector())
             .map(|&r| {
                 let mut v = vector(raw(r)?)?;
                 if r.is_norm() && scheme == Scheme::Hf && arch.hf_norm_offset() {
@@ -119,6 +120,26 @@ impl Layer {
             _ => None,
         };
         let window = config.layer_windows.get(index).copied().flatten();
+        let mut ffn = ffn;
+        if let (Ffn::Experts(m), true) = (&mut ffn, arch.sinks_and_biases()) {
+            let router = required(take(Role::RouterBias), Role::RouterBias)?;
+            let experts = (0..m.shape.count)
+                .map(|e| {
+                    let [g, u, d] = [
+                        Role::ExpertGateBias(e),
+                        Role::ExpertUpBias(e),
+                        Role::ExpertDownBias(e),
+                    ]
+                    .map(|r| required(take(r), r));
+                    Ok([g?, u?, d?])
+                })
+                .collect::<Result<_>>()?;
+            m.biases = Some(Biases { router, experts });
+        }
+        let sinks = match take(Role::Sinks) {
+            Some(s) => Some(s.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        };
         Ok(Self {
             attn_norm,
             wq,
@@ -126,6 +147,8 @@ impl Layer {
             wv,
             wo,
             qkv_bias,
+            o_bias: take(Role::OBias),
+            sinks,
             qk_norm,
             post_attn_norm: take(Role::PostAttnNorm),
             ffn_norm,
@@ -271,8 +294,21 @@ impl Transformer {
         mut fetch: impl FnMut(&str) -> Result<Tensor>,
     ) -> Result<Self> {
         let config = untie_if_present(config, names);
+        // gpt-oss's fused experts are read as each expert's projections.
+        let gpt_oss = config.architecture == crate::model::Architecture::GptOss;
+        let names = match gpt_oss {
+            true => super::gpt_oss::unfused_names(&config, names)?,
+            false => names.to_vec(),
+        };
         check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
-        let mut take = |name: &str| Ok(fetch(name)?.to_device(device)?);
+        let mut unfuse = super::gpt_oss::Unfuse::default();
+        let mut take = |name: &str| {
+            let t = match gpt_oss {
+                true => unfuse.fetch(name, &mut fetch)?,
+                false => fetch(name)?,
+            };
+            Ok(t.to_device(device)?)
+        };
         let f32 = |t: Tensor| Ok(t.to_dtype(DType::F32)?);
         let g = Scheme::Hf.globals();
         let embed = take(g.embed)?;

@@ -47,6 +47,14 @@ pub(super) enum Role {
     ExpertGate(usize),
     ExpertUp(usize),
     ExpertDown(usize),
+    /// gpt-oss's biases of the attention output, the router and each expert's projections,
+    /// and its attention sinks (one score per query head).
+    OBias,
+    RouterBias,
+    ExpertGateBias(usize),
+    ExpertUpBias(usize),
+    ExpertDownBias(usize),
+    Sinks,
 }
 
 impl Role {
@@ -79,6 +87,12 @@ impl Role {
         if arch.post_norms() {
             roles.extend([PostAttnNorm, PostFfnNorm]);
         }
+        if arch.sinks_and_biases() {
+            roles.extend([OBias, Sinks, RouterBias]);
+            for e in 0..config.experts.map_or(0, |x| x.count) {
+                roles.extend([ExpertGateBias(e), ExpertUpBias(e), ExpertDownBias(e)]);
+            }
+        }
         roles
     }
 
@@ -105,7 +119,23 @@ impl Role {
 
     /// Whether the tensor is a bias (a vector added to a projection).
     pub(super) fn is_bias(self) -> bool {
-        matches!(self, Role::QBias | Role::KBias | Role::VBias)
+        use Role::*;
+        matches!(
+            self,
+            QBias
+                | KBias
+                | VBias
+                | OBias
+                | RouterBias
+                | ExpertGateBias(_)
+                | ExpertUpBias(_)
+                | ExpertDownBias(_)
+        )
+    }
+
+    /// Whether the tensor is a vector the graph reads as it is (a norm, a bias, the sinks).
+    pub(super) fn is_vector(self) -> bool {
+        self.is_norm() || self.is_bias() || self == Role::Sinks
     }
 
     /// The tensor's name in layer `layer` of a checkpoint in `scheme` of `arch`.
@@ -117,19 +147,33 @@ impl Role {
             Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         };
-        let expert = |e: usize, hf: &str, gguf: &str| match scheme {
-            // GGUF files stack a layer's experts in one tensor per projection.
-            Scheme::Gguf => format!("blk.{layer}.{gguf}.weight"),
-            Scheme::Hf => format!("model.layers.{layer}.{moe}.experts.{e}.{hf}.weight"),
+        let expert = |e: usize, hf: &str, gguf: &str, kind: &str| match scheme {
+            // GGUF files stack a layer's experts in one tensor per projection (gpt-oss's
+            // Hugging Face checkpoints too: `super::gpt_oss` reads each expert's apart).
+            Scheme::Gguf => format!("blk.{layer}.{gguf}.{kind}"),
+            Scheme::Hf => format!("model.layers.{layer}.{moe}.experts.{e}.{hf}.{kind}"),
+        };
+        // gpt-oss names its router `router`.
+        let router = match arch {
+            Architecture::GptOss => "router",
+            _ => "gate",
         };
         let (gguf, hf) = match self {
-            ExpertGate(e) => return expert(e, gate, "ffn_gate_exps"),
-            ExpertUp(e) => return expert(e, up, "ffn_up_exps"),
-            ExpertDown(e) => return expert(e, down, "ffn_down_exps"),
-            Router => match scheme {
-                Scheme::Gguf => return format!("blk.{layer}.ffn_gate_inp.weight"),
-                Scheme::Hf => return format!("model.layers.{layer}.{moe}.gate.weight"),
-            },
+            ExpertGate(e) => return expert(e, gate, "ffn_gate_exps", "weight"),
+            ExpertUp(e) => return expert(e, up, "ffn_up_exps", "weight"),
+            ExpertDown(e) => return expert(e, down, "ffn_down_exps", "weight"),
+            ExpertGateBias(e) => return expert(e, gate, "ffn_gate_exps", "bias"),
+            ExpertUpBias(e) => return expert(e, up, "ffn_up_exps", "bias"),
+            ExpertDownBias(e) => return expert(e, down, "ffn_down_exps", "bias"),
+            Router | RouterBias => {
+                let kind = if self == Router { "weight" } else { "bias" };
+                return match scheme {
+                    Scheme::Gguf => format!("blk.{layer}.ffn_gate_inp.{kind}"),
+                    Scheme::Hf => format!("model.layers.{layer}.{moe}.{router}.{kind}"),
+                };
+            }
+            OBias => ("attn_output.bias", "self_attn.o_proj.bias"),
+            Sinks => ("attn_sinks.weight", "self_attn.sinks"),
             AttnNorm => ("attn_norm.weight", "input_layernorm.weight"),
             Wq => ("attn_q.weight", "self_attn.q_proj.weight"),
             Wk => ("attn_k.weight", "self_attn.k_proj.weight"),

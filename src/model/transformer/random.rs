@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::names::{Role, Scheme};
 use super::{Transformer, WeightFormat};
+use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::{Error, Result};
 
@@ -37,6 +38,19 @@ impl Transformer {
     /// # Errors
     /// [`Error::InvalidModel`] for an inconsistent `config`.
     pub fn random_tensors(
+        config: &ModelConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>> {
+        let mut tensors = Self::random_unfused(config, seed, device)?;
+        if config.architecture == Architecture::GptOss {
+            super::gpt_oss::fuse(config, &mut tensors)?;
+        }
+        Ok(tensors)
+    }
+
+    /// [`Self::random_tensors`] with every expert's projections apart, as the graph names them.
+    pub(super) fn random_unfused(
         config: &ModelConfig,
         seed: u64,
         device: &Device,
@@ -97,6 +111,12 @@ impl Transformer {
                     Role::QNorm | Role::KNorm => vector(&mut state, c.head_dim, 1.0 - offset)?,
                     Role::QBias => vector(&mut state, q, 0.0)?,
                     Role::KBias | Role::VBias => vector(&mut state, kv, 0.0)?,
+                    Role::OBias | Role::ExpertDownBias(_) => vector(&mut state, h, 0.0)?,
+                    Role::RouterBias => vector(&mut state, c.experts.map_or(0, |e| e.count), 0.0)?,
+                    Role::ExpertGateBias(_) | Role::ExpertUpBias(_) => {
+                        vector(&mut state, ffe, 0.0)?
+                    }
+                    Role::Sinks => vector(&mut state, c.num_heads, 0.0)?,
                 };
                 tensors.insert(role.name(Scheme::Hf, arch, i), t);
             }
