@@ -2,7 +2,6 @@
 //! the conversation state (and the layers under it) can hold them.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,27 +55,6 @@ impl Message {
             ..self
         }
     }
-
-    /// The message as templates see it (OpenAI's shape): a message that only calls tools has
-    /// null content, as clients send it; calls' arguments are text with
-    /// `arguments_as_text` (templates that concatenate them), else parsed.
-    pub(crate) fn template_view(&self, arguments_as_text: bool) -> Value {
-        let calls_only = self.content.is_empty() && !self.tool_calls.is_empty();
-        let content = (!calls_only).then_some(self.content.as_str());
-        let mut v = serde_json::json!({"role": self.role, "content": content});
-        if !self.tool_calls.is_empty() {
-            v["tool_calls"] = (self.tool_calls.iter())
-                .map(|c| c.template_view(arguments_as_text))
-                .collect();
-        }
-        if let Some(id) = &self.tool_call_id {
-            v["tool_call_id"] = Value::String(id.clone());
-        }
-        if let Some(thought) = &self.reasoning_content {
-            v["reasoning_content"] = Value::String(thought.clone());
-        }
-        v
-    }
 }
 
 /// A call of a tool (a function) an assistant message makes, as OpenAI's API carries it.
@@ -103,20 +81,5 @@ impl ToolCall {
             name: name.into(),
             arguments: arguments.into(),
         }
-    }
-
-    /// The call as templates see it: OpenAI's shape, the arguments parsed when they are JSON
-    /// (most templates write them back with `tojson`) unless `as_text`.
-    pub(crate) fn template_view(&self, as_text: bool) -> Value {
-        let text = || Value::String(self.arguments.clone());
-        let arguments = match as_text {
-            true => text(),
-            false => serde_json::from_str::<Value>(&self.arguments).unwrap_or_else(|_| text()),
-        };
-        serde_json::json!({
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": arguments},
-        })
     }
 }

@@ -2,7 +2,10 @@
 //! `chat_template` in `tokenizer_config.json`), with minijinja and its Python-compatibility
 //! methods (`.strip()`, `.startswith()`, ... that real templates call).
 
-use minijinja::{context, Environment, ErrorKind};
+use minijinja::{context, Environment};
+
+mod jinja;
+mod view;
 use serde_json::Value;
 
 use super::tools::ToolFormat;
@@ -17,6 +20,9 @@ pub struct ChatTemplate {
     eos_token: String,
     tool_format: Option<ToolFormat>,
     thinks: bool,
+    /// Whether the template writes a call's arguments by concatenation (DeepSeek's), so takes
+    /// them as text rather than as an object.
+    arguments_as_text: bool,
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -61,28 +67,15 @@ impl ChatTemplate {
     /// # Errors
     /// [`crate::Error::ChatTemplate`] if the template does not parse.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
-        let mut env = Environment::new();
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        // A message that only calls tools has null content, as clients send it: templates
-        // written for that test it, and one that writes it anyway writes nothing (not
-        // minijinja's `none`).
-        env.set_formatter(|out, state, value| match value.is_none() {
-            true => Ok(()),
-            false => minijinja::escape_formatter(out, state, value),
-        });
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())?;
+        let mut env = jinja::environment();
+        env.add_template_owned(TEMPLATE_NAME, jinja::without_generation_tags(source))?;
         Ok(Self {
             env,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             tool_format: ToolFormat::detect(source),
             thinks: super::reasoning::template_thinks(source),
+            arguments_as_text: concatenates_arguments(source),
         })
     }
 
@@ -120,12 +113,9 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
-        // DeepSeek's templates write a call's arguments by concatenation: as text.
-        let as_text = matches!(
-            self.tool_format,
-            Some(ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31)
-        );
-        let messages: Vec<Value> = messages.iter().map(|m| m.template_view(as_text)).collect();
+        let as_text = self.arguments_as_text;
+        let messages: Vec<minijinja::Value> =
+            messages.iter().map(|m| view::message(m, as_text)).collect();
         Ok(template.render(context! {
             messages => messages,
             tools => (!tools.is_empty()).then_some(tools),
@@ -203,6 +193,19 @@ impl ChatTemplate {
     }
 }
 
+/// Whether `source` adds a call's arguments to a string with `+` (as
+/// `'...' + tool['function']['arguments']` does), which only text can be.
+fn concatenates_arguments(source: &str) -> bool {
+    let compact: String = source.chars().filter(|c| !c.is_whitespace()).collect();
+    compact.match_indices("arguments").any(|(at, word)| {
+        let after = compact[at + word.len()..].trim_start_matches(['\'', '"', ']']);
+        let before = compact[..at].trim_end_matches(['\'', '"', '[', '.']);
+        let before =
+            before.trim_end_matches(|c: char| c.is_alphanumeric() || "_.[]'\"".contains(c));
+        after.starts_with('+') || before.ends_with('+')
+    })
+}
+
 /// The length of the longest common beginning of `full` and `seen` (a char boundary of both).
 pub fn common_prefix(full: &str, seen: &str) -> usize {
     full.char_indices()
@@ -276,7 +279,7 @@ mod tests {
         assert!(
             text.contains(
                 "<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
-             {\"city\":\"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n\
+             {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n\
              sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
             ),
             "{text}"
@@ -293,22 +296,31 @@ mod tests {
     }
 
     #[test]
-    fn a_message_that_only_calls_has_null_content_and_deepseek_s_arguments_are_text() {
+    fn arguments_are_text_for_templates_that_concatenate_them() {
         let call = ToolCall::new("c1", "time", r#"{"zone": "UTC"}"#);
         let msgs = [
             Message::new("user", "Time?"),
             Message::new("assistant", "").with_tool_calls(vec![call]),
         ];
-        let probe = "{% for m in messages %}[{{ m.content is none }}:{{ m.content }}]\
+        let probe = "{% for m in messages %}[{{ m.content is string }}]\
             {% for c in m.tool_calls %}{{ c.function.arguments is string }}{% endfor %}{% endfor %}";
         let t = ChatTemplate::new(probe, "", "").unwrap();
-        assert_eq!(t.render(&msgs, false).unwrap(), "[False:Time?][True:]False");
-        let deepseek = format!("{probe}{{# tools #}}<｜tool▁call▁begin｜>```json");
-        let t = ChatTemplate::new(&deepseek, "", "").unwrap();
-        assert!(t
-            .render(&msgs, false)
-            .unwrap()
-            .starts_with("[False:Time?][True:]True"));
+        assert_eq!(t.render(&msgs, false).unwrap(), "[True][True]False");
+        let concatenating = format!("{probe}{{{{ '```json' + tool['function']['arguments'] }}}}");
+        let t = ChatTemplate::new(&concatenating, "", "").unwrap();
+        assert!(t.render(&msgs, false).is_err() || t.arguments_as_text);
+        assert!(t.arguments_as_text);
+        for (source, text) in [
+            ("{{ call.arguments | tojson }}", false),
+            ("{{ '\\n' + tool_call['arguments'] + '\\n' }}", true),
+            ("{{ x.arguments+'`' }}", true),
+            (
+                "{% for k, v in call.arguments | items %}{% endfor %}",
+                false,
+            ),
+        ] {
+            assert_eq!(concatenates_arguments(source), text, "{source}");
+        }
     }
 
     #[test]

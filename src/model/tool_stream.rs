@@ -174,7 +174,7 @@ impl ToolStream {
             }
             Phase::Call(scan) => {
                 let index = self.calls.len();
-                let id = call_id(self.seed, index);
+                let id = call_id(self.format, self.seed, index);
                 let (used, closed) = scan.feed(&self.held, index, &id, out);
                 self.held.drain(..used);
                 if !closed {
@@ -335,11 +335,22 @@ impl ToolStream {
 }
 
 /// A call's id: from the turn's `seed` and its place.
-fn call_id(seed: u64, index: usize) -> String {
+fn call_id(format: ToolFormat, seed: u64, index: usize) -> String {
     let mut h = blake3::Hasher::new();
     h.update(&seed.to_le_bytes());
     h.update(&(index as u64).to_le_bytes());
-    format!("call_{}", &h.finalize().to_hex()[..24])
+    let digest = h.finalize();
+    match format {
+        // Mistral's templates refuse any other id than 9 letters and digits.
+        ToolFormat::Mistral | ToolFormat::MistralArgs => {
+            const ALPHABET: &[u8] =
+                b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+            (digest.as_bytes().iter().take(9))
+                .map(|&b| ALPHABET[b as usize % ALPHABET.len()] as char)
+                .collect()
+        }
+        _ => format!("call_{}", &digest.to_hex()[..24]),
+    }
 }
 
 /// A call's JSON object as it is read.

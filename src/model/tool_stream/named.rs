@@ -60,7 +60,7 @@ impl ToolStream {
             }
             out.push(ToolDelta::Call {
                 index,
-                id: call_id(self.seed, index),
+                id: call_id(self.format, self.seed, index),
                 name: name.clone(),
             });
             call.name = Some(name);
@@ -107,7 +107,7 @@ impl ToolStream {
         }
         let valid = serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok();
         self.calls.push(ToolCall {
-            id: call_id(self.seed, index),
+            id: call_id(self.format, self.seed, index),
             name: call.name.take().unwrap_or_default(),
             arguments: std::mem::take(&mut call.arguments),
         });

@@ -62,7 +62,7 @@ impl ToolStream {
                 let name = body[FUNCTION.len()..end].trim().to_string();
                 out.push(ToolDelta::Call {
                     index,
-                    id: call_id(self.seed, index),
+                    id: call_id(self.format, self.seed, index),
                     name: name.clone(),
                 });
                 call.name = Some(name);
@@ -109,7 +109,7 @@ impl ToolStream {
                 let name = call.name.take().unwrap_or_default();
                 let arguments = std::mem::take(&mut call.arguments);
                 self.calls.push(ToolCall {
-                    id: call_id(self.seed, index),
+                    id: call_id(self.format, self.seed, index),
                     name,
                     arguments,
                 });
