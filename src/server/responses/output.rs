@@ -134,10 +134,10 @@ impl Output {
 
     /// Adds `text` to the open item.
     fn extend(&mut self, text: &str) {
-        let output_index = self.items.len() - 1;
-        let Some(item) = self.items.last_mut() else {
+        let Some(output_index) = self.items.len().checked_sub(1) else {
             return;
         };
+        let item = &mut self.items[output_index];
         item.text.push_str(text);
         let mut data = item.at(output_index);
         data["delta"] = json!(text);
@@ -160,10 +160,10 @@ impl Output {
         if !std::mem::take(&mut self.open) {
             return;
         }
-        let output_index = self.items.len() - 1;
-        let Some(item) = self.items.last() else {
+        let Some(output_index) = self.items.len().checked_sub(1) else {
             return;
         };
+        let item = &self.items[output_index];
         let mut done = Vec::new();
         let mut data = item.at(output_index);
         match &item.kind {
