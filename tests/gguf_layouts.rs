@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::KvPool;
-use pensieve::model::{ForwardBatch, ModelConfig, Transformer, WeightFormat};
+use pensieve::model::{ForwardBatch, GgufHeader, ModelConfig, Transformer, WeightFormat};
 
 const PROMPT: usize = 24;
 const EXPERTS: usize = 8;
@@ -169,8 +169,8 @@ fn metadata(arch: &str, more: &[(&str, gguf_file::Value)]) -> Vec<(String, gguf_
 
 fn load_gguf(file: &tempfile::NamedTempFile, format: WeightFormat) -> Transformer {
     let mut r = std::fs::File::open(file.path()).unwrap();
-    let content = gguf_file::Content::read(&mut r).unwrap();
-    Transformer::from_gguf(&content, &mut r, format, &Device::Cpu).unwrap()
+    let header = GgufHeader::read(&mut r).unwrap();
+    Transformer::from_gguf(&header, &mut r, format, &Device::Cpu).unwrap()
 }
 
 #[test]

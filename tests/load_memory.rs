@@ -10,11 +10,10 @@
 
 mod common;
 
-use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 use common::llamacpp;
 use pensieve::attention::KvPool;
-use pensieve::model::{tokenizer_from_gguf, ForwardBatch, Transformer, WeightFormat};
+use pensieve::model::{tokenizer_from_gguf, ForwardBatch, GgufHeader, Transformer, WeightFormat};
 
 /// The process's peak resident set (`VmHWM`), in bytes.
 fn peak_rss() -> usize {
@@ -33,12 +32,12 @@ fn gemma3_loads_in_about_its_file_size() {
     let path = llamacpp::gemma_path();
     let file_len = std::fs::metadata(&path).unwrap().len() as usize;
     let mut file = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
+    let header = GgufHeader::read(&mut file).unwrap();
     // What the vocabulary takes (262,144 pieces) is the tokenizer's, not the weights'.
-    let tokenizer = tokenizer_from_gguf(&content).unwrap();
+    let tokenizer = tokenizer_from_gguf(&header.content).unwrap();
     let before = peak_rss();
     let llama =
-        Transformer::from_gguf(&content, &mut file, WeightFormat::Packed, &Device::Cpu).unwrap();
+        Transformer::from_gguf(&header, &mut file, WeightFormat::Packed, &Device::Cpu).unwrap();
     let loaded = peak_rss();
     let weights = llama.weight_bytes();
     let tokens = 4096;

@@ -9,6 +9,7 @@ mod chat_template;
 mod config;
 mod detokenize;
 mod generation;
+mod gguf;
 mod grammar;
 mod ops;
 mod packed;
@@ -22,8 +23,6 @@ mod transformer;
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
-
 /// The candle and tokenizers types this crate's signatures name, so that a host needs no
 /// dependency of its own on those crates (nor the same versions) to use them.
 pub use candle_core::{DType, Device};
@@ -35,6 +34,10 @@ pub use chat_template::{common_prefix, ChatTemplate, BUILTIN_TEMPLATES};
 pub use config::{Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
+#[cfg(not(feature = "internals"))]
+pub(crate) use gguf::GgufHeader;
+#[cfg(feature = "internals")]
+pub use gguf::{GgufHeader, GgufType, OtherTensor};
 pub use grammar::Constraint;
 pub(crate) use grammar::Guide;
 pub use reasoning::{split_thought, ReasoningParser, ReasoningStream};
@@ -334,17 +337,23 @@ impl Model {
     /// [`Error::Io`] if unreadable, [`Error::InvalidModel`] if not a usable Llama GGUF.
     pub fn from_gguf(path: &Path, options: &LoadOptions) -> Result<Self> {
         let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| Error::invalid_model(path.display().to_string(), e))?;
+        let header = GgufHeader::read(&mut file).map_err(|e| match e {
+            Error::InvalidModel { reason, .. } => {
+                Error::invalid_model(path.display().to_string(), reason)
+            }
+            Error::Io { source, .. } => Error::io(path, source),
+            e => e,
+        })?;
+        let content = &header.content;
         // Everything read from metadata is checked before the weights are.
         let beside = path.with_file_name("tokenizer.json");
-        let tokenizer = match (&options.tokenizer, tokenizer_from_gguf(&content)) {
+        let tokenizer = match (&options.tokenizer, tokenizer_from_gguf(content)) {
             (Some(file), _) => tokenizer_from_file(file)?,
             (None, Ok(t)) => t,
             (None, Err(_)) if beside.is_file() => tokenizer_from_file(&beside)?,
             (None, Err(e)) => return Err(e),
         };
-        let llama = Transformer::from_gguf(&content, &mut file, options.format, &options.device)?;
+        let llama = Transformer::from_gguf(&header, &mut file, options.format, &options.device)?;
         let md = &content.metadata;
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
         let name = |id: Option<u32>| {

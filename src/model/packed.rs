@@ -19,6 +19,7 @@ use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::model::gguf::GgufType;
 use crate::{Error, Result};
 
 /// `$tile::<R, P>(args)` for a register tile of `$rows` rows spanning `$panels` panels (the
@@ -207,8 +208,12 @@ impl PackedLinear {
     /// Whether [`Self::from_gguf`] takes GGUF type `dtype` (the quantizations the integer
     /// kernel keeps, and the float types); the others are dequantized by
     /// [`Self::from_qtensor`].
-    pub fn streams(dtype: GgmlDType) -> bool {
-        gguf::keeps(dtype) || matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+    pub fn streams(dtype: GgufType) -> bool {
+        gguf::keeps(dtype)
+            || matches!(
+                dtype,
+                GgufType::Ggml(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+            )
     }
 
     /// Packs a GGUF matrix of type `dtype` and shape `[n, k]` in its own codes (or float
@@ -218,12 +223,18 @@ impl PackedLinear {
     /// # Errors
     /// [`Error::InvalidModel`] for a type [`Self::streams`] refuses, or short or corrupt data;
     /// `read`'s errors.
-    pub fn from_gguf(dtype: GgmlDType, n: usize, k: usize, read: &mut ReadBytes) -> Result<Self> {
+    pub fn from_gguf(dtype: GgufType, n: usize, k: usize, read: &mut ReadBytes) -> Result<Self> {
         let weights = match dtype {
             dt if gguf::keeps(dt) => Weights::Quant(gguf::pack(dt, n, k, read)?),
-            GgmlDType::F32 => Weights::F32(stream_floats(n, k, read, f32::from_le_bytes)?),
-            GgmlDType::F16 => Weights::F16(stream_floats(n, k, read, f16::from_le_bytes)?),
-            GgmlDType::BF16 => Weights::Bf16(stream_floats(n, k, read, bf16::from_le_bytes)?),
+            GgufType::Ggml(GgmlDType::F32) => {
+                Weights::F32(stream_floats(n, k, read, f32::from_le_bytes)?)
+            }
+            GgufType::Ggml(GgmlDType::F16) => {
+                Weights::F16(stream_floats(n, k, read, f16::from_le_bytes)?)
+            }
+            GgufType::Ggml(GgmlDType::BF16) => {
+                Weights::Bf16(stream_floats(n, k, read, bf16::from_le_bytes)?)
+            }
             _ => {
                 return Err(Error::invalid_model(
                     "packed weights",
@@ -241,12 +252,13 @@ impl PackedLinear {
     /// [`Error::InvalidModel`] for a tensor that is not 2-D or whose data is short or corrupt.
     pub fn from_qtensor(q: &QTensor) -> Result<Self> {
         let (n, k) = q.shape().dims2()?;
-        if !Self::streams(q.dtype()) {
+        let dtype = GgufType::Ggml(q.dtype());
+        if !Self::streams(dtype) {
             let w = q.dequantize(&candle_core::Device::Cpu)?;
             return Self::from_f32(&w.flatten_all()?.to_vec1::<f32>()?, n, k);
         }
         let data = q.data()?;
-        Self::from_gguf(q.dtype(), n, k, &mut |at, len, buf| {
+        Self::from_gguf(dtype, n, k, &mut |at, len, buf| {
             let bytes = data.get(at..at + len).ok_or_else(|| {
                 Error::invalid_model("packed weights", "tensor data shorter than its shape")
             })?;

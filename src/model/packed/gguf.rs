@@ -6,6 +6,7 @@ use half::f16;
 
 use super::quant::{Bits, Form, QuantWeights, RawBlock, QK, SUPER};
 use super::{ReadBytes, NR};
+use crate::model::gguf::GgufType;
 use crate::{Error, Result};
 
 /// How one GGUF type is read: its bytes per block of `values` weights, the kernel's code
@@ -19,7 +20,16 @@ struct Layout {
 }
 
 /// The layout of `dtype`, if the integer kernel keeps it.
-fn layout(dtype: GgmlDType) -> Option<Layout> {
+fn layout(dtype: GgufType) -> Option<Layout> {
+    let GgufType::Ggml(dtype) = dtype else {
+        return Some(Layout {
+            block: 17,
+            values: QK,
+            bits: Bits::Fp4,
+            form: Form::Exponent,
+            read: mxfp4,
+        });
+    };
     let (block, values, bits, form, read): (_, _, _, _, fn(&[u8], usize, &mut RawBlock)) =
         match dtype {
             GgmlDType::Q4_0 => (18, QK, Bits::Four, Form::Block, q4_0),
@@ -42,7 +52,7 @@ fn layout(dtype: GgmlDType) -> Option<Layout> {
 }
 
 /// Whether the integer kernel keeps `dtype`'s codes.
-pub(super) fn keeps(dtype: GgmlDType) -> bool {
+pub(super) fn keeps(dtype: GgufType) -> bool {
     layout(dtype).is_some()
 }
 
@@ -53,7 +63,7 @@ pub(super) fn keeps(dtype: GgmlDType) -> bool {
 /// [`Error::InvalidModel`] for a type the kernel does not keep, a row that is not a whole
 /// number of blocks, or factors out of their type's range; `read`'s errors.
 pub(super) fn pack(
-    dtype: GgmlDType,
+    dtype: GgufType,
     n: usize,
     k: usize,
     read: &mut ReadBytes,
@@ -150,6 +160,13 @@ fn q5_0(b: &[u8], _: usize, out: &mut RawBlock) {
 fn q5_1(b: &[u8], _: usize, out: &mut RawBlock) {
     nibbles(&b[8..24], u32_at(b, 4), out);
     (out.d, out.m) = (f16_at(b, 0), f16_at(b, 2));
+}
+
+/// The E8M0 exponent `e`, 16 bytes of E2M1 nibbles (as `Q4_0`'s): `w = FP4(q) · 2^(e − 127)`,
+/// kept as the nibbles and the exponent (see [`super::quant::Factors::Exponent`]).
+fn mxfp4(b: &[u8], _: usize, out: &mut RawBlock) {
+    nibbles(&b[1..17], 0, out);
+    out.sub[0] = i32::from(b[0]);
 }
 
 /// `d`, 32 signed bytes: `w = d · q`.

@@ -9,6 +9,8 @@
 //! - per block, a scale `d_b` and an offset `m_b` (`w = q · d_b + m_b`; the K-quants compute
 //!   `d_b = D · sc_b`, `m_b = M · mn_b` from 6-bit integers and a super-block's `D`, `M`):
 //!   `y = Σ_b  (Σ_i q_i a_i) · (d_b · s_b)  +  m_b · (s_b · Σ_i a_i)`
+//!   (MXFP4 is this form too: its E2M1 codes are read through a table to unsigned integers,
+//!   with `d_b = 2^(e_b − 128)` and `m_b = −12 d_b` from an exponent byte per block)
 //! - `Q6_K`, an 8-bit scale per 16 values and codes centred on 32:
 //!   `y = Σ_b  (Σ_h sc_h · (Σ_{i∈h} q_i a_i − 32 Σ_{i∈h} a_i)) · (D · s_b)`
 //!
@@ -22,7 +24,6 @@
 //! beside them, 8-bit codes as bytes; scales as the file has them (f16, or 6/8-bit integers
 //! with an f32 per super-block), so a packed matrix takes about the bytes of its file.
 
-use half::f16;
 use rayon::prelude::*;
 
 use super::{Isa, Tile, NR};
@@ -94,8 +95,12 @@ macro_rules! kernel_entry {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod factors;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+
+use factors::{exponent_scale, FP4};
+pub(super) use factors::{Factors, Form, RawBlock};
 
 /// Values per quantization block (the activations', and the weights' unit of factors).
 pub(super) const QK: usize = 32;
@@ -124,13 +129,15 @@ pub(super) enum Bits {
     Six,
     /// Signed 8-bit codes, offset zero: 8 groups of [`GROUP`] bytes.
     Eight,
+    /// MXFP4's 4-bit E2M1 codes as nibbles, read through [`FP4`].
+    Fp4,
 }
 
 impl Bits {
     /// Bytes of one block of one panel.
     pub(super) const fn block_bytes(self) -> usize {
         match self {
-            Bits::Four => NIBBLES,
+            Bits::Four | Bits::Fp4 => NIBBLES,
             Bits::Five => NIBBLES + PLANE,
             Bits::Six => NIBBLES + 2 * PLANE,
             Bits::Eight => QK * NR,
@@ -143,7 +150,7 @@ impl Bits {
         match self {
             Bits::Five => (NIBBLES, g as i32, 0x10),
             Bits::Six => (NIBBLES + (g / 4) * PLANE, 2 * (g % 4) as i32, 0x30),
-            Bits::Four | Bits::Eight => (NIBBLES, 0, 0),
+            Bits::Four | Bits::Fp4 | Bits::Eight => (NIBBLES, 0, 0),
         }
     }
 
@@ -157,95 +164,13 @@ impl Bits {
                 _ => {
                     dst[at] |= (q & 0x0F) << (4 * (g / 4));
                     let (plane, shift, _) = self.plane(g);
-                    if self != Bits::Four {
+                    if !matches!(self, Bits::Four | Bits::Fp4) {
                         dst[plane + c * 4 + t] |= (q >> 4) << shift;
                     }
                 }
             }
         }
     }
-}
-
-/// How a block's codes become weights (see the module's formulas). Layouts: `[panel][block]
-/// [NR]` per block, `[panel][super-block][NR]` per super-block, `[panel][block][half][NR]`
-/// per half.
-#[derive(Debug)]
-pub(super) enum Factors {
-    /// `w = q · d + m`, f16 `d`, `m` per block (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`).
-    Block { d: Vec<f16>, m: Vec<f16> },
-    /// `w = q · (D · sc) + M · mn`, 6-bit `sc`, `mn` per block and f32 `D`, `M` per
-    /// super-block (`Q4_K`, `Q5_K`).
-    Super {
-        d: Vec<f32>,
-        m: Vec<f32>,
-        sc: Vec<u8>,
-        mn: Vec<u8>,
-    },
-    /// `w = D · sc_h · (q − 32)`, an 8-bit `sc_h` per 16 values and f32 `D` per super-block
-    /// (`Q6_K`).
-    Halves { d: Vec<f32>, sc: Vec<i8> },
-}
-
-impl Factors {
-    /// All-zero factors of `form` for `per_block` blocks and `per_super` super-blocks (each
-    /// times `NR` rows).
-    fn zeros(form: Form, per_block: usize, per_super: usize) -> Self {
-        match form {
-            Form::Block => Factors::Block {
-                d: vec![f16::ZERO; per_block],
-                m: vec![f16::ZERO; per_block],
-            },
-            Form::Super => Factors::Super {
-                d: vec![0.0; per_super],
-                m: vec![0.0; per_super],
-                sc: vec![0; per_block],
-                mn: vec![0; per_block],
-            },
-            Form::Halves => Factors::Halves {
-                d: vec![0.0; per_super],
-                sc: vec![0; 2 * per_block],
-            },
-        }
-    }
-
-    /// Stores `raw`'s factors as those of block `pb` (of its panel's blocks), row `c` of the
-    /// panel, in super-block entry `sb`; why not, when one does not fit its type.
-    fn set(&mut self, raw: &RawBlock, pb: usize, c: usize, sb: usize) -> Result<(), String> {
-        match self {
-            Factors::Block { d, m } => {
-                let (hd, hm) = (f16::from_f32(raw.d), f16::from_f32(raw.m));
-                if hd.to_f32() != raw.d || hm.to_f32() != raw.m {
-                    return Err(format!("block factors {} {} overflow f16", raw.d, raw.m));
-                }
-                d[pb * NR + c] = hd;
-                m[pb * NR + c] = hm;
-            }
-            Factors::Super { d, m, sc, mn } => {
-                (d[sb], m[sb]) = (raw.d, raw.m);
-                let six = |v: i32| u8::try_from(v).ok().filter(|&v| v < 64);
-                match (six(raw.sub[0]), six(raw.sub[1])) {
-                    (Some(s), Some(n)) => (sc[pb * NR + c], mn[pb * NR + c]) = (s, n),
-                    _ => return Err(format!("sub-scales {:?}", raw.sub)),
-                }
-            }
-            Factors::Halves { d, sc } => {
-                d[sb] = raw.d;
-                for h in 0..2 {
-                    sc[(2 * pb + h) * NR + c] = i8::try_from(raw.sub[h])
-                        .map_err(|_| format!("sub-scales {:?}", raw.sub))?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Which of [`Factors`] a format packs into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Form {
-    Block,
-    Super,
-    Halves,
 }
 
 /// Quantized weights: `[panel][block]` code blocks and their factors.
@@ -255,17 +180,6 @@ pub(super) struct QuantWeights {
     pub(super) bits: Bits,
     pub(super) codes: Vec<u8>,
     pub(super) factors: Factors,
-}
-
-/// One block of one weight row as read from the file.
-pub(super) struct RawBlock {
-    /// Codes in `k` order: `0..2^bits` unsigned, two's-complement bytes for [`Bits::Eight`].
-    pub(super) codes: [u8; QK],
-    /// [`Form::Block`]: the block's `d` and `m`; the others: the super-block's `D` and `M`.
-    pub(super) d: f32,
-    pub(super) m: f32,
-    /// [`Form::Super`]: `sc` and `mn`; [`Form::Halves`]: the two halves' scales.
-    pub(super) sub: [i32; 2],
 }
 
 impl QuantWeights {
@@ -283,7 +197,10 @@ impl QuantWeights {
         mut read: impl FnMut(usize, usize, &mut RawBlock) -> Result<()>,
     ) -> Result<Self> {
         let bad = |why: String| Error::invalid_model("packed weights", why);
-        let unit = if form == Form::Block { QK } else { QK * SUPER };
+        let unit = match form {
+            Form::Block | Form::Exponent => QK,
+            Form::Super | Form::Halves => QK * SUPER,
+        };
         if !k.is_multiple_of(unit) {
             return Err(bad(format!("{k} columns: not a multiple of {unit}")));
         }
@@ -327,6 +244,7 @@ impl QuantWeights {
                 Factors::Block { d, m } => 2 * (d.len() + m.len()),
                 Factors::Super { d, m, sc, mn } => 4 * (d.len() + m.len()) + sc.len() + mn.len(),
                 Factors::Halves { d, sc } => 4 * d.len() + sc.len(),
+                Factors::Exponent { e } => e.len(),
             }
     }
 
@@ -362,8 +280,10 @@ impl QuantWeights {
             return block[g * GROUP + c * 4 + t] as i8 as i32;
         }
         let low = block[(g % 4) * GROUP + c * 4 + t] >> (4 * (g / 4)) & 0x0F;
-        if self.bits == Bits::Four {
-            return low as i32;
+        match self.bits {
+            Bits::Four => return low as i32,
+            Bits::Fp4 => return i32::from(FP4[usize::from(low)]),
+            _ => {}
         }
         let (plane, shift, mask) = self.bits.plane(g);
         let high = (block[plane + c * 4 + t] >> shift) << 4 & mask;
@@ -375,7 +295,8 @@ impl QuantWeights {
         (p * (self.blocks() / SUPER) + b / SUPER) * NR + c
     }
 
-    /// `(d_b, m_b)` of a per-block form (`D · sc`, `M · mn` for the K-quants, exact in f32).
+    /// `(d_b, m_b)` of a per-block form (`D · sc`, `M · mn` for the K-quants, exact in f32;
+    /// from the exponent for MXFP4).
     fn block_factors(&self, p: usize, b: usize, c: usize) -> (f32, f32) {
         let at = (p * self.blocks() + b) * NR + c;
         match &self.factors {
@@ -383,6 +304,10 @@ impl QuantWeights {
             Factors::Super { d, m, sc, mn } => {
                 let sb = self.super_at(p, b, c);
                 (d[sb] * f32::from(sc[at]), m[sb] * f32::from(mn[at]))
+            }
+            Factors::Exponent { e } => {
+                let d = exponent_scale(e[at]);
+                (d, -12.0 * d)
             }
             Factors::Halves { .. } => (0.0, 0.0),
         }
@@ -417,6 +342,7 @@ impl QuantWeights {
                 per_sb <= d.len().min(m.len()) && per_b <= sc.len().min(mn.len())
             }
             Factors::Halves { d, sc } => per_sb <= d.len() && 2 * per_b <= sc.len(),
+            Factors::Exponent { e } => per_b <= e.len(),
         }
     }
 }

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use super::quant::QK;
 use super::*;
+use crate::model::gguf::GgufType::{self, Ggml, Mxfp4};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -20,9 +21,54 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// MXFP4 blocks of `[n, k]` (random codes, exponents for weights of magnitude up to 3/4), with
+/// the f32 values they stand for, from the E2M1 definition (sign, 2 exponent bits, 1 mantissa
+/// bit) rather than from the kernel's table.
+fn mxfp4_blocks(n: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let e2m1 = |q: u8| {
+        let (sign, exp, man) = (q >> 3, (q >> 1) & 3, f32::from(q & 1));
+        let mag = match exp {
+            0 => man * 0.5,
+            e => (1.0 + man * 0.5) * f32::powi(2.0, i32::from(e) - 1),
+        };
+        if sign == 1 {
+            -mag
+        } else {
+            mag
+        }
+    };
+    let noise = values(n * k / QK * 17, seed);
+    let mut bytes = Vec::new();
+    let mut w = vec![0f32; n * k];
+    for (b, block) in noise.chunks(17).enumerate() {
+        let e = 118 + ((block[0] + 1.0) * 3.5) as u8;
+        bytes.push(e);
+        for j in 0..16 {
+            let q = ((block[j + 1] + 1.0) * 128.0) as u8;
+            bytes.push(q);
+            let scale = f32::powi(2.0, i32::from(e) - 127);
+            w[b * QK + j] = e2m1(q & 0x0F) * scale;
+            w[b * QK + j + 16] = e2m1(q >> 4) * scale;
+        }
+    }
+    (bytes, w)
+}
+
 /// Weights of `[n, k]` packed from `dtype`, with the f32 values they stand for.
-fn weights(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (PackedLinear, Vec<f32>) {
+fn weights(n: usize, k: usize, dtype: GgufType, seed: u64) -> (PackedLinear, Vec<f32>) {
     let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let dtype = match dtype {
+        Ggml(t) => t,
+        Mxfp4 => {
+            let (bytes, w) = mxfp4_blocks(n, k, seed);
+            let lin = PackedLinear::from_gguf(Mxfp4, n, k, &mut |at, len, buf| {
+                buf.clear();
+                buf.extend_from_slice(&bytes[at..at + len]);
+                Ok(())
+            });
+            return (lin.unwrap(), w);
+        }
+    };
     match dtype {
         GgmlDType::F32 => {
             let v = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -39,50 +85,53 @@ fn weights(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (PackedLinear, Ve
     }
 }
 
-const SHAPES: [(usize, usize, GgmlDType); 18] = [
+const SHAPES: [(usize, usize, GgufType); 20] = [
     // 19 panels: work items of several panels.
-    (300, 64, GgmlDType::Q4_1),
-    (33, 64, GgmlDType::Q4_1),
-    (16, 96, GgmlDType::Q4_1),
-    (40, 32, GgmlDType::Q8_0),
-    (7, 64, GgmlDType::Q8_0),
-    (40, 64, GgmlDType::Q4_0),
-    (33, 96, GgmlDType::Q5_0),
-    (20, 64, GgmlDType::Q5_1),
-    (35, 256, GgmlDType::Q4K),
-    (17, 512, GgmlDType::Q5K),
-    (40, 256, GgmlDType::Q6K),
-    (3, 512, GgmlDType::Q6K),
-    (17, 40, GgmlDType::F32),
-    (5, 7, GgmlDType::F32),
-    (17, 40, GgmlDType::F16),
-    (21, 33, GgmlDType::BF16),
+    (300, 64, Ggml(GgmlDType::Q4_1)),
+    (33, 64, Ggml(GgmlDType::Q4_1)),
+    (16, 96, Ggml(GgmlDType::Q4_1)),
+    (40, 32, Ggml(GgmlDType::Q8_0)),
+    (7, 64, Ggml(GgmlDType::Q8_0)),
+    (40, 64, Ggml(GgmlDType::Q4_0)),
+    (33, 96, Ggml(GgmlDType::Q5_0)),
+    (20, 64, Ggml(GgmlDType::Q5_1)),
+    (35, 256, Ggml(GgmlDType::Q4K)),
+    (17, 512, Ggml(GgmlDType::Q5K)),
+    (40, 256, Ggml(GgmlDType::Q6K)),
+    (3, 512, Ggml(GgmlDType::Q6K)),
+    (17, 40, Ggml(GgmlDType::F32)),
+    (5, 7, Ggml(GgmlDType::F32)),
+    (17, 40, Ggml(GgmlDType::F16)),
+    (21, 33, Ggml(GgmlDType::BF16)),
     // Kept as f32 (dequantized): the K-quants the integer kernel has no form for.
-    (18, 256, GgmlDType::Q3K),
-    (18, 256, GgmlDType::Q2K),
+    (18, 256, Ggml(GgmlDType::Q3K)),
+    (18, 256, Ggml(GgmlDType::Q2K)),
+    (33, 64, Mxfp4),
+    (16, 96, Mxfp4),
 ];
 
 /// The formats, on shapes every one of them takes.
-const FORMATS: [GgmlDType; 12] = [
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q8_0,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
-    GgmlDType::F32,
-    GgmlDType::F16,
-    GgmlDType::BF16,
-    GgmlDType::Q3K,
+const FORMATS: [GgufType; 13] = [
+    Ggml(GgmlDType::Q4_0),
+    Ggml(GgmlDType::Q4_1),
+    Ggml(GgmlDType::Q5_0),
+    Ggml(GgmlDType::Q5_1),
+    Ggml(GgmlDType::Q8_0),
+    Ggml(GgmlDType::Q4K),
+    Ggml(GgmlDType::Q5K),
+    Ggml(GgmlDType::Q6K),
+    Ggml(GgmlDType::F32),
+    Ggml(GgmlDType::F16),
+    Ggml(GgmlDType::BF16),
+    Ggml(GgmlDType::Q3K),
+    Mxfp4,
 ];
 
 /// Whether `dtype` runs on the float kernel (its only rounding is f32's).
-fn is_float(dtype: GgmlDType) -> bool {
+fn is_float(dtype: GgufType) -> bool {
     matches!(
         dtype,
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q2K | GgmlDType::Q3K
+        Ggml(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q2K | GgmlDType::Q3K)
     )
 }
 
@@ -239,7 +288,7 @@ fn rows_are_the_dequantized_weights() {
             }
         }
     }
-    let (lin, _) = weights(5, 32, GgmlDType::Q8_0, 1);
+    let (lin, _) = weights(5, 32, Ggml(GgmlDType::Q8_0), 1);
     assert!(lin.rows(&[5]).is_err(), "a row past the matrix");
 }
 
@@ -253,9 +302,9 @@ fn packed_bytes_are_about_the_file_bytes() {
         let file = n * k / dtype.block_size() * dtype.type_size();
         let ratio = lin.bytes() as f64 / file as f64;
         let bound = match dtype {
-            GgmlDType::Q2K | GgmlDType::Q3K => 32.0 / 2.5,
+            Ggml(GgmlDType::Q2K | GgmlDType::Q3K) => 32.0 / 2.5,
             // f16 factors of 32 values where the file has 16 bytes of codes: one f16 more.
-            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => 1.12,
+            Ggml(GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0) => 1.12,
             _ => 1.06,
         };
         assert!(ratio <= bound, "{dtype:?}: {ratio:.3} of the file's bytes");

@@ -5,18 +5,19 @@ use std::cell::RefCell;
 use std::io::{Read, Seek, SeekFrom};
 
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::Device;
 
 use super::load::linear_from_q;
 use super::names::Part;
 use super::{Linear, WeightFormat};
+use crate::model::gguf::{GgufHeader, GgufType};
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
 /// A GGUF file's tensors, read one at a time as the model is built.
 pub(super) struct GgufTensors<'a, R> {
-    pub(super) content: &'a gguf_file::Content,
+    pub(super) header: &'a GgufHeader,
     pub(super) reader: RefCell<&'a mut R>,
     pub(super) device: &'a Device,
     /// Whether linear weights are packed (the packed format on the CPU).
@@ -26,8 +27,12 @@ pub(super) struct GgufTensors<'a, R> {
 impl<'a, R: Read + Seek> GgufTensors<'a, R> {
     /// Tensor `name`, read whole.
     pub(super) fn qtensor(&self, name: &str) -> Result<QTensor> {
+        if let Some(t) = self.header.others.get(name) {
+            return Err(Error::invalid_model(name, only_packed(t.dtype)));
+        }
         let mut reader = self.reader.borrow_mut();
-        self.content
+        self.header
+            .content
             .tensor(&mut **reader, name, self.device)
             .map_err(|e| Error::invalid_model(name, e))
     }
@@ -35,14 +40,17 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
     /// Matrix `name` packed in its own codes, read a panel of rows at a time where its type
     /// allows (so the file is never held whole a second time), else read whole.
     pub(super) fn packed(&self, name: &str) -> Result<PackedLinear> {
-        let info = self.info(name)?;
-        let dtype = info.ggml_dtype;
+        let (dtype, dims, start) = self.info(name)?;
         if !PackedLinear::streams(dtype) {
             return PackedLinear::from_qtensor(&self.qtensor(name)?);
         }
-        let (n, k) = info.shape.dims2()?;
-        let start = self.content.tensor_data_offset.saturating_add(info.offset);
-        self.packed_at(name, dtype, (n, k), start)
+        match *dims {
+            [n, k] => self.packed_at(name, dtype, (n, k), start),
+            _ => Err(Error::invalid_model(
+                name,
+                format!("shape {dims:?}, not a matrix"),
+            )),
+        }
     }
 
     /// Linear layer `name` in `format`.
@@ -56,13 +64,12 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
     /// `part` of tensor `name` in `format`: an expert's matrix of stacked ones (`[experts,
     /// rows, columns]`, one after another) or rows of a matrix. Only its own bytes are read.
     pub(super) fn part(&self, name: &str, part: Part, format: WeightFormat) -> Result<Linear> {
-        let info = self.info(name)?;
-        let dtype = info.ggml_dtype;
+        let (dtype, dims, start) = self.info(name)?;
         let (k, row_bytes) = {
-            let k = *info.shape.dims().last().unwrap_or(&0);
+            let k = *dims.last().unwrap_or(&0);
             (k, k / dtype.block_size() * dtype.type_size())
         };
-        let (first, n) = match (part, info.shape.dims()) {
+        let (first, n) = match (part, dims) {
             (Part::Expert(e), &[experts, n, _]) if e < experts => (e * n, n),
             (Part::Rows { start, len }, &[n, _]) if start + len <= n => (start, len),
             (part, dims) => {
@@ -72,8 +79,7 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
                 ))
             }
         };
-        let start = (self.content.tensor_data_offset.saturating_add(info.offset))
-            .saturating_add((first * row_bytes) as u64);
+        let start = start.saturating_add((first * row_bytes) as u64);
         if self.packed && PackedLinear::streams(dtype) {
             return Ok(Linear::Packed(
                 self.packed_at(name, dtype, (n, k), start)?,
@@ -82,7 +88,10 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
         }
         let mut raw = Vec::new();
         self.read_at(name, start, n * row_bytes)?(0, n * row_bytes, &mut raw)?;
-        let q = qtensor_from_ggml(dtype, &raw, vec![n, k], self.device)
+        let GgufType::Ggml(ggml) = dtype else {
+            return Err(Error::invalid_model(name, only_packed(dtype)));
+        };
+        let q = qtensor_from_ggml(ggml, &raw, vec![n, k], self.device)
             .map_err(|e| Error::invalid_model(name, e))?;
         match self.packed {
             true => Ok(Linear::Packed(
@@ -93,9 +102,9 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
         }
     }
 
-    fn info(&self, name: &str) -> Result<&gguf_file::TensorInfo> {
-        (self.content.tensor_infos.get(name))
-            .ok_or_else(|| Error::invalid_model(name, "missing tensor"))
+    /// Tensor `name`'s type, dimensions and first byte in the file.
+    fn info(&self, name: &str) -> Result<(GgufType, &'a [usize], u64)> {
+        (self.header.tensor(name)).ok_or_else(|| Error::invalid_model(name, "missing tensor"))
     }
 
     /// The `(rows, columns)` matrix of `dtype` at byte `start` of the file, packed a panel of
@@ -103,7 +112,7 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
     fn packed_at(
         &self,
         name: &str,
-        dtype: GgmlDType,
+        dtype: GgufType,
         (n, k): (usize, usize),
         start: u64,
     ) -> Result<PackedLinear> {
@@ -140,4 +149,9 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
             Ok(())
         })
     }
+}
+
+/// Why a tensor of `dtype` cannot be read but by the packed format.
+fn only_packed(dtype: GgufType) -> String {
+    format!("{dtype:?} is only kept in its codes, by the packed format on the CPU")
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::path::Path;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::ffn::{Biases, Ffn, Mixture};
@@ -15,6 +15,7 @@ use super::gguf::GgufTensors;
 use super::names::{check_tensors, Part, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
+use crate::model::gguf::GgufHeader;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
@@ -168,19 +169,16 @@ impl Transformer {
     /// [`Error::InvalidModel`] for other architectures, missing or unused tensors, or corrupt
     /// data.
     pub fn from_gguf<R: Read + Seek>(
-        content: &gguf_file::Content,
+        header: &GgufHeader,
         reader: &mut R,
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
+        let content = &header.content;
         let mut config = ModelConfig::from_gguf(content)?;
-        check_tensors(
-            &config,
-            Scheme::Gguf,
-            content.tensor_infos.keys().map(String::as_str),
-        )?;
+        check_tensors(&config, Scheme::Gguf, header.names())?;
         let file = GgufTensors {
-            content,
+            header,
             reader: RefCell::new(reader),
             device,
             packed: packs(format, device),

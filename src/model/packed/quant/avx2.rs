@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SUPER};
+use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
 
 /// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
 ///
@@ -77,6 +77,8 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     let bytes = w.bits.block_bytes();
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    // SAFETY: `FP4` is 16 bytes.
+    let fp4 = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4.as_ptr().cast()) });
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
     unsafe {
@@ -121,7 +123,7 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                             *d = _mm256_madd_epi16(*d, ones);
                         }
                     }
-                    Bits::Five | Bits::Six => {
+                    Bits::Five | Bits::Six | Bits::Fp4 => {
                         // Pairs of up to 2 · 63 · 127 fit an i16 lane, two of them do not:
                         // each `vpmaddubsw` is widened at once.
                         for c in 0..4 {
@@ -129,15 +131,16 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                             let mut hi = [low; P];
                             for j in 0..P {
                                 let v = _mm256_loadu_si256(codes(j).add(c * GROUP).cast());
-                                let (hl, hh) = (
-                                    high_bits(codes(j), w.bits, c),
-                                    high_bits(codes(j), w.bits, c + 4),
-                                );
-                                lo[j] = _mm256_or_si256(_mm256_and_si256(v, low), hl);
-                                hi[j] = _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
-                                    hh,
-                                );
+                                lo[j] = _mm256_and_si256(v, low);
+                                hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                                if w.bits == Bits::Fp4 {
+                                    lo[j] = _mm256_shuffle_epi8(fp4, lo[j]);
+                                    hi[j] = _mm256_shuffle_epi8(fp4, hi[j]);
+                                } else {
+                                    lo[j] = _mm256_or_si256(lo[j], high_bits(codes(j), w.bits, c));
+                                    hi[j] =
+                                        _mm256_or_si256(hi[j], high_bits(codes(j), w.bits, c + 4));
+                                }
                             }
                             for r in 0..R {
                                 let (xl, xh) = (x_at(r, b, c), x_at(r, b, c + 4));
@@ -184,6 +187,12 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                             _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().add(at).cast())),
                             _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().add(at).cast())),
                         ),
+                        Factors::Exponent { e } => {
+                            let b = _mm_loadl_epi64(e.as_ptr().add(at).cast());
+                            let pow = _mm256_slli_epi32::<23>(_mm256_cvtepu8_epi32(b));
+                            let dv = _mm256_mul_ps(_mm256_castsi256_ps(pow), _mm256_set1_ps(0.5));
+                            (dv, _mm256_mul_ps(dv, _mm256_set1_ps(-12.0)))
+                        }
                         Factors::Super { d, m, sc, mn } => {
                             let ints = |v: &[u8]| {
                                 let b = _mm_loadl_epi64(v.as_ptr().add(at).cast());

@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SUPER};
+use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
 
 kernel_entry!("avx512f,avx512bw,avx512vnni", "AVX-512 F, BW and VNNI");
 
@@ -43,6 +43,8 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     let bytes = w.bits.block_bytes();
     let low = _mm512_set1_epi8(0x0F);
     let bias = _mm512_set1_epi8(i8::MIN);
+    // SAFETY: `FP4` is 16 bytes.
+    let fp4 = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
@@ -93,9 +95,17 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                             let v = _mm512_loadu_si512(codes(j).add(c * GROUP).cast());
                             lo[j] = _mm512_and_si512(v, low);
                             hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                            if bits != Bits::Four {
-                                lo[j] = _mm512_or_si512(lo[j], high_bits(codes(j), bits, c));
-                                hi[j] = _mm512_or_si512(hi[j], high_bits(codes(j), bits, c + 4));
+                            match bits {
+                                Bits::Four => {}
+                                Bits::Fp4 => {
+                                    lo[j] = _mm512_shuffle_epi8(fp4, lo[j]);
+                                    hi[j] = _mm512_shuffle_epi8(fp4, hi[j]);
+                                }
+                                _ => {
+                                    lo[j] = _mm512_or_si512(lo[j], high_bits(codes(j), bits, c));
+                                    hi[j] =
+                                        _mm512_or_si512(hi[j], high_bits(codes(j), bits, c + 4));
+                                }
                             }
                         }
                         for r in 0..R {
@@ -122,6 +132,12 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                         _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr().add(at).cast())),
                         _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr().add(at).cast())),
                     ),
+                    Factors::Exponent { e } => {
+                        let b = _mm_loadu_si128(e.as_ptr().add(at).cast());
+                        let pow = _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(b));
+                        let dv = _mm512_mul_ps(_mm512_castsi512_ps(pow), _mm512_set1_ps(0.5));
+                        (dv, _mm512_mul_ps(dv, _mm512_set1_ps(-12.0)))
+                    }
                     Factors::Super { d, m, sc, mn } => {
                         let ints = |v: &[u8]| {
                             let b = _mm_loadu_si128(v.as_ptr().add(at).cast());

@@ -12,7 +12,7 @@ use std::arch::asm;
 
 use half::f16;
 
-use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK, SUPER};
+use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
 
 /// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
 ///
@@ -105,6 +105,8 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     let supers = blocks / SUPER;
     let bytes = w.bits.block_bytes();
     let low = vdupq_n_u8(0x0F);
+    // SAFETY: `FP4` is 16 bytes.
+    let fp4 = unsafe { vld1q_u8(FP4.as_ptr()) };
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
     unsafe {
@@ -123,16 +125,20 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                 // The second 16 values' dots, kept apart where their scale differs (`Q6_K`).
                 let mut dot1 = [[vdupq_n_s32(0); P]; R];
                 match w.bits {
-                    Bits::Four | Bits::Five | Bits::Six => {
+                    Bits::Four | Bits::Five | Bits::Six | Bits::Fp4 => {
                         for c in 0..4 {
                             let mut lo = [vdupq_n_s8(0); P];
                             let mut hi = [vdupq_n_s8(0); P];
                             for j in 0..P {
                                 let v = vld1q_u8(codes(j).add(c * GROUP));
                                 let (mut l, mut u) = (vandq_u8(v, low), vshrq_n_u8::<4>(v));
-                                if w.bits != Bits::Four {
-                                    l = vorrq_u8(l, high_bits(codes(j), w.bits, c));
-                                    u = vorrq_u8(u, high_bits(codes(j), w.bits, c + 4));
+                                match w.bits {
+                                    Bits::Four => {}
+                                    Bits::Fp4 => (l, u) = (vqtbl1q_u8(fp4, l), vqtbl1q_u8(fp4, u)),
+                                    _ => {
+                                        l = vorrq_u8(l, high_bits(codes(j), w.bits, c));
+                                        u = vorrq_u8(u, high_bits(codes(j), w.bits, c + 4));
+                                    }
                                 }
                                 lo[j] = vreinterpretq_s8_u8(l);
                                 hi[j] = vreinterpretq_s8_u8(u);
@@ -169,6 +175,13 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                     let (dv, mv) = match &w.factors {
                         Factors::Block { d, m } => {
                             (load4(d, at, f16::to_f32), load4(m, at, f16::to_f32))
+                        }
+                        Factors::Exponent { e } => {
+                            let b: [u32; 4] =
+                                std::array::from_fn(|i| u32::from(*e.get_unchecked(at + i)) << 23);
+                            let pow = vreinterpretq_f32_u32(vld1q_u32(b.as_ptr()));
+                            let dv = vmulq_n_f32(pow, 0.5);
+                            (dv, vmulq_n_f32(dv, -12.0))
                         }
                         Factors::Super { d, m, sc, mn } => (
                             vmulq_f32(vld1q_f32(d.as_ptr().add(sb)), load4(sc, at, f32::from)),
