@@ -120,13 +120,6 @@ impl Architecture {
     /// # Errors
     /// [`Error::InvalidModel`] naming the key, the value and what is supported.
     pub fn from_gguf_name(name: &str) -> Result<Self> {
-        if name == Self::GptOss.gguf_name() {
-            return Err(Error::invalid_model(
-                "general.architecture",
-                "'gpt-oss' GGUF files are not supported yet (their experts are MXFP4): a \
-                 safetensors checkpoint in bf16 or f32 loads",
-            ));
-        }
         ARCHITECTURES
             .into_iter()
             .find(|a| a.gguf_name() == name)
@@ -247,10 +240,8 @@ mod tests {
             } else {
                 a
             };
-            // gpt-oss's GGUF files are refused by name until MXFP4 is read.
             let from_gguf = Architecture::from_gguf_name(a.gguf_name()).ok();
-            let expected = (a != Architecture::GptOss).then_some(gguf);
-            assert_eq!(from_gguf, expected);
+            assert_eq!(from_gguf, Some(gguf));
             assert_eq!(Architecture::from_hf_name(a.hf_name()).ok(), Some(a));
         }
         let e = Architecture::from_gguf_name("phi2")

@@ -195,6 +195,8 @@ impl ModelConfig {
                 }),
             ),
             Architecture::Mistral | Architecture::Phi3 => (vec![window; num_layers], None, None),
+            // Sliding and full layers in turn (llama.cpp's pattern for the architecture).
+            Architecture::GptOss => (patterned_windows(num_layers, window, 2), None, None),
             _ => (vec![None; num_layers], None, None),
         };
         let mut config = Self {

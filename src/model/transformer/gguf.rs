@@ -1,5 +1,5 @@
-//! A GGUF file's tensors, read one at a time as the model is built: linear weights packed a
-//! panel of rows at a time, so the file is never held whole a second time.
+//! Loading a GGUF file: its tensors read one at a time as the model is built, linear weights
+//! packed a panel of rows at a time, so the file is never held whole a second time.
 
 use std::cell::RefCell;
 use std::io::{Read, Seek, SeekFrom};
@@ -8,12 +8,19 @@ use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::QTensor;
 use candle_core::Device;
 
-use super::load::linear_from_q;
-use super::names::Part;
-use super::{Linear, WeightFormat};
+use super::load::{linear_from_q, loaded, packs};
+use super::names::{check_tensors, Part, Scheme};
+use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
+use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgufHeader, GgufType};
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
+
+/// A Llama 3.x GGUF's RoPE frequency factors.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+/// A Phi-3 GGUF's LongRoPE factors, for the window it was trained with and past it.
+const ROPE_SHORT: &str = "rope_factors_short.weight";
+const ROPE_LONG: &str = "rope_factors_long.weight";
 
 /// A GGUF file's tensors, read one at a time as the model is built.
 pub(super) struct GgufTensors<'a, R> {
@@ -154,4 +161,75 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
 /// Why a tensor of `dtype` cannot be read but by the packed format.
 fn only_packed(dtype: GgufType) -> String {
     format!("{dtype:?} is only kept in its codes, by the packed format on the CPU")
+}
+
+impl Transformer {
+    /// Loads a GGUF file of a supported architecture, after checking from its index that it
+    /// holds exactly the tensors the graph reads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModel`] for other architectures, missing or unused tensors, or corrupt
+    /// data.
+    pub fn from_gguf<R: Read + Seek>(
+        header: &GgufHeader,
+        reader: &mut R,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let content = &header.content;
+        let mut config = ModelConfig::from_gguf(content)?;
+        check_tensors(&config, Scheme::Gguf, header.names())?;
+        let file = GgufTensors {
+            header,
+            reader: RefCell::new(reader),
+            device,
+            packed: packs(format, device),
+        };
+        let factors = |name: &str| -> Result<Option<Vec<f32>>> {
+            match content.tensor_infos.contains_key(name) {
+                true => {
+                    let t = file.qtensor(name)?.dequantize(&Device::Cpu)?;
+                    Ok(Some(t.flatten_all()?.to_vec1::<f32>()?))
+                }
+                false => Ok(None),
+            }
+        };
+        if let Some(f) = factors(ROPE_FREQS)? {
+            config.rope.freq_factors = Some(f);
+            config.validate()?;
+        }
+        if let (Some(short), Some(long)) = (factors(ROPE_SHORT)?, factors(ROPE_LONG)?) {
+            config.gguf_longrope(content, short, long)?;
+        }
+        let g = Scheme::Gguf.globals();
+        let (embed, lm_head) = match (file.packed, config.tie_word_embeddings) {
+            (true, true) => (Embedding::Packed(None), file.linear(g.embed, format)?),
+            (true, false) => (
+                Embedding::Packed(Some(file.packed(g.embed)?)),
+                file.linear(g.output, format)?,
+            ),
+            (false, tied) => (
+                Embedding::Table(file.qtensor(g.embed)?.dequantize(device)?),
+                file.linear(if tied { g.embed } else { g.output }, format)?,
+            ),
+        };
+        let vector = |name: String| Ok(file.qtensor(&name)?.dequantize(device)?);
+        let norm = vector(g.norm.to_string())?;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            layers.push(Layer::load(
+                &config,
+                Scheme::Gguf,
+                i,
+                |name| Ok(name.to_string()),
+                |name, part| match part {
+                    Part::Whole => file.linear(&name, format),
+                    part => file.part(&name, part, format),
+                },
+                vector,
+            )?);
+            loaded(i + 1, config.num_layers);
+        }
+        Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
+    }
 }

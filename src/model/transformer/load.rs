@@ -2,20 +2,16 @@
 //! shape; the weight format each linear layer is held in, and the activation type that goes
 //! with it.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::{Read, Seek};
 use std::path::Path;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::ffn::{Biases, Ffn, Mixture};
-use super::gguf::GgufTensors;
 use super::names::{check_tensors, Part, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
-use crate::model::gguf::GgufHeader;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
@@ -24,7 +20,7 @@ impl Layer {
     /// turning raw tensors into linear weights (of a part, where a tensor holds several: one
     /// expert of stacked ones, one projection of fused ones) and vectors (norms, biases) with
     /// the format's converters.
-    fn load<T: Clone>(
+    pub(super) fn load<T: Clone>(
         config: &ModelConfig,
         scheme: Scheme,
         index: usize,
@@ -92,11 +88,25 @@ impl Layer {
             }),
         };
         let roles = Role::of(config);
+        // A GGUF file's experts' biases are rows of one tensor per projection, read once.
+        let mut stacked: Option<(String, Tensor)> = None;
         let mut vectors = roles
             .iter()
             .filter(|r| r.is_vector())
             .map(|&r| {
-                let mut v = vector(raw(r)?)?;
+                let mut v = match r.part(scheme) {
+                    Part::Expert(e) => {
+                        let name = r.name(scheme, arch, index);
+                        let whole = match stacked.take() {
+                            Some((held, t)) if held == name => t,
+                            _ => vector(raw(r)?)?,
+                        };
+                        let row = whole.get(e)?;
+                        stacked = Some((name, whole));
+                        row
+                    }
+                    _ => vector(raw(r)?)?,
+                };
                 if r.is_norm() && scheme == Scheme::Hf && arch.hf_norm_offset() {
                     v = (v + 1.0)?;
                 }
@@ -162,75 +172,6 @@ impl Layer {
 }
 
 impl Transformer {
-    /// Loads a GGUF file of a supported architecture, after checking from its index that it
-    /// holds exactly the tensors the graph reads.
-    ///
-    /// # Errors
-    /// [`Error::InvalidModel`] for other architectures, missing or unused tensors, or corrupt
-    /// data.
-    pub fn from_gguf<R: Read + Seek>(
-        header: &GgufHeader,
-        reader: &mut R,
-        format: WeightFormat,
-        device: &Device,
-    ) -> Result<Self> {
-        let content = &header.content;
-        let mut config = ModelConfig::from_gguf(content)?;
-        check_tensors(&config, Scheme::Gguf, header.names())?;
-        let file = GgufTensors {
-            header,
-            reader: RefCell::new(reader),
-            device,
-            packed: packs(format, device),
-        };
-        let factors = |name: &str| -> Result<Option<Vec<f32>>> {
-            match content.tensor_infos.contains_key(name) {
-                true => {
-                    let t = file.qtensor(name)?.dequantize(&Device::Cpu)?;
-                    Ok(Some(t.flatten_all()?.to_vec1::<f32>()?))
-                }
-                false => Ok(None),
-            }
-        };
-        if let Some(f) = factors(ROPE_FREQS)? {
-            config.rope.freq_factors = Some(f);
-            config.validate()?;
-        }
-        if let (Some(short), Some(long)) = (factors(ROPE_SHORT)?, factors(ROPE_LONG)?) {
-            config.gguf_longrope(content, short, long)?;
-        }
-        let g = Scheme::Gguf.globals();
-        let (embed, lm_head) = match (file.packed, config.tie_word_embeddings) {
-            (true, true) => (Embedding::Packed(None), file.linear(g.embed, format)?),
-            (true, false) => (
-                Embedding::Packed(Some(file.packed(g.embed)?)),
-                file.linear(g.output, format)?,
-            ),
-            (false, tied) => (
-                Embedding::Table(file.qtensor(g.embed)?.dequantize(device)?),
-                file.linear(if tied { g.embed } else { g.output }, format)?,
-            ),
-        };
-        let vector = |name: String| Ok(file.qtensor(&name)?.dequantize(device)?);
-        let norm = vector(g.norm.to_string())?;
-        let mut layers = Vec::with_capacity(config.num_layers);
-        for i in 0..config.num_layers {
-            layers.push(Layer::load(
-                &config,
-                Scheme::Gguf,
-                i,
-                |name| Ok(name.to_string()),
-                |name, part| match part {
-                    Part::Whole => file.linear(&name, format),
-                    part => file.part(&name, part, format),
-                },
-                vector,
-            )?);
-            loaded(i + 1, config.num_layers);
-        }
-        Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
-    }
-
     /// Loads a safetensors checkpoint (one file or shards) memory-mapped, after checking
     /// from the files' headers that they hold exactly the tensors `config`'s graph reads.
     ///
@@ -350,7 +291,7 @@ impl Transformer {
         Self::assemble(config, embed, layers, norm, lm_head, device)?.with_format(format, device)
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         config: ModelConfig,
         embed: Embedding,
         layers: Vec<Layer>,
@@ -413,7 +354,7 @@ impl Transformer {
 
     /// The same model, recorded as held in `format`, computing its activations in the type
     /// that format calls for on `device`.
-    fn with_format(mut self, format: WeightFormat, device: &Device) -> Result<Self> {
+    pub(super) fn with_format(mut self, format: WeightFormat, device: &Device) -> Result<Self> {
         self.format = format;
         self.with_activations(activation_dtype(format, device))
     }
@@ -450,7 +391,7 @@ fn activation_dtype(format: WeightFormat, device: &Device) -> DType {
 /// Whether `format` keeps the weights packed on `device`. The packed kernel is the CPU's:
 /// elsewhere the weights are held as f32, and a warning says so (a quantized file then takes
 /// 4-8x its bytes on the device; issue 43 keeps them in their own codes there).
-fn packs(format: WeightFormat, device: &Device) -> bool {
+pub(super) fn packs(format: WeightFormat, device: &Device) -> bool {
     let packed = format == WeightFormat::Packed;
     if packed && !device.is_cpu() {
         tracing::warn!(
@@ -520,17 +461,11 @@ fn pass_buffers_on_the_heap() {
 
 /// Logs the load's progress at each quarter of the layers: a large model takes a while to
 /// read and pack, and a host should see that it moves.
-fn loaded(layers: usize, of: usize) {
+pub(super) fn loaded(layers: usize, of: usize) {
     if (layers * 4 / of.max(1)) > ((layers - 1) * 4 / of.max(1)) {
         tracing::info!(layers, of, "weights loaded");
     }
 }
-
-/// A Llama 3.x GGUF's RoPE frequency factors.
-const ROPE_FREQS: &str = "rope_freqs.weight";
-/// A Phi-3 GGUF's LongRoPE factors, for the window it was trained with and past it.
-const ROPE_SHORT: &str = "rope_factors_short.weight";
-const ROPE_LONG: &str = "rope_factors_long.weight";
 
 /// `config`, its output projection untied when the checkpoint ships one (some tied
 /// checkpoints store a copy of the embedding as `lm_head.weight`; reading it is exact).

@@ -96,14 +96,17 @@ impl Role {
         roles
     }
 
-    /// The part of its tensor a role's matrix is in `scheme`: an expert's of a GGUF file's
-    /// stacked experts (one tensor per projection, each expert's matrix after another), else
-    /// the whole tensor.
+    /// The part of its tensor a role's matrix or vector is in `scheme`: an expert's of a
+    /// GGUF file's stacked experts (one tensor per projection, each expert's matrix or bias
+    /// after another), else the whole tensor.
     pub(super) fn part(self, scheme: Scheme) -> Part {
+        use Role::*;
         match (scheme, self) {
-            (Scheme::Gguf, Role::ExpertGate(e) | Role::ExpertUp(e) | Role::ExpertDown(e)) => {
-                Part::Expert(e)
-            }
+            (
+                Scheme::Gguf,
+                ExpertGate(e) | ExpertUp(e) | ExpertDown(e) | ExpertGateBias(e) | ExpertUpBias(e)
+                | ExpertDownBias(e),
+            ) => Part::Expert(e),
             _ => Part::Whole,
         }
     }
@@ -193,6 +196,11 @@ impl Role {
                 "post_attention_layernorm.weight",
             ),
             FfnNorm if gemma => ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+            // llama.cpp names gpt-oss's norm before the mixture after attention.
+            FfnNorm if arch == Architecture::GptOss => (
+                "post_attention_norm.weight",
+                "post_attention_layernorm.weight",
+            ),
             FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
             Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
             Up => ("ffn_up.weight", "mlp.up_proj.weight"),
