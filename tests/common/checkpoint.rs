@@ -28,6 +28,11 @@ pub fn last_logits(dir: &Path, json: &str, prompt: &[u32]) -> Vec<f32> {
         &Device::Cpu,
     )
     .unwrap();
+    logits(&m, prompt)
+}
+
+/// `m`'s logits after `prompt`, in one pass.
+pub fn logits(m: &Transformer, prompt: &[u32]) -> Vec<f32> {
     let n = prompt.len();
     let pool = KvPool::new(m.config().kv_shape(), n, DType::F32, &Device::Cpu).unwrap();
     let idx: Vec<u32> = (0..n as u32).collect();
