@@ -15,7 +15,7 @@ fn source(name: &str) -> String {
 }
 
 /// The templates checked one by one: each model family's format (`None`: its template takes
-/// no tools, or writes calls in a format not read yet, as gpt-oss's harmony).
+/// no tools).
 const FAMILIES: &[(&str, Option<ToolFormat>)] = &[
     ("Qwen-Qwen2.5-7B-Instruct.jinja", Some(ToolFormat::Hermes)),
     ("Qwen-Qwen3-0.6B.jinja", Some(ToolFormat::Hermes)),
@@ -58,7 +58,7 @@ const FAMILIES: &[(&str, Option<ToolFormat>)] = &[
     ("deepseek-ai-DeepSeek-V3.1.jinja", None),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", None),
     ("microsoft-Phi-3.5-mini-instruct.jinja", None),
-    ("openai-gpt-oss-120b.jinja", None),
+    ("openai-gpt-oss-120b.jinja", Some(ToolFormat::Harmony)),
 ];
 
 /// Templates of models outside pensieve's architectures that use what the dialect lacks

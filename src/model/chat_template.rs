@@ -20,6 +20,7 @@ pub struct ChatTemplate {
     eos_token: String,
     tool_format: Option<ToolFormat>,
     thinks: bool,
+    harmony: bool,
     /// Whether the template writes a call's arguments by concatenation (DeepSeek's), so takes
     /// them as text rather than as an object.
     arguments_as_text: bool,
@@ -75,6 +76,7 @@ impl ChatTemplate {
             eos_token: eos_token.into(),
             tool_format: ToolFormat::detect(source),
             thinks: super::reasoning::template_thinks(source),
+            harmony: source.contains("<|channel|>"),
             arguments_as_text: concatenates_arguments(source),
         })
     }
@@ -84,6 +86,13 @@ impl ChatTemplate {
     /// ([`Message::reasoning_content`]), as the template expects.
     pub fn thinks(&self) -> bool {
         self.thinks
+    }
+
+    /// Whether the template is OpenAI's harmony format (gpt-oss: it names `<|channel|>`): a
+    /// reply is messages on channels, the `analysis` one its thought
+    /// ([`crate::model::ReasoningParser::GptOss`]).
+    pub fn harmony(&self) -> bool {
+        self.harmony
     }
 
     /// How replies write tool calls, for a template that takes tools (`None`: it takes none).

@@ -126,8 +126,9 @@ impl Model {
         llama: Transformer,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-        eos_token_ids: Vec<u32>,
+        mut eos_token_ids: Vec<u32>,
     ) -> Self {
+        harmony_stops(&tokenizer, &mut eos_token_ids);
         let mut text_tokenizer = tokenizer.clone();
         text_tokenizer.set_encode_special_tokens(true);
         // Seen, not configured: a tokenizer.json may prefix by normalizer or pre-tokenizer.
@@ -267,8 +268,18 @@ impl Model {
 
     /// A reply as a conversation's transcript keeps it: for a thinking model's template
     /// ([`ChatTemplate::thinks`]), a reply that closes its thought has it apart from its
-    /// answer ([`Message::reasoning_content`]).
+    /// answer ([`Message::reasoning_content`]); for a harmony template
+    /// ([`ChatTemplate::harmony`]), the analysis channel is the thought and the rest's
+    /// messages, without their markup, the answer.
     pub fn assistant_message(&self, reply: String) -> Message {
+        if self.template.as_ref().is_some_and(ChatTemplate::harmony) {
+            let (thought, answer) = ReasoningParser::GptOss.split(&reply);
+            let m = Message::new("assistant", answer);
+            return match thought {
+                Some(t) => m.with_reasoning(t),
+                None => m,
+            };
+        }
         let thinks = self.template.as_ref().is_some_and(ChatTemplate::thinks);
         match split_thought(&reply).filter(|_| thinks) {
             Some((thought, answer)) => Message::new("assistant", answer).with_reasoning(thought),
@@ -515,6 +526,26 @@ const END_OF_TURN: [&str; 5] = [
     "</s>",
     "<end_of_turn>",
 ];
+
+/// A harmony vocabulary's (gpt-oss) replies end at `<|return|>` (an answer) or `<|call|>` (a
+/// tool call), not at `<|end|>`, which ends the analysis message before the answer. As
+/// llama.cpp does, a vocabulary with both has them as stops and `<|end|>` not.
+fn harmony_stops(tokenizer: &Tokenizer, ids: &mut Vec<u32>) {
+    let (Some(ret), Some(call)) = (
+        tokenizer.token_to_id("<|return|>"),
+        tokenizer.token_to_id("<|call|>"),
+    ) else {
+        return;
+    };
+    if let Some(end) = tokenizer.token_to_id("<|end|>") {
+        ids.retain(|&i| i != end);
+    }
+    for t in [ret, call] {
+        if !ids.contains(&t) {
+            ids.push(t);
+        }
+    }
+}
 
 /// Adds `token`'s id to `ids` if the vocabulary has it and it is not there yet.
 fn add_stop_token(tokenizer: &Tokenizer, ids: &mut Vec<u32>, token: &str) {

@@ -7,6 +7,8 @@
 //! ([`ReasoningParser`]) are what clients of vLLM and llama-server get back as
 //! `reasoning_content`: they also decide what an unfinished thought is.
 
+mod harmony;
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -36,6 +38,9 @@ pub enum ReasoningParser {
     /// Qwen3 and QwQ: a thought only when the reply opens one with `<think>`; a reply without
     /// it is all answer (thinking turned off).
     Qwen3,
+    /// gpt-oss's harmony format: the `analysis` channel's messages are the thought, the
+    /// `final` and `commentary` channels' the answer, headers and terminators neither.
+    GptOss,
 }
 
 impl ReasoningParser {
@@ -44,12 +49,14 @@ impl ReasoningParser {
         match name {
             "deepseek-r1" => Some(Self::DeepseekR1),
             "qwen3" => Some(Self::Qwen3),
+            // vLLM's name for it too.
+            "gpt-oss" | "openai_gptoss" => Some(Self::GptOss),
             _ => None,
         }
     }
 
     /// The names [`Self::from_name`] takes.
-    pub const NAMES: [&'static str; 2] = ["deepseek-r1", "qwen3"];
+    pub const NAMES: [&'static str; 3] = ["deepseek-r1", "qwen3", "gpt-oss"];
 
     /// A whole reply's thought (`None` when it has none) and answer.
     pub fn split(self, reply: &str) -> (Option<String>, String) {
@@ -69,6 +76,7 @@ impl ReasoningParser {
             state: State::Start,
             held: String::new(),
             thought: false,
+            harmony: (self == Self::GptOss).then(harmony::Split::new),
         }
     }
 }
@@ -91,12 +99,17 @@ pub struct ReasoningStream {
     held: String,
     /// Whether any of the reply was taken as thought.
     thought: bool,
+    /// The harmony format's splitter, for [`ReasoningParser::GptOss`].
+    harmony: Option<harmony::Split>,
 }
 
 impl ReasoningStream {
     /// Takes the next piece of the reply; returns what it adds to the thought and to the
     /// answer.
     pub fn push(&mut self, piece: &str) -> (String, String) {
+        if let Some(h) = &mut self.harmony {
+            return h.push(piece);
+        }
         self.held.push_str(piece);
         let (mut thought, mut answer) = (String::new(), String::new());
         loop {
@@ -112,7 +125,7 @@ impl ReasoningStream {
                     } else {
                         self.state = match self.parser {
                             ReasoningParser::DeepseekR1 => State::Thought,
-                            ReasoningParser::Qwen3 => State::Answer,
+                            ReasoningParser::Qwen3 | ReasoningParser::GptOss => State::Answer,
                         };
                         self.thought |= self.state == State::Thought;
                     }
@@ -142,6 +155,9 @@ impl ReasoningStream {
 
     /// The end of the reply: what was held goes where it was heading.
     pub fn finish(&mut self) -> (String, String) {
+        if let Some(h) = &mut self.harmony {
+            return h.finish();
+        }
         let rest = std::mem::take(&mut self.held);
         match self.state {
             State::Thought => (rest, String::new()),
@@ -155,7 +171,9 @@ impl ReasoningStream {
 
     /// Whether the reply held a thought (so far).
     pub fn thought_seen(&self) -> bool {
-        self.thought
+        self.harmony
+            .as_ref()
+            .map_or(self.thought, |h| h.thought_seen)
     }
 }
 
@@ -224,6 +242,52 @@ mod tests {
         );
         assert_eq!(ReasoningParser::from_name("qwen3"), Some(q));
         assert_eq!(ReasoningParser::from_name("o1"), None);
+    }
+
+    #[test]
+    fn harmony_replies_split_by_channel_whole_and_in_any_pieces() {
+        let p = ReasoningParser::GptOss;
+        let reply = "<|channel|>analysis<|message|>User asks <b>; check.<|end|><|start|>assistant\
+                     <|channel|>final<|message|>It is < 3 <|x|> sunny.";
+        let whole = p.split(reply);
+        assert_eq!(
+            whole,
+            (
+                Some("User asks <b>; check.".into()),
+                "It is < 3 <|x|> sunny.".into()
+            )
+        );
+        for size in 1..reply.len() {
+            let mut s = p.stream();
+            let (mut t, mut a) = (String::new(), String::new());
+            let mut rest = reply;
+            while !rest.is_empty() {
+                let mut cut = size.min(rest.len());
+                while !rest.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                let (dt, da) = s.push(&rest[..cut]);
+                t.push_str(&dt);
+                a.push_str(&da);
+                rest = &rest[cut..];
+            }
+            let (dt, da) = s.finish();
+            t.push_str(&dt);
+            a.push_str(&da);
+            assert_eq!((Some(t), a), whole, "pieces of {size} bytes");
+        }
+        // A preamble on the commentary channel is answer; a call's header is markup; a reply
+        // cut inside its thought is all thought; one without markup is all answer.
+        assert_eq!(
+            p.split("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"),
+            (None, "Checking.{}".into())
+        );
+        assert_eq!(
+            p.split("<|channel|>analysis<|message|>Hmm"),
+            (Some("Hmm".into()), String::new())
+        );
+        assert_eq!(p.split("Plain."), (None, "Plain.".into()));
+        assert_eq!(ReasoningParser::from_name("openai_gptoss"), Some(p));
     }
 
     #[test]

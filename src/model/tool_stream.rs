@@ -42,6 +42,8 @@ const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
 const DEEPSEEK_OPEN: &str = "<｜tool▁calls▁begin｜>";
 const DEEPSEEK_CALL: &str = "<｜tool▁call▁begin｜>";
+/// A harmony message's recipient, when it is a function.
+const HARMONY_OPEN: &str = " to=functions.";
 
 #[derive(Clone, Debug)]
 enum Phase {
@@ -220,6 +222,7 @@ impl ToolStream {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => HERMES_OPEN,
             ToolFormat::Mistral | ToolFormat::MistralArgs => MISTRAL_OPEN,
             ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => DEEPSEEK_OPEN,
+            ToolFormat::Harmony => HARMONY_OPEN,
             ToolFormat::Llama3Json => return self.llama_start(),
         };
         let (send, next) = match self.held.find(open) {
@@ -252,9 +255,10 @@ impl ToolStream {
         match self.format {
             ToolFormat::Hermes => Phase::Call(Scan::default()),
             ToolFormat::Qwen3Coder => Phase::Xml(xml::XmlCall::default()),
-            ToolFormat::MistralArgs | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
-                Phase::Named(named::NamedCall::default())
-            }
+            ToolFormat::MistralArgs
+            | ToolFormat::DeepSeekV3
+            | ToolFormat::DeepSeekV31
+            | ToolFormat::Harmony => Phase::Named(named::NamedCall::default()),
             _ => Phase::Between,
         }
     }
@@ -291,6 +295,7 @@ impl ToolStream {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => Some(HERMES_OPEN),
             ToolFormat::MistralArgs => Some(MISTRAL_OPEN),
             ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => Some(DEEPSEEK_CALL),
+            ToolFormat::Harmony => Some(HARMONY_OPEN),
             _ => None,
         };
         if let Some(open) = opener {

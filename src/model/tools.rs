@@ -26,6 +26,10 @@ pub enum ToolFormat {
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`
     /// per call (DeepSeek V3.1).
     DeepSeekV31,
+    /// A harmony message to `functions.NAME` whose content is the arguments' object:
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, or with
+    /// the recipient before the channel (gpt-oss).
+    Harmony,
 }
 
 impl ToolFormat {
@@ -35,7 +39,9 @@ impl ToolFormat {
         if !source.contains("tools") {
             return None;
         }
-        if source.contains("<｜tool▁call▁begin｜>") {
+        if source.contains("<|channel|>") && source.contains("to=") {
+            Some(Self::Harmony)
+        } else if source.contains("<｜tool▁call▁begin｜>") {
             match source.contains("```json") {
                 true => Some(Self::DeepSeekV3),
                 false => Some(Self::DeepSeekV31),
@@ -119,6 +125,21 @@ mod tests {
                 1
             )
             .is_none());
+        let harmony = "<|channel|>analysis<|message|>Need time.<|end|><|start|>assistant<|channel|>commentary to=functions.time <|constrain|>json<|message|>{\"zone\": \"UTC\"}";
+        let (text, calls) = ToolFormat::Harmony.parse(harmony, 1).unwrap();
+        assert_eq!(
+            text,
+            "<|channel|>analysis<|message|>Need time.<|end|><|start|>assistant<|channel|>commentary"
+        );
+        assert_eq!(pairs(&calls), [expected[0].clone()]);
+        // The recipient in the role, as the template renders calls.
+        let (_, calls) = ToolFormat::Harmony
+            .parse(
+                " to=functions.date<|channel|>commentary json<|message|>{}",
+                1,
+            )
+            .unwrap();
+        assert_eq!(pairs(&calls), [expected[1].clone()]);
         let llama = r#"<|python_tag|>{"name": "time", "parameters": {"zone": "UTC"}}"#;
         let (_, calls) = ToolFormat::Llama3Json.parse(llama, 1).unwrap();
         assert_eq!(calls[0].arguments, r#"{"zone": "UTC"}"#);
@@ -148,6 +169,7 @@ mod tests {
             (ToolFormat::Hermes, "No calls at all, just < and <tool text.  "),
             (ToolFormat::MistralArgs, r#"Sure.[TOOL_CALLS]weather[ARGS]{"city": "Pa}ris", "days": [1, {"a": 2}]}[TOOL_CALLS]time[ARGS]{}"#),
             (ToolFormat::DeepSeekV3, "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n{\"city\": \"Pa}ris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            (ToolFormat::Harmony, "<|channel|>analysis<|message|>Weather, then time.<|end|><|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{\"city\": \"Pa}ris\"}<|start|>assistant to=functions.time<|channel|>commentary json<|message|>{}"),
             (ToolFormat::DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>{\"days\": [1, {\"a\": 2}]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
             (ToolFormat::Qwen3Coder, "Let me look.\n<tool_call>\n<function=read>\n<parameter=path>\nsrc/a<b>.rs\n</parameter>\n<parameter=lines>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=list>\n</function>\n</tool_call>"),
         ];
@@ -211,5 +233,9 @@ mod tests {
             Some(ToolFormat::DeepSeekV3)
         );
         assert_eq!(ToolFormat::detect(deepseek), Some(ToolFormat::DeepSeekV31));
+        assert_eq!(
+            ToolFormat::detect("{% if tools %}<|start|>assistant to=functions.{{ n }}<|channel|>"),
+            Some(ToolFormat::Harmony)
+        );
     }
 }

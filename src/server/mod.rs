@@ -42,7 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::cli::{exit_code, positive, EngineArgs, StoreArgs};
 use crate::engine::Engine;
-use crate::model::ReasoningParser;
+use crate::model::{ChatTemplate, ReasoningParser};
 use crate::service::{Chat, Service, ServiceConfig};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -137,9 +137,11 @@ struct Args {
     /// none by default.
     #[arg(long, env = "PENSIEVE_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
-    /// How chat answers tell a thinking model's thought from its answer: `deepseek-r1` or
-    /// `qwen3` answer it as `reasoning_content` (streamed as its own deltas), as vLLM's
-    /// parsers of these names do; without it, the thought stays in `content`.
+    /// How chat answers tell a thinking model's thought from its answer: `deepseek-r1`,
+    /// `qwen3` or `gpt-oss` answer it as `reasoning_content` (streamed as its own deltas), as
+    /// vLLM's parsers of these names do; without it, the thought stays in `content`. A model
+    /// whose template is harmony's (gpt-oss) takes `gpt-oss` unless told otherwise: its
+    /// replies are markup without it.
     #[arg(long, env = "PENSIEVE_REASONING_PARSER", value_parser = reasoning_parser)]
     reasoning_parser: Option<ReasoningParser>,
     /// Log lines as `text`, or `json` (one object per line) for log collectors.
@@ -237,6 +239,8 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
             .max_conversations(args.max_conversations)
             .observer(recorder.clone()),
     )?;
+    let harmony = model.template().is_some_and(ChatTemplate::harmony);
+    let reasoning = (args.reasoning_parser).or(harmony.then_some(ReasoningParser::GptOss));
     let state = AppState {
         service: service.clone(),
         metrics: Arc::new(Metrics::new(
@@ -249,7 +253,7 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         tokens: model,
         panic_on: args.fault_panic_on.map(Into::into),
         prompt_bound,
-        reasoning: args.reasoning_parser,
+        reasoning,
     };
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),

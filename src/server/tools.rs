@@ -110,9 +110,10 @@ pub fn hold(params: &mut SamplingParams, forced: Option<Constraint>) -> Result<(
 fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
     match format {
         ToolFormat::Qwen3Coder => return xml_call(tools),
-        ToolFormat::MistralArgs | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
-            return named_call(format, tools)
-        }
+        ToolFormat::MistralArgs
+        | ToolFormat::DeepSeekV3
+        | ToolFormat::DeepSeekV31
+        | ToolFormat::Harmony => return named_call(format, tools),
         _ => {}
     }
     let arguments_key = match format {
@@ -155,6 +156,10 @@ fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
     let (open, close) = match format {
         ToolFormat::DeepSeekV3 => (DEEPSEEK_OPEN, format!("\n```{DEEPSEEK_CLOSE}")),
         ToolFormat::DeepSeekV31 => (DEEPSEEK_OPEN, DEEPSEEK_CLOSE.to_string()),
+        // The reply opens after the prompt's `<|start|>assistant`: a commentary message to the
+        // function, written as the template renders calls (the recipient in the role), so the
+        // next turn's prompt reuses it; `<|call|>` ends generation after it.
+        ToolFormat::Harmony => (" to=functions.", String::new()),
         _ => ("[TOOL_CALLS]", String::new()),
     };
     let quoted = |s: &str| Value::String(s.to_string()).to_string();
@@ -182,6 +187,7 @@ fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
         let head = match format {
             ToolFormat::DeepSeekV3 => format!("function<｜tool▁sep｜>{name}\n```json\n"),
             ToolFormat::DeepSeekV31 => format!("{name}<｜tool▁sep｜>"),
+            ToolFormat::Harmony => format!("{name}<|channel|>commentary json<|message|>"),
             _ => format!("{name}[ARGS]"),
         };
         rules.push(format!("call{i}: {} %json {schema}", quoted(&head)));

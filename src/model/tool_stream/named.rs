@@ -1,7 +1,8 @@
 //! Calls that write the function's name as text, then its arguments as one JSON object,
 //! streamed as the model writes it: Mistral's from tokenizer v11 on
 //! (`[TOOL_CALLS]NAME[ARGS]{...}`) and DeepSeek's (`function<｜tool▁sep｜>NAME` and a fenced
-//! object in V3, `NAME<｜tool▁sep｜>{...}` in V3.1), each after its opener.
+//! object in V3, `NAME<｜tool▁sep｜>{...}` in V3.1) and harmony's (`NAME ... <|message|>{...}`
+//! after ` to=functions.`), each after its opener.
 
 use super::{call_id, Phase, ToolDelta, ToolStream};
 use crate::message::ToolCall;
@@ -17,6 +18,7 @@ fn name_bounds(format: ToolFormat) -> (&'static str, Option<&'static str>) {
     match format {
         ToolFormat::DeepSeekV3 => ("\n", Some(SEP)),
         ToolFormat::DeepSeekV31 => (SEP, None),
+        ToolFormat::Harmony => ("<|message|>", None),
         _ => (ARGS, None),
     }
 }
@@ -49,6 +51,12 @@ impl ToolStream {
                     Some((_, name)) => (name.trim().to_string(), true),
                     None => (String::new(), false),
                 },
+                // Harmony's header goes on after the name (` <|constrain|>json`, `<|channel|>`).
+                None if self.format == ToolFormat::Harmony => {
+                    let header = &self.held[..at];
+                    let end = header.find(|c: char| c.is_whitespace() || c == '<');
+                    (header[..end.unwrap_or(at)].to_string(), true)
+                }
                 None => (self.held[..at].trim().to_string(), true),
             };
             let valid = kind_given && !name.is_empty() && !name.contains(char::is_whitespace);
