@@ -283,7 +283,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let name = path
             .file_name()
             .map_or("gguf".into(), |n| n.to_string_lossy().into_owned());
+        let before = resident_bytes();
         let model = Model::load(&ModelSource::Gguf(path.clone()), &LoadOptions::default())?;
+        if let (Some(before), Some(after)) = (before, resident_bytes()) {
+            let file = std::fs::metadata(path)?.len();
+            let held = after.saturating_sub(before);
+            eprintln!(
+                "{name}: {:.0} MB resident after loading a {:.0} MB file ({:.3}x)",
+                held as f64 / 1e6,
+                file as f64 / 1e6,
+                held as f64 / file as f64
+            );
+        }
         ours_models.push((name, model));
     }
     let (prefill_lens, decode_ctx) = if args.steps_only {
@@ -402,4 +413,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         rayon::current_num_threads()
     );
     Ok(())
+}
+
+/// The process's resident memory (Linux's `VmRSS`), to tell what loading a model holds.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

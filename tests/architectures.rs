@@ -359,7 +359,7 @@ fn configs_the_graph_does_not_implement_are_refused_by_field() {
             config_json(
                 "GptOssForCausalLM",
                 r#""num_local_experts":4,"num_experts_per_tok":2,
-                "quantization_config":{"quant_method":"mxfp4"}"#,
+                "quantization_config":{"quant_method":"bitsandbytes"}"#,
             ),
             "quantization_config",
         ),

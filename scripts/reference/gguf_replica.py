@@ -15,7 +15,8 @@ import numpy as np
 # GGUF value types: fixed sizes of the scalar ones.
 SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 # GGML types: (bytes per block, values per block).
-BLOCKS = {0: (4, 1), 1: (2, 1), 8: (34, 32), 12: (144, 256), 13: (176, 256), 14: (210, 256)}
+BLOCKS = {0: (4, 1), 1: (2, 1), 8: (34, 32), 12: (144, 256), 13: (176, 256), 14: (210, 256),
+          39: (17, 32)}
 
 
 class Reader:
@@ -54,6 +55,8 @@ def blocks(kind, count, rng):
     elif kind in (12, 13):  # Q4_K, Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, codes
         raw[:, 0:2] = scale
         raw[:, 2:4] = scale
+    elif kind == 39:  # MXFP4: an E8M0 exponent (2^-9 here), 16 bytes of E2M1 nibbles
+        raw[:, 0] = 118
     elif kind == 14:  # Q6_K: codes, 16 signed scales, d
         raw[:, 192:208] = rng.integers(-32, 32, size=(count, 16), dtype=np.int8).view(np.uint8)
         raw[:, 208:210] = scale

@@ -533,7 +533,12 @@ impl Hf {
         if self.attention_bias == Some(true) && !arch.qkv_bias() {
             return refuse("attention_bias", "true".into());
         }
-        if let Some(q) = &self.quantization_config {
+        // OpenAI's gpt-oss checkpoints keep their experts in MXFP4, which the packed format
+        // holds in its codes (`transformer::gpt_oss`); the tensors tell which are.
+        let mxfp4 = arch == Architecture::GptOss;
+        if let Some(q) =
+            (self.quantization_config.as_ref()).filter(|q| !(mxfp4 && q["quant_method"] == "mxfp4"))
+        {
             return refuse(
                 "quantization_config",
                 format!("method {}", q["quant_method"]),

@@ -6,10 +6,17 @@
 //! them apart would give them (`mlp.experts.E.gate_proj.weight`, ...): loading reads the four
 //! tensors once per layer and cuts each expert's matrices out of them; seeded random weights
 //! are drawn apart and fused into the checkpoint's layout.
+//!
+//! OpenAI's own checkpoints hold the experts' matrices in MXFP4 instead: `gate_up_proj_blocks`
+//! (`[experts, 2 * inner, hidden / 32, 16]`: output-major, gate and up rows interleaved, 32
+//! E2M1 values per 16 bytes, value `2j` in byte `j`'s low nibble) and `gate_up_proj_scales`
+//! (`[experts, 2 * inner, hidden / 32]`: an E8M0 exponent per 32 values), and `down_proj_*`
+//! alike. Each expert's matrix is cut out of them as rows of GGUF's MXFP4 blocks (a `u8`
+//! tensor), which the packed format keeps in their codes.
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::model::config::ModelConfig;
 use crate::{Error, Result};
@@ -54,14 +61,49 @@ impl Named {
         })
     }
 
-    /// The checkpoint's tensor holding it.
-    fn fused(&self) -> String {
+    /// The checkpoint's tensor holding it (`suffix`: `_blocks` or `_scales` for an MXFP4
+    /// checkpoint's matrices).
+    fn fused(&self, suffix: &str) -> String {
         let base = match self.proj {
             Proj::Gate | Proj::Up => "gate_up_proj",
             Proj::Down => "down_proj",
         };
-        let bias = if self.bias { "_bias" } else { "" };
+        let bias = if self.bias { "_bias" } else { suffix };
         format!("model.layers.{}.mlp.experts.{base}{bias}", self.layer)
+    }
+
+    /// Its matrix out of MXFP4 `blocks` and `scales`, as `[rows, blocks · 17]` bytes of GGUF's
+    /// MXFP4 blocks (the exponent, then value `j` and `j + 16` in byte `j`'s nibbles).
+    fn cut_mxfp4(&self, blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
+        let bad = |why: String| Error::invalid_model(self.fused("_blocks"), why);
+        let (b, s) = (blocks.get(self.expert)?, scales.get(self.expert)?);
+        let (n, per_row, bytes) = b.dims3()?;
+        if bytes != 16 || s.dims() != [n, per_row] || b.dtype() != DType::U8 {
+            return Err(bad(format!("{:?} with scales {:?}", b.dims(), s.dims())));
+        }
+        let (b, s) = (
+            b.flatten_all()?.to_vec1::<u8>()?,
+            s.flatten_all()?.to_vec1::<u8>()?,
+        );
+        let rows: Vec<usize> = match self.proj {
+            Proj::Gate => (0..n).step_by(2).collect(),
+            Proj::Up => (1..n).step_by(2).collect(),
+            Proj::Down => (0..n).collect(),
+        };
+        let mut out = Vec::with_capacity(rows.len() * per_row * 17);
+        for &r in &rows {
+            for k in r * per_row..(r + 1) * per_row {
+                let block = &b[16 * k..][..16];
+                let value = |i: usize| block[i / 2] >> (4 * (i % 2)) & 0x0F;
+                out.push(s[k]);
+                out.extend((0..16).map(|j| value(j) | value(j + 16) << 4));
+            }
+        }
+        Ok(Tensor::from_vec(
+            out,
+            (rows.len(), per_row * 17),
+            blocks.device(),
+        )?)
     }
 
     /// Its part of the fused tensor `t`.
@@ -88,29 +130,22 @@ impl Named {
 }
 
 /// The names of a checkpoint's tensors with each layer's fused expert tensors replaced by the
-/// names of every expert's projections.
-///
-/// # Errors
-/// [`Error::InvalidModel`] for MXFP4-packed experts (`*_blocks`, `*_scales`).
-pub(super) fn unfused_names(config: &ModelConfig, names: &[String]) -> Result<Vec<String>> {
+/// names of every expert's projections (an MXFP4 matrix's `_blocks` and `_scales` by its
+/// projections once).
+pub(super) fn unfused_names(config: &ModelConfig, names: &[String]) -> Vec<String> {
     let experts = config.experts.map_or(0, |e| e.count);
     let mut out = Vec::with_capacity(names.len() + 6 * experts * config.num_layers);
     for name in names {
-        if name.ends_with("_blocks") || name.ends_with("_scales") {
-            return Err(Error::invalid_model(
-                name.as_str(),
-                "MXFP4 experts are not supported yet: a bf16 or f32 checkpoint loads",
-            ));
-        }
         let Some((layer, tensor)) = fused_tensor(name) else {
             out.push(name.clone());
             continue;
         };
         let (projs, kind): (&[&str], _) = match tensor {
-            "gate_up_proj" => (&["gate_proj", "up_proj"], "weight"),
+            "gate_up_proj" | "gate_up_proj_blocks" => (&["gate_proj", "up_proj"], "weight"),
             "gate_up_proj_bias" => (&["gate_proj", "up_proj"], "bias"),
-            "down_proj" => (&["down_proj"], "weight"),
-            _ => (&["down_proj"], "bias"),
+            "down_proj" | "down_proj_blocks" => (&["down_proj"], "weight"),
+            "down_proj_bias" => (&["down_proj"], "bias"),
+            _ => continue,
         };
         for e in 0..experts {
             for p in projs {
@@ -118,28 +153,37 @@ pub(super) fn unfused_names(config: &ModelConfig, names: &[String]) -> Result<Ve
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// The layer and kind of a fused expert tensor's name.
 fn fused_tensor(name: &str) -> Option<(&str, &str)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, tensor) = rest.split_once(".mlp.experts.")?;
-    matches!(
-        tensor,
-        "gate_up_proj" | "gate_up_proj_bias" | "down_proj" | "down_proj_bias"
-    )
-    .then_some((layer, tensor))
+    let base = (tensor.strip_suffix("_blocks"))
+        .or_else(|| tensor.strip_suffix("_scales"))
+        .or_else(|| tensor.strip_suffix("_bias"))
+        .unwrap_or(tensor);
+    matches!(base, "gate_up_proj" | "down_proj").then_some((layer, tensor))
 }
 
 /// Reads each expert's projections out of the fused tensors, each read once while its layer
 /// loads.
-#[derive(Default)]
 pub(super) struct Unfuse {
     cache: HashMap<String, Tensor>,
+    /// The matrices are MXFP4 (`_blocks` and `_scales`).
+    mxfp4: bool,
 }
 
 impl Unfuse {
+    /// A reader of the checkpoint whose tensors are `names`.
+    pub(super) fn new(names: &[String]) -> Self {
+        Self {
+            cache: HashMap::new(),
+            mxfp4: names.iter().any(|n| n.ends_with("_blocks")),
+        }
+    }
+
     /// The tensor `name` as the graph names it: cut from its fused tensor (read through
     /// `fetch`), or `fetch`ed as it is.
     pub(super) fn fetch(
@@ -150,17 +194,23 @@ impl Unfuse {
         let Some(named) = Named::parse(name) else {
             return fetch(name);
         };
-        let fused = named.fused();
-        if !self.cache.contains_key(&fused) {
-            // Another layer's tensors are done with.
-            let layer = format!("model.layers.{}.", named.layer);
-            self.cache.retain(|k, _| k.starts_with(&layer));
-            let t = fetch(&fused)?;
-            self.cache.insert(fused.clone(), t);
-        }
-        match self.cache.get(&fused) {
-            Some(t) => named.cut(t),
-            None => Err(Error::invalid_model(fused, "missing tensor")),
+        // Another layer's tensors are done with.
+        let layer = format!("model.layers.{}.", named.layer);
+        self.cache.retain(|k, _| k.starts_with(&layer));
+        let mut held = |name: String| -> Result<Tensor> {
+            if let Some(t) = self.cache.get(&name) {
+                return Ok(t.clone());
+            }
+            let t = fetch(&name)?;
+            self.cache.insert(name, t.clone());
+            Ok(t)
+        };
+        match self.mxfp4 && !named.bias {
+            true => named.cut_mxfp4(
+                &held(named.fused("_blocks"))?,
+                &held(named.fused("_scales"))?,
+            ),
+            false => named.cut(&held(named.fused(""))?),
         }
     }
 }
@@ -221,12 +271,12 @@ mod tests {
         let mut fused = apart.clone();
         fuse(&config, &mut fused)?;
         let names: Vec<String> = fused.keys().cloned().collect();
-        let mut unfused = unfused_names(&config, &names)?;
+        let mut unfused = unfused_names(&config, &names);
         let mut expected: Vec<String> = apart.keys().cloned().collect();
         unfused.sort();
         expected.sort();
         assert_eq!(unfused, expected);
-        let mut unfuse = Unfuse::default();
+        let mut unfuse = Unfuse::new(&names);
         let mut fetch = |n: &str| -> Result<Tensor> {
             (fused.get(n).cloned()).ok_or_else(|| Error::invalid_model(n, "missing"))
         };

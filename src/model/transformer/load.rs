@@ -12,6 +12,7 @@ use super::ffn::{Biases, Ffn, Mixture};
 use super::names::{check_tensors, Part, Role, Scheme};
 use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
+use crate::model::gguf::GgufType;
 use crate::model::packed::{Isa, PackedLinear};
 use crate::{Error, Result};
 
@@ -235,12 +236,12 @@ impl Transformer {
         let config = untie_if_present(config, names);
         // gpt-oss's fused experts are read as each expert's projections.
         let gpt_oss = config.architecture == crate::model::Architecture::GptOss;
+        let mut unfuse = super::gpt_oss::Unfuse::new(names);
         let names = match gpt_oss {
-            true => super::gpt_oss::unfused_names(&config, names)?,
+            true => super::gpt_oss::unfused_names(&config, names),
             false => names.to_vec(),
         };
         check_tensors(&config, Scheme::Hf, names.iter().map(String::as_str))?;
-        let mut unfuse = super::gpt_oss::Unfuse::default();
         let mut take = |name: &str| {
             let t = match gpt_oss {
                 true => unfuse.fetch(name, &mut fetch)?,
@@ -416,6 +417,9 @@ pub(super) fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -
 }
 
 fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
+    if w.dtype() == DType::U8 {
+        return mxfp4_linear(&w, format);
+    }
     // Packed weights keep the checkpoint's type; candle's paths start from f32.
     let w = match format {
         WeightFormat::Packed if w.device().is_cpu() => w,
@@ -435,6 +439,33 @@ fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
         }
     };
     Ok(Linear::Candle(main))
+}
+
+/// A matrix as rows of GGUF's MXFP4 blocks (`super::gpt_oss` cuts them out of a checkpoint's
+/// `_blocks` and `_scales`), kept in its codes.
+///
+/// # Errors
+/// [`Error::InvalidModel`] outside the packed format on the CPU, the only one that holds
+/// MXFP4.
+fn mxfp4_linear(w: &Tensor, format: WeightFormat) -> Result<Linear> {
+    if format != WeightFormat::Packed || !w.device().is_cpu() {
+        return Err(Error::invalid_model(
+            "MXFP4 experts",
+            "only kept in their codes, by the packed format on the CPU",
+        ));
+    }
+    let (n, row) = w.dims2()?;
+    let bytes = w.flatten_all()?.to_vec1::<u8>()?;
+    let packed =
+        PackedLinear::from_gguf(GgufType::Mxfp4, n, row / 17 * 32, &mut |at, len, buf| {
+            let part = bytes.get(at..at + len);
+            let part =
+                part.ok_or_else(|| Error::invalid_model("MXFP4 experts", "rows cut short"))?;
+            buf.clear();
+            buf.extend_from_slice(part);
+            Ok(())
+        })?;
+    Ok(Linear::Packed(packed, Isa::detect()))
 }
 
 /// Sets glibc's allocator to serve the buffers of a pass (candle allocates each op's output,
