@@ -35,6 +35,7 @@ const CANDLE_TYPES: [(u32, GgmlDType); 15] = [
 /// A GGUF tensor's type: one candle reads, or MXFP4 (4-bit E2M1 codes with an E8M0 exponent
 /// per 32 values, 17 bytes), which only the packed formats hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GgufType {
     /// A type candle reads.
     Ggml(GgmlDType),

@@ -126,8 +126,9 @@ impl Model {
         llama: Transformer,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-        mut eos_token_ids: Vec<u32>,
+        eos_token_ids: Vec<u32>,
     ) -> Self {
+        let mut eos_token_ids = eos_token_ids;
         harmony_stops(&tokenizer, &mut eos_token_ids);
         let mut text_tokenizer = tokenizer.clone();
         text_tokenizer.set_encode_special_tokens(true);
