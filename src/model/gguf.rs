@@ -129,9 +129,7 @@ impl GgufHeader {
             if dims > 4 {
                 return Err(bad(format!("tensor {name}: {dims} dimensions")));
             }
-            let mut shape = (0..dims)
-                .map(|_| r.len(1))
-                .collect::<Result<Vec<usize>>>()?;
+            let mut shape = (0..dims).map(|_| r.dim()).collect::<Result<Vec<usize>>>()?;
             shape.reverse();
             let (id, offset) = (r.u32()?, r.u64()?);
             if let Some(&(_, ggml_dtype)) = CANDLE_TYPES.iter().find(|(i, _)| *i == id) {
@@ -225,14 +223,24 @@ impl<R: Read> Cursor<R> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
+    /// A count as GGUF writes it: u64, or u32 in version 1.
+    fn count(&mut self) -> Result<u64> {
+        match self.wide {
+            true => self.u64(),
+            false => Ok(u64::from(self.u32()?)),
+        }
+    }
+
+    /// A tensor's dimension (its values are in the data, not the header: not bounded by it).
+    fn dim(&mut self) -> Result<usize> {
+        let n = self.count()?;
+        usize::try_from(n).map_err(|_| bad(format!("a dimension of {n}")))
+    }
+
     /// A length of items of at least `min` bytes each, refused if they cannot fit in the rest
     /// of the file (so a corrupt length allocates nothing).
     fn len(&mut self, min: u64) -> Result<usize> {
-        let n = if self.wide {
-            self.u64()?
-        } else {
-            u64::from(self.u32()?)
-        };
+        let n = self.count()?;
         if n.saturating_mul(min) > self.size - self.at {
             return Err(bad(format!("a length of {n} at byte {}", self.at)));
         }
