@@ -15,7 +15,7 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moe_header import FLOAT32, STRING, UINT32, kv, string  # noqa: E402
+from moe_header import FLOAT32, STRING, UINT32, kv, string, write_header  # noqa: E402
 
 # The published config of gpt-oss-20b.
 CONFIG = {
@@ -102,21 +102,7 @@ def main():
         strings("tokenizer.ggml.tokens", [f"t{i}" for i in range(c["vocab"])]),
         strings("tokenizer.ggml.merges", []),
     ]
-    infos, offset = [], 0
-    for name, dims, kind in tensors(c):
-        infos.append(string(name) + struct.pack("<I", len(dims))
-                     + b"".join(struct.pack("<Q", d) for d in dims)
-                     + struct.pack("<IQ", kind, offset))
-        size, per = BLOCKS[kind]
-        values = 1
-        for d in dims:
-            values *= d
-        offset += (values // per * size + 31) // 32 * 32
-    with open(args.out, "wb") as f:
-        f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(meta)))
-        f.write(b"".join(meta) + b"".join(infos))
-    print(f"{args.out}: {len(infos)} tensors, {offset / 1e9:.2f} GB of data")
-
+    write_header(args.out, meta, tensors(c), BLOCKS)
 
 if __name__ == "__main__":
     main()

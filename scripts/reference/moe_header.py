@@ -124,20 +124,26 @@ def main():
         kv(f"{a}.expert_used_count", UINT32, c["experts_used"]),
         kv(f"{a}.expert_feed_forward_length", UINT32, c["expert_ff"]),
     ] + tok
+    write_header(args.out, meta, tensors(c, vocab), BLOCKS)
+
+
+def write_header(out, meta, tensors, blocks):
+    """Writes a GGUF header of `meta` (raw key-value pairs) and `tensors` ((name, dims, type),
+    data laid out in order, 32-byte aligned; `blocks`: each type's (bytes, values) per block)."""
     infos, offset = [], 0
-    for name, dims, kind in tensors(c, vocab):
+    for name, dims, kind in tensors:
         infos.append(string(name) + struct.pack("<I", len(dims))
                      + b"".join(struct.pack("<Q", d) for d in dims)
                      + struct.pack("<IQ", kind, offset))
-        size, per = BLOCKS[kind]
+        size, per = blocks[kind]
         values = 1
         for d in dims:
             values *= d
         offset += (values // per * size + 31) // 32 * 32
-    with open(args.out, "wb") as f:
+    with open(out, "wb") as f:
         f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(meta)))
         f.write(b"".join(meta) + b"".join(infos))
-    print(f"{args.out}: {len(infos)} tensors, {offset / 1e9:.2f} GB of data")
+    print(f"{out}: {len(infos)} tensors, {offset / 1e9:.2f} GB of data")
 
 
 if __name__ == "__main__":
