@@ -178,6 +178,8 @@ impl Transformer {
     ) -> Result<Self> {
         let content = &header.content;
         let mut config = ModelConfig::from_gguf(content)?;
+        // An output projection of a type candle does not read is still the file's own.
+        config.tie_word_embeddings &= !header.others.contains_key(Scheme::Gguf.globals().output);
         check_tensors(&config, Scheme::Gguf, header.names())?;
         let file = GgufTensors {
             header,
