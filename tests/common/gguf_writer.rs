@@ -188,7 +188,7 @@ pub fn tiny_gpt_oss(seed: u64) -> (Vec<(String, Meta)>, Vec<Tensor>) {
     ];
     for l in 0..2 {
         let b = |s: &str| format!("blk.{l}.{s}");
-        let layer = [
+        let mut layer = vec![
             (
                 b("attn_norm.weight"),
                 vec![hidden],
@@ -242,37 +242,19 @@ pub fn tiny_gpt_oss(seed: u64) -> (Vec<(String, Meta)>, Vec<Tensor>) {
                 vec![experts],
                 noise.f32(experts, 0.1, 0.0),
             ),
-            (
-                b("ffn_gate_exps.weight"),
-                vec![hidden, ff, experts],
-                noise.mxfp4(hidden * ff * experts),
-            ),
-            (
-                b("ffn_gate_exps.bias"),
-                vec![ff, experts],
-                noise.f32(ff * experts, 0.1, 0.0),
-            ),
-            (
-                b("ffn_up_exps.weight"),
-                vec![hidden, ff, experts],
-                noise.mxfp4(hidden * ff * experts),
-            ),
-            (
-                b("ffn_up_exps.bias"),
-                vec![ff, experts],
-                noise.f32(ff * experts, 0.1, 0.0),
-            ),
-            (
-                b("ffn_down_exps.weight"),
-                vec![ff, hidden, experts],
-                noise.mxfp4(ff * hidden * experts),
-            ),
-            (
-                b("ffn_down_exps.bias"),
-                vec![hidden, experts],
-                noise.f32(hidden * experts, 0.1, 0.0),
-            ),
         ];
+        // Each projection's stacked experts, `k` inputs to `rows` outputs, and their biases.
+        for (proj, rows, k) in [
+            ("gate", ff, hidden),
+            ("up", ff, hidden),
+            ("down", hidden, ff),
+        ] {
+            let name = |kind: &str| b(&format!("ffn_{proj}_exps.{kind}"));
+            let weight = noise.mxfp4(k * rows * experts);
+            layer.push((name("weight"), vec![k, rows, experts], weight));
+            let bias = noise.f32(rows * experts, 0.1, 0.0);
+            layer.push((name("bias"), vec![rows, experts], bias));
+        }
         tensors.extend(layer.into_iter().map(|(n, d, x)| t(n, d, x)));
     }
     (meta, tensors)
