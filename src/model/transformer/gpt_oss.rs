@@ -81,50 +81,50 @@ impl Named {
         if bytes != 16 || s.dims() != [n, per_row] || b.dtype() != DType::U8 {
             return Err(bad(format!("{:?} with scales {:?}", b.dims(), s.dims())));
         }
+        let (b, s) = match self.proj {
+            Proj::Down => (b, s),
+            Proj::Gate | Proj::Up => (self.pick(&b, 0)?, self.pick(&s, 0)?),
+        };
+        let rows = b.dim(0)?;
         let (b, s) = (
             b.flatten_all()?.to_vec1::<u8>()?,
             s.flatten_all()?.to_vec1::<u8>()?,
         );
-        let rows: Vec<usize> = match self.proj {
-            Proj::Gate => (0..n).step_by(2).collect(),
-            Proj::Up => (1..n).step_by(2).collect(),
-            Proj::Down => (0..n).collect(),
-        };
-        let mut out = Vec::with_capacity(rows.len() * per_row * 17);
-        for &r in &rows {
-            for k in r * per_row..(r + 1) * per_row {
-                let block = &b[16 * k..][..16];
-                let value = |i: usize| block[i / 2] >> (4 * (i % 2)) & 0x0F;
-                out.push(s[k]);
-                out.extend((0..16).map(|j| value(j) | value(j + 16) << 4));
-            }
+        let mut out = Vec::with_capacity(rows * per_row * 17);
+        for (block, &e) in b.chunks_exact(16).zip(&s) {
+            let value = |i: usize| block[i / 2] >> (4 * (i % 2)) & 0x0F;
+            out.push(e);
+            out.extend((0..16).map(|j| value(j) | value(j + 16) << 4));
         }
         Ok(Tensor::from_vec(
             out,
-            (rows.len(), per_row * 17),
+            (rows, per_row * 17),
             blocks.device(),
         )?)
+    }
+
+    /// Gate or up's half of `t`, whose dimension `dim` interleaves them: even ones the gate's,
+    /// odd the up's.
+    fn pick(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
+        let offset = usize::from(self.proj == Proj::Up);
+        let dims = t.dims();
+        let mut shape = dims[..dim].to_vec();
+        shape.extend([dims[dim] / 2, 2]);
+        shape.extend(&dims[dim + 1..]);
+        Ok(t.reshape(shape)?
+            .narrow(dim + 1, offset, 1)?
+            .squeeze(dim + 1)?)
     }
 
     /// Its part of the fused tensor `t`.
     fn cut(&self, t: &Tensor) -> Result<Tensor> {
         let t = t.get(self.expert)?;
-        // Gate and up are interleaved along the outputs: even ones the gate's, odd the up's.
-        let pick = |t: &Tensor, dim: usize| -> Result<Tensor> {
-            let offset = usize::from(self.proj == Proj::Up);
-            let mut shape = t.dims().to_vec();
-            let n = shape[dim];
-            shape[dim] = n / 2;
-            shape.push(2);
-            Ok(t.reshape(shape)?
-                .narrow(dim + 1, offset, 1)?
-                .squeeze(dim + 1)?)
-        };
+        // Gate and up are interleaved along the outputs.
         Ok(match (self.proj, self.bias) {
             (Proj::Down, true) => t,
             (Proj::Down, false) => t.t()?.contiguous()?,
-            (_, true) => pick(&t, 0)?.contiguous()?,
-            (_, false) => pick(&t, 1)?.t()?.contiguous()?,
+            (_, true) => self.pick(&t, 0)?.contiguous()?,
+            (_, false) => self.pick(&t, 1)?.t()?.contiguous()?,
         })
     }
 }
