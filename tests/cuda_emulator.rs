@@ -78,8 +78,17 @@ fn check(c: &Case, dtype: DType, sms: usize) -> Result<(), TestCaseError> {
     }
 }
 
+/// Random cases per property: 64, or `PENSIEVE_EMU_CASES` (`.ci/run`'s second run, under the
+/// sanitizers, which make each case ten times slower, takes fewer).
+fn cases() -> u32 {
+    std::env::var("PENSIEVE_EMU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn emulated_kernel_equals_reference(c in kernel_case(), dtype in dtype()) {

@@ -37,7 +37,7 @@ const NAMES: [&str; 4] = ["ada", "grace", "edsger", "barbara"];
 const UNNAMED: usize = 2;
 /// Past this many messages, a conversation is ended or started again (prompts stay short, so
 /// that the stateless reference's recompute stays cheap).
-const LONGEST: usize = 7;
+const LONGEST: usize = 5;
 
 const WORDS: [&str; 16] = [
     "apple", "river", "blue", "seven", "quiet", "train", "honey", "stone", "north", "lamp",
