@@ -65,8 +65,6 @@ const MR: usize = 6;
 const ROW_CHUNK: usize = 96;
 /// Most panels per work item.
 const MAX_GROUP: usize = 8;
-/// Output elements per parallel task of the panels-to-rows copy: fewer is not worth a task.
-const ELEMENTS_PER_TASK: usize = 16 * 1024;
 
 /// Which instructions run the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +143,7 @@ fn tile_width(rows: usize, left: usize) -> usize {
 /// The part of the output one work item writes, for one chunk of rows: panels
 /// `first..first + panels` (of the whole matrix), rows `row0..row0 + rows`.
 struct Tile<'a> {
-    /// The item's output, `[panel][row][NR]` for all `m` rows of its panels.
+    /// The item's output for the chunk, `[panel][row][NR]`.
     out: &'a mut [f32],
     panel_stride: usize,
     first: usize,
@@ -157,7 +155,7 @@ struct Tile<'a> {
 impl Tile<'_> {
     /// Index in `out` of the item's panel `j`, chunk row `r`.
     fn at(&self, j: usize, r: usize) -> usize {
-        j * self.panel_stride + (self.row0 + r) * NR
+        j * self.panel_stride + r * NR
     }
 }
 
@@ -351,33 +349,37 @@ impl PackedLinear {
     /// `x · Wᵀ` for `x: [m, k]` row-major, plus `residual` (`[m, n]`) when given; returns
     /// `[m, n]` row-major.
     pub fn matmul(&self, x: &[f32], m: usize, residual: Option<&[f32]>, isa: Isa) -> Vec<f32> {
-        match panel_major(&[self], x, m, isa).pop() {
-            Some(out_t) => to_rows(&out_t, m, self.n, residual),
-            None => Vec::new(),
-        }
+        row_major(&[self], x, m, &[residual], isa)
+            .pop()
+            .unwrap_or_default()
     }
 
     /// `x · Wᵢᵀ` for each of `linears` (all of `k` columns), in one parallel region over all
     /// their panels with the activations quantized once: the projections that read the same
     /// input (Q, K and V; gate and up) cost one fork and join, not one each.
     pub fn matmul_many(linears: &[&Self], x: &[f32], m: usize, isa: Isa) -> Vec<Vec<f32>> {
-        panel_major(linears, x, m, isa)
-            .iter()
-            .zip(linears)
-            .map(|(out_t, l)| to_rows(out_t, m, l.n, None))
-            .collect()
+        row_major(linears, x, m, &[], isa)
     }
 }
 
-/// Each linear's output, panel-major `[panel][row][NR]`, from one parallel region: each work
-/// item is a group of one matrix's panels (enough items to balance the threads), and each
-/// chunk of rows runs over the group's panels while its activations are in cache.
-fn panel_major(linears: &[&PackedLinear], x: &[f32], m: usize, isa: Isa) -> Vec<Vec<f32>> {
+/// Each linear's output `[m, nᵢ]` row-major (plus its residual where given), from one
+/// parallel region: each work item is a group of one matrix's panels (enough items to balance
+/// the threads). Each chunk of rows runs over the group's panels while its activations are in
+/// cache, into the item's own panel-major scratch, which the item then copies into its columns
+/// of the rows: no second pass over the outputs, no buffer as large as them.
+fn row_major(
+    linears: &[&PackedLinear],
+    x: &[f32],
+    m: usize,
+    residuals: &[Option<&[f32]>],
+    isa: Isa,
+) -> Vec<Vec<f32>> {
     let Some(k) = linears.first().map(|l| l.k) else {
         return Vec::new();
     };
+    let mut outs: Vec<Vec<f32>> = linears.iter().map(|l| vec![0f32; m * l.n]).collect();
     if m == 0 || linears.iter().any(|l| l.k != k || l.n == 0) {
-        return linears.iter().map(|_| Vec::new()).collect();
+        return outs;
     }
     let quant = linears
         .iter()
@@ -385,29 +387,40 @@ fn panel_major(linears: &[&PackedLinear], x: &[f32], m: usize, isa: Isa) -> Vec<
     let quantized = quant.then(|| QuantRows::new(&x[..m * k], m, k, isa));
     let panels: usize = linears.iter().map(|l| l.n.div_ceil(NR)).sum();
     let group = (panels / (4 * rayon::current_num_threads())).clamp(1, MAX_GROUP);
-    let mut outs: Vec<Vec<f32>> = linears
-        .iter()
-        .map(|l| vec![0f32; l.n.div_ceil(NR) * m * NR])
-        .collect();
-    let items: Vec<(&PackedLinear, usize, &mut [f32])> = outs
+    let targets: Vec<Rows> = outs
         .iter_mut()
         .zip(linears)
-        .flat_map(|(out, &l)| {
-            out.chunks_mut(group * m * NR)
-                .enumerate()
-                .map(move |(g, chunk)| (l, g, chunk))
+        .enumerate()
+        .map(|(i, (out, l))| Rows {
+            out: out.as_mut_ptr(),
+            m,
+            n: l.n,
+            residual: residuals
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|r| r.len() >= m * l.n),
         })
         .collect();
-    items.into_par_iter().for_each(|(l, g, out)| {
-        let panels = out.len() / (m * NR);
+    let items: Vec<(&PackedLinear, &Rows, usize)> = linears
+        .iter()
+        .zip(&targets)
+        .flat_map(|(&l, rows)| (0..l.n.div_ceil(NR).div_ceil(group)).map(move |g| (l, rows, g)))
+        .collect();
+    items.into_par_iter().for_each(|(l, rows_out, g)| {
+        let first = g * group;
+        let panels = group.min(l.n.div_ceil(NR) - first);
+        let mut scratch = vec![0f32; panels * ROW_CHUNK.min(m) * NR];
         for row0 in (0..m).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(m - row0);
+            let out = &mut scratch[..panels * rows * NR];
             let mut tile = Tile {
-                out: &mut *out,
-                panel_stride: m * NR,
-                first: g * group,
+                out,
+                panel_stride: rows * NR,
+                first,
                 panels,
                 row0,
-                rows: ROW_CHUNK.min(m - row0),
+                rows,
             };
             match (&l.weights, &quantized) {
                 (Weights::Quant(w), Some(a)) => w.run(a, &mut tile, isa),
@@ -417,37 +430,63 @@ fn panel_major(linears: &[&PackedLinear], x: &[f32], m: usize, isa: Isa) -> Vec<
                 // Rows are quantized whenever a matrix is.
                 (Weights::Quant(_), None) => {}
             }
+            for (j, panel) in tile.out.chunks_exact_mut(rows * NR).enumerate() {
+                let c = (first + j) * NR;
+                for (r, values) in panel.chunks_exact(NR).enumerate() {
+                    let values = &values[..NR.min(l.n - c)];
+                    // SAFETY: the item's panels are its own: no other item writes columns
+                    // `first * NR..(first + panels) * NR` of this matrix's rows, and nothing
+                    // reads them until the region ends.
+                    unsafe { rows_out.write(row0 + r, c, values) };
+                }
+                // The float kernel adds to what its tile holds.
+                panel.fill(0.0);
+            }
         }
     });
     outs
 }
 
-/// Panel-major `[panel][row][NR]` outputs back to `[m, n]` rows, in parallel (a serial copy
-/// here would idle the other cores), adding the residual where there is one: `x + W·h` in
-/// one pass.
-fn to_rows(out_t: &[f32], m: usize, n: usize, residual: Option<&[f32]>) -> Vec<f32> {
-    let mut out = match residual {
-        Some(r) => r[..m * n].to_vec(),
-        None => vec![0f32; m * n],
-    };
-    if out_t.len() < m * n {
-        return out;
-    }
-    let min_rows = (ELEMENTS_PER_TASK / n.max(1)).max(1);
-    out.par_chunks_mut(n.max(1))
-        .with_min_len(min_rows)
-        .enumerate()
-        .for_each(|(r, row)| {
-            for (dst, tile) in row.chunks_mut(NR).zip(out_t.chunks_exact(m * NR)) {
-                let src = &tile[r * NR..][..dst.len()];
-                if residual.is_some() {
-                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                } else {
-                    dst.copy_from_slice(src);
+/// A linear's `[m, n]` output as the work items of [`row_major`] write it, each its own columns
+/// of every row.
+struct Rows<'a> {
+    out: *mut f32,
+    m: usize,
+    n: usize,
+    residual: Option<&'a [f32]>,
+}
+
+// SAFETY: the pointer is to a buffer that outlives the parallel region, and the items write
+// disjoint elements of it (see `Rows::write`).
+unsafe impl Send for Rows<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Rows<'_> {}
+
+impl Rows<'_> {
+    /// Writes `values` (plus the residual's there) at row `r`, columns `c..`; values past the
+    /// output are dropped.
+    ///
+    /// # Safety
+    /// No other thread writes or reads those elements meanwhile.
+    unsafe fn write(&self, r: usize, c: usize, values: &[f32]) {
+        if r >= self.m || c >= self.n {
+            return;
+        }
+        let values = &values[..values.len().min(self.n - c)];
+        let at = r * self.n + c;
+        // SAFETY: `at + values.len() <= m * n`, the buffer's length; exclusive access is the
+        // caller's contract.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.out.add(at), values.len()) };
+        match self.residual {
+            Some(res) => {
+                let res = &res[at..][..values.len()];
+                for ((d, &v), &x) in dst.iter_mut().zip(values).zip(res) {
+                    *d = x + v;
                 }
             }
-        });
-    out
+            None => dst.copy_from_slice(values),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -248,8 +248,8 @@ mod avx2 {
         first: usize,
         row: usize,
     ) {
-        let (stride, row0) = (t.panel_stride, t.row0 + row);
-        let at = |p: usize, r: usize| (first + p) * stride + (row0 + r) * NR;
+        let stride = t.panel_stride;
+        let at = |p: usize, r: usize| (first + p) * stride + (row + r) * NR;
         // SAFETY: all offsets are within the lengths `accumulate` checked (R == b.rows,
         // P <= ws.len()).
         unsafe {
@@ -316,8 +316,8 @@ mod neon {
         first: usize,
         row: usize,
     ) {
-        let (stride, row0) = (t.panel_stride, t.row0 + row);
-        let at = |p: usize, r: usize| (first + p) * stride + (row0 + r) * NR;
+        let stride = t.panel_stride;
+        let at = |p: usize, r: usize| (first + p) * stride + (row + r) * NR;
         // SAFETY: all offsets are within the lengths `accumulate` checked (R == b.rows,
         // P <= ws.len()).
         unsafe {
