@@ -12,8 +12,6 @@
 //! by default packed for pensieve's own batch-invariant matmul (`packed.rs`), or as candle
 //! `QMatMul`s for comparison.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
@@ -22,6 +20,7 @@ use super::packed::{Isa, PackedLinear};
 use crate::attention::{attention_in_window, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
+mod awake;
 mod ffn;
 mod gguf;
 mod gpt_oss;
@@ -186,20 +185,6 @@ pub struct Transformer {
     act: DType,
     /// How the linear weights are held.
     format: WeightFormat,
-}
-
-/// Runs the pool's jobs, or spins, until `done`: on a worker other than the pass's `owner`
-/// (which, waiting inside one of its own ops, may pick up a job of this kind that no other
-/// worker took, and must not spin on itself).
-fn keep_awake(done: &AtomicBool, owner: Option<usize>) {
-    if rayon::current_thread_index() == owner {
-        return;
-    }
-    while !done.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
-            std::hint::spin_loop();
-        }
-    }
 }
 
 /// One step's worth of work for [`Transformer::forward`], as plain data.
@@ -399,20 +384,9 @@ impl Transformer {
         // The pass runs on a worker of rayon's pool, so each parallel op inside it forks from
         // a worker (work stealing) instead of waking the pool from outside and sleeping on a
         // latch: one hand-off per pass instead of one per op (measured: 1.2x replay output).
-        // Beside it, the other workers keep looking for the pass's work until it ends, instead
-        // of going to sleep between two parallel ops and being woken for the next: a decode
-        // step has five per layer, and a wake-up costs more than a small op (measured on a
+        // Beside it, the other workers are kept awake until it ends (`awake`; measured on a
         // Xeon, 8 rows of SmolLM2: 20.4 ms a step before, 15.9 ms after).
-        let done = &AtomicBool::new(false);
-        rayon::scope(|s| {
-            let owner = rayon::current_thread_index();
-            for _ in 1..rayon::current_num_threads() {
-                s.spawn(move |_| keep_awake(done, owner));
-            }
-            let out = self.forward_here(batch, pool);
-            done.store(true, Ordering::Release);
-            out
-        })
+        awake::run(|| self.forward_here(batch, pool))
     }
 
     /// Refuses a batch with a token outside the vocabulary or a position past the window.
