@@ -145,12 +145,14 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 attention(&q, &kd, &vd, &ours, scale as f32)?;
                 Ok(())
             })?;
-            std::env::set_var("PENSIEVE_CUDA_MMA", "0");
+            // SAFETY: the benchmark runs on this one thread; no other reads the environment.
+            unsafe { std::env::set_var("PENSIEVE_CUDA_MMA", "0") };
             let t_scalar = median(gpu, args.repeats, || {
                 attention(&q, &kd, &vd, &ours, scale as f32)?;
                 Ok(())
             });
-            std::env::remove_var("PENSIEVE_CUDA_MMA");
+            // SAFETY: the benchmark runs on this one thread; no other reads the environment.
+            unsafe { std::env::remove_var("PENSIEVE_CUDA_MMA") };
             let t_scalar = t_scalar?;
             let t_ideal = median(gpu, args.repeats, || {
                 attention(&q, &kd, &vd, &ideal, scale as f32)?;

@@ -169,7 +169,8 @@ fn candle(model: &mut ModelWeights, prompt: &[u32], decode: bool) -> candle_core
 fn load_candle(dequantize: bool) -> Result<ModelWeights, String> {
     std::thread::spawn(move || {
         // The variable is read during this thread's first QMatMul construction only.
-        std::env::set_var("CANDLE_DEQUANTIZE_ALL", if dequantize { "1" } else { "0" });
+        // SAFETY: the only other thread of ours, the main one, waits in `join` meanwhile.
+        unsafe { std::env::set_var("CANDLE_DEQUANTIZE_ALL", if dequantize { "1" } else { "0" }) };
         let path = default_model_path();
         let mut f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
         let c = gguf_file::Content::read(&mut f).map_err(|e| e.to_string())?;

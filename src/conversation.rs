@@ -343,10 +343,10 @@ impl Conversations {
 
     pub fn remove(&mut self, id: &ConversationId) -> Option<Conversation> {
         let conv = self.by_id.remove(id)?;
-        if let Some(name) = conv.name() {
-            if self.by_name.get(name) == Some(id) {
-                self.by_name.remove(name);
-            }
+        if let Some(name) = conv.name()
+            && self.by_name.get(name) == Some(id)
+        {
+            self.by_name.remove(name);
         }
         Some(conv)
     }

@@ -289,7 +289,9 @@ fn the_engine_runs_on_the_emulated_kernel() {
     use pensieve::engine::{Budgets, CacheMode, ConversationOptions, Engine, SamplingParams, Turn};
     use pensieve::model::{Model, ModelConfig, Transformer, WeightFormat};
 
-    std::env::set_var("PENSIEVE_EMULATE_CUDA", "1");
+    // SAFETY: this binary's other tests read the environment only through `std::env`, which
+    // locks it against this write; the emulator's C++ runtime never reads it.
+    unsafe { std::env::set_var("PENSIEVE_EMULATE_CUDA", "1") };
     assert!(emulator::replaces_the_cpu_op(64, DType::F16));
     let run = |mode: CacheMode, device_tokens: usize, host_bytes: usize| {
         let config = ModelConfig::from_hf_json(

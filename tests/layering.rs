@@ -494,10 +494,10 @@ impl<'ast> Visit<'ast> for Used {
     }
 
     fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-        if let syn::UseTree::Path(p) = &u.tree {
-            if p.ident == "crate" || p.ident == "super" {
-                self.use_tree(&p.tree);
-            }
+        if let syn::UseTree::Path(p) = &u.tree
+            && (p.ident == "crate" || p.ident == "super")
+        {
+            self.use_tree(&p.tree);
         }
     }
 }

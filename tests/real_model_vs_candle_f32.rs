@@ -18,7 +18,9 @@ const LOGIT_TOL: f32 = 1e-3;
 
 #[test]
 fn real_model_greedy_matches_candle_quantized_llama_dequantized() {
-    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    // SAFETY: this binary's other tests read the environment only through `std::env`, which
+    // locks it against this write, and no C code of theirs reads it.
+    unsafe { std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1") };
     let model = common::real_model(WeightFormat::F32);
     for user in PROMPTS {
         let prompt = chat_prompt(&model, user);

@@ -56,10 +56,10 @@ pub(crate) fn read_points(dir: &Path) -> AnyResult<Vec<PlotPoint>> {
         });
         let key = row.get(..3).unwrap_or_default().to_vec();
         for t in &by_turn {
-            if t.get(..3) == Some(&key[..]) {
-                if let (Some(p), Some(v)) = (points.last_mut(), t.get(4)) {
-                    p.ttft_ms_by_turn.push(v.parse()?);
-                }
+            if t.get(..3) == Some(&key[..])
+                && let (Some(p), Some(v)) = (points.last_mut(), t.get(4))
+            {
+                p.ttft_ms_by_turn.push(v.parse()?);
             }
         }
     }

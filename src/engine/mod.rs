@@ -480,7 +480,7 @@ impl Engine {
             .rows
             .iter()
             .zip(&ran)
-            .filter(|(_, &r)| r)
+            .filter(|&(_, &r)| r)
             .map(|(row, _)| row)
             .collect();
         let t2 = Instant::now();

@@ -351,10 +351,10 @@ impl CacheManager {
         if end > t.computed && !t.computed.is_multiple_of(chunk) {
             // A partial chunk grows: its saved file no longer holds all of it.
             let i = t.computed / chunk;
-            if let Some(a) = t.saved.get_mut(i).and_then(Option::take) {
-                if let Some(d) = &mut self.store {
-                    d.store.release(&a);
-                }
+            if let Some(a) = t.saved.get_mut(i).and_then(Option::take)
+                && let Some(d) = &mut self.store
+            {
+                d.store.release(&a);
             }
         }
         t.computed = t.computed.max(end);

@@ -550,9 +550,9 @@ fn harmony_stops(tokenizer: &Tokenizer, ids: &mut Vec<u32>) {
 
 /// Adds `token`'s id to `ids` if the vocabulary has it and it is not there yet.
 fn add_stop_token(tokenizer: &Tokenizer, ids: &mut Vec<u32>, token: &str) {
-    if let Some(i) = tokenizer.token_to_id(token) {
-        if !ids.contains(&i) {
-            ids.push(i);
-        }
+    if let Some(i) = tokenizer.token_to_id(token)
+        && !ids.contains(&i)
+    {
+        ids.push(i);
     }
 }

@@ -43,7 +43,7 @@ impl<T> Scheduler<T> {
             }
         }
         let price = self.draft_price();
-        for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|(_, &ran)| ran) {
+        for (row, _) in plan.rows.iter().zip(&outcome.ran).filter(|&(_, &ran)| ran) {
             // A drafted row keeps the drafts its sampled tokens agreed with: all but the last.
             let accepted = match row.drafted {
                 0 => 0,

@@ -273,12 +273,12 @@ fn parse_fields<T: for<'de> Deserialize<'de>>(
 ) -> Result<T, ApiError> {
     let invalid = |e: serde_json::Error| ApiError::bad(format!("invalid request body: {e}"));
     let value: Value = serde_json::from_slice(body).map_err(invalid)?;
-    if let Some(object) = value.as_object() {
-        if let Some(k) = object.keys().find(|k| !known(k)) {
-            return Err(ApiError::bad(format!(
-                "unsupported field {k:?}: this server does not implement it"
-            )));
-        }
+    if let Some(object) = value.as_object()
+        && let Some(k) = object.keys().find(|k| !known(k))
+    {
+        return Err(ApiError::bad(format!(
+            "unsupported field {k:?}: this server does not implement it"
+        )));
     }
     serde_json::from_value(value).map_err(invalid)
 }

@@ -270,10 +270,10 @@ fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Valu
     fn rewrite(v: &mut Value, rename: &dyn Fn(&str) -> Option<String>) {
         match v {
             Value::Object(o) => {
-                if let Some(Value::String(r)) = o.get_mut("$ref") {
-                    if let Some(new) = rename(r) {
-                        *r = new;
-                    }
+                if let Some(Value::String(r)) = o.get_mut("$ref")
+                    && let Some(new) = rename(r)
+                {
+                    *r = new;
                 }
                 o.values_mut().for_each(|x| rewrite(x, rename));
             }

@@ -85,12 +85,12 @@ impl Sessions {
     /// new transcript and idle.
     pub fn replied(&mut self, conv: ConversationId, reply: Message) {
         self.mark_idle(conv);
-        if let Some(s) = self.map.get_mut(&conv) {
-            if let Some(m) = &mut s.messages {
-                m.push(as_sent(false, reply));
-                if s.name.is_none() {
-                    self.by_content.insert(transcript_key(m, &s.tools), conv);
-                }
+        if let Some(s) = self.map.get_mut(&conv)
+            && let Some(m) = &mut s.messages
+        {
+            m.push(as_sent(false, reply));
+            if s.name.is_none() {
+                self.by_content.insert(transcript_key(m, &s.tools), conv);
             }
         }
     }
@@ -402,10 +402,10 @@ impl Sessions {
             return;
         };
         self.idle.remove(&(s.last_used, conv));
-        if let Some(key) = s.messages.as_deref().map(|m| transcript_key(m, &s.tools)) {
-            if self.by_content.get(&key) == Some(&conv) {
-                self.by_content.remove(&key);
-            }
+        if let Some(key) = s.messages.as_deref().map(|m| transcript_key(m, &s.tools))
+            && self.by_content.get(&key) == Some(&conv)
+        {
+            self.by_content.remove(&key);
         }
         if let Some(n) = &s.name {
             self.by_name.remove(n);

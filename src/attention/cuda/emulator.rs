@@ -40,7 +40,7 @@ pub(super) struct Variant {
 
 include!(concat!(env!("OUT_DIR"), "/emu_kernels.rs"));
 
-extern "C" {
+unsafe extern "C" {
     fn pensieve_emu_launch(
         grid: *const u32,
         block: *const u32,

@@ -111,15 +111,15 @@ impl TierIndex {
         if old == entry {
             return;
         }
-        if let Some((g, clock)) = old {
-            if let Some(group) = self.groups.get_mut(&g) {
-                match clock {
-                    Clock::Since(t) => group.since.remove(&(t, id)),
-                    Clock::Until(t) => group.until.remove(&(Reverse(t), id)),
-                };
-                if group.since.is_empty() && group.until.is_empty() {
-                    self.groups.remove(&g);
-                }
+        if let Some((g, clock)) = old
+            && let Some(group) = self.groups.get_mut(&g)
+        {
+            match clock {
+                Clock::Since(t) => group.since.remove(&(t, id)),
+                Clock::Until(t) => group.until.remove(&(Reverse(t), id)),
+            };
+            if group.since.is_empty() && group.until.is_empty() {
+                self.groups.remove(&g);
             }
         }
         if let Some((g, clock)) = entry {
@@ -139,12 +139,12 @@ impl TierIndex {
         if old == entry {
             return;
         }
-        if let Some((g, bound)) = old {
-            if let Some(set) = self.shared.get_mut(&g) {
-                set.remove(&(bound, rec));
-                if set.is_empty() {
-                    self.shared.remove(&g);
-                }
+        if let Some((g, bound)) = old
+            && let Some(set) = self.shared.get_mut(&g)
+        {
+            set.remove(&(bound, rec));
+            if set.is_empty() {
+                self.shared.remove(&g);
             }
         }
         if let Some((g, bound)) = entry {
@@ -465,10 +465,10 @@ impl Candidates {
                     tighter.push((rec, least));
                 }
                 let first = holders.iter().copied().min();
-                if let Some(found) = first.map(|c| (v.shared_value(rec, i, now), c, i)) {
-                    if better(found, best) {
-                        best = Some(found);
-                    }
+                if let Some(found) = first.map(|c| (v.shared_value(rec, i, now), c, i))
+                    && better(found, best)
+                {
+                    best = Some(found);
                 }
             }
         }

@@ -261,15 +261,14 @@ impl CacheManager {
             return;
         }
         let saved = d.store.save(s.conv.0, s.chunk, s.address, s.len, bytes);
-        if matches!(saved, Saved::Queued | Saved::Shared) {
-            if let Some(slot) = self
+        if matches!(saved, Saved::Queued | Saved::Shared)
+            && let Some(slot) = self
                 .tables
                 .get_mut(&s.conv)
                 .and_then(|t| t.saved.get_mut(s.chunk))
-            {
-                *slot = Some(s.address);
-                self.candidates.mark(s.conv);
-            }
+        {
+            *slot = Some(s.address);
+            self.candidates.mark(s.conv);
         }
     }
 

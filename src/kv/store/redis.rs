@@ -428,7 +428,8 @@ impl Medium for Redis {
 impl SharedMedium for Redis {
     fn lookup(&self, addresses: &[Address]) -> Vec<bool> {
         let keys: Vec<String> = addresses.iter().map(|a| self.chunk_key(a)).collect();
-        let found = match self.request(|c| c.exist(&keys)) {
+
+        match self.request(|c| c.exist(&keys)) {
             Ok(found) if found.len() == keys.len() => found,
             // A cluster with a shard down fails the whole pipeline: each key is asked alone,
             // each on a connection of its own (the failed one may hold replies never read),
@@ -437,8 +438,7 @@ impl SharedMedium for Redis {
                 .map(|k| (self.request(|c| redis::cmd("EXISTS").arg(k).query(c))).unwrap_or(false))
                 .collect(),
             _ => vec![false; keys.len()],
-        };
-        found
+        }
     }
 
     fn connects(&self) -> u64 {

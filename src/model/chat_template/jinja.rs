@@ -64,10 +64,10 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     kwargs.assert_all_used()?;
     // A call's arguments as the model wrote them, unless another form is asked for.
     let plain = indent.is_none() && separators.is_none() && !ascii.unwrap_or(false);
-    if let (true, Some(a)) = (plain, value.downcast_object_ref::<super::view::Arguments>()) {
-        if !sort.unwrap_or(false) {
-            return Ok(Value::from_safe_string(a.text.clone()));
-        }
+    if let (true, Some(a)) = (plain, value.downcast_object_ref::<super::view::Arguments>())
+        && !sort.unwrap_or(false)
+    {
+        return Ok(Value::from_safe_string(a.text.clone()));
     }
     let (item, key) = match separators.as_deref() {
         Some([item, key]) => (item.clone(), key.clone()),

@@ -558,10 +558,10 @@ impl Hf {
             return refuse("use_sliding_window", "true".into());
         }
         // Phi's attention turns the first dimensions only; others' turn all of them.
-        if let Some(f) = self.partial_rotary_factor.filter(|&f| f != 1.0) {
-            if arch != Architecture::Phi3 {
-                return refuse("partial_rotary_factor", f.to_string());
-            }
+        if let Some(f) = self.partial_rotary_factor.filter(|&f| f != 1.0)
+            && arch != Architecture::Phi3
+        {
+            return refuse("partial_rotary_factor", f.to_string());
         }
         // Every layer's MLP is the mixture: dense layers among them are not implemented.
         if let Some(step) = self.decoder_sparse_step.filter(|&s| s != 1) {
