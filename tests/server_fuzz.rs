@@ -2,9 +2,9 @@
 //! bodies for both endpoints, every field the API accepts with valid shapes, extreme values
 //! (huge, negative, fractional, out of range), wrong types, odd unicode and control-token
 //! text, plus raw bytes and cut-off JSON. Valid shapes generate at most two tokens, so the
-//! default 10,000 cases (`PENSIEVE_FUZZ_CASES`) take a few minutes. No answer may be a 5xx
-//! other than capacity (503 with `Retry-After`), and the server must be healthy and correct
-//! after it.
+//! default 10,000 cases (`PENSIEVE_FUZZ_CASES`, sent by two clients at once) take a few
+//! minutes. No answer may be a 5xx other than capacity (503 with `Retry-After`), and the
+//! server must be healthy and correct after it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,6 +14,10 @@ use common::server::{post, start};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
+
+/// Clients sending cases at once: the server batches one's turns with another's and answers
+/// refusals while a turn runs, as it does for real clients (and the run takes less time).
+const CLIENTS: u32 = 2;
 
 /// Numbers at the edges, and things that are not numbers.
 fn number() -> impl Strategy<Value = Value> {
@@ -177,10 +181,10 @@ fn chat_body() -> impl Strategy<Value = Value> {
     )
         .prop_map(|(mut messages, mut m, id, pin, resume, end)| {
             // Most conversations end with the user's turn, as valid ones must.
-            if messages.len() % 2 == 1 {
-                if let Some(last) = messages.last_mut() {
-                    last["role"] = json!("user");
-                }
+            if messages.len() % 2 == 1
+                && let Some(last) = messages.last_mut()
+            {
+                last["role"] = json!("user");
             }
             m.insert("messages".into(), json!(messages));
             for (k, v) in [
@@ -270,22 +274,35 @@ fn real_model_fuzzed_requests_never_take_the_server_down() {
         store.path().to_str().unwrap(),
     ]);
     let reference = ask(&server.base);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
+    let answered = std::sync::Mutex::new(std::collections::BTreeMap::<u16, usize>::new());
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|i| {
+                let (server, answered) = (&server, &answered);
+                scope.spawn(move || {
+                    // Each client its own random cases (a seed of its own).
+                    let mut runner = TestRunner::new(Config {
+                        cases: cases / CLIENTS + u32::from(i < cases % CLIENTS),
+                        failure_persistence: None,
+                        ..Config::default()
+                    });
+                    runner.run(&request(), |(path, body)| {
+                        let code = send(&server.base, path, &body)
+                            .map_err(|e| TestCaseError::fail(format!("{path} {body}: {e}")))?;
+                        *answered.lock().unwrap().entry(code).or_default() += 1;
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
     });
-    let answered = std::cell::RefCell::new(std::collections::BTreeMap::<u16, usize>::new());
-    let result = runner.run(&request(), |(path, body)| {
-        let code = send(&server.base, path, &body)
-            .map_err(|e| TestCaseError::fail(format!("{path} {body}: {e}")))?;
-        *answered.borrow_mut().entry(code).or_default() += 1;
-        Ok(())
-    });
-    let answered = answered.into_inner();
+    let answered = answered.into_inner().unwrap();
     eprintln!("fuzzer: answers by status {answered:?}");
-    if let Err(e) = result {
-        panic!("{e}");
+    for result in results {
+        if let Err(e) = result {
+            panic!("{e}");
+        }
     }
     assert!(
         answered.get(&200).copied().unwrap_or(0) > cases as usize / 20,

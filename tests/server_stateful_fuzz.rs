@@ -35,9 +35,9 @@ use serde_json::{json, Value};
 const NAMES: [&str; 4] = ["ada", "grace", "edsger", "barbara"];
 /// Unnamed conversations a client keeps at once.
 const UNNAMED: usize = 2;
-/// Past this many messages, a conversation is ended or started again (prompts stay short, so
-/// that the stateless reference's recompute stays cheap).
-const LONGEST: usize = 5;
+/// Past this many messages (the opening system message included), a conversation is ended or
+/// started again (prompts stay short, so that the stateless reference's recompute stays cheap).
+const LONGEST: usize = 6;
 
 const WORDS: [&str; 16] = [
     "apple", "river", "blue", "seven", "quiet", "train", "honey", "stone", "north", "lamp",
@@ -159,6 +159,12 @@ fn user(text: String) -> Value {
     json!({"role": "user", "content": text})
 }
 
+/// A new history: a short system message, which stands in for the template's default one
+/// (SmolLM2's takes 20 tokens, which the stateless reference would recompute on every turn).
+fn opening() -> Vec<Value> {
+    vec![json!({"role": "system", "content": "Be brief."})]
+}
+
 impl<'a> Client<'a> {
     fn new(servers: &'a Servers, name: &'static str, seed: u64) -> Self {
         Self {
@@ -272,9 +278,9 @@ impl<'a> Client<'a> {
         v
     }
 
-    /// The acknowledged history of the name and a new user message.
+    /// The acknowledged history of the name (or a new one) and a new user message.
     fn continuation(&mut self) -> Vec<Value> {
-        let mut messages = self.named.clone().unwrap_or_default();
+        let mut messages = self.named.clone().unwrap_or_else(opening);
         messages.push(user(user_text(&mut self.rng)));
         messages
     }
@@ -297,11 +303,11 @@ impl<'a> Client<'a> {
     fn unnamed_turn(&mut self, base: &str) -> &'static str {
         let unnamed = &mut self.unnamed;
         if unnamed.len() < UNNAMED && (unnamed.is_empty() || self.rng.random_bool(0.3)) {
-            unnamed.push(Vec::new());
+            unnamed.push(opening());
         }
         let i = self.rng.random_range(0..unnamed.len());
         if unnamed[i].len() >= LONGEST {
-            unnamed[i].clear();
+            unnamed[i] = opening();
         }
         let mut messages = self.unnamed[i].clone();
         messages.push(user(user_text(&mut self.rng)));
@@ -318,11 +324,15 @@ impl<'a> Client<'a> {
     fn continuation_or_rewrite(&mut self) -> Vec<Value> {
         match self.rng.random_bool(0.5) {
             true => self.continuation(),
-            false => vec![
-                user(user_text(&mut self.rng)),
-                json!({"role": "assistant", "content": "Sure."}),
-                user(user_text(&mut self.rng)),
-            ],
+            false => {
+                let mut messages = opening();
+                messages.extend([
+                    user(user_text(&mut self.rng)),
+                    json!({"role": "assistant", "content": "Sure."}),
+                    user(user_text(&mut self.rng)),
+                ]);
+                messages
+            }
         }
     }
 
@@ -361,11 +371,12 @@ impl<'a> Client<'a> {
         // Drop the last exchange, or start over from another (a history of one exchange: a
         // new message alone would continue what the name holds).
         match messages.len() {
-            0..=2 => {
-                messages = vec![
+            0..=3 => {
+                messages = opening();
+                messages.extend([
                     user(user_text(&mut self.rng)),
                     json!({"role": "assistant", "content": "Sure."}),
-                ]
+                ]);
             }
             n => messages.truncate(n - 2),
         }
