@@ -433,7 +433,6 @@ fn row_major(
             for (j, panel) in tile.out.chunks_exact_mut(rows * NR).enumerate() {
                 let c = (first + j) * NR;
                 for (r, values) in panel.chunks_exact(NR).enumerate() {
-                    let values = &values[..NR.min(l.n - c)];
                     // SAFETY: the item's panels are its own: no other item writes columns
                     // `first * NR..(first + panels) * NR` of this matrix's rows, and nothing
                     // reads them until the region ends.

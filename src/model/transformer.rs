@@ -385,7 +385,7 @@ impl Transformer {
         // a worker (work stealing) instead of waking the pool from outside and sleeping on a
         // latch: one hand-off per pass instead of one per op (measured: 1.2x replay output).
         // Beside it, the other workers are kept awake until it ends (`awake`; measured on a
-        // Xeon, 8 rows of SmolLM2: 20.4 ms a step before, 15.9 ms after).
+        // Xeon, 8 rows of SmolLM2: 23.6 ms a step before, 16.1-18.2 ms after).
         awake::run(|| self.forward_here(batch, pool))
     }
 

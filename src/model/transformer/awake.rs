@@ -3,17 +3,17 @@
 //! A decode step forks five parallel regions per layer (Q/K/V, attention, the output
 //! projection, gate/up, down). Between two, rayon's idle workers go to sleep, and waking one
 //! for the next region costs more than a small region's work. So while a pass runs, each
-//! other worker runs a job that takes the pool's work as it appears and spins between, until
-//! the pass ends.
+//! other worker runs a job that takes the pool's work as it appears and yields to the OS
+//! between (a spin would take the core from another process), until the pass ends.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
     /// Whether this thread is inside a pass: running it, or kept awake beside one. A job
-    /// that would keep it awake for another pass returns at once: a thread spinning for one
-    /// pass while a pass of its own waits beneath would let two such threads wait on each
-    /// other for ever.
+    /// that would keep it awake for another pass returns at once: a thread waiting for one
+    /// pass to end while a pass of its own waits beneath would let two such threads wait on
+    /// each other for ever.
     static IN_PASS: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -32,8 +32,8 @@ pub(super) fn run<T: Send>(pass: impl FnOnce() -> T + Send) -> T {
     })
 }
 
-/// Takes the pool's jobs, or spins, until `done`; returns at once on a thread already inside
-/// a pass.
+/// Takes the pool's jobs, or yields to the OS, until `done`; returns at once on a thread
+/// already inside a pass.
 fn keep_awake(done: &AtomicBool) {
     if IN_PASS.replace(true) {
         return;
