@@ -213,16 +213,7 @@ fn isa_name() -> String {
                 .map(|s| s.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    #[cfg(target_arch = "x86_64")]
-    let path = if is_x86_feature_detected!("avx512vnni") {
-        "AVX-512 VNNI"
-    } else if is_x86_feature_detected!("avx2") {
-        "AVX2"
-    } else {
-        "scalar"
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let path = "scalar";
+    let path = pensieve::model::matmul_path();
     format!("{cpu}, matmul path {path}")
 }
 

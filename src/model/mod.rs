@@ -54,6 +54,13 @@ pub use transformer::{ForwardBatch, Transformer};
 pub(crate) use transformer::{ForwardBatch, Transformer};
 
 use crate::setters::setters;
+
+/// The matmul kernels' instruction path on this CPU (chosen at run time; `PENSIEVE_ISA` picks
+/// another), as benchmark tables name it.
+#[cfg(feature = "internals")]
+pub fn matmul_path() -> &'static str {
+    packed::Isa::detect().label()
+}
 use crate::{Error, Result};
 
 /// How to load a model.

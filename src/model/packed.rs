@@ -76,6 +76,10 @@ pub(crate) enum Isa {
     /// AVX-512 F/BW with VNNI (`vpdpbusd`) for the integer kernel; AVX2 for the rest.
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// [`Isa::Avx512`], with AMX-INT8's tile multiply for the integer kernel's tiles of 16 rows
+    /// (prefill).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
     /// NEON with the dot-product extension (`sdot`) for the integer kernel, NEON's fused
     /// multiply-add for the float one.
     #[cfg(target_arch = "aarch64")]
@@ -83,9 +87,28 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best path this CPU has.
+    /// The best path this CPU has, or the one `PENSIEVE_ISA` names (`Scalar`, `Avx2`,
+    /// `Avx512`, `Amx`, `Neon`; any case) where the CPU has it: to compare paths on one
+    /// machine, or to step back from one.
     pub(crate) fn detect() -> Self {
-        Self::available().pop().unwrap_or(Isa::Scalar)
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let mut all = Self::available();
+            if let Ok(name) = std::env::var("PENSIEVE_ISA") {
+                match all
+                    .iter()
+                    .find(|i| format!("{i:?}").eq_ignore_ascii_case(&name))
+                {
+                    Some(&isa) => return isa,
+                    None => tracing::warn!(
+                        PENSIEVE_ISA = %name,
+                        available = ?all,
+                        "this CPU has no such path: using the best it has"
+                    ),
+                }
+            }
+            all.pop().unwrap_or(Isa::Scalar)
+        })
     }
 
     /// Every path this CPU can run, best last.
@@ -102,6 +125,9 @@ impl Isa {
                 all.push(Isa::Avx2);
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     all.push(Isa::Avx512);
+                    if quant::amx_usable() {
+                        all.push(Isa::Amx);
+                    }
                 }
             }
         }
@@ -112,13 +138,28 @@ impl Isa {
         all
     }
 
+    /// The path's name for people: benchmark tables print it beside the CPU's.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "AVX2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "AVX-512 VNNI",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => "AMX-INT8 tiles with AVX-512 VNNI",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "NEON dot product",
+        }
+    }
+
     /// Rows per register tile of the integer kernel: AVX-512 has the registers for 8 (8
     /// accumulators and 8 dots), so a step of 8 decode rows is one tile, not 6 and 2; NEON's 32
     /// registers hold 8 rows of a quarter panel.
     fn quant_tile_rows(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => 8,
+            Isa::Avx512 | Isa::Amx => 8,
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => 8,
             _ => MR,

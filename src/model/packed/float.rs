@@ -196,9 +196,9 @@ impl Block<'_> {
 fn accumulate<T: Elem>(isa: Isa, b: &Block, ws: &[&[T]], t: &mut Tile, first: usize, row: usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the AVX2 and AVX-512 paths are only chosen when the CPU has AVX2, FMA and
+        // SAFETY: the AVX2, AVX-512 and AMX paths are only chosen when the CPU has AVX2, FMA and
         // F16C (`Isa::detect`); the callee checks every length it relies on.
-        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::accumulate(b, ws, t, first, row) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { avx2::accumulate(b, ws, t, first, row) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::accumulate(b, ws, t, first, row),
         Isa::Scalar => {

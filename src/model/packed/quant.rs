@@ -92,6 +92,8 @@ macro_rules! kernel_entry {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -99,6 +101,8 @@ mod factors;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use amx::usable as amx_usable;
 use factors::{exponent_scale, FP4};
 pub(super) use factors::{Factors, Form, RawBlock};
 
@@ -250,8 +254,29 @@ impl QuantWeights {
 
     /// One work item: its panels over rows `tile.row0..` of the quantized activations.
     pub(super) fn run(&self, a: &QuantRows, t: &mut Tile, isa: Isa) {
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Amx && t.rows >= amx::ROWS {
+            // The full tiles of 16 rows; the rest below, on the AVX-512 kernel.
+            done = t.rows / amx::ROWS * amx::ROWS;
+            let spot = Spot {
+                panel: t.first,
+                panels: t.panels,
+                row: t.row0,
+                rows: done,
+            };
+            let o = Out {
+                at: t.at(0, 0),
+                panel_stride: t.panel_stride,
+            };
+            if in_bounds(self, a, spot, o, t.out) {
+                // SAFETY: `Amx` is only chosen where `amx::usable` (`Isa::available`); the
+                // bounds were checked; `done` is a multiple of the tile's rows.
+                unsafe { amx::kernel(self, a, spot, o, t.out) };
+            }
+        }
         let mr = isa.quant_tile_rows();
-        for r in (0..t.rows).step_by(mr) {
+        for r in (done..t.rows).step_by(mr) {
             let rows = mr.min(t.rows - r);
             let mut j = 0;
             while j < t.panels {
@@ -414,7 +439,7 @@ fn quantize_block(isa: Isa, x: &[f32; QK], codes: &mut [i8; QK]) -> (f32, i32) {
     let sum = match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: both vector paths are only chosen when the CPU has AVX2 (`Isa::detect`).
-        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::quantize(x, inv, codes) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { avx2::quantize(x, inv, codes) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: every aarch64 CPU has NEON.
         Isa::Neon => unsafe { neon::quantize(x, inv, codes) },
@@ -475,9 +500,9 @@ fn kernel(isa: Isa, w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &m
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx512` is only chosen when the CPU has AVX-512 F/BW/VNNI (`Isa::detect`),
-        // and the bounds were checked above.
-        Isa::Avx512 => unsafe { avx512::kernel(w, a, spot, o, out) },
+        // SAFETY: `Avx512` and `Amx` (whose rows short of a tile come here) are only chosen
+        // when the CPU has AVX-512 F/BW/VNNI (`Isa::detect`), and the bounds were checked above.
+        Isa::Avx512 | Isa::Amx => unsafe { avx512::kernel(w, a, spot, o, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; bounds checked
         // above.

@@ -243,7 +243,8 @@ fn a_row_is_bit_identical_alone_and_in_any_batch() {
 
 #[test]
 fn every_instruction_path_gives_the_same_bits() {
-    let (n, k, m) = (50, 512, 11);
+    // Two tiles of 16 rows (AMX's unit) and 5 rows more.
+    let (n, k, m) = (50, 512, 37);
     let x = values(m * k, 9);
     for dtype in FORMATS {
         let (lin, _) = weights(n, k, dtype, 5);

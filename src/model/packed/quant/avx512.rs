@@ -24,6 +24,168 @@ unsafe fn high_bits(block: *const u8, bits: Bits, g: usize) -> __m512i {
     _mm512_and_si512(moved, _mm512_set1_epi8(mask as i8))
 }
 
+/// Chunk `c` of the block at `block` as bytes: group `c`'s codes and group `c + 4`'s (the
+/// low and high nibbles, with their high bits or read through [`FP4`]), 16 columns × 4 codes
+/// each. Not for [`Bits::Eight`], whose groups are bytes already.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `block` starts a block of `bits` codes; `c < 4`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub(super) unsafe fn unpack(block: *const u8, bits: Bits, c: usize) -> (__m512i, __m512i) {
+    let low = _mm512_set1_epi8(0x0F);
+    // SAFETY: the chunk lies inside the block (the caller's contract).
+    let v = unsafe { _mm512_loadu_si512(block.add(c * GROUP).cast()) };
+    let lo = _mm512_and_si512(v, low);
+    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+    match bits {
+        Bits::Fp4 => {
+            // SAFETY: `FP4` is 16 bytes.
+            let fp4 = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4.as_ptr().cast()) });
+            (_mm512_shuffle_epi8(fp4, lo), _mm512_shuffle_epi8(fp4, hi))
+        }
+        Bits::Five | Bits::Six => {
+            // SAFETY: as above.
+            let (l, h) = unsafe { (high_bits(block, bits, c), high_bits(block, bits, c + 4)) };
+            (_mm512_or_si512(lo, l), _mm512_or_si512(hi, h))
+        }
+        Bits::Four | Bits::Eight => (lo, hi),
+    }
+}
+
+/// The factors `(d_b, m_b)` of block `b` of `panel`, one lane per column, for the forms with
+/// factors per block (not [`Factors::Halves`], whose lanes are zero here).
+///
+/// # Safety
+/// The CPU has AVX-512 F; the factors cover `panel` and `b` is below its block count.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn block_factors(w: &QuantWeights, panel: usize, b: usize) -> (__m512, __m512) {
+    let blocks = w.k / QK;
+    let at = (panel * blocks + b) * NR;
+    // SAFETY: every index is inside the factor arrays (the caller's contract).
+    unsafe {
+        match &w.factors {
+            Factors::Block { d, m } => (
+                _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr().add(at).cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr().add(at).cast())),
+            ),
+            Factors::Exponent { e } => {
+                let b = _mm_loadu_si128(e.as_ptr().add(at).cast());
+                let pow = _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(b));
+                let dv = _mm512_mul_ps(_mm512_castsi512_ps(pow), _mm512_set1_ps(0.5));
+                (dv, _mm512_mul_ps(dv, _mm512_set1_ps(-12.0)))
+            }
+            Factors::Super { d, m, sc, mn } => {
+                let sb = (panel * (blocks / SUPER) + b / SUPER) * NR;
+                let ints = |v: &[u8]| {
+                    let b = _mm_loadu_si128(v.as_ptr().add(at).cast());
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))
+                };
+                (
+                    _mm512_mul_ps(_mm512_loadu_ps(d.as_ptr().add(sb)), ints(sc)),
+                    _mm512_mul_ps(_mm512_loadu_ps(m.as_ptr().add(sb)), ints(mn)),
+                )
+            }
+            Factors::Halves { .. } => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+        }
+    }
+}
+
+/// `Q6_K`'s factors of block `b` of `panel`: the super-block's `D` and the two halves' 8-bit
+/// scales, one lane per column.
+///
+/// # Safety
+/// As [`block_factors`], for [`Factors::Halves`] (zeros otherwise).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn halves(
+    w: &QuantWeights,
+    panel: usize,
+    b: usize,
+) -> (__m512, __m512i, __m512i) {
+    let Factors::Halves { d, sc } = &w.factors else {
+        return (
+            _mm512_setzero_ps(),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+        );
+    };
+    let blocks = w.k / QK;
+    let at = (panel * blocks + b) * NR;
+    let sb = (panel * (blocks / SUPER) + b / SUPER) * NR;
+    // SAFETY: every index is inside the factor arrays (the caller's contract).
+    unsafe {
+        let scale = |h: usize| {
+            let v = sc.as_ptr().add(2 * at + h * NR);
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(v.cast()))
+        };
+        (_mm512_loadu_ps(d.as_ptr().add(sb)), scale(0), scale(1))
+    }
+}
+
+/// `acc` plus a block's term for one row (block `rb` of the activations) and 16 columns, with
+/// factors per block: `dot · (d_b · s) + m_b · (s · Σ a)`, as the module's formula.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `rb` is inside the activations' blocks.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn add_block(
+    acc: __m512,
+    dot: __m512i,
+    (dv, mv): (__m512, __m512),
+    a: &QuantRows,
+    rb: usize,
+) -> __m512 {
+    // SAFETY: `rb` is inside the arrays (the caller's contract).
+    let (s, sa) = unsafe {
+        (
+            *a.scales.get_unchecked(rb),
+            *a.scaled_sums.get_unchecked(rb),
+        )
+    };
+    let acc = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(dot),
+        _mm512_mul_ps(dv, _mm512_set1_ps(s)),
+        acc,
+    );
+    _mm512_fmadd_ps(mv, _mm512_set1_ps(sa), acc)
+}
+
+/// [`add_block`] for `Q6_K`: the two halves' dots, each less its centre and times its scale.
+///
+/// # Safety
+/// As [`add_block`].
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn add_halves(
+    acc: __m512,
+    dot0: __m512i,
+    dot1: __m512i,
+    (dv, s0, s1): (__m512, __m512i, __m512i),
+    a: &QuantRows,
+    rb: usize,
+) -> __m512 {
+    // SAFETY: `rb` is inside the arrays (the caller's contract).
+    let (c0, c1, s) = unsafe {
+        (
+            *a.halves.get_unchecked(2 * rb),
+            *a.halves.get_unchecked(2 * rb + 1),
+            *a.scales.get_unchecked(rb),
+        )
+    };
+    let int = _mm512_add_epi32(
+        _mm512_mullo_epi32(s0, _mm512_sub_epi32(dot0, _mm512_set1_epi32(c0))),
+        _mm512_mullo_epi32(s1, _mm512_sub_epi32(dot1, _mm512_set1_epi32(c1))),
+    );
+    _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(int),
+        _mm512_mul_ps(dv, _mm512_set1_ps(s)),
+        acc,
+    )
+}
+
 /// `R` rows × `P` panels, every block; integer dots per block, f32 accumulators across blocks.
 ///
 /// # Safety
@@ -39,12 +201,8 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
     out: &mut [f32],
 ) {
     let blocks = a.blocks();
-    let supers = blocks / SUPER;
     let bytes = w.bits.block_bytes();
-    let low = _mm512_set1_epi8(0x0F);
     let bias = _mm512_set1_epi8(i8::MIN);
-    // SAFETY: `FP4` is 16 bytes.
-    let fp4 = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     // SAFETY: every pointer below indexes a panel in `spot.panel..+P`, a row in
     // `spot.row..+R` and a block below `blocks`, which `in_bounds` checked.
@@ -89,24 +247,10 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                 }
                 bits => {
                     for c in 0..4 {
-                        let mut lo = [low; P];
-                        let mut hi = [low; P];
+                        let mut lo = [_mm512_setzero_si512(); P];
+                        let mut hi = [_mm512_setzero_si512(); P];
                         for j in 0..P {
-                            let v = _mm512_loadu_si512(codes(j).add(c * GROUP).cast());
-                            lo[j] = _mm512_and_si512(v, low);
-                            hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                            match bits {
-                                Bits::Four => {}
-                                Bits::Fp4 => {
-                                    lo[j] = _mm512_shuffle_epi8(fp4, lo[j]);
-                                    hi[j] = _mm512_shuffle_epi8(fp4, hi[j]);
-                                }
-                                _ => {
-                                    lo[j] = _mm512_or_si512(lo[j], high_bits(codes(j), bits, c));
-                                    hi[j] =
-                                        _mm512_or_si512(hi[j], high_bits(codes(j), bits, c + 4));
-                                }
-                            }
+                            (lo[j], hi[j]) = unpack(codes(j), bits, c);
                         }
                         for r in 0..R {
                             let (xl, xh) = (x_at(r, b, c), x_at(r, b, c + 4));
@@ -125,58 +269,17 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
             // Per block and panel: the factors' vectors, then per row the one or two fused
             // multiply-adds of the module's formulas.
             for j in 0..P {
-                let at = ((spot.panel + j) * blocks + b) * NR;
-                let sb = ((spot.panel + j) * supers + b / SUPER) * NR;
-                let (dv, mv) = match &w.factors {
-                    Factors::Block { d, m } => (
-                        _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr().add(at).cast())),
-                        _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr().add(at).cast())),
-                    ),
-                    Factors::Exponent { e } => {
-                        let b = _mm_loadu_si128(e.as_ptr().add(at).cast());
-                        let pow = _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(b));
-                        let dv = _mm512_mul_ps(_mm512_castsi512_ps(pow), _mm512_set1_ps(0.5));
-                        (dv, _mm512_mul_ps(dv, _mm512_set1_ps(-12.0)))
+                let rb = |r: usize| (spot.row + r) * blocks + b;
+                if SPLIT {
+                    let f = halves(w, spot.panel + j, b);
+                    for r in 0..R {
+                        acc[r][j] = add_halves(acc[r][j], dot[r][j], dot1[r][j], f, a, rb(r));
                     }
-                    Factors::Super { d, m, sc, mn } => {
-                        let ints = |v: &[u8]| {
-                            let b = _mm_loadu_si128(v.as_ptr().add(at).cast());
-                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))
-                        };
-                        (
-                            _mm512_mul_ps(_mm512_loadu_ps(d.as_ptr().add(sb)), ints(sc)),
-                            _mm512_mul_ps(_mm512_loadu_ps(m.as_ptr().add(sb)), ints(mn)),
-                        )
+                } else {
+                    let f = block_factors(w, spot.panel + j, b);
+                    for r in 0..R {
+                        acc[r][j] = add_block(acc[r][j], dot[r][j], f, a, rb(r));
                     }
-                    Factors::Halves { d, sc } => {
-                        let dv = _mm512_loadu_ps(d.as_ptr().add(sb));
-                        let scale = |h: usize| {
-                            let v = sc.as_ptr().add(2 * at + h * NR);
-                            _mm512_cvtepi8_epi32(_mm_loadu_si128(v.cast()))
-                        };
-                        let (s0, s1) = (scale(0), scale(1));
-                        for r in 0..R {
-                            let rb = (spot.row + r) * blocks + b;
-                            let c0 = _mm512_set1_epi32(*a.halves.get_unchecked(2 * rb));
-                            let c1 = _mm512_set1_epi32(*a.halves.get_unchecked(2 * rb + 1));
-                            let int = _mm512_add_epi32(
-                                _mm512_mullo_epi32(s0, _mm512_sub_epi32(dot[r][j], c0)),
-                                _mm512_mullo_epi32(s1, _mm512_sub_epi32(dot1[r][j], c1)),
-                            );
-                            let s = _mm512_set1_ps(*a.scales.get_unchecked(rb));
-                            let f = _mm512_cvtepi32_ps(int);
-                            acc[r][j] = _mm512_fmadd_ps(f, _mm512_mul_ps(dv, s), acc[r][j]);
-                        }
-                        continue;
-                    }
-                };
-                for r in 0..R {
-                    let rb = (spot.row + r) * blocks + b;
-                    let s = _mm512_set1_ps(*a.scales.get_unchecked(rb));
-                    let sa = _mm512_set1_ps(*a.scaled_sums.get_unchecked(rb));
-                    let f = _mm512_cvtepi32_ps(dot[r][j]);
-                    acc[r][j] = _mm512_fmadd_ps(f, _mm512_mul_ps(dv, s), acc[r][j]);
-                    acc[r][j] = _mm512_fmadd_ps(mv, sa, acc[r][j]);
                 }
             }
         }
