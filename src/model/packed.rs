@@ -418,10 +418,15 @@ fn row_major(
     let Some(k) = linears.first().map(|l| l.k) else {
         return Vec::new();
     };
-    let mut outs: Vec<Vec<f32>> = linears.iter().map(|l| vec![0f32; m * l.n]).collect();
     if m == 0 || linears.iter().any(|l| l.k != k || l.n == 0) {
-        return outs;
+        return linears.iter().map(|l| vec![0f32; m * l.n]).collect();
     }
+    // Not zeroed: the items write every element (a pass's outputs are megabytes, and zeroing
+    // them was 3-4% of a prefill).
+    let mut outs: Vec<Vec<f32>> = linears
+        .iter()
+        .map(|l| Vec::with_capacity(m * l.n))
+        .collect();
     let quant = linears
         .iter()
         .any(|l| matches!(l.weights, Weights::Quant(_)));
@@ -433,7 +438,7 @@ fn row_major(
         .zip(linears)
         .enumerate()
         .map(|(i, (out, l))| Rows {
-            out: out.as_mut_ptr(),
+            out: out.spare_capacity_mut().as_mut_ptr().cast(),
             m,
             n: l.n,
             residual: residuals
@@ -479,16 +484,23 @@ fn row_major(
                     // reads them until the region ends.
                     unsafe { rows_out.write(row0 + r, c, values) };
                 }
-                // The float kernel adds to what its tile holds.
-                panel.fill(0.0);
+                // The float kernel adds to what its tile holds (the integer one stores).
+                if !matches!(l.weights, Weights::Quant(_)) {
+                    panel.fill(0.0);
+                }
             }
         }
     });
+    for (out, l) in outs.iter_mut().zip(linears) {
+        // SAFETY: the items wrote every element: together they cover every panel, so every
+        // column below `n`, and each writes its columns of every row (`Rows::write`).
+        unsafe { out.set_len(m * l.n) };
+    }
     outs
 }
 
 /// A linear's `[m, n]` output as the work items of [`row_major`] write it, each its own columns
-/// of every row.
+/// of every row, into memory not yet initialized.
 struct Rows<'a> {
     out: *mut f32,
     m: usize,
@@ -514,17 +526,18 @@ impl Rows<'_> {
         }
         let values = &values[..values.len().min(self.n - c)];
         let at = r * self.n + c;
-        // SAFETY: `at + values.len() <= m * n`, the buffer's length; exclusive access is the
-        // caller's contract.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.out.add(at), values.len()) };
-        match self.residual {
-            Some(res) => {
-                let res = &res[at..][..values.len()];
-                for ((d, &v), &x) in dst.iter_mut().zip(values).zip(res) {
-                    *d = x + v;
+        // SAFETY: `at + values.len() <= m * n`, the buffer's capacity; exclusive access is the
+        // caller's contract. Raw writes: the elements may not be initialized yet.
+        unsafe {
+            let dst = self.out.add(at);
+            match self.residual {
+                Some(res) => {
+                    for (i, (&v, &x)) in values.iter().zip(&res[at..][..values.len()]).enumerate() {
+                        dst.add(i).write(x + v);
+                    }
                 }
+                None => std::ptr::copy_nonoverlapping(values.as_ptr(), dst, values.len()),
             }
-            None => dst.copy_from_slice(values),
         }
     }
 }
