@@ -139,6 +139,7 @@ impl Isa {
     }
 
     /// The path's name for people: benchmark tables print it beside the CPU's.
+    #[cfg(feature = "internals")]
     pub(crate) fn label(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",

@@ -254,27 +254,15 @@ impl QuantWeights {
 
     /// One work item: its panels over rows `tile.row0..` of the quantized activations.
     pub(super) fn run(&self, a: &QuantRows, t: &mut Tile, isa: Isa) {
-        let mut done = 0;
+        // Rows the tiles took, where the CPU has them; the rest on the register tiles below.
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Amx && t.rows >= amx::ROWS {
-            // The full tiles of 16 rows; the rest below, on the AVX-512 kernel.
-            done = t.rows / amx::ROWS * amx::ROWS;
-            let spot = Spot {
-                panel: t.first,
-                panels: t.panels,
-                row: t.row0,
-                rows: done,
-            };
-            let o = Out {
-                at: t.at(0, 0),
-                panel_stride: t.panel_stride,
-            };
-            if in_bounds(self, a, spot, o, t.out) {
-                // SAFETY: `Amx` is only chosen where `amx::usable` (`Isa::available`); the
-                // bounds were checked; `done` is a multiple of the tile's rows.
-                unsafe { amx::kernel(self, a, spot, o, t.out) };
-            }
-        }
+        let done = if isa == Isa::Amx {
+            self.run_amx(a, t)
+        } else {
+            0
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = 0;
         let mr = isa.quant_tile_rows();
         for r in (done..t.rows).step_by(mr) {
             let rows = mr.min(t.rows - r);
@@ -295,6 +283,29 @@ impl QuantWeights {
                 j += wide;
             }
         }
+    }
+
+    /// The work item's full tiles of 16 rows on AMX; returns how many rows they took.
+    #[cfg(target_arch = "x86_64")]
+    fn run_amx(&self, a: &QuantRows, t: &mut Tile) -> usize {
+        let rows = t.rows / amx::ROWS * amx::ROWS;
+        let spot = Spot {
+            panel: t.first,
+            panels: t.panels,
+            row: t.row0,
+            rows,
+        };
+        let o = Out {
+            at: t.at(0, 0),
+            panel_stride: t.panel_stride,
+        };
+        if rows == 0 || !in_bounds(self, a, spot, o, t.out) {
+            return 0;
+        }
+        // SAFETY: `Amx` is only chosen where `amx::usable` (`Isa::available`); the bounds were
+        // checked; `rows` is a multiple of the tile's rows.
+        unsafe { amx::kernel(self, a, spot, o, t.out) };
+        rows
     }
 
     /// Code `kk` of column `c` in block `b` of panel `p`, as a signed integer.
