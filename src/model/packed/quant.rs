@@ -449,7 +449,7 @@ fn quantize_block(isa: Isa, x: &[f32; QK], codes: &mut [i8; QK]) -> (f32, i32) {
     let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     let sum = match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both vector paths are only chosen when the CPU has AVX2 (`Isa::detect`).
+        // SAFETY: the x86-64 vector paths are only chosen when the CPU has AVX2 (`Isa::detect`).
         Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { avx2::quantize(x, inv, codes) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: every aarch64 CPU has NEON.
