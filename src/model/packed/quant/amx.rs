@@ -107,14 +107,12 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
     let split = matches!(w.factors, Factors::Halves { .. });
     let config = Config::new(split);
     // `Eight`'s codes are bytes already, laid out as the multiply reads them.
-    let mut bytes = vec![
-        0u8;
-        if w.bits == Bits::Eight {
-            0
-        } else {
-            blocks * BLOCK
-        }
-    ];
+    let unpacked = if w.bits == Bits::Eight {
+        0
+    } else {
+        blocks * BLOCK
+    };
+    let mut bytes = vec![0u8; unpacked];
     // SAFETY: the configuration is 64 bytes; the CPU has AMX and this process the state.
     unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
     for j in 0..spot.panels {
@@ -152,8 +150,8 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// Starts a block's multiply: zeroes dot tile `$c`, loads the activations into `$x` (`$x2`
-/// with the second half, for `Q6_K`) and the weights into `$w`, multiplies.
+/// Starts a block's multiply (or half a block's, for `Q6_K`): zeroes dot tile `$c`, loads the
+/// activations at `$xp` into `$x` and the weights at `$wp` into `$w`, multiplies.
 macro_rules! start {
     ($c:literal, $x:literal, $w:literal, $xp:expr, $wp:expr, $k:expr) => {
         asm!(
