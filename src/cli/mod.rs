@@ -67,6 +67,8 @@ pub enum Format {
     F16,
     /// The file's quantization on candle's quantized matmul.
     Quantized,
+    /// bf16 on candle's matmul.
+    Bf16,
 }
 
 /// How the KV cache stores values.
@@ -155,6 +157,7 @@ impl EngineArgs {
                     Format::F32 => WeightFormat::F32,
                     Format::F16 => WeightFormat::F16,
                     Format::Quantized => WeightFormat::Quantized,
+                    Format::Bf16 => WeightFormat::Bf16,
                     Format::Packed => WeightFormat::Packed,
                 });
         options.tokenizer = self.tokenizer.clone();

@@ -269,6 +269,13 @@ impl Model {
         self.llama.config()
     }
 
+    /// Bytes of the weights the model holds on its device (linear layers, embedding table
+    /// unless it is the output projection's, norms and biases): about the file's tensor bytes
+    /// in the packed format, which keeps each tensor in its own codes on the CPU and on a GPU.
+    pub fn weight_bytes(&self) -> usize {
+        self.llama.held_bytes()
+    }
+
     /// The tokenizer shipped with the weights.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -12,8 +12,10 @@
 //! by default packed for pensieve's own batch-invariant matmul (`packed.rs`), or as candle
 //! `QMatMul`s for comparison.
 
-use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::config::{ModelConfig, RopeVariant};
 use super::packed::{Isa, PackedLinear};
@@ -21,6 +23,7 @@ use crate::attention::{attention_in_window, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
 mod awake;
+mod device;
 mod ffn;
 mod gguf;
 mod gpt_oss;
@@ -39,8 +42,11 @@ pub enum WeightFormat {
     /// (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`) keep their codes and
     /// scales (about the file's bytes) and multiply activations quantized to 8 bits per 32
     /// values with integer dot products (AVX-512 VNNI or AVX2, chosen at run time); float
-    /// weights keep their type (f32, f16, bf16); `Q2_K`/`Q3_K` are held as f32. On devices
-    /// other than the CPU it falls back to f32 weights on candle's matmul.
+    /// weights keep their type (f32, f16, bf16); `Q2_K`/`Q3_K` are held as f32. On a GPU each
+    /// tensor also keeps its own codes, on candle's kernels there: GGUF quantizations on its
+    /// quantized matmul and row lookup, float weights in their type (the activations run in
+    /// f16 or bf16 where every matrix is one); a type no kernel there reads (MXFP4, `Q8_K`)
+    /// is converted to f16 with a warning naming it.
     #[default]
     Packed,
     /// Dequantized to f32 on candle's GEMM: 4 bytes per weight. The reference the packed
@@ -53,6 +59,9 @@ pub enum WeightFormat {
     /// Kept in the file's quantized format on candle's quantized matmul (safetensors weights
     /// are quantized to Q8_0); candle quantizes activations too.
     Quantized,
+    /// Converted to bf16 on candle's matmul: the bytes of f16 with f32's range. On a GPU the
+    /// activations are bf16 too; on the CPU they stay f32.
+    Bf16,
 }
 
 /// A linear layer's weights and the kernel that multiplies them.
@@ -76,7 +85,7 @@ impl Linear {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Linear::Candle(q) => Ok(q.forward(x)?),
+            Linear::Candle(q) => device::forward(q, x),
             Linear::Packed(p, isa) => p.forward(x, None, *isa),
         }
     }
@@ -108,7 +117,7 @@ impl Linear {
     /// `residual + x · Wᵀ`, in one pass where the kernel can add it.
     fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         match self {
-            Linear::Candle(q) => Ok((residual + q.forward(x)?)?),
+            Linear::Candle(q) => Ok((residual + device::forward(q, x)?)?),
             Linear::Packed(p, isa) => p.forward(x, Some(residual), *isa),
         }
     }
@@ -143,7 +152,19 @@ struct Layer {
 }
 
 impl Layer {
-    /// The vectors activations meet (norms and biases), to convert with them.
+    /// The vectors activations meet (norms and biases).
+    fn vectors(&self) -> impl Iterator<Item = &Tensor> {
+        [&self.attn_norm, &self.ffn_norm]
+            .into_iter()
+            .chain(self.qkv_bias.iter().flatten())
+            .chain(self.qk_norm.iter().flatten())
+            .chain(self.post_attn_norm.as_ref())
+            .chain(self.post_ffn_norm.as_ref())
+            .chain(self.o_bias.as_ref())
+            .chain(self.ffn.vectors())
+    }
+
+    /// [`Self::vectors`], to convert with the activations.
     fn vectors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
         [&mut self.attn_norm, &mut self.ffn_norm]
             .into_iter()
@@ -164,6 +185,9 @@ enum Embedding {
     /// Rows dequantized from packed weights as tokens are looked up, so the table takes no
     /// second copy in f32: its own, or the output projection's where the two are tied.
     Packed(Option<PackedLinear>),
+    /// A quantized table on a GPU, its rows dequantized there as tokens are looked up (the
+    /// output projection's own tensor where the two are tied).
+    Codes(Arc<QTensor>),
 }
 
 /// A loaded Llama-family model.
@@ -310,17 +334,40 @@ impl Transformer {
     /// Bytes of linear-layer weights one forward pass reads (every layer's projections and
     /// the output layer): the memory traffic that bounds a decode step.
     pub fn weight_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .into_iter()
-                    .chain(l.ffn.linears())
-            })
-            .map(Linear::bytes)
+        self.linears().map(Linear::bytes).sum()
+    }
+
+    /// Every linear layer: each layer's projections and MLP, then the output layer.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        let layers = self.layers.iter().flat_map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo]
+                .into_iter()
+                .chain(l.ffn.linears())
+        });
+        layers.chain(std::iter::once(&self.lm_head))
+    }
+
+    /// Bytes of every weight the model holds on its device: the linear layers, the embedding
+    /// table where it is not the output projection's, the norms and biases. About the file's
+    /// tensor bytes where the weights keep their own codes.
+    pub fn held_bytes(&self) -> usize {
+        let size = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let head = match &self.lm_head {
+            Linear::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => Some(t.id()),
+            _ => None,
+        };
+        let embed = match (&self.embed, &self.lm_head) {
+            (Embedding::Table(t), _) if Some(t.id()) == head => 0,
+            (Embedding::Table(t), _) => size(t),
+            (Embedding::Packed(p), _) => p.as_ref().map_or(0, PackedLinear::bytes),
+            (Embedding::Codes(q), Linear::Candle(QMatMul::QTensor(h))) if Arc::ptr_eq(q, h) => 0,
+            (Embedding::Codes(q), _) => q.storage_size_in_bytes(),
+        };
+        let vectors: usize = (self.layers.iter())
+            .flat_map(|l| l.vectors())
+            .map(size)
             .sum();
-        layers + self.lm_head.bytes()
+        self.weight_bytes() + embed + vectors + size(&self.norm)
     }
 
     /// The embeddings of `tokens`, `[tokens, hidden]` in the activation type.
@@ -328,7 +375,11 @@ impl Transformer {
         let packed = match (&self.embed, &self.lm_head) {
             (Embedding::Table(t), _) => {
                 let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-                return Ok(t.index_select(&ids, 0)?);
+                return Ok(t.index_select(&ids, 0)?.to_dtype(self.act)?);
+            }
+            (Embedding::Codes(q), _) => {
+                let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+                return Ok(q.embedding(&ids)?.to_dtype(self.act)?);
             }
             (Embedding::Packed(Some(p)), _) | (Embedding::Packed(None), Linear::Packed(p, _)) => p,
             (Embedding::Packed(None), Linear::Candle(_)) => {

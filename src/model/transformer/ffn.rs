@@ -63,7 +63,20 @@ impl Ffn {
         }
     }
 
-    /// Its vectors that activations meet (the mixture's biases), to convert with them.
+    /// Its vectors that activations meet (the mixture's biases).
+    pub(super) fn vectors(&self) -> impl Iterator<Item = &Tensor> {
+        let biases = match self {
+            Ffn::Experts(Mixture {
+                biases: Some(b), ..
+            }) => Some(b),
+            _ => None,
+        };
+        biases
+            .into_iter()
+            .flat_map(|b| std::iter::once(&b.router).chain(b.experts.iter().flatten()))
+    }
+
+    /// [`Self::vectors`], to convert with the activations.
     pub(super) fn vectors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
         let biases = match self {
             Ffn::Experts(Mixture {

@@ -10,7 +10,7 @@ use candle_core::Device;
 
 use super::load::{linear_from_q, loaded, packs};
 use super::names::{check_tensors, Part, Scheme};
-use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
+use super::{device, Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgufHeader, GgufType};
 use crate::model::packed::{Isa, PackedLinear};
@@ -26,9 +26,12 @@ const ROPE_LONG: &str = "rope_factors_long.weight";
 pub(super) struct GgufTensors<'a, R> {
     pub(super) header: &'a GgufHeader,
     pub(super) reader: RefCell<&'a mut R>,
+    /// Where tensors are read to: the CPU where they go on to `codes`.
     pub(super) device: &'a Device,
     /// Whether linear weights are packed (the packed format on the CPU).
     pub(super) packed: bool,
+    /// The device linear weights go to in their own codes (the packed format off the CPU).
+    pub(super) codes: Option<&'a Device>,
 }
 
 impl<'a, R: Read + Seek> GgufTensors<'a, R> {
@@ -62,10 +65,18 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
 
     /// Linear layer `name` in `format`.
     pub(super) fn linear(&self, name: &str, format: WeightFormat) -> Result<Linear> {
-        if self.packed {
-            return Ok(Linear::Packed(self.packed(name)?, Isa::detect()));
+        match (self.packed, self.codes) {
+            (true, _) => Ok(Linear::Packed(self.packed(name)?, Isa::detect())),
+            (false, Some(gpu)) if self.header.others.contains_key(name) => Ok(Linear::Candle(
+                device::packed_as_f16(name, &self.packed(name)?, gpu)?,
+            )),
+            (false, Some(gpu)) => Ok(Linear::Candle(device::gguf_linear(
+                name,
+                &self.qtensor(name)?,
+                gpu,
+            )?)),
+            (false, None) => linear_from_q(self.qtensor(name)?, format, self.device),
         }
-        linear_from_q(self.qtensor(name)?, format, self.device)
     }
 
     /// `part` of tensor `name` in `format`: an expert's matrix of stacked ones (`[experts,
@@ -93,19 +104,27 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
                 Isa::detect(),
             ));
         }
+        let GgufType::Ggml(ggml) = dtype else {
+            return match self.codes {
+                Some(gpu) => Ok(Linear::Candle(device::packed_as_f16(
+                    name,
+                    &self.packed_at(name, dtype, (n, k), start)?,
+                    gpu,
+                )?)),
+                None => Err(Error::invalid_model(name, only_packed(dtype))),
+            };
+        };
         let mut raw = Vec::new();
         self.read_at(name, start, n * row_bytes)?(0, n * row_bytes, &mut raw)?;
-        let GgufType::Ggml(ggml) = dtype else {
-            return Err(Error::invalid_model(name, only_packed(dtype)));
-        };
         let q = qtensor_from_ggml(ggml, &raw, vec![n, k], self.device)
             .map_err(|e| Error::invalid_model(name, e))?;
-        match self.packed {
-            true => Ok(Linear::Packed(
+        match (self.packed, self.codes) {
+            (true, _) => Ok(Linear::Packed(
                 PackedLinear::from_qtensor(&q)?,
                 Isa::detect(),
             )),
-            false => linear_from_q(q, format, self.device),
+            (false, Some(gpu)) => Ok(Linear::Candle(device::gguf_linear(name, &q, gpu)?)),
+            (false, None) => linear_from_q(q, format, self.device),
         }
     }
 
@@ -160,7 +179,7 @@ impl<'a, R: Read + Seek> GgufTensors<'a, R> {
 
 /// Why a tensor of `dtype` cannot be read but by the packed format.
 fn only_packed(dtype: GgufType) -> String {
-    format!("{dtype:?} is only kept in its codes, by the packed format on the CPU")
+    format!("{dtype:?} is only read by the packed format")
 }
 
 impl Transformer {
@@ -181,11 +200,17 @@ impl Transformer {
         // An output projection of a type candle does not read is still the file's own.
         config.tie_word_embeddings &= !header.others.contains_key(Scheme::Gguf.globals().output);
         check_tensors(&config, Scheme::Gguf, header.names())?;
+        let codes = (format == WeightFormat::Packed && !device.is_cpu()).then_some(device);
         let file = GgufTensors {
             header,
             reader: RefCell::new(reader),
-            device,
+            device: if codes.is_some() {
+                &Device::Cpu
+            } else {
+                device
+            },
             packed: packs(format, device),
+            codes,
         };
         let factors = |name: &str| -> Result<Option<Vec<f32>>> {
             match content.tensor_infos.contains_key(name) {
@@ -210,10 +235,15 @@ impl Transformer {
                 Embedding::Packed(Some(file.packed(g.embed)?)),
                 file.linear(g.output, format)?,
             ),
-            (false, tied) => (
-                Embedding::Table(file.qtensor(g.embed)?.dequantize(device)?),
-                file.linear(if tied { g.embed } else { g.output }, format)?,
-            ),
+            (false, tied) => {
+                let head = file.linear(if tied { g.embed } else { g.output }, format)?;
+                let table = match (codes, tied) {
+                    (Some(_), true) => Embedding::of(&head),
+                    (Some(_), false) => Embedding::of(&file.linear(g.embed, format)?),
+                    (None, _) => Embedding::Table(file.qtensor(g.embed)?.dequantize(device)?),
+                };
+                (table, head)
+            }
         };
         let vector = |name: String| Ok(file.qtensor(&name)?.dequantize(device)?);
         let norm = vector(g.norm.to_string())?;

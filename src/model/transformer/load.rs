@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ffn::{Biases, Ffn, Mixture};
 use super::names::{check_tensors, Part, Role, Scheme};
-use super::{Embedding, Layer, Linear, Transformer, WeightFormat};
+use super::{device, Embedding, Layer, Linear, Transformer, WeightFormat};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::GgufType;
 use crate::model::packed::{Isa, PackedLinear};
@@ -261,10 +261,13 @@ impl Transformer {
             ),
             (false, tied) => {
                 let output = if tied { embed.clone() } else { take(g.output)? };
-                (
-                    Embedding::Table(f32(embed)?),
-                    linear_from_tensor(output, format)?,
-                )
+                // In the type its format holds floats in, the output's own where tied.
+                let head = linear_from_tensor(output, format)?;
+                let table = match format {
+                    WeightFormat::Packed if tied => Embedding::of(&head),
+                    _ => Embedding::Table(embed.to_dtype(table_type(format, embed.dtype()))?),
+                };
+                (table, head)
             }
         };
         let mut norm = f32(take(g.norm)?)?;
@@ -304,6 +307,7 @@ impl Transformer {
         let c = &config;
         let embed_dims = match (&embed, &lm_head) {
             (Embedding::Table(t), _) => t.dims().to_vec(),
+            (Embedding::Codes(q), _) => q.shape().dims().to_vec(),
             (Embedding::Packed(Some(p)), _) | (Embedding::Packed(None), Linear::Packed(p, _)) => {
                 let (n, k) = p.dims();
                 vec![n, k]
@@ -357,7 +361,20 @@ impl Transformer {
     /// that format calls for on `device`.
     pub(super) fn with_format(mut self, format: WeightFormat, device: &Device) -> Result<Self> {
         self.format = format;
-        self.with_activations(activation_dtype(format, device))
+        let act = match device.is_cpu() {
+            // candle's CPU f16 and bf16 element-wise ops are slow.
+            true => DType::F32,
+            false => device::common_float_type(self.candle_linears()).unwrap_or(DType::F32),
+        };
+        self.with_activations(act)
+    }
+
+    /// The linear layers held as candle matmuls.
+    fn candle_linears(&self) -> impl Iterator<Item = &QMatMul> {
+        self.linears().filter_map(|l| match l {
+            Linear::Candle(q) => Some(q),
+            Linear::Packed(..) => None,
+        })
     }
 
     /// The same model computing its activations in `act`: the tensors activations meet
@@ -366,12 +383,9 @@ impl Transformer {
         if act == self.act {
             return Ok(self);
         }
+        // The embedding table keeps its type: its rows are converted as they are looked up.
         let layers = self.layers.iter_mut().flat_map(|l| l.vectors_mut());
-        let table = match &mut self.embed {
-            Embedding::Table(t) => Some(t),
-            Embedding::Packed(_) => None,
-        };
-        for t in [&mut self.norm].into_iter().chain(table).chain(layers) {
+        for t in [&mut self.norm].into_iter().chain(layers) {
             *t = t.to_dtype(act)?;
         }
         self.act = act;
@@ -379,35 +393,28 @@ impl Transformer {
     }
 }
 
-/// f16 activations where the weights are f16 on a GPU (every op there has an f16 kernel and
-/// the residual stream's bytes halve); f32 elsewhere.
-fn activation_dtype(format: WeightFormat, device: &Device) -> DType {
-    if format == WeightFormat::F16 && !device.is_cpu() {
-        DType::F16
-    } else {
-        DType::F32
-    }
-}
-
-/// Whether `format` keeps the weights packed on `device`. The packed kernel is the CPU's:
-/// elsewhere the weights are held as f32, and a warning says so (a quantized file then takes
-/// 4-8x its bytes on the device; issue 43 keeps them in their own codes there).
+/// Whether `format` keeps the weights packed on `device`: the packed kernel is the CPU's.
+/// Elsewhere the packed format keeps each tensor in its own codes on candle's kernels there
+/// (`device.rs`).
 pub(super) fn packs(format: WeightFormat, device: &Device) -> bool {
-    let packed = format == WeightFormat::Packed;
-    if packed && !device.is_cpu() {
-        tracing::warn!(
-            ?device,
-            "the packed weight format runs on the CPU: the weights are held as f32 on this \
-             device (4-8x a quantized file's bytes); --format f16 halves that"
-        );
-    }
-    packed && device.is_cpu()
+    format == WeightFormat::Packed && device.is_cpu()
 }
 
-/// A candle linear layer of `q` in `format` (the packed format off the CPU: f32).
+/// The type an embedding table of `dtype` is held in under `format` (not packed).
+fn table_type(format: WeightFormat, dtype: DType) -> DType {
+    match format {
+        WeightFormat::F16 => DType::F16,
+        WeightFormat::Bf16 => DType::BF16,
+        WeightFormat::Packed if matches!(dtype, DType::F16 | DType::BF16) => dtype,
+        _ => DType::F32,
+    }
+}
+
+/// A candle linear layer of `q` in `format` (not the packed one).
 pub(super) fn linear_from_q(q: QTensor, format: WeightFormat, device: &Device) -> Result<Linear> {
     let main = match (format, q.dtype()) {
         (WeightFormat::F16, _) => QMatMul::TensorF16(q.dequantize_f16(device)?),
+        (WeightFormat::Bf16, _) => QMatMul::Tensor(q.dequantize(device)?.to_dtype(DType::BF16)?),
         (WeightFormat::Quantized, dt) if !matches!(dt, GgmlDType::F32 | GgmlDType::F16) => {
             QMatMul::QTensor(std::sync::Arc::new(q))
         }
@@ -420,38 +427,37 @@ fn linear_from_tensor(w: Tensor, format: WeightFormat) -> Result<Linear> {
     if w.dtype() == DType::U8 {
         return mxfp4_linear(&w, format);
     }
-    // Packed weights keep the checkpoint's type; candle's paths start from f32.
-    let w = match format {
-        WeightFormat::Packed if w.device().is_cpu() => w,
-        _ => w.to_dtype(DType::F32)?,
-    };
     let main = match format {
+        // Packed weights keep the checkpoint's type, on the CPU's kernel or a GPU's.
         WeightFormat::Packed if w.device().is_cpu() => {
             return Ok(Linear::Packed(
                 PackedLinear::from_tensor(&w)?,
                 Isa::detect(),
             ));
         }
-        WeightFormat::F32 | WeightFormat::Packed => QMatMul::Tensor(w),
+        WeightFormat::Packed => device::float_linear(w)?,
+        WeightFormat::F32 => QMatMul::Tensor(w.to_dtype(DType::F32)?),
         WeightFormat::F16 => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
-        WeightFormat::Quantized => {
-            QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
-        }
+        WeightFormat::Bf16 => QMatMul::Tensor(w.to_dtype(DType::BF16)?),
+        WeightFormat::Quantized => QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(
+            &w.to_dtype(DType::F32)?,
+            GgmlDType::Q8_0,
+        )?)),
     };
     Ok(Linear::Candle(main))
 }
 
 /// A matrix as rows of GGUF's MXFP4 blocks (`super::gpt_oss` cuts them out of a checkpoint's
-/// `_blocks` and `_scales`), kept in its codes.
+/// `_blocks` and `_scales`), kept in its codes by the packed format on the CPU, converted to
+/// f16 by it on a GPU (no kernel there reads them).
 ///
 /// # Errors
-/// [`Error::InvalidModel`] outside the packed format on the CPU, the only one that holds
-/// MXFP4.
+/// [`Error::InvalidModel`] in the other formats, which do not read MXFP4.
 fn mxfp4_linear(w: &Tensor, format: WeightFormat) -> Result<Linear> {
-    if format != WeightFormat::Packed || !w.device().is_cpu() {
+    if format != WeightFormat::Packed {
         return Err(Error::invalid_model(
             "MXFP4 experts",
-            "only kept in their codes, by the packed format on the CPU",
+            "only read by the packed format",
         ));
     }
     let (n, row) = w.dims2()?;
@@ -465,7 +471,14 @@ fn mxfp4_linear(w: &Tensor, format: WeightFormat) -> Result<Linear> {
             buf.extend_from_slice(part);
             Ok(())
         })?;
-    Ok(Linear::Packed(packed, Isa::detect()))
+    match w.device() {
+        Device::Cpu => Ok(Linear::Packed(packed, Isa::detect())),
+        gpu => Ok(Linear::Candle(device::packed_as_f16(
+            "MXFP4 experts",
+            &packed,
+            gpu,
+        )?)),
+    }
 }
 
 /// Sets glibc's allocator to serve the buffers of a pass (candle allocates each op's output,
@@ -514,10 +527,19 @@ mod tests {
     use super::*;
     use crate::attention::KvPool;
 
-    /// The f16 activation path (a GPU's, run here on the CPU) tracks f32 activations over the
-    /// same f16 weights.
+    /// The f16 and bf16 activation paths (a GPU's, run here on the CPU) track f32 activations
+    /// over the same f16 or bf16 weights.
     #[test]
-    fn f16_activations_track_f32() {
+    fn half_activations_track_f32() {
+        for (format, act, tolerance) in [
+            (WeightFormat::F16, DType::F16, 1e-2),
+            (WeightFormat::Bf16, DType::BF16, 8e-2),
+        ] {
+            half_activations_track_f32_in(format, act, tolerance);
+        }
+    }
+
+    fn half_activations_track_f32_in(format: WeightFormat, half: DType, tolerance: f32) {
         let config = ModelConfig::from_hf_json(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":300,"hidden_size":128,"intermediate_size":256,"num_hidden_layers":3,
                 "num_attention_heads":4,"num_key_value_heads":2,"rms_norm_eps":1e-5,
@@ -525,12 +547,12 @@ mod tests {
         )
         .unwrap();
         let cpu = Device::Cpu;
-        let f32_act = Transformer::random(config.clone(), 3, WeightFormat::F16, &cpu).unwrap();
-        let f16_act = Transformer::random(config, 3, WeightFormat::F16, &cpu)
+        let f32_act = Transformer::random(config.clone(), 3, format, &cpu).unwrap();
+        let f16_act = Transformer::random(config, 3, format, &cpu)
             .unwrap()
-            .with_activations(DType::F16)
+            .with_activations(half)
             .unwrap();
-        assert_eq!((f32_act.act, f16_act.act), (DType::F32, DType::F16));
+        assert_eq!((f32_act.act, f16_act.act), (DType::F32, half));
         let n = 40u32;
         let tokens: Vec<u32> = (0..n).map(|i| (i * 37 + 5) % 300).collect();
         let idx: Vec<u32> = (0..n).collect();
@@ -552,8 +574,8 @@ mod tests {
             .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(scale > 0.1, "degenerate logits");
         assert!(
-            err < 1e-2 * scale,
-            "f16 activations off by {err} (scale {scale})"
+            err < tolerance * scale,
+            "{half:?} activations off by {err} (scale {scale})"
         );
     }
 }
