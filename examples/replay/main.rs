@@ -22,7 +22,9 @@ use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::cli::{exit_code, gib_bytes, positive, positive_f64, EngineArgs, Mode};
 use pensieve::engine::{CostProfile, Engine, EngineConfig, StoreConfig};
-use pensieve::model::{Model, ModelConfig, Transformer};
+use pensieve::model::{
+    tokenizer_from_file, tokenizer_from_gguf, GgufHeader, Model, ModelConfig, Transformer,
+};
 use pensieve::workload::{
     default_sharegpt_path, read_sharegpt, read_trace, write_trace, ConversationSpec,
 };
@@ -50,6 +52,9 @@ enum Shape {
     /// Llama 3.2 3B: 28 layers, width 3072, 24 heads over 8 kv heads of 128.
     #[value(name = "3b")]
     B3,
+    /// Llama 3 8B: 32 layers, width 4096, 32 heads over 8 kv heads of 128.
+    #[value(name = "8b")]
+    B8,
 }
 
 impl Shape {
@@ -58,6 +63,7 @@ impl Shape {
             Shape::M360 => (960, 2560, 32, 15, 5, 100_000.0),
             Shape::B1 => (2048, 8192, 16, 32, 8, 500_000.0),
             Shape::B3 => (3072, 8192, 28, 24, 8, 500_000.0),
+            Shape::B8 => (4096, 14336, 32, 32, 8, 500_000.0),
         };
         ModelConfig::from_hf_json(&format!(
             r#"{{"architectures":["LlamaForCausalLM"],"vocab_size":{vocab_size},"hidden_size":{hidden},"intermediate_size":{inter},
@@ -73,7 +79,10 @@ impl Shape {
 struct Args {
     #[command(flatten)]
     engine: EngineArgs,
-    /// Random weights of a larger Llama shape (tokenizer and template still from `--model`).
+    /// Random weights of a larger Llama shape (tokenizer and template still from `--model`;
+    /// with `--model tiny`, the vocabulary of `--tokenizer`, a `tokenizer.json` or a GGUF
+    /// file's, with the Llama 3 template where it has its tokens, else ChatML: no weights are
+    /// read).
     #[arg(long, value_enum)]
     model_shape: Option<Shape>,
     /// ShareGPT JSON file (default: the one `scripts/fetch-assets` fetched).
@@ -276,25 +285,66 @@ fn points(args: &Args, workload: &[ConversationSpec]) -> Vec<(Mode, Load)> {
 fn write_sweep(args: &Args, summaries: &[Summary]) -> AnyResult<()> {
     std::fs::create_dir_all(&args.out)?;
     report::write_csv(&args.out, summaries)?;
-    let points: Vec<plot::PlotPoint> = summaries.iter().map(plot::PlotPoint::from).collect();
-    plot::plot(&args.out.join("sweep.png"), &points)?;
     eprintln!(
-        "wrote {0}/sweep.csv, {0}/ttft_by_turn.csv and {0}/sweep.png",
+        "wrote {0}/sweep.csv and {0}/ttft_by_turn.csv",
         args.out.display()
     );
+    let points: Vec<plot::PlotPoint> = summaries.iter().map(plot::PlotPoint::from).collect();
+    // The measurements are written: a machine without fonts loses the picture, not the run
+    // (`--replot` draws it again elsewhere).
+    match plot::plot(&args.out.join("sweep.png"), &points) {
+        Ok(()) => eprintln!("wrote {}/sweep.png", args.out.display()),
+        Err(e) => eprintln!("warning: no plot ({e}); `--replot` draws it from the CSV files"),
+    }
     Ok(())
 }
 
 fn load_model(args: &Args) -> AnyResult<Arc<Model>> {
-    let mut model = args.engine.load_model()?;
-    if let Some(shape) = args.model_shape {
-        let config = shape.config(model.tokenizer().get_vocab_size(true))?;
-        eprintln!("random weights of shape {shape:?}: {config:?}");
-        let options = args.engine.load_options();
-        let llama = Transformer::random(config, args.seed, options.format, &options.device)?;
-        model = model.with_transformer(llama);
+    let vocabulary = match (&args.engine.tokenizer, args.engine.model.as_str()) {
+        (Some(path), "tiny") if args.model_shape.is_some() => Some(read_vocabulary(path)?),
+        _ => None,
+    };
+    // The vocabulary alone where one is given: no weights are read.
+    let (model, tokenizer) = match vocabulary {
+        Some(t) => (None, t),
+        None => {
+            let model = args.engine.load_model()?;
+            let t = model.tokenizer().clone();
+            (Some(model), t)
+        }
+    };
+    let Some(shape) = args.model_shape else {
+        return Ok(Arc::new(model.ok_or("no model")?));
+    };
+    let config = shape.config(tokenizer.get_vocab_size(true))?;
+    eprintln!("random weights of shape {shape:?}: {config:?}");
+    let options = args.engine.load_options();
+    let llama = Transformer::random(config, args.seed, options.format, &options.device)?;
+    Ok(Arc::new(match model {
+        Some(model) => model.with_transformer(llama),
+        None => {
+            let eos = ["<|eot_id|>", "<|im_end|>", "<|endoftext|>"]
+                .iter()
+                .filter_map(|t| tokenizer.token_to_id(t))
+                .take(1)
+                .collect();
+            let template = match tokenizer.token_to_id("<|start_header_id|>") {
+                Some(_) => "llama3",
+                None => "chatml",
+            };
+            Model::new(llama, tokenizer, None, eos).with_builtin_template(template)?
+        }
+    }))
+}
+
+/// The tokenizer of a `tokenizer.json` or of a GGUF file (llama.cpp's vocabulary files hold
+/// only that).
+fn read_vocabulary(path: &std::path::Path) -> AnyResult<pensieve::model::Tokenizer> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        let header = GgufHeader::read(&mut std::fs::File::open(path)?)?;
+        return Ok(tokenizer_from_gguf(&header.content)?);
     }
-    Ok(Arc::new(model))
+    Ok(tokenizer_from_file(path)?)
 }
 
 fn load_workload(args: &Args, model: &Model) -> AnyResult<Vec<ConversationSpec>> {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 use super::names::{Role, Scheme};
 use super::{Transformer, WeightFormat};
@@ -66,9 +67,22 @@ impl Transformer {
         let mut state = seed;
         let matrix = |state: &mut u64, rows: usize, cols: usize| -> Result<Tensor> {
             let bound = (3.0 / cols as f32).sqrt();
-            let values: Vec<f32> = (0..rows * cols)
-                .map(|_| (2.0 * splitmix_unit(state) - 1.0) * bound)
-                .collect();
+            // The state advances by a constant per value, so chunks start from their own
+            // offsets in parallel and give the serial sequence's values (an 8B shape's
+            // billions of them in seconds).
+            const CHUNK: usize = 1 << 16;
+            let start = *state;
+            let mut values = vec![0f32; rows * cols];
+            values
+                .par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    let mut s = start.wrapping_add(((c * CHUNK) as u64).wrapping_mul(GAMMA));
+                    for v in chunk {
+                        *v = (2.0 * splitmix_unit(&mut s) - 1.0) * bound;
+                    }
+                });
+            *state = start.wrapping_add(((rows * cols) as u64).wrapping_mul(GAMMA));
             Ok(Tensor::from_vec(values, (rows, cols), device)?)
         };
         let arch = c.architecture;
@@ -125,10 +139,13 @@ impl Transformer {
     }
 }
 
+/// splitmix64's increment of the state per value.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// splitmix64: a uniform value in [0, 1) from a 64-bit state, fast enough for a billion
 /// weights and stable across platforms and crate versions (unlike a `rand` generator).
 fn splitmix_unit(state: &mut u64) -> f32 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    *state = state.wrapping_add(GAMMA);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
