@@ -12,6 +12,9 @@
 //!    at context 1024) after swapping in `--chunks` chunks, with the copies serial (the step
 //!    waits for the whole restore) or pipelined (layer `l` waits for layer `l`'s copies),
 //!    and the share of the copy time the pipeline hides.
+//! 3. **The decode step against the memory bound**: the same model's step of 1, 8 and 32
+//!    rows at context 1024, against the time to read its weights and the rows' KV once at
+//!    the bandwidth a device-to-device copy reaches (bytes read and written).
 //!
 //! Medians of `--repeats` synchronized runs.
 //!
@@ -46,6 +49,23 @@ struct Args {
     /// parts of Q and P instead of two).
     #[arg(long, value_enum, default_value = "f16")]
     kv: Kv,
+    /// The measurements to run, of `attention`, `restore` and `step` (default: all).
+    #[arg(long, value_delimiter = ',', default_values_t = [Part::Attention, Part::Restore, Part::Step])]
+    parts: Vec<Part>,
+}
+
+/// One of the measurements.
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum Part {
+    Attention,
+    Restore,
+    Step,
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", format!("{self:?}").to_lowercase())
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -230,6 +250,25 @@ fn model_1b(gpu: &Device) -> AnyResult<Model> {
     Ok(Model::tiny(7)?.with_transformer(llama))
 }
 
+/// One decode row for each of `rows` sequences, each the last of `ctx` positions in its own
+/// run of slots (`[s * ctx, (s + 1) * ctx)`).
+fn decode_rows(rows: usize, ctx: usize) -> AnyResult<ForwardBatch> {
+    let mut fb = ForwardBatch::new();
+    for s in 0..rows {
+        let ctx_slots: Vec<u32> = (0..ctx).map(|p| (s * ctx + p) as u32).collect();
+        let last = ctx - 1;
+        fb.push(
+            &[(s % 200) as u32],
+            &[last as u32],
+            &[ctx_slots[last]],
+            &ctx_slots,
+            ctx,
+            true,
+        )?;
+    }
+    Ok(fb)
+}
+
 fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     const CTX: usize = 1024;
     const CHUNK: usize = 32;
@@ -240,20 +279,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     let restored = SEQS * CTX;
     let slots = restored + args.chunks * CHUNK + SEQS;
     let pool = KvPool::new(llama.config().kv_shape(), slots, DType::F16, gpu)?;
-    let mut fb = ForwardBatch::new();
-    for s in 0..SEQS {
-        let ctx_slots: Vec<u32> = (0..CTX).map(|p| (s * CTX + p) as u32).collect();
-        let positions: Vec<u32> = (0..CTX as u32).collect();
-        let last = CTX - 1;
-        fb.push(
-            &[(s % 200) as u32],
-            &[last as u32],
-            &[ctx_slots[last]],
-            &ctx_slots,
-            positions.len(),
-            true,
-        )?;
-    }
+    let fb = decode_rows(SEQS, CTX)?;
     let outs: Vec<(usize, usize)> = (0..args.chunks).map(|i| (i * CHUNK, CHUNK)).collect();
     let fresh = || -> AnyResult<Vec<(usize, std::sync::Arc<pensieve::kv::ChunkBytes>)>> {
         let bytes = pool.copy_chunks(&outs, Vec::new(), false)?;
@@ -316,13 +342,69 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     Ok(())
 }
 
+/// Bytes a second the copy engine moves on `gpu` (1 GiB read and 1 GiB written).
+#[cfg(feature = "cuda")]
+fn copy_bandwidth(gpu: &Device, repeats: usize) -> AnyResult<f64> {
+    let Device::Cuda(cuda) = gpu else {
+        return Err("not a CUDA device".into());
+    };
+    let stream = cuda.cuda_stream();
+    let src = stream.alloc_zeros::<u8>(1 << 30)?;
+    let mut dst = stream.alloc_zeros::<u8>(1 << 30)?;
+    let t = median(gpu, repeats, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
+    Ok(2.0 * (1u64 << 30) as f64 / t)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn copy_bandwidth(_: &Device, _: usize) -> AnyResult<f64> {
+    Err("built without the cuda feature".into())
+}
+
+/// The decode step of the 1B shape against reading its weights and KV once.
+fn step_against_bound(gpu: &Device, args: &Args) -> AnyResult<()> {
+    const CTX: usize = 1024;
+    let bandwidth = copy_bandwidth(gpu, args.repeats)?;
+    let model = model_1b(gpu)?;
+    let llama = model.transformer();
+    let token_bytes = llama.config().kv_shape().token_bytes(2);
+    println!(
+        "\ndecode step, Llama 3.2 1B shape (f16 weights {:.0} MiB), context {CTX}, f16 KV; copy bandwidth {:.0} GB/s; median ms",
+        llama.weight_bytes() as f64 / (1 << 20) as f64,
+        bandwidth / 1e9
+    );
+    println!("{:>5} {:>9} {:>9} {:>7}", "rows", "step", "bound", "ratio");
+    for rows in [1usize, 8, 32] {
+        let pool = KvPool::new(llama.config().kv_shape(), rows * CTX, DType::F16, gpu)?;
+        let fb = decode_rows(rows, CTX)?;
+        let t = median(gpu, args.repeats, || {
+            llama.forward(&fb, &pool)?.to_device(&Device::Cpu)?;
+            Ok(())
+        })?;
+        let bound = (llama.weight_bytes() + rows * CTX * token_bytes) as f64 / bandwidth;
+        println!(
+            "{rows:>5} {:>9.3} {:>9.3} {:>6.2}x",
+            t * 1e3,
+            bound * 1e3,
+            t / bound
+        );
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let run = || -> AnyResult<()> {
         let gpu =
             Device::new_cuda(args.gpu).map_err(|e| format!("no CUDA device {}: {e}", args.gpu))?;
-        attention_table(&gpu, &args)?;
-        restore_overlap(&gpu, &args)?;
+        if args.parts.contains(&Part::Attention) {
+            attention_table(&gpu, &args)?;
+        }
+        if args.parts.contains(&Part::Restore) {
+            restore_overlap(&gpu, &args)?;
+        }
+        if args.parts.contains(&Part::Step) {
+            step_against_bound(&gpu, &args)?;
+        }
         Ok(())
     };
     pensieve::cli::exit_code(run())
