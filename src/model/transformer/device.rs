@@ -26,16 +26,22 @@ fn runs_in_its_codes(dtype: GgmlDType) -> bool {
 /// The GGUF tensor `name`, `q` (read on the CPU), as a linear layer's weights on `device`.
 pub(super) fn gguf_linear(name: &str, q: &QTensor, device: &Device) -> Result<QMatMul> {
     let cpu = &Device::Cpu;
+    // Only built by the arms that hold the tensor as f16.
+    let f16 = || -> Result<QMatMul> {
+        Ok(QMatMul::TensorF16(
+            q.dequantize_f16(cpu)?.to_device(device)?,
+        ))
+    };
     Ok(match q.dtype() {
         d if runs_in_its_codes(d) && !kernels_run(d, device)? => {
             warn_converted(name, &format!("{d:?}"));
-            QMatMul::TensorF16(q.dequantize_f16(cpu)?.to_device(device)?)
+            f16()?
         }
         d if runs_in_its_codes(d) => {
             let dims = q.shape().dims().to_vec();
             QMatMul::QTensor(Arc::new(qtensor_from_ggml(d, &q.data()?, dims, device)?))
         }
-        GgmlDType::F16 => QMatMul::TensorF16(q.dequantize_f16(cpu)?.to_device(device)?),
+        GgmlDType::F16 => f16()?,
         GgmlDType::BF16 => QMatMul::Tensor(
             q.dequantize(cpu)?
                 .to_dtype(DType::BF16)?
@@ -44,7 +50,7 @@ pub(super) fn gguf_linear(name: &str, q: &QTensor, device: &Device) -> Result<QM
         GgmlDType::F32 => QMatMul::Tensor(q.dequantize(cpu)?.to_device(device)?),
         other => {
             warn_converted(name, &format!("{other:?}"));
-            QMatMul::TensorF16(q.dequantize_f16(cpu)?.to_device(device)?)
+            f16()?
         }
     })
 }
