@@ -14,8 +14,10 @@
 //!    and the share of the copy time the pipeline hides.
 //! 3. **The decode step against the memory bound**: the same model's step of 1, 8, 32 and 64
 //!    rows at context 1024, against the time to read its weights and the rows' KV once at
-//!    the bandwidth a device-to-device copy reaches (bytes read and written), and the host's
-//!    time to issue the step.
+//!    the bandwidth a device-to-device copy reaches (bytes read and written), the host's
+//!    time to issue the step, and the same step through candle's ops instead of the fused
+//!    kernels (`unfused`), then also with cudarc's per-buffer event tracking on (`before`: as
+//!    every step ran before the pool turned it off).
 //!
 //! Medians of `--repeats` synchronized runs.
 //!
@@ -374,40 +376,86 @@ fn step_against_bound(gpu: &Device, args: &Args) -> AnyResult<()> {
         bandwidth / 1e9
     );
     println!(
-        "{:>5} {:>9} {:>9} {:>7} {:>9}",
-        "rows", "step", "bound", "ratio", "issued"
+        "{:>5} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9}",
+        "rows", "step", "bound", "ratio", "issued", "unfused", "before"
     );
     for rows in [1usize, 8, 32, 64] {
         let pool = KvPool::new(llama.config().kv_shape(), rows * CTX, DType::F16, gpu)?;
         let fb = decode_rows(rows, CTX)?;
-        // The host's time to issue the step, apart from the wait for its logits: where it is
-        // most of the step, the host bounds it, not the GPU.
-        let mut issued = Vec::new();
-        let t = median(gpu, args.repeats, || {
-            let start = Instant::now();
-            let logits = llama.forward(&fb, &pool)?;
-            issued.push(start.elapsed().as_secs_f64());
-            logits.to_device(&Device::Cpu)?;
-            Ok(())
-        })?;
-        issued.sort_by(f64::total_cmp);
+        let (t, issued) = time_step(gpu, args.repeats, llama, &fb, &pool)?;
+        // The same step through candle's ops (`PENSIEVE_CUDA_FUSED=0`), then also with cudarc's
+        // event tracking on, as every step ran before: what the fused kernels and the
+        // tracking cost.
+        // SAFETY: no other thread reads the environment while the bench sets it.
+        unsafe { std::env::set_var("PENSIEVE_CUDA_FUSED", "0") };
+        let unfused = time_step(gpu, args.repeats, llama, &fb, &pool);
+        let tracked =
+            track_events(gpu, true).and_then(|()| time_step(gpu, args.repeats, llama, &fb, &pool));
+        track_events(gpu, false)?;
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("PENSIEVE_CUDA_FUSED") };
         let bound = (llama.weight_bytes() + rows * CTX * token_bytes) as f64 / bandwidth;
         println!(
-            "{rows:>5} {:>9.3} {:>9.3} {:>6.2}x {:>9.3}",
+            "{rows:>5} {:>9.3} {:>9.3} {:>6.2}x {:>9.3} {:>9.3} {:>9.3}",
             t * 1e3,
             bound * 1e3,
             t / bound,
-            issued[issued.len() / 2] * 1e3
+            issued * 1e3,
+            unfused?.0 * 1e3,
+            tracked?.0 * 1e3
         );
     }
     Ok(())
 }
 
+/// Median seconds of `fb`'s step (logits on the host), and of the host's time to issue it,
+/// apart from the wait for its logits: where that is most of the step, the host bounds it,
+/// not the GPU.
+fn time_step(
+    gpu: &Device,
+    repeats: usize,
+    llama: &Transformer,
+    fb: &ForwardBatch,
+    pool: &KvPool,
+) -> AnyResult<(f64, f64)> {
+    let mut issued = Vec::new();
+    let t = median(gpu, repeats, || {
+        let start = Instant::now();
+        let logits = llama.forward(fb, pool)?;
+        issued.push(start.elapsed().as_secs_f64());
+        logits.to_device(&Device::Cpu)?;
+        Ok(())
+    })?;
+    issued.sort_by(f64::total_cmp);
+    Ok((t, issued[issued.len() / 2]))
+}
+
+/// Turns cudarc's per-buffer event tracking on `gpu` on or off (buffers made from then on).
+#[cfg(feature = "cuda")]
+fn track_events(gpu: &Device, on: bool) -> AnyResult<()> {
+    let Device::Cuda(cuda) = gpu else {
+        return Err("not a CUDA device".into());
+    };
+    let ctx = cuda.cuda_stream().context().clone();
+    // SAFETY: only the bench's own single-stream steps run while it is on.
+    unsafe {
+        match on {
+            true => ctx.enable_event_tracking(),
+            false => ctx.disable_event_tracking(),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn track_events(_: &Device, _: bool) -> AnyResult<()> {
+    Err("built without the cuda feature".into())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let run = || -> AnyResult<()> {
-        let gpu =
-            Device::new_cuda(args.gpu).map_err(|e| format!("no CUDA device {}: {e}", args.gpu))?;
+        let gpu = pensieve::cli::device(&format!("cuda:{}", args.gpu))?;
         if args.parts.contains(&Part::Attention) {
             attention_table(&gpu, &args)?;
         }

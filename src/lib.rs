@@ -32,6 +32,8 @@ mod conversation;
 pub mod engine;
 mod error;
 mod ids;
+#[cfg(feature = "cuda")]
+mod kernels;
 pub mod kv;
 mod message;
 pub mod model;

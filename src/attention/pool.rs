@@ -87,11 +87,21 @@ impl KvPool {
         let dims = (n_slots, shape.num_kv_heads, shape.head_dim);
         let mut k = Vec::with_capacity(shape.num_layers);
         let mut v = Vec::with_capacity(shape.num_layers);
-        // The copy stream exists before the pool's tensors, so that the device tracks their
-        // uses across both streams.
         let copier: Option<Box<dyn Copier>> = match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => Some(Box::new(cuda::Mover::new(dev, shape.num_layers)?)),
+            Device::Cuda(dev) => {
+                if crate::kernels::own_stream(dev) {
+                    cuda::untrack(dev);
+                } else {
+                    tracing::warn!(
+                        "the CUDA device issues ops on each thread's default stream (candle's \
+                         Device::new_cuda), so cudarc's per-op events stay on and the fused \
+                         kernels off: a decode step costs up to 1.7x; build the device with \
+                         CudaDevice::new_with_stream, as pensieve::cli::device does"
+                    );
+                }
+                Some(Box::new(cuda::Mover::new(dev, shape.num_layers)?))
+            }
             _ => None,
         };
         for _ in 0..shape.num_layers {
@@ -137,14 +147,24 @@ impl KvPool {
     /// # Errors
     /// [`Error::InvalidBatch`] if a slot is outside the pool.
     pub fn write_index(&self, slots: &[u32], device: &Device) -> Result<Tensor> {
+        let idx = self.slot_tensor(slots, device)?.reshape((slots.len(), 1))?;
+        Ok(idx.broadcast_as((slots.len(), self.row))?.contiguous()?)
+    }
+
+    /// `slots` as a u32 tensor on `device`, each checked against the pool: the index a fused
+    /// kernel writes new tokens' K and V through (the GPU's fused pass writes them itself,
+    /// after [`Self::layer`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidBatch`] if a slot is outside the pool.
+    pub fn slot_tensor(&self, slots: &[u32], device: &Device) -> Result<Tensor> {
         if let Some(s) = slots.iter().find(|&&s| s as usize >= self.n_slots) {
             return Err(Error::InvalidBatch(format!(
                 "slot {s} outside a pool of {}",
                 self.n_slots
             )));
         }
-        let idx = Tensor::from_slice(slots, (slots.len(), 1), device)?;
-        Ok(idx.broadcast_as((slots.len(), self.row))?.contiguous()?)
+        Ok(Tensor::from_slice(slots, slots.len(), device)?)
     }
 
     /// Writes new tokens' `k`, `v` (`[tokens, n_kv_heads, head_dim]`) into their slots of

@@ -8,6 +8,8 @@ mod arch;
 mod chat_template;
 mod config;
 mod detokenize;
+#[cfg(feature = "cuda")]
+mod fused;
 mod generation;
 mod gguf;
 mod grammar;

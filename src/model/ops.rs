@@ -13,13 +13,23 @@ use crate::Result;
 /// Elements per parallel task: fewer is not worth a task.
 const ELEMENTS_PER_TASK: usize = 16 * 1024;
 
-/// `act(gate) · up`, element-wise (SwiGLU or GeGLU, the gated MLP), rounded as candle's
-/// `silu` or `gelu` then `mul` round it.
+/// `act(gate) · up`, element-wise (SwiGLU or GeGLU, the gated MLP): in f32 on the CPU, rounded
+/// as candle's `silu` or `gelu` then `mul` round it; on a GPU one kernel, rounded once.
 ///
 /// # Errors
 /// [`crate::Error::Candle`] when the shapes differ.
 pub(super) fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
-    if !matches!(gate.device(), Device::Cpu) || gate.dtype() != DType::F32 {
+    let fused = match gate.device() {
+        Device::Cpu => gate.dtype() == DType::F32,
+        // One kernel (`kernels/step.cu`) instead of two or more launches.
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            super::fused::runs_on(d)
+                && matches!(gate.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        }
+        _ => false,
+    };
+    if !fused {
         let (a, up) = match act {
             Activation::Silu => (gate.silu()?, up.clone()),
             Activation::GeluTanh => (gate.gelu()?, up.clone()),
@@ -92,6 +102,17 @@ impl CustomOp2 for Gated {
                 }
             });
         Ok((CpuStorage::F32(out), gl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        g: &candle_core::CudaStorage,
+        gl: &Layout,
+        u: &candle_core::CudaStorage,
+        ul: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        super::fused::gated(self.0, g, gl, u, ul)
     }
 }
 

@@ -27,6 +27,8 @@ mod device;
 mod ffn;
 mod gguf;
 mod gpt_oss;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod load;
 mod names;
 mod random;
@@ -370,6 +372,19 @@ impl Transformer {
         self.weight_bytes() + embed + vectors + size(&self.norm)
     }
 
+    /// The pass's input: the embeddings of `tokens`, scaled where the architecture scales
+    /// them.
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        let x = self.embed_rows(tokens)?;
+        if !self.config.architecture.scales_embedding() {
+            return Ok(x);
+        }
+        // In the activation type, as the reference implementations round it.
+        let s = (self.config.hidden_size as f32).sqrt();
+        let s = Tensor::new(&[s], &self.device)?.to_dtype(self.act)?;
+        Ok(x.broadcast_mul(&s)?)
+    }
+
     /// The embeddings of `tokens`, `[tokens, hidden]` in the activation type.
     fn embed_rows(&self, tokens: &[u32]) -> Result<Tensor> {
         let packed = match (&self.embed, &self.lm_head) {
@@ -491,6 +506,10 @@ impl Transformer {
         if batch.is_empty() {
             return Ok(no_logits()?);
         }
+        #[cfg(feature = "cuda")]
+        if self.fuses(pool) {
+            return self.forward_fused(batch, pool);
+        }
         let t = batch.num_tokens();
         let dev = &self.device;
         let write_index = pool.write_index(&batch.slots, dev)?;
@@ -499,12 +518,7 @@ impl Transformer {
         let eps = c.rms_norm_eps as f32;
         let arch = c.architecture;
 
-        let mut x = self.embed_rows(&batch.tokens)?;
-        if arch.scales_embedding() {
-            // In the activation type, as the reference implementations round it.
-            let s = Tensor::new(&[(c.hidden_size as f32).sqrt()], dev)?.to_dtype(self.act)?;
-            x = x.broadcast_mul(&s)?;
-        }
+        let mut x = self.embed(&batch.tokens)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let (cos, sin) = &ropes[layer.rope.min(ropes.len() - 1)];
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;

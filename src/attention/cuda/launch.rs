@@ -1,21 +1,19 @@
-//! The kernels launched on a GPU: the module loaded once per context from the fatbin
-//! `build.rs` made, the step's plan uploaded once (one copy) and reused by every layer.
+//! The kernels launched on a GPU ([`crate::kernels::ATTENTION`]): the step's plan uploaded once
+//! (one copy) and reused by every layer.
 
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys, CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, Layout, Shape};
 use parking_lot::Mutex;
 
 use super::plan::{Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
 use crate::attention::{AttentionBatch, Dims};
+use crate::kernels::{function, ATTENTION};
 
-/// The kernels: machine code for sm_80 and sm_90, PTX for newer GPUs.
-const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 /// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
 const ATTEND_THREADS: u32 = 128;
 const MERGE_THREADS: u32 = 256;
@@ -47,24 +45,10 @@ impl std::fmt::Debug for PlanCache {
     }
 }
 
-/// Modules loaded, one per CUDA context.
-static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
-
-fn function(dev: &CudaDevice, name: &str) -> candle_core::Result<CudaFunction> {
-    let ctx = dev.cuda_stream().context().clone();
-    let id = ctx.cu_ctx() as usize;
-    let module = {
-        let mut modules = MODULES.lock();
-        match modules.iter().find(|(c, _)| *c == id) {
-            Some((_, m)) => m.clone(),
-            None => {
-                let m = ctx.load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
-                modules.push((id, m.clone()));
-                m
-            }
-        }
-    };
-    module.load_function(name).w()
+/// Whether items of many queries go to the tensor-core kernel: `PENSIEVE_CUDA_MMA=0` sends
+/// every item to the other one, for comparisons (`examples/bench_gpu.rs` switches it).
+fn mma_on() -> bool {
+    std::env::var("PENSIEVE_CUDA_MMA").map_or(true, |v| v != "0")
 }
 
 fn device_plan(
@@ -158,9 +142,7 @@ impl CustomOp3 for CudaAttention<'_> {
                 d.head_dim
             )
         }
-        // A switch for comparing the two kernels (`examples/bench_gpu.rs`).
-        let mma = std::env::var("PENSIEVE_CUDA_MMA").map_or(true, |v| v != "0");
-        let shape = PlanShape::of(d, bytes, 0, mma);
+        let shape = PlanShape::of(d, bytes, 0, mma_on());
         let plan = device_plan(self.batch, dev, shape)?;
         let params = Params {
             scale: self.scale,
@@ -180,7 +162,12 @@ impl CustomOp3 for CudaAttention<'_> {
         for (blocks, kernel) in [(plan.items, ""), (plan.mma_items, "mma_")] {
             if blocks > 0 {
                 let name = format!("pensieve_attention_{kernel}{dtype}_d{}", d.head_dim);
-                run.attend_pools(&function(dev, &name)?, blocks, (k, k_l), (v, v_l))?;
+                run.attend_pools(
+                    &function(dev, ATTENTION, &name)?,
+                    blocks,
+                    (k, k_l),
+                    (v, v_l),
+                )?;
             }
         }
         if plan.merges > 0 {
@@ -228,7 +215,7 @@ impl Launch<'_> {
 
     /// Folds the split items' partials into their outputs (`pensieve_attention_merge`).
     fn merge(&self, head_dim: usize) -> candle_core::Result<()> {
-        let func = function(self.dev, "pensieve_attention_merge")?;
+        let func = function(self.dev, ATTENTION, "pensieve_attention_merge")?;
         let stream = self.dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
         let head_dim = head_dim as i32;

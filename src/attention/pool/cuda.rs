@@ -14,6 +14,9 @@
 //! step's copies (or the mover's drop) synchronize it first. A released chunk's buffer is
 //! kept for the next swap-out (page-locking memory costs more than a copy), up to
 //! `MAX_SPARE` buffers.
+//!
+//! These events are the only ordering the two streams need, so cudarc's own tracking is
+//! turned off ([`untrack`]).
 
 use std::sync::Arc;
 
@@ -256,6 +259,23 @@ fn with_device_ptr(
             pool.dtype()
         ))),
     }
+}
+
+/// Turns off cudarc's per-buffer event tracking on `device`'s context, for a device that
+/// issues every op on one stream ([`crate::kernels::own_stream`]). Once a second stream exists
+/// (the mover's), cudarc otherwise gives every allocation two events and waits on and records
+/// them around every kernel argument: some ten driver calls per candle op, which made most of
+/// a decode step's host time. The pool orders its streams itself (the module comment):
+/// every compute-stream access to the pool goes through [`KvPool::layer`]'s wait
+/// (`await_copies`), the copy stream joins the compute stream before its copies, host buffers
+/// stay alive until their copies pass, and the mover drops (waiting for its stream) before the
+/// pool's tensors. No other buffer crosses streams.
+///
+/// [`KvPool::layer`]: super::KvPool::layer
+pub(super) fn untrack(device: &CudaDevice) {
+    // SAFETY: see above; cudarc requires the caller to order the streams' uses of shared
+    // buffers, which the mover's events do.
+    unsafe { device.disable_event_tracking() }
 }
 
 /// A chunk's bytes, the first `len` of a pinned buffer, valid once `done` has passed; the
