@@ -140,34 +140,37 @@ __device__ void rope_write(const T* __restrict__ q, const T* __restrict__ k,
 
 }  // namespace
 
-#define PENSIEVE_STEP_ACT(name, T)                                                              \
-    extern "C" __global__ void __launch_bounds__(NORM_THREADS) pensieve_step_add_rms_norm_##name( \
-        const T* x, const T* y, const T* w, T* out, int rows, int dim, float eps) {             \
+// Entry points named in full where they are instantiated (the emulator's build finds them
+// there, and renames each for a mutant).
+#define PENSIEVE_STEP_ACT(norm, gate, T)                                                        \
+    extern "C" __global__ void __launch_bounds__(NORM_THREADS)                                  \
+        norm(const T* x, const T* y, const T* w, T* out, int rows, int dim, float eps) {        \
         add_rms_norm<T>(x, y, w, out, rows, dim, eps);                                          \
     }                                                                                           \
-    extern "C" __global__ void pensieve_step_gated_##name(const T* g, const T* u, T* out,       \
-                                                          long long total, int n, int g_stride, \
-                                                          int u_stride, int act) {              \
+    extern "C" __global__ void gate(const T* g, const T* u, T* out, long long total, int n,     \
+                                    int g_stride, int u_stride, int act) {                      \
         gated<T>(g, u, out, total, n, g_stride, u_stride, act);                                 \
     }
 
-PENSIEVE_STEP_ACT(f32, float)
-PENSIEVE_STEP_ACT(f16, __half)
-PENSIEVE_STEP_ACT(bf16, __nv_bfloat16)
+PENSIEVE_STEP_ACT(pensieve_step_add_rms_norm_f32, pensieve_step_gated_f32, float)
+PENSIEVE_STEP_ACT(pensieve_step_add_rms_norm_f16, pensieve_step_gated_f16, __half)
+PENSIEVE_STEP_ACT(pensieve_step_add_rms_norm_bf16, pensieve_step_gated_bf16, __nv_bfloat16)
 
-#define PENSIEVE_STEP_ROPE(name, T, pool, P)                                                     \
-    extern "C" __global__ void pensieve_step_rope_write_##name##_##pool(                         \
+#define PENSIEVE_STEP_ROPE(name, T, P)                                                           \
+    extern "C" __global__ void name(                                                             \
         const T* q, const T* k, const T* v, int q_stride, int k_stride, int v_stride,           \
         const T* cos, const T* sin, const uint32_t* slots, float* q_out, P* k_pool, P* v_pool, \
         int n_heads, int n_kv_heads, int head_dim, int interleaved) {                           \
         rope_write<T, P>(q, k, v, q_stride, k_stride, v_stride, cos, sin, slots, q_out, k_pool, \
                          v_pool, n_heads, n_kv_heads, head_dim, interleaved);                   \
     }
-#define PENSIEVE_STEP_ROPE_POOLS(name, T)           \
-    PENSIEVE_STEP_ROPE(name, T, f32, float)         \
-    PENSIEVE_STEP_ROPE(name, T, f16, __half)        \
-    PENSIEVE_STEP_ROPE(name, T, bf16, __nv_bfloat16)
 
-PENSIEVE_STEP_ROPE_POOLS(f32, float)
-PENSIEVE_STEP_ROPE_POOLS(f16, __half)
-PENSIEVE_STEP_ROPE_POOLS(bf16, __nv_bfloat16)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f32_f32, float, float)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f32_f16, float, __half)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f32_bf16, float, __nv_bfloat16)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f16_f32, __half, float)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f16_f16, __half, __half)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f16_bf16, __half, __nv_bfloat16)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_f32, __nv_bfloat16, float)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_f16, __nv_bfloat16, __half)
+PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_bf16, __nv_bfloat16, __nv_bfloat16)

@@ -38,7 +38,42 @@ pub(super) struct Variant {
     merge: MergeFn,
 }
 
+type AddRmsNormFn =
+    unsafe extern "C" fn(*const c_void, *const c_void, *const c_void, *mut c_void, i32, i32, f32);
+type GatedFn =
+    unsafe extern "C" fn(*const c_void, *const c_void, *mut c_void, i64, i32, i32, i32, i32);
+type RopeWriteFn = unsafe extern "C" fn(
+    *const c_void,
+    *const c_void,
+    *const c_void,
+    i32,
+    i32,
+    i32,
+    *const c_void,
+    *const c_void,
+    *const u32,
+    *mut f32,
+    *mut c_void,
+    *mut c_void,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// One compiled copy of the step's fused kernels (`kernels/step.cu`), by activation type
+/// (f32, f16, bf16), then for RoPE by pool type.
+pub(super) struct StepVariant {
+    name: &'static str,
+    why: &'static str,
+    add_rms_norm: [AddRmsNormFn; 3],
+    gated: [GatedFn; 3],
+    rope_write: [[RopeWriteFn; 3]; 3],
+}
+
 include!(concat!(env!("OUT_DIR"), "/emu_kernels.rs"));
+
+pub mod step;
 
 unsafe extern "C" {
     fn pensieve_emu_launch(
@@ -268,12 +303,22 @@ fn launch(
     schedule: Schedule,
     body: &dyn Fn(),
 ) -> Result<(), EmulationError> {
+    let grid = [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1];
+    launch_grid(grid, threads, schedule, body)
+}
+
+/// Runs `body` as every thread of a grid of `grid` blocks of `threads` threads.
+fn launch_grid(
+    grid: [u32; 3],
+    threads: u32,
+    schedule: Schedule,
+    body: &dyn Fn(),
+) -> Result<(), EmulationError> {
     extern "C" fn trampoline(ctx: *mut c_void) {
         // SAFETY: `ctx` is the `&&dyn Fn()` below, alive for the whole launch.
         let body = unsafe { &*ctx.cast::<&dyn Fn()>() };
         body();
     }
-    let grid = [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1];
     let block = [threads, 1, 1];
     let (code, seed) = schedule.code();
     let mut report = vec![0u8; 1024];
