@@ -224,20 +224,22 @@ fn rust_table(variants: &[Variant], by_file: &BTreeMap<String, BTreeSet<String>>
             let _ = writeln!(s, "    fn {}{n}{};", v.prefix, signature(n));
         }
     }
-    s.push_str("}\n\n/// The step's fused kernels and their mutants, as compiled for the emulator.\n");
+    s.push_str("}\n\n/// The step's fused kernels and their mutants, as the emulator runs them.\n");
     s.push_str("pub(super) static STEP_VARIANTS: &[StepVariant] = &[\n");
     const TYPES: [&str; 3] = ["f32", "f16", "bf16"];
     for v in variants.iter().filter(|v| v.file == "step.cu") {
         let p = &v.prefix;
         let _ = writeln!(s, "    StepVariant {{ name: {:?}, why: {:?},", v.name, v.why);
         let each = |f: &dyn Fn(&str) -> String| TYPES.map(f).join(", ");
-        let _ = writeln!(s, "        add_rms_norm: [{}],", each(&|t| format!("{p}pensieve_step_add_rms_norm_{t}")));
-        let _ = writeln!(s, "        gated: [{}],", each(&|t| format!("{p}pensieve_step_gated_{t}")));
-        let _ = writeln!(
-            s,
-            "        rope_write: [{}] }},",
-            each(&|t| format!("[{}]", each(&|pool| format!("{p}pensieve_step_rope_write_{t}_{pool}"))))
-        );
+        let norm = each(&|t| format!("{p}pensieve_step_add_rms_norm_{t}"));
+        let gated = each(&|t| format!("{p}pensieve_step_gated_{t}"));
+        let rope = each(&|t| {
+            let pools = each(&|pool| format!("{p}pensieve_step_rope_write_{t}_{pool}"));
+            format!("[{pools}]")
+        });
+        let _ = writeln!(s, "        add_rms_norm: [{norm}],");
+        let _ = writeln!(s, "        gated: [{gated}],");
+        let _ = writeln!(s, "        rope_write: [{rope}] }},");
     }
     s.push_str("];\n\n/// The kernel and its mutants, as compiled for the emulator.\n");
     s.push_str("pub(super) static VARIANTS: &[Variant] = &[\n");

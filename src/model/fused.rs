@@ -287,7 +287,10 @@ impl CustomOp3 for RopeWrite<'_> {
         let (kpa, p) = tensor_address(self.k_pool, "k pool")?;
         let (vpa, pv) = tensor_address(self.v_pool, "v pool")?;
         if [tk, tv, tc, ts] != [t; 4] || tslots != "u32" || p != pv {
-            bail!("rope and write: q {t}, k {tk}, v {tv}, cos {tc}, sin {ts}, slots {tslots}, pools {p}, {pv}")
+            bail!(
+                "rope and write: q {t}, k {tk}, v {tv}, cos {tc}, sin {ts}, slots {tslots}, \
+                 pools {p}, {pv}"
+            )
         }
         let dev = &q.device;
         let (out, oa) = alloc(dev, DType::F32, tokens * q_width)?;
