@@ -1,9 +1,10 @@
 //! Runs one forward pass repeatedly, for profiling (`perf record`): a prefill of one long
 //! prompt, or, with `SEQUENCES`, a decode step of that many sequences with `TOKENS` of history
-//! each (one new token and one logits row per sequence).
+//! each (one new token and one logits row per sequence). `--gguf PATH` profiles that file
+//! instead of the default model.
 //!
 //! ```text
-//! cargo run --release --example profile_prefill -- [TOKENS] [REPEATS] [SEQUENCES]
+//! cargo run --release --example profile_prefill -- [--gguf PATH] [TOKENS] [REPEATS] [SEQUENCES]
 //! ```
 
 use std::time::Instant;
@@ -16,11 +17,15 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let source = match args.next_if(|a| a == "--gguf") {
+        Some(_) => ModelSource::Gguf(args.next().ok_or("--gguf takes a path")?.into()),
+        None => ModelSource::Default,
+    };
     let n: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1024);
     let repeats: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(3);
     let sequences: Option<usize> = args.next().map(|a| a.parse()).transpose()?;
-    let model = Model::load(&ModelSource::Default, &LoadOptions::default())?;
+    let model = Model::load(&source, &LoadOptions::default())?;
     let slots = sequences.map_or(n, |s| s * (n + 1));
     let pool = KvPool::new(
         model.config().kv_shape(),

@@ -35,6 +35,7 @@ mod ids;
 #[cfg(feature = "cuda")]
 mod kernels;
 pub mod kv;
+mod math;
 mod message;
 pub mod model;
 mod scheduler;

@@ -21,6 +21,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 use rayon::prelude::*;
 
 use super::{AttentionBatch, Dims, SequenceView};
+use crate::math::exp;
 
 mod tiles;
 
@@ -505,35 +506,6 @@ fn softmax_step(
     }
     *l = *l * alpha + sum;
     *m = m_new;
-}
-
-/// `e^x` for `x <= 0` (softmax arguments), branch-free so loops over it vectorise: range
-/// reduction `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-6 polynomial for `e^r`
-/// (relative error below 2e-7), and `2^n` built in the exponent bits. `n` is rounded by adding
-/// `1.5 · 2^23`, which leaves it in the low mantissa bits, so no float-to-int conversion
-/// (scalar in Rust, which saturates) is needed. Returns exactly 0 for `x < -87` (including
-/// -inf).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.max(-87.0);
-    let t = xc.mul_add(LOG2E, ROUND);
-    let n = t - ROUND;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // `t`'s bits are `ROUND`'s plus `n`, so these are `(n + 127) << 23` for -126 <= n <= 0.
-    let scale = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        p * scale
-    }
 }
 
 /// Sum with eight independent lanes (a sequential sum cannot vectorise).
