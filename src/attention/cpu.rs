@@ -26,7 +26,7 @@ use crate::math::exp;
 mod tiles;
 
 pub(crate) use tiles::KvElem;
-use tiles::{TileRows, QG};
+use tiles::{Simd, TileRows, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -257,25 +257,33 @@ struct Block<'a, T> {
 
 impl<T: KvElem> Block<'_, T> {
     /// The softmax state of the block's rows and the query heads of kv head `g` (query
-    /// `r * group + j`) over its tiles: the AVX2+FMA+F16C build of [`Block::body`] where the
-    /// CPU has it, the baseline build otherwise.
+    /// `r * group + j`) over its tiles: the build of [`Block::body`] for the widest vectors the
+    /// CPU has (the matmuls' path, [`crate::model::Isa`]), the baseline build otherwise.
     fn run(&self) -> Partial {
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above; the
-                // function is otherwise ordinary safe Rust compiled with those features.
-                return unsafe { self.body_avx2() };
-            }
+        match crate::model::Isa::detect() {
+            // SAFETY: the CPU has every feature of the path `detect` chose (AVX-512 F on top of
+            // AVX2, FMA and F16C); the functions are otherwise ordinary safe Rust.
+            crate::model::Isa::Avx512 | crate::model::Isa::Amx => unsafe {
+                return self.body_avx512();
+            },
+            // SAFETY: as above, AVX2, FMA and F16C.
+            crate::model::Isa::Avx2 => unsafe { return self.body_avx2() },
+            crate::model::Isa::Scalar => {}
         }
-        self.body(false)
+        self.body(Simd::None)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn body_avx2(&self) -> Partial {
-        self.body(true)
+        self.body(Simd::Avx2)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn body_avx512(&self) -> Partial {
+        self.body(Simd::Avx512)
     }
 
     /// This group's query vectors, pre-scaled, and their positions; index = row * group +
@@ -300,9 +308,9 @@ impl<T: KvElem> Block<'_, T> {
         (qv, qpos)
     }
 
-    /// `avx2`: the caller runs with AVX2 and F16C enabled (tiles move 8 values at a time).
+    /// `simd`: the vector registers the caller's build enables.
     #[inline(always)]
-    fn body(&self, avx2: bool) -> Partial {
+    fn body(&self, simd: Simd) -> Partial {
         let Block {
             q_positions,
             context,
@@ -352,10 +360,10 @@ impl<T: KvElem> Block<'_, T> {
                 off: g * d,
                 d,
             };
-            rows(k).gather_into(&mut kt, avx2);
-            rows(v).gather_into(&mut vt, avx2);
+            rows(k).gather_keys_into(&mut kt, simd);
+            rows(v).gather_into(&mut vt, simd);
             let tile = Tile {
-                simd: avx2,
+                simd,
                 len: n,
                 window,
                 positions: &positions,
@@ -402,15 +410,16 @@ fn fill_tile(
 
 /// One tile of context for [`tile_step`].
 struct Tile<'a> {
-    /// Whether the caller runs with AVX2 and FMA enabled.
-    simd: bool,
+    /// The vector registers the caller's build enables.
+    simd: Simd,
     /// Context entries in the tile (up to `K_TILE`).
     len: usize,
     /// Positions a query sees back from its own (`u32::MAX`: all).
     window: u32,
     /// Each entry's position; `u32::MAX` past the tile's end.
     positions: &'a [u32; K_TILE],
-    /// The tile's keys, `[K_TILE][head_dim]`.
+    /// The tile's keys, `[K_TILE][head_dim]` (in [`Simd::Avx512`]'s builds, pairs of keys
+    /// interleaved by 8 dimensions: see [`tiles::TileRows::gather_keys_into`]).
     kt: &'a [f32],
     /// The tile's values, `[K_TILE][head_dim]`.
     vt: &'a [f32],

@@ -55,6 +55,8 @@ pub use transformer::{ForwardBatch, Transformer};
 #[cfg(not(feature = "internals"))]
 pub(crate) use transformer::{ForwardBatch, Transformer};
 
+pub(crate) use packed::Isa;
+
 use crate::setters::setters;
 
 /// The matmul kernels' instruction path on this CPU (chosen at run time; `PENSIEVE_ISA` picks

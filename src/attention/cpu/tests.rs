@@ -1,8 +1,8 @@
-//! The CPU kernel's builds against each other, bit for bit, and its `exp` against libm.
+//! The CPU kernel's builds against each other, bit for bit.
 
 use half::f16;
 
-use super::{Block, Dims, KvElem, SequenceView};
+use super::{Block, Dims, KvElem, SequenceView, Simd};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, mut state: u64) -> Vec<f32> {
@@ -70,19 +70,21 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
             scale: 0.125,
             window,
         };
-        let portable = block.body(false);
+        let portable = block.body(Simd::None);
         assert!(portable.l.iter().all(|&l| l > 0.0));
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            // SAFETY: the CPU has AVX2, FMA and F16C, checked just above.
-            let simd = unsafe { block.body_avx2() };
+        for isa in crate::model::Isa::available() {
+            use crate::model::Isa;
+            // SAFETY: the CPU has every feature of each path `available` lists.
+            let simd = match isa {
+                Isa::Avx2 => unsafe { block.body_avx2() },
+                Isa::Avx512 => unsafe { block.body_avx512() },
+                Isa::Scalar | Isa::Amx => continue,
+            };
             assert_eq!(
                 bits(&portable),
                 bits(&simd),
-                "head dim {d}, window {window}"
+                "{isa:?}, head dim {d}, window {window}"
             );
         }
     }

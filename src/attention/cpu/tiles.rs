@@ -5,6 +5,27 @@ use half::f16;
 
 use super::K_TILE;
 
+/// The vector registers a build of the kernel enables. Every build gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Simd {
+    /// None: the portable build.
+    None,
+    /// AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// AVX-512 F as well: 16 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Simd {
+    /// Whether AVX2, FMA and F16C are enabled.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2(self) -> bool {
+        self != Simd::None
+    }
+}
+
 /// An element type the kernel reads KV pools of.
 pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
@@ -69,21 +90,18 @@ impl<T: KvElem> TileRows<'_, T> {
     /// Fills `vt[j * d..][..d]` with row `j`, as f32.
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    pub(super) fn gather_into(&self, vt: &mut [f32], simd: bool) {
+    pub(super) fn gather_into(&self, vt: &mut [f32], simd: Simd) {
         let d = self.d;
         for (j, dst) in vt.chunks_exact_mut(d).take(self.slots.len()).enumerate() {
             let Some(row) = self.row(j) else {
                 continue;
             };
             #[cfg(target_arch = "x86_64")]
-            if simd && d.is_multiple_of(8) {
+            if simd.avx2() && d.is_multiple_of(8) {
                 for (dst, src) in dst.chunks_exact_mut(8).zip(row.chunks_exact(8)) {
-                    // SAFETY: `simd` is only true inside the AVX2+F16C build; `src` holds 8
-                    // values and `dst` 8 floats.
-                    unsafe {
-                        let x = T::load8(src.as_ptr());
-                        std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr(), x);
-                    }
+                    // SAFETY: `simd` names the AVX2+F16C build (or a wider one); `src` holds
+                    // 8 values and `dst` 8 floats.
+                    unsafe { copy8(src, dst) };
                 }
                 continue;
             }
@@ -91,6 +109,45 @@ impl<T: KvElem> TileRows<'_, T> {
                 *o = x.to_f32();
             }
         }
+    }
+
+    /// The keys for [`scores`]: as [`TileRows::gather_into`], except in the AVX-512 build
+    /// (for `d` a multiple of 8), where keys `2p` and `2p + 1` are interleaved by 8
+    /// dimensions: `kt[2pd + 16c..][..8]` holds key `2p`'s dimensions `8c..8c + 8` and the next
+    /// 8 floats key `2p + 1`'s, so that one 16-lane register holds a chunk of two keys.
+    #[inline(always)]
+    pub(super) fn gather_keys_into(&self, kt: &mut [f32], simd: Simd) {
+        let d = self.d;
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx512 && d.is_multiple_of(8) {
+            for j in 0..self.slots.len().min(K_TILE) {
+                let Some(row) = self.row(j) else {
+                    continue;
+                };
+                let pair = &mut kt[j / 2 * 2 * d..][..2 * d];
+                for (c, src) in row.chunks_exact(8).enumerate() {
+                    // SAFETY: the AVX-512 build has AVX2 and F16C; `src` holds 8 values and
+                    // the destination 8 floats (`16c + 8 + 8 <= 2d`).
+                    unsafe { copy8(src, &mut pair[16 * c + j % 2 * 8..][..8]) };
+                }
+            }
+            return;
+        }
+        self.gather_into(kt, simd);
+    }
+}
+
+/// Eight values of `src` into `dst`, as f32.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `src` and `dst` hold 8 elements.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn copy8<T: KvElem>(src: &[T], dst: &mut [f32]) {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let x = T::load8(src.as_ptr());
+        std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr(), x);
     }
 }
 
@@ -105,19 +162,31 @@ const KQ: usize = 4;
 /// (`keys[j * d..][..d]`), rounded up to a multiple of 4. Every score takes one fixed order
 /// whatever the tile, the batch or the queries scored beside it: eight lanes, lane `l` summing
 /// dimensions `t ≡ l (mod 8)` in order, then the lanes pairwise
-/// (`((0+1)+(2+3)) + ((4+5)+(6+7))`). `simd`: the caller runs with AVX2 and FMA.
+/// (`((0+1)+(2+3)) + ((4+5)+(6+7))`). The AVX-512 build keeps each key's eight lanes in
+/// one half of a 16-lane register (keys laid out by [`TileRows::gather_keys_into`]) and scores
+/// up to 8 keys more (masked later).
 #[inline(always)]
 pub(super) fn scores<const Q: usize>(
     qs: [&[f32]; Q],
     keys: &[f32],
     n: usize,
     out: &mut [[f32; K_TILE]; QG],
-    simd: bool,
+    simd: Simd,
 ) {
     let d = keys.len() / K_TILE;
     let quads = n.div_ceil(KQ).min(K_TILE / KQ);
     #[cfg(target_arch = "x86_64")]
-    if simd && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
+    if simd == Simd::Avx512 && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
+        for b in 0..n.div_ceil(8).min(K_TILE / 8) {
+            // SAFETY: the AVX-512 build; each query holds `d` floats (checked above), the 8
+            // keys `8d` (interleaved in pairs, as `gather_keys_into` wrote them), and
+            // `8b + 8 <= K_TILE`.
+            unsafe { avx512::scores_oct(&qs, &keys[b * 8 * d..][..8 * d], out, b * 8) };
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd.avx2() && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
         for b in 0..quads {
             // SAFETY: `simd` is only true inside the AVX2+FMA build; each query holds `d`
             // floats (checked above), `keys` the `K_TILE` rows of `d` (its length defines `d`),
@@ -145,23 +214,32 @@ pub(super) fn scores<const Q: usize>(
 
 /// `accs[i] += Σ_j ps[i][j] · values[j]` over the first `n` rows of a gathered tile, one
 /// multiply-add per element and key in key order (a key every query gives weight 0 is skipped:
-/// adding `0 · v` changes no bits). `simd`: the caller runs with AVX2 and FMA.
+/// adding `0 · v` changes no bits). Each element's sum is its own, so the lanes' width
+/// changes no bits either.
 #[inline(always)]
 pub(super) fn accumulate<const Q: usize>(
     ps: &[[f32; K_TILE]; QG],
     values: &[f32],
     n: usize,
     accs: [&mut [f32]; Q],
-    simd: bool,
+    simd: Simd,
 ) {
     let d = values.len() / K_TILE;
     let n = n.min(K_TILE);
     #[cfg(target_arch = "x86_64")]
-    if simd && d.is_multiple_of(8) && accs.iter().all(|a| a.len() == d) {
-        // SAFETY: `simd` is only true inside the AVX2+FMA build; each accumulator holds `d`
-        // floats (checked above) and `values` `K_TILE` rows of `d`.
-        unsafe { avx2::accumulate(ps, values, n, accs) };
-        return;
+    if accs.iter().all(|a| a.len() == d) {
+        use std::arch::x86_64::{__m256, __m512};
+        if simd == Simd::Avx512 && d.is_multiple_of(16) {
+            // SAFETY: the AVX-512 build; each accumulator holds `d` floats (checked above),
+            // a multiple of the 16 lanes, and `values` `K_TILE` rows of `d`.
+            unsafe { vectors::accumulate::<__m512, Q>(ps, values, n, accs) };
+            return;
+        }
+        if simd.avx2() && d.is_multiple_of(8) {
+            // SAFETY: as above, in the AVX2+FMA build (or a wider one), with 8 lanes.
+            unsafe { vectors::accumulate::<__m256, Q>(ps, values, n, accs) };
+            return;
+        }
     }
     let _ = simd;
     let mut accs = accs;
@@ -213,53 +291,194 @@ mod avx2 {
                     }
                 }
             }
-            for (acc, out) in acc.iter().zip(out.iter_mut()) {
-                // Lane pairs, then pairs of pairs ([(0+1)+(2+3)] of each key in the low half,
-                // [(4+5)+(6+7)] in the high half), then the halves added.
-                let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-                let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-                let h = _mm256_hadd_ps(h01, h23);
-                let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-                _mm_storeu_ps(out.as_mut_ptr().add(j0), s);
+            for (&acc, out) in acc.iter().zip(out.iter_mut()) {
+                _mm_storeu_ps(out.as_mut_ptr().add(j0), reduce_quad(acc));
             }
         }
     }
 
-    /// [`super::accumulate`] with 32 dimensions of every query in registers at a time.
+    /// Four keys' eight lanes each to their four scores: lane pairs, then pairs of pairs
+    /// (`(0+1)+(2+3)` of each key in the low half, `(4+5)+(6+7)` in the high half), then the
+    /// halves added.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `d % 8 == 0`, every accumulator holds `d` floats, `values`
-    /// `K_TILE * d` and `n <= K_TILE`.
+    /// The CPU has AVX2.
+    #[inline(always)]
+    pub(super) unsafe fn reduce_quad(acc: [__m256; KQ]) -> __m128 {
+        // SAFETY: register operations only, on AVX2 (the contract).
+        unsafe {
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h = _mm256_hadd_ps(h01, h23);
+            _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{K_TILE, QG};
+
+    /// Scores of `Q` queries against 8 keys (`keys`: 4 pairs interleaved as
+    /// [`super::TileRows::gather_keys_into`] lays them out), stored at `out[i][j0..j0 + 8]`:
+    /// each half of a register is [`super::avx2::scores_quad`]'s register for one key, so
+    /// each score takes the same operations in the same order.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, AVX2 and FMA; `d % 8 == 0`, every query holds `d` floats, `keys`
+    /// `8 * d` and `j0 + 8 <= K_TILE`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn accumulate<const Q: usize>(
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn scores_oct<const Q: usize>(
+        qs: &[&[f32]; Q],
+        keys: &[f32],
+        out: &mut [[f32; K_TILE]; QG],
+        j0: usize,
+    ) {
+        let d = keys.len() / 8;
+        // SAFETY: loads stay inside each query (8 floats at `t < d`) and `keys` (pair `p`'s
+        // chunk at `2pd + 2t`, 16 floats, within `8d`); the stores write 4 floats of `out[i]`
+        // at `j0` and at `j0 + 4`, below `K_TILE` (the contract).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+            for t in (0..d).step_by(8) {
+                let q: [__m512; Q] = std::array::from_fn(|i| {
+                    let q = _mm256_castps_pd(_mm256_loadu_ps(qs[i].as_ptr().add(t)));
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(q))
+                });
+                for p in 0..4 {
+                    let k = _mm512_loadu_ps(keys.as_ptr().add(p * 2 * d + 2 * t));
+                    for (acc, &q) in acc.iter_mut().zip(&q) {
+                        acc[p] = _mm512_fmadd_ps(q, k, acc[p]);
+                    }
+                }
+            }
+            let low = |z: __m512| _mm512_castps512_ps256(z);
+            let high =
+                |z: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z)));
+            for (a, out) in acc.iter().zip(out.iter_mut()) {
+                let first = [low(a[0]), high(a[0]), low(a[1]), high(a[1])];
+                let second = [low(a[2]), high(a[2]), low(a[3]), high(a[3])];
+                _mm_storeu_ps(out.as_mut_ptr().add(j0), super::avx2::reduce_quad(first));
+                _mm_storeu_ps(
+                    out.as_mut_ptr().add(j0 + 4),
+                    super::avx2::reduce_quad(second),
+                );
+            }
+        }
+    }
+}
+
+/// [`accumulate`]'s vector loop, for 8 lanes (AVX2) and 16 (AVX-512).
+#[cfg(target_arch = "x86_64")]
+mod vectors {
+    use std::arch::x86_64::*;
+
+    use super::{K_TILE, QG};
+
+    /// One register of f32 lanes.
+    pub(super) trait Lanes: Copy {
+        const N: usize;
+        /// # Safety
+        /// The CPU has the register's instructions; `p` points at `N` readable floats.
+        unsafe fn load(p: *const f32) -> Self;
+        /// # Safety
+        /// As [`Lanes::load`], writable.
+        unsafe fn store(self, p: *mut f32);
+        /// # Safety
+        /// The CPU has the register's instructions.
+        unsafe fn splat(x: f32) -> Self;
+        /// `a · b + self`, rounded once.
+        ///
+        /// # Safety
+        /// The CPU has the register's instructions and FMA.
+        unsafe fn fma(self, a: Self, b: Self) -> Self;
+    }
+
+    impl Lanes for __m256 {
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_fmadd_ps(a, b, self) }
+        }
+    }
+
+    impl Lanes for __m512 {
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm512_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm512_fmadd_ps(a, b, self) }
+        }
+    }
+
+    /// [`super::accumulate`] with 4 registers of every query's dimensions held at a time.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instructions and FMA; `d % V::N == 0`, every accumulator holds `d`
+    /// floats, `values` `K_TILE * d` and `n <= K_TILE`.
+    #[inline(always)]
+    pub(super) unsafe fn accumulate<V: Lanes, const Q: usize>(
         ps: &[[f32; K_TILE]; QG],
         values: &[f32],
         n: usize,
         mut accs: [&mut [f32]; Q],
     ) {
         let d = values.len() / K_TILE;
-        // SAFETY: as this function's contract: chunks start below `d` and hold 8 floats.
+        // SAFETY: as this function's contract: chunks start below `d` and hold `V::N` floats.
         unsafe {
             let mut c0 = 0;
             while c0 < d {
-                if d - c0 >= 32 {
-                    chunks::<Q, 4>(ps, values, n, &mut accs, c0, d);
-                    c0 += 32;
+                if d - c0 >= 4 * V::N {
+                    chunks::<V, Q, 4>(ps, values, n, &mut accs, c0, d);
+                    c0 += 4 * V::N;
                 } else {
-                    chunks::<Q, 1>(ps, values, n, &mut accs, c0, d);
-                    c0 += 8;
+                    chunks::<V, Q, 1>(ps, values, n, &mut accs, c0, d);
+                    c0 += V::N;
                 }
             }
         }
     }
 
-    /// Dimensions `c0..c0 + 8 * C` of every query.
+    /// Dimensions `c0..c0 + V::N * C` of every query.
     ///
     /// # Safety
-    /// As [`accumulate`], with `c0 + 8 * C <= d`.
+    /// As [`accumulate`], with `c0 + V::N * C <= d`.
     #[inline(always)]
-    unsafe fn chunks<const Q: usize, const C: usize>(
+    unsafe fn chunks<V: Lanes, const Q: usize, const C: usize>(
         ps: &[[f32; K_TILE]; QG],
         values: &[f32],
         n: usize,
@@ -267,27 +486,27 @@ mod avx2 {
         c0: usize,
         d: usize,
     ) {
-        // SAFETY: as this function's contract; 8 floats at `c0 + 8c < d` of each accumulator
-        // and of each value row.
+        // SAFETY: as this function's contract; `V::N` floats at `c0 + V::N c < d` of each
+        // accumulator and of each value row.
         unsafe {
-            let mut a: [[__m256; C]; Q] = std::array::from_fn(|i| {
-                std::array::from_fn(|c| _mm256_loadu_ps(accs[i].as_ptr().add(c0 + 8 * c)))
+            let mut a: [[V; C]; Q] = std::array::from_fn(|i| {
+                std::array::from_fn(|c| V::load(accs[i].as_ptr().add(c0 + V::N * c)))
             });
             for j in 0..n {
                 if ps.iter().take(Q).all(|p| p[j] == 0.0) {
                     continue;
                 }
                 let row = values.as_ptr().add(j * d + c0);
-                let p: [__m256; Q] = std::array::from_fn(|i| _mm256_set1_ps(ps[i][j]));
-                for (c, v) in (0..C).map(|c| (c, _mm256_loadu_ps(row.add(8 * c)))) {
+                let p: [V; Q] = std::array::from_fn(|i| V::splat(ps[i][j]));
+                for (c, v) in (0..C).map(|c| (c, V::load(row.add(V::N * c)))) {
                     for (a, &p) in a.iter_mut().zip(&p) {
-                        a[c] = _mm256_fmadd_ps(p, v, a[c]);
+                        a[c] = a[c].fma(p, v);
                     }
                 }
             }
             for (a, acc) in a.iter().zip(accs.iter_mut()) {
                 for (c, &a) in a.iter().enumerate() {
-                    _mm256_storeu_ps(acc.as_mut_ptr().add(c0 + 8 * c), a);
+                    a.store(acc.as_mut_ptr().add(c0 + V::N * c));
                 }
             }
         }
