@@ -58,7 +58,7 @@ pub(crate) fn function(
 }
 
 /// Whether `dev` issues every op on one stream, whichever thread issues it: a stream of its
-/// own (`CudaDevice::new_with_stream`, as `pensieve::cli::device` builds it) or the legacy
+/// own (as `pensieve::model::cuda_device` builds it) or the legacy
 /// default one. candle's `Device::new_cuda` uses each thread's default stream instead, so the
 /// ops of a step issued from two threads (the engine's and the pass's rayon worker) are
 /// ordered only by cudarc's event tracking; on such a device it stays on, and the fused

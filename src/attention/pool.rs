@@ -97,7 +97,7 @@ impl KvPool {
                         "the CUDA device issues ops on each thread's default stream (candle's \
                          Device::new_cuda), so cudarc's per-op events stay on and the fused \
                          kernels off: a decode step costs up to 1.7x; build the device with \
-                         CudaDevice::new_with_stream, as pensieve::cli::device does"
+                         pensieve::model::cuda_device"
                     );
                 }
                 Some(Box::new(cuda::Mover::new(dev, shape.num_layers)?))

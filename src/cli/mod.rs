@@ -343,10 +343,8 @@ pub fn device(s: &str) -> Result<Device, String> {
             _ => return Err("expected cpu, cuda or cuda:N".into()),
         },
     };
-    // A stream of its own rather than each thread's default one: a step's ops are then
-    // ordered whichever thread issues them, without cudarc's per-op events.
     #[cfg(feature = "cuda")]
-    let device = candle_core::CudaDevice::new_with_stream(ordinal).map(Device::Cuda);
+    let device = crate::model::cuda_device(ordinal);
     #[cfg(not(feature = "cuda"))]
     let device = Device::new_cuda(ordinal);
     device.map_err(|e| format!("no CUDA device {ordinal}: {e}"))

@@ -67,11 +67,27 @@ pub fn matmul_path() -> &'static str {
 }
 use crate::{Error, Result};
 
+/// GPU `ordinal` as pensieve runs fastest on it: with a CUDA stream of its own, on which every
+/// op is issued whichever thread issues it. On such a device the KV pool turns off cudarc's
+/// per-op event tracking and the forward pass runs its fused kernels. candle's
+/// `Device::new_cuda` uses each thread's default stream instead; pensieve runs on it too, with
+/// the tracking on and the fused kernels off (a decode step then costs up to 1.7x), and says
+/// so in a warning.
+///
+/// # Errors
+/// [`Error::Candle`] when there is no such GPU or its driver fails.
+#[cfg(feature = "cuda")]
+pub fn cuda_device(ordinal: usize) -> Result<Device> {
+    Ok(Device::Cuda(candle_core::CudaDevice::new_with_stream(
+        ordinal,
+    )?))
+}
+
 /// How to load a model.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct LoadOptions {
-    /// Device for weights and compute.
+    /// Device for weights and compute (a GPU: best built by [`cuda_device`], feature `cuda`).
     pub device: Device,
     /// In-memory weight format.
     pub format: WeightFormat,

@@ -212,10 +212,7 @@ pub fn cuda_device(what: &str) -> Option<candle_core::Device> {
     static SAID: std::sync::Once = std::sync::Once::new();
     // Creating a CUDA context where no driver is installed aborts: look for the driver first.
     let found = if std::path::Path::new("/proc/driver/nvidia/version").exists() {
-        // As `pensieve::cli::device` builds it: one stream of its own.
-        candle_core::CudaDevice::new_with_stream(0)
-            .map(candle_core::Device::Cuda)
-            .map_err(|e| e.to_string())
+        pensieve::model::cuda_device(0).map_err(|e| e.to_string())
     } else {
         Err("no NVIDIA driver".to_string())
     };
