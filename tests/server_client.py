@@ -295,7 +295,7 @@ def responses_agent(base):
             if event.type == "response.function_call_arguments.delta":
                 fragments += 1
                 arguments += event.delta
-            if event.type == "response.completed":
+            if event.type in ("response.completed", "response.incomplete"):
                 completed = event.response
         whole = c.responses.create(store=False, **request, **args)
         calls = response_calls(completed)
@@ -366,8 +366,15 @@ def responses(base, fleet_base):
         events.append(event.type)
         if event.type == "response.output_text.delta":
             text += event.delta
-        if event.type == "response.completed":
+        if event.type in ("response.completed", "response.incomplete"):
             completed = event.response
+    # Cut short by max_output_tokens: the stream ends with `response.incomplete`.
+    cut_events, cut = [], None
+    for event in c.responses.create(input="Count to fifty.", store=False, stream=True,
+                                    **{**args, "max_output_tokens": 3}):
+        cut_events.append(event.type)
+        if event.type in ("response.completed", "response.incomplete"):
+            cut = event.response
     stateless = c.responses.create(store=False, input=[
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "What is the capital of France?"},
@@ -395,6 +402,10 @@ def responses(base, fleet_base):
         "streamed": {"text": text, "events": events,
                      "completed": completed.output_text if completed else None,
                      "usage": usage(completed) if completed else None},
+        "cut": {"last": cut_events[-1] if cut_events else None,
+                "status": cut.status if cut else None,
+                "reason": cut.incomplete_details.reason
+                if cut and cut.incomplete_details else None},
         "stateless": {"text": stateless.output_text, "usage": usage(stateless)},
         "fleet": {"text": fleet.output_text, "usage": usage(fleet)},
         "retrieved": retrieved.output_text,

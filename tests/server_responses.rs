@@ -20,7 +20,12 @@ fn framed_events<'a>(events: &'a Value, out: &Value) -> Vec<&'a str> {
         .map(|e| e.as_str().unwrap())
         .collect();
     assert_eq!(events.first(), Some(&"response.created"), "{out}");
-    assert_eq!(events.last(), Some(&"response.completed"), "{out}");
+    // The terminal event: completed, or incomplete where `max_output_tokens` cut it short.
+    let last = events.last().copied();
+    assert!(
+        matches!(last, Some("response.completed" | "response.incomplete")),
+        "{out}"
+    );
     events
 }
 
@@ -48,6 +53,11 @@ fn real_model_responses_continue_stored_conversations_across_a_fleet() {
     let events = framed_events(&streamed["events"], &out);
     assert!(events.contains(&"response.output_text.delta"), "{out}");
     assert!(streamed["usage"]["cached"].as_u64().unwrap() > 0, "{out}");
+    // A stream cut short by `max_output_tokens` says so in its last event.
+    let cut = &out["cut"];
+    assert_eq!(cut["last"], "response.incomplete", "{out}");
+    assert_eq!(cut["status"], "incomplete", "{out}");
+    assert_eq!(cut["reason"], "max_output_tokens", "{out}");
     // The other server of the fleet continued the second response from the shared store.
     let fleet = &out["fleet"];
     assert!(!fleet["text"].as_str().unwrap().is_empty(), "{out}");

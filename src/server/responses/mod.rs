@@ -341,7 +341,10 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
                     Ok(()) => {
                         st.done = true;
                         let object = st.run.object(&end);
-                        st.event(json!({"type": "response.completed", "response": object}));
+                        // OpenAI ends a stream cut short by `max_output_tokens` (or the
+                        // context) with `response.incomplete`.
+                        let kind = format!("response.{}", status(&end));
+                        st.event(json!({"type": kind, "response": object}));
                     }
                     Err(e) => st.error(&e),
                 }
