@@ -87,7 +87,8 @@ pub fn cuda_device(ordinal: usize) -> Result<Device> {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct LoadOptions {
-    /// Device for weights and compute (a GPU: best built by [`cuda_device`], feature `cuda`).
+    /// Device for weights and compute (a GPU: best built by `model::cuda_device`, feature
+    /// `cuda`).
     pub device: Device,
     /// In-memory weight format.
     pub format: WeightFormat,

@@ -8,7 +8,7 @@ use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::arch::Activation;
-use super::packed::Isa;
+use super::Isa;
 use crate::math::times_sigmoid;
 use crate::Result;
 

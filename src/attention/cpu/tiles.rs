@@ -117,9 +117,9 @@ impl<T: KvElem> TileRows<'_, T> {
     /// 8 floats key `2p + 1`'s, so that one 16-lane register holds a chunk of two keys.
     #[inline(always)]
     pub(super) fn gather_keys_into(&self, kt: &mut [f32], simd: Simd) {
-        let d = self.d;
         #[cfg(target_arch = "x86_64")]
-        if simd == Simd::Avx512 && d.is_multiple_of(8) {
+        if simd == Simd::Avx512 && self.d.is_multiple_of(8) {
+            let d = self.d;
             for j in 0..self.slots.len().min(K_TILE) {
                 let Some(row) = self.row(j) else {
                     continue;
