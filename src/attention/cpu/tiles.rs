@@ -188,7 +188,7 @@ pub(super) fn scores<const Q: usize>(
     #[cfg(target_arch = "x86_64")]
     if simd.avx2() && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
         for b in 0..quads {
-            // SAFETY: `simd` is only true inside the AVX2+FMA build; each query holds `d`
+            // SAFETY: `simd` names the AVX2+FMA build (or a wider one); each query holds `d`
             // floats (checked above), `keys` the `K_TILE` rows of `d` (its length defines `d`),
             // and `b * KQ + KQ <= K_TILE`.
             unsafe { avx2::scores_quad(&qs, &keys[b * KQ * d..][..KQ * d], out, b * KQ) };
