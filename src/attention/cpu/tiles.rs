@@ -397,53 +397,51 @@ mod vectors {
         unsafe fn fma(self, a: Self, b: Self) -> Self;
     }
 
-    impl Lanes for __m256 {
-        const N: usize = 8;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm256_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm256_set1_ps(x) }
-        }
-        #[inline(always)]
-        unsafe fn fma(self, a: Self, b: Self) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm256_fmadd_ps(a, b, self) }
-        }
+    /// `Lanes` for a register type from its intrinsics.
+    macro_rules! lanes {
+        ($v:ty, $n:expr, $load:ident, $store:ident, $splat:ident, $fma:ident) => {
+            impl Lanes for $v {
+                const N: usize = $n;
+                #[inline(always)]
+                unsafe fn load(p: *const f32) -> Self {
+                    // SAFETY: as the trait's contract.
+                    unsafe { $load(p) }
+                }
+                #[inline(always)]
+                unsafe fn store(self, p: *mut f32) {
+                    // SAFETY: as the trait's contract.
+                    unsafe { $store(p, self) }
+                }
+                #[inline(always)]
+                unsafe fn splat(x: f32) -> Self {
+                    // SAFETY: as the trait's contract.
+                    unsafe { $splat(x) }
+                }
+                #[inline(always)]
+                unsafe fn fma(self, a: Self, b: Self) -> Self {
+                    // SAFETY: as the trait's contract.
+                    unsafe { $fma(a, b, self) }
+                }
+            }
+        };
     }
 
-    impl Lanes for __m512 {
-        const N: usize = 16;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm512_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm512_set1_ps(x) }
-        }
-        #[inline(always)]
-        unsafe fn fma(self, a: Self, b: Self) -> Self {
-            // SAFETY: as the trait's contract.
-            unsafe { _mm512_fmadd_ps(a, b, self) }
-        }
-    }
+    lanes!(
+        __m256,
+        8,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps
+    );
+    lanes!(
+        __m512,
+        16,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps
+    );
 
     /// [`super::accumulate`] with 4 registers of every query's dimensions held at a time.
     ///
