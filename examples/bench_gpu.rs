@@ -1,8 +1,8 @@
 //! The CUDA path's measurements (build with `--features cuda`; needs a GPU):
 //!
 //! 1. **Attention** in the Pensieve paper's Figure 10 setting: 32 sequences, 1-16 queries
-//!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 with 32 query heads over
-//!    8 KV heads, f16 KV (`--kv bf16`: bf16). Our kernel over interleaved (non-contiguous)
+//!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 (`--head-dim`: 64 or 256,
+//!    Gemma's) with 32 query heads over 8 KV heads, f16 KV (`--kv bf16`: bf16). Our kernel over interleaved (non-contiguous)
 //!    slots, the same with the tensor-core kernel off (`PENSIEVE_CUDA_MMA=0`: every item on
 //!    the kernel of one query per warp), our kernel over contiguous slots, the gather path
 //!    (context copied out, then candle ops), and candle's attention over contiguous
@@ -52,9 +52,20 @@ struct Args {
     /// parts of Q and P instead of two).
     #[arg(long, value_enum, default_value = "f16")]
     kv: Kv,
+    /// The head dim of the attention table: 64, 128 or 256.
+    #[arg(long, default_value_t = 128, value_parser = head_dim)]
+    head_dim: usize,
     /// The measurements to run, of `attention`, `restore` and `step` (default: all).
     #[arg(long, value_delimiter = ',', default_values_t = [Part::Attention, Part::Restore, Part::Step])]
     parts: Vec<Part>,
+}
+
+/// A head dim the CUDA kernels are built for.
+fn head_dim(s: &str) -> Result<usize, String> {
+    match s.parse() {
+        Ok(d @ (64 | 128 | 256)) => Ok(d),
+        _ => Err(format!("{s}: the kernels take head dim 64, 128 or 256")),
+    }
 }
 
 /// One of the measurements.
@@ -89,7 +100,6 @@ impl Kv {
 const SEQS: usize = 32;
 const HEADS: usize = 32;
 const KV_HEADS: usize = 8;
-const HEAD_DIM: usize = 128;
 
 /// Median seconds of `repeats` runs of `f`, each ended by a device synchronization (after
 /// two unmeasured runs).
@@ -142,25 +152,24 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}]",
     )?);
-    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    let d = args.head_dim;
+    let scale = 1.0 / (d as f64).sqrt();
     let mut lines = Vec::new();
     for &ctx in &contexts {
         let pool = |mean: f32| -> AnyResult<Tensor> {
-            let t = Tensor::randn(mean, 1.0f32, (SEQS * ctx, KV_HEADS, HEAD_DIM), gpu)?;
+            let t = Tensor::randn(mean, 1.0f32, (SEQS * ctx, KV_HEADS, d), gpu)?;
             Ok(t.to_dtype(args.kv.dtype())?)
         };
         let (k, v) = (pool(0.0)?, pool(0.1)?);
         // The same values per sequence, contiguous: [SEQS, KV_HEADS, ctx, d].
         let per_seq = |t: &Tensor| -> AnyResult<Tensor> {
-            let t = t
-                .reshape((ctx, SEQS, KV_HEADS, HEAD_DIM))?
-                .permute((1, 2, 0, 3))?;
+            let t = t.reshape((ctx, SEQS, KV_HEADS, d))?.permute((1, 2, 0, 3))?;
             Ok(t.contiguous()?)
         };
         let (kc, vc) = (per_seq(&k)?, per_seq(&v)?);
         for &nq in &queries {
             bar.set_message(format!("context {ctx}, {nq} queries"));
-            let q = Tensor::randn(0f32, 1.0, (SEQS * nq, HEADS, HEAD_DIM), gpu)?;
+            let q = Tensor::randn(0f32, 1.0, (SEQS * nq, HEADS, d), gpu)?;
             let ours = batch(ctx, nq, true)?;
             let ideal = batch(ctx, nq, false)?;
             let (kd, vd) = (k.clone(), v.clone());
@@ -186,7 +195,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 Ok(())
             })?;
             let qc = q
-                .reshape((SEQS, nq, HEADS, HEAD_DIM))?
+                .reshape((SEQS, nq, HEADS, d))?
                 .transpose(1, 2)?
                 .contiguous()?
                 .to_dtype(args.kv.dtype())?;
@@ -221,7 +230,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
     }
     bar.finish_and_clear();
     println!(
-        "attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, {:?} KV; median ms",
+        "attention, {SEQS} sequences, {HEADS} heads over {KV_HEADS} KV heads of {d}, {:?} KV; median ms",
         args.kv
     );
     println!(

@@ -282,7 +282,7 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
 }
 
 // Items of many queries (prefill and recompute rows; the host sends those of at least MMA_MIN_Q
-// queries of f16 or bf16 pools at head dims 64 and 128 here) on the tensor cores, through CUDA's
+// queries of f16 or bf16 pools here) on the tensor cores, through CUDA's
 // warp matrix functions: S = Q K^T and O += P V as 16x16x16 tile products with f32
 // accumulators, the softmax between them a warp per query row as above.
 //
@@ -290,11 +290,22 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
 // Q and P are f32, so each is split into a sum of parts in that type, each part multiplied in
 // turn: 2 parts of half or 3 of bfloat16, which keep ~22 bits of the scores and of the weights.
 //
-// Shared memory stays under 48 KiB: each host tile is taken in sub-tiles of 4096 / D entries,
-// the scores' f32 rows are overwritten in place by P's first two parts, and P V is formed 64
-// output columns at a time in the bytes of the sub-tile's K (read by then), then folded into
-// each warp's registers (rescaled by the softmax).
+// Shared memory is the launch's dynamic memory, `mma_shared_bytes(D)`: the 48 KiB any kernel
+// gets at head dims 64 and 128, 96 KiB at 256 (whose queries' parts alone take 48 KiB; the host
+// opts in past 48 KiB). Each host tile is taken in sub-tiles of KT entries, the scores' f32 rows
+// are overwritten in place by P's first two parts, and P V is formed 64 output columns at a time
+// in the bytes of the sub-tile's K (read by then), then folded into each warp's registers
+// (rescaled by the softmax).
 constexpr int MMA_COLS = 64;
+
+// Bytes of dynamic shared memory the tensor-core kernel of head dim d is launched with (the
+// host's `mma_shared_bytes` in `src/attention/cuda/plan.rs` gives the same).
+__host__ __device__ constexpr int mma_shared_bytes(int d) { return d > 128 ? 96 * 1024 : 48 * 1024; }
+
+// The launch's dynamic shared memory as `name` (the emulator's shim defines its own).
+#ifndef PENSIEVE_DYNAMIC_SHARED
+#define PENSIEVE_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 
 template <typename T> __device__ __forceinline__ T narrow(float x);
 template <> __device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
@@ -318,21 +329,36 @@ __device__ __forceinline__ void split(float x, T* out, int stride) {
 template <typename T> struct Parts { static constexpr int value = 2; };
 template <> struct Parts<__nv_bfloat16> { static constexpr int value = 3; };
 
-// Row strides (in elements) of the tensor-core kernel's shared arrays, padded where room allows
-// so that the 16 rows a warp matrix function reads fall on different banks.
+// `bytes` rounded up to whole 128-byte lines, so that every array starts aligned as the warp
+// matrix functions' loads require (256 bits) and on a line of its own.
+__host__ __device__ constexpr int lines(int bytes) { return (bytes + 127) / 128 * 128; }
+
+// The tensor-core kernel's shared arrays: row strides (in elements), padded where room allows so
+// that the 16 rows a warp matrix function reads fall on different banks, and byte offsets into
+// the launch's dynamic shared memory.
 template <typename T, int D>
 struct MmaLayout {
-    static constexpr int KT = 4096 / D;  // context entries per sub-tile
+    static constexpr int KT = 4096 / D < 32 ? 32 : 4096 / D;  // context entries per sub-tile
     static constexpr int QP = Parts<T>::value;
     static constexpr int KS = D + 8;           // K and V rows
     static constexpr int SS = KT + 4;          // score rows (f32); P's first two parts as T
     static constexpr int OS = MMA_COLS + 4;    // P V rows (f32)
-    static constexpr int fixed = 2 * KT * KS * (int)sizeof(T) + MAX_Q * SS * 4 +
-                                 (QP > 2 ? MAX_Q * KT * (int)sizeof(T) : 32) + KT * 4;
-    // Query rows: padded if the whole still fits the 48 KiB of static shared memory.
+    static constexpr int K_BYTES = lines(KT * KS * (int)sizeof(T));
+    static constexpr int fixed = 2 * K_BYTES + lines(MAX_Q * SS * 4) +
+                                 lines(QP > 2 ? MAX_Q * KT * (int)sizeof(T) : 32) + lines(KT * 4);
+    // Query rows: padded if the whole still fits.
     static constexpr int QS =
-        fixed + QP * MAX_Q * (D + 8) * (int)sizeof(T) <= 48 * 1024 ? D + 8 : D;
-    static_assert(fixed + QP * MAX_Q * QS * (int)sizeof(T) <= 48 * 1024, "shared memory");
+        fixed + lines(QP * MAX_Q * (D + 8) * (int)sizeof(T)) <= mma_shared_bytes(D) ? D + 8 : D;
+    // Where each array starts: the queries' parts, K, V, the scores (then P), P's third part,
+    // the positions.
+    static constexpr int Q_AT = 0;
+    static constexpr int K_AT = Q_AT + lines(QP * MAX_Q * QS * (int)sizeof(T));
+    static constexpr int V_AT = K_AT + K_BYTES;
+    static constexpr int S_AT = V_AT + K_BYTES;
+    static constexpr int P3_AT = S_AT + lines(MAX_Q * SS * 4);
+    static constexpr int POS_AT = P3_AT + lines(QP > 2 ? MAX_Q * KT * (int)sizeof(T) : 32);
+    static constexpr int END = POS_AT + lines(KT * 4);
+    static_assert(END <= mma_shared_bytes(D), "shared memory");
     static_assert(KT * KS * sizeof(T) >= MAX_Q * OS * sizeof(float), "P V fits in K's bytes");
 };
 
@@ -352,15 +378,16 @@ __device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
     constexpr int VPR = D / VEC;              // 16-byte loads per row
     static_assert(HOST_TILE % KT == 0 && KT % 16 == 0 && D % MMA_COLS == 0, "tile shapes");
     static_assert(ROWS * 4 == 32, "4 lanes per row in the softmax");
-    __shared__ __align__(32) T qs[QP * MAX_Q * QS];  // part i of query r at [i][r][0..D)
-    __shared__ __align__(32) T ks[KT * KS];
-    __shared__ __align__(32) T vs[KT * KS];
+    PENSIEVE_DYNAMIC_SHARED(shared);
+    T* const qs = reinterpret_cast<T*>(shared + L::Q_AT);  // part i of query r at [i][r][0..D)
+    T* const ks = reinterpret_cast<T*>(shared + L::K_AT);
+    T* const vs = reinterpret_cast<T*>(shared + L::V_AT);
     // Row r: KT scores; then, in the same bytes, KT values of P's first part and KT of its
     // second.
-    __shared__ __align__(32) float sp[MAX_Q * SS];
+    float* const sp = reinterpret_cast<float*>(shared + L::S_AT);
     // P's third part, for bfloat16.
-    __shared__ __align__(32) T p3[QP > 2 ? MAX_Q * KT : 16];
-    __shared__ uint32_t pos[KT];
+    T* const p3 = reinterpret_cast<T*>(shared + L::P3_AT);
+    uint32_t* const pos = reinterpret_cast<uint32_t*>(shared + L::POS_AT);
     T* const ps = reinterpret_cast<T*>(sp);
     float* const os = reinterpret_cast<float*>(ks);  // MAX_Q x MMA_COLS of P V, after S
 
@@ -553,8 +580,10 @@ ATTEND(pensieve_attention_bf16_d128, attend, __nv_bfloat16, 128)
 ATTEND(pensieve_attention_bf16_d256, attend, __nv_bfloat16, 256)
 ATTEND(pensieve_attention_mma_f16_d64, attend_mma, __half, 64)
 ATTEND(pensieve_attention_mma_f16_d128, attend_mma, __half, 128)
+ATTEND(pensieve_attention_mma_f16_d256, attend_mma, __half, 256)
 ATTEND(pensieve_attention_mma_bf16_d64, attend_mma, __nv_bfloat16, 64)
 ATTEND(pensieve_attention_mma_bf16_d128, attend_mma, __nv_bfloat16, 128)
+ATTEND(pensieve_attention_mma_bf16_d256, attend_mma, __nv_bfloat16, 256)
 
 // Folds the partials of each split decode row (`merges` holds its first part and part count,
 // the parts being its segments in context order) and writes `acc / l` (zero for a query that

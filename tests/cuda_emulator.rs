@@ -227,6 +227,22 @@ fn broken_kernels_are_caught() {
             DType::BF16,
             132,
         ),
+        // Prefill rows at head dim 256 (the tensor-core kernel's 96 KiB of dynamic shared
+        // memory), past a host tile.
+        (
+            case(
+                1,
+                2,
+                256,
+                vec![SeqCase {
+                    ctx_len: 45,
+                    queries: (29..45).collect(),
+                }],
+                None,
+            ),
+            DType::BF16,
+            132,
+        ),
         // A window whose oldest visible entry is the newest of a tile.
         (
             case(

@@ -260,7 +260,7 @@ fn rust_table(variants: &[Variant], by_file: &BTreeMap<String, BTreeSet<String>>
         s.push_str("    ], mma: [\n");
         for dtype in ["f16", "bf16"] {
             let _ = write!(s, "        [");
-            for d in [64, 128] {
+            for d in [64, 128, 256] {
                 let _ = write!(s, "{p}pensieve_attention_mma_{dtype}_d{d}, ");
             }
             s.push_str("],\n");

@@ -5,8 +5,8 @@
 // Each CUDA thread of a block is a fiber that runs until its next barrier or warp collective;
 // the runtime resumes them in the order a schedule names and stops the run with a report when
 // the threads of a block disagree about a barrier, or the lanes of a warp about a collective.
-// Shared memory is one linker section, poisoned (all bits set: NaN in every float type)
-// before each block.
+// Shared memory is one linker section, and dynamic shared memory a buffer of the launch's size,
+// both poisoned (all bits set: NaN in every float type) before each block.
 #pragma once
 
 #include <stdint.h>
@@ -50,6 +50,10 @@ dim3 block_idx();
 dim3 block_dim();
 dim3 grid_dim();
 
+// The launch's dynamic shared memory: its bytes end at a page no access may touch, so a kernel
+// that reads or writes past what the launch gave it stops the run (a fault).
+unsigned char* dynamic_shared();
+
 // A barrier of the whole block.
 void syncthreads(const char* file, int line);
 
@@ -92,6 +96,7 @@ inline T exchange(Collective kind, unsigned mask, T value, int arg, const char* 
 #define blockIdx (::pensieve_emu::block_idx())
 #define blockDim (::pensieve_emu::block_dim())
 #define gridDim (::pensieve_emu::grid_dim())
+#define PENSIEVE_DYNAMIC_SHARED(name) unsigned char* const name = ::pensieve_emu::dynamic_shared()
 #define __syncthreads() ::pensieve_emu::syncthreads(__FILE__, __LINE__)
 #define __syncwarp(...) __pensieve_syncwarp(__FILE__, __LINE__, ##__VA_ARGS__)
 #define __shfl_xor_sync(mask, v, o, ...) \

@@ -149,6 +149,12 @@ struct Run {
     Context scheduler;
     Fiber* current = nullptr;
     std::string error;
+    // The dynamic shared memory: `dynamic_bytes` ending where a protected page starts, inside
+    // the mapping at `mapping` of `mapped` bytes.
+    unsigned char* dynamic = nullptr;
+    size_t dynamic_bytes = 0;
+    void* mapping = nullptr;
+    size_t mapped = 0;
 };
 
 std::mutex RUNS;
@@ -346,6 +352,7 @@ void poison_shared() {
 
 bool run_block(int schedule, std::mt19937_64& rng) {
     if (__start_pensieve_emu_shared != nullptr) poison_shared();
+    if (RUN->dynamic != nullptr) memset(RUN->dynamic, 0xff, RUN->dynamic_bytes);
     for (Fiber& f : RUN->fibers) {
         f.state = State::Ready;
         f.barriers = f.collectives = 0;
@@ -379,6 +386,7 @@ dim3 thread_idx() {
 dim3 block_idx() { return (void)self(), RUN->block_idx; }
 dim3 block_dim() { return (void)self(), RUN->block; }
 dim3 grid_dim() { return (void)self(), RUN->grid; }
+unsigned char* dynamic_shared() { return (void)self(), RUN->dynamic; }
 
 void syncthreads(const char* file, int line) {
     Fiber& f = self();
@@ -412,10 +420,12 @@ void matrix_collective(MatrixOp* op, const char* file, int line) {
 using namespace pensieve_emu;
 
 // Runs `body(ctx)` as every thread of a grid of `grid` blocks of `block` threads (x, y, z),
-// one block at a time, under `schedule` (see `order`; `seed` for the random one). Returns 0,
-// or -1 with a report in `report` (NUL-terminated, at most `report_len` bytes).
-extern "C" int pensieve_emu_launch(const unsigned grid[3], const unsigned block[3], int schedule,
-                                   uint64_t seed, void (*body)(void*), void* ctx, char* report,
+// each with `dynamic_shared` bytes of dynamic shared memory, one block at a time, under
+// `schedule` (see `order`; `seed` for the random one). Returns 0, or -1 with a report in
+// `report` (NUL-terminated, at most `report_len` bytes).
+extern "C" int pensieve_emu_launch(const unsigned grid[3], const unsigned block[3],
+                                   size_t dynamic_shared, int schedule, uint64_t seed,
+                                   void (*body)(void*), void* ctx, char* report,
                                    size_t report_len) {
     std::lock_guard<std::mutex> lock(RUNS);
     Run run;
@@ -428,12 +438,34 @@ extern "C" int pensieve_emu_launch(const unsigned grid[3], const unsigned block[
         snprintf(report, report_len, "a block of %zu threads (CUDA allows 1 to 1024)", threads);
         return -1;
     }
+    // CUDA's limit per block on the GPUs the kernels are built for (sm_90: 227 KiB).
+    if (dynamic_shared > 227 * 1024 || dynamic_shared % 16 != 0) {
+        snprintf(report, report_len,
+                 "%zu bytes of dynamic shared memory (a multiple of 16, at most 227 KiB)",
+                 dynamic_shared);
+        return -1;
+    }
+    if (dynamic_shared > 0) {
+        const size_t page = 4096, pages = (dynamic_shared + page - 1) / page * page;
+        run.mapped = pages + page;
+        run.mapping = mmap(nullptr, run.mapped, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (run.mapping == MAP_FAILED) {
+            snprintf(report, report_len, "no memory for the dynamic shared memory");
+            return -1;
+        }
+        char* guard = static_cast<char*>(run.mapping) + pages;
+        mprotect(guard, page, PROT_NONE);
+        run.dynamic = reinterpret_cast<unsigned char*>(guard - dynamic_shared);
+        run.dynamic_bytes = dynamic_shared;
+    }
     run.fibers.resize(threads);
     for (size_t t = 0; t < threads; ++t) {
         void* stack = mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                            -1, 0);
         if (stack == MAP_FAILED) {
             for (size_t u = 0; u < t; ++u) munmap(run.fibers[u].stack, STACK);
+            if (run.mapping != nullptr) munmap(run.mapping, run.mapped);
             snprintf(report, report_len, "no memory for the fibers' stacks");
             return -1;
         }
@@ -458,6 +490,7 @@ extern "C" int pensieve_emu_launch(const unsigned grid[3], const unsigned block[
 #endif
         munmap(f.stack, STACK);
     }
+    if (run.mapping != nullptr) munmap(run.mapping, run.mapped);
     if (!ok) snprintf(report, report_len, "%s", run.error.c_str());
     return ok ? 0 : -1;
 }

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::plan::{Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use super::plan::{mma_shared_bytes, Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
 use crate::attention::{AttentionBatch, Dims};
 
 /// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
@@ -33,8 +33,8 @@ pub(super) struct Variant {
     why: &'static str,
     /// By pool type (f32, f16, bf16), then head dim (64, 128, 256).
     attend: [[AttendFn; 3]; 3],
-    /// The tensor-core kernel, by pool type (f16, bf16), then head dim (64, 128).
-    mma: [[AttendFn; 2]; 2],
+    /// The tensor-core kernel, by pool type (f16, bf16), then head dim (64, 128, 256).
+    mma: [[AttendFn; 3]; 2],
     merge: MergeFn,
 }
 
@@ -79,6 +79,7 @@ unsafe extern "C" {
     fn pensieve_emu_launch(
         grid: *const u32,
         block: *const u32,
+        dynamic_shared: usize,
         schedule: c_int,
         seed: u64,
         body: extern "C" fn(*mut c_void),
@@ -227,23 +228,29 @@ pub fn attention(
         // SAFETY: the arguments are the kernel's, in order and type; every buffer outlives the
         // launch, which returns when the grid has run; the kernel indexes them through the
         // plan, which `Dims::check` checked against the pool.
-        launch(plan.items, ATTEND_THREADS, how.schedule, &|| unsafe {
+        launch(plan.items, ATTEND_THREADS, 0, how.schedule, &|| unsafe {
             attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params)
         })?;
     }
     if plan.mma_items > 0 {
-        // The planner sends items here only for f16 and bf16 pools of head dim 64 or 128.
+        // The planner sends items here only for f16 and bf16 pools.
         let attend = variant.mma[t - 1][d];
-        // SAFETY: as above, for the tensor-core kernel.
-        launch(plan.mma_items, ATTEND_THREADS, how.schedule, &|| unsafe {
-            attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params)
-        })?;
+        let shared = mma_shared_bytes(dims.head_dim) as usize;
+        // SAFETY: as above, for the tensor-core kernel, with the dynamic shared memory it lays
+        // its arrays out in.
+        launch(
+            plan.mma_items,
+            ATTEND_THREADS,
+            shared,
+            how.schedule,
+            &|| unsafe { attend(qp, kp.cast(), vp.cast(), wp, op, ap, mp, params) },
+        )?;
     }
     if plan.merges > 0 {
         let merge = variant.merge;
         let head_dim = dims.head_dim as i32;
         // SAFETY: as above, for `pensieve_attention_merge`; the partials were written above.
-        launch(plan.merges, MERGE_THREADS, how.schedule, &|| unsafe {
+        launch(plan.merges, MERGE_THREADS, 0, how.schedule, &|| unsafe {
             merge(wp, ap, mp, op, params, head_dim)
         })?;
     }
@@ -296,21 +303,25 @@ fn aligned<T: Copy, const N: usize>(values: &[T], to: fn(T) -> [u8; N]) -> Vec<u
     words
 }
 
-/// Runs `body` as every thread of a grid of `blocks` blocks of `threads` threads.
+/// Runs `body` as every thread of a grid of `blocks` blocks of `threads` threads, each block
+/// with `shared` bytes of dynamic shared memory.
 fn launch(
     blocks: usize,
     threads: u32,
+    shared: usize,
     schedule: Schedule,
     body: &dyn Fn(),
 ) -> Result<(), EmulationError> {
     let grid = [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1];
-    launch_grid(grid, threads, schedule, body)
+    launch_grid(grid, threads, shared, schedule, body)
 }
 
-/// Runs `body` as every thread of a grid of `grid` blocks of `threads` threads.
+/// Runs `body` as every thread of a grid of `grid` blocks of `threads` threads, each block
+/// with `shared` bytes of dynamic shared memory.
 fn launch_grid(
     grid: [u32; 3],
     threads: u32,
+    shared: usize,
     schedule: Schedule,
     body: &dyn Fn(),
 ) -> Result<(), EmulationError> {
@@ -329,6 +340,7 @@ fn launch_grid(
         pensieve_emu_launch(
             grid.as_ptr(),
             block.as_ptr(),
+            shared,
             code,
             seed,
             trampoline,

@@ -10,13 +10,15 @@ use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, Layout, Shape};
 use parking_lot::Mutex;
 
-use super::plan::{Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use super::plan::{mma_shared_bytes, Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
 use crate::attention::{AttentionBatch, Dims};
 use crate::kernels::{function, ATTENTION};
 
 /// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
 const ATTEND_THREADS: u32 = 128;
 const MERGE_THREADS: u32 = 256;
+/// Shared memory a block may take without its function opting in.
+const STATIC_SHARED_LIMIT: u32 = 48 * 1024;
 
 // SAFETY: `Params` is `repr(C)` of 4-byte plain values, laid out as the kernel's struct.
 unsafe impl DeviceRepr for Params {}
@@ -159,15 +161,23 @@ impl CustomOp3 for CudaAttention<'_> {
             out: &out,
             params: &params,
         };
-        for (blocks, kernel) in [(plan.items, ""), (plan.mma_items, "mma_")] {
+        // The tensor-core kernel lays its arrays out in dynamic shared memory.
+        let mma_shared = mma_shared_bytes(d.head_dim);
+        for (blocks, kernel, shared) in [(plan.items, "", 0), (plan.mma_items, "mma_", mma_shared)]
+        {
             if blocks > 0 {
                 let name = format!("pensieve_attention_{kernel}{dtype}_d{}", d.head_dim);
-                run.attend_pools(
-                    &function(dev, ATTENTION, &name)?,
-                    blocks,
-                    (k, k_l),
-                    (v, v_l),
-                )?;
+                let func = function(dev, ATTENTION, &name)?;
+                if shared > STATIC_SHARED_LIMIT {
+                    // Past 48 KiB a kernel takes dynamic shared memory only when its function
+                    // says so (one driver call; the function is cached, its attribute kept).
+                    func.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        shared as i32,
+                    )
+                    .w()?;
+                }
+                run.attend_pools(&func, blocks, shared, (k, k_l), (v, v_l))?;
             }
         }
         if plan.merges > 0 {
@@ -196,18 +206,20 @@ impl Launch<'_> {
         &self,
         func: &CudaFunction,
         blocks: usize,
+        shared: u32,
         (k, k_l): (&CudaStorage, &Layout),
         (v, v_l): (&CudaStorage, &Layout),
     ) -> candle_core::Result<()> {
+        let launch = (func, blocks, shared);
         match (&k.slice, &v.slice) {
             (CudaStorageSlice::F32(ks), CudaStorageSlice::F32(vs)) => {
-                self.attend(func, blocks, view(ks, k_l, "k", 4)?, view(vs, v_l, "v", 4)?)
+                self.attend(launch, view(ks, k_l, "k", 4)?, view(vs, v_l, "v", 4)?)
             }
             (CudaStorageSlice::F16(ks), CudaStorageSlice::F16(vs)) => {
-                self.attend(func, blocks, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
+                self.attend(launch, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
             }
             (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
-                self.attend(func, blocks, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
+                self.attend(launch, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
             }
             _ => candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools"),
         }
@@ -228,15 +240,15 @@ impl Launch<'_> {
         // SAFETY: the arguments match `pensieve_attention_merge`'s parameters in order and
         // type; the partials were written by the attention launches before it on the same
         // stream.
-        unsafe { b.launch(grid(self.plan.merges, MERGE_THREADS)) }.w()?;
+        unsafe { b.launch(grid(self.plan.merges, MERGE_THREADS, 0)) }.w()?;
         Ok(())
     }
 
-    /// `blocks` items of `func` (one attention kernel), a block of `ATTEND_THREADS` each.
+    /// `blocks` items of `func` (one attention kernel), a block of `ATTEND_THREADS` with
+    /// `shared` bytes of dynamic shared memory each.
     fn attend<T: DeviceRepr>(
         &self,
-        func: &CudaFunction,
-        blocks: usize,
+        (func, blocks, shared): (&CudaFunction, usize, u32),
         k: CudaView<'_, T>,
         v: CudaView<'_, T>,
     ) -> candle_core::Result<()> {
@@ -253,7 +265,7 @@ impl Launch<'_> {
         // SAFETY: the arguments match the attention kernels' parameters in order and type;
         // every index the kernel forms comes from the plan and the batch, whose slots
         // `Dims::check` checked against the pool.
-        unsafe { b.launch(grid(blocks, ATTEND_THREADS)) }.w()?;
+        unsafe { b.launch(grid(blocks, ATTEND_THREADS, shared)) }.w()?;
         Ok(())
     }
 }
@@ -275,11 +287,12 @@ fn view<'a, T: DeviceRepr>(
     }
 }
 
-/// A 1-D grid of `n` blocks of `threads` threads, static shared memory only.
-fn grid(n: usize, threads: u32) -> LaunchConfig {
+/// A 1-D grid of `n` blocks of `threads` threads, each with `shared` bytes of dynamic shared
+/// memory.
+fn grid(n: usize, threads: u32, shared: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: shared,
     }
 }

@@ -26,6 +26,17 @@ pub(crate) const MMA_MIN_Q: usize = 16;
 /// The kernel's `window` for a layer without one.
 pub(crate) const NO_WINDOW: u32 = u32::MAX;
 
+/// Bytes of dynamic shared memory the tensor-core kernel of `head_dim` is launched with
+/// (`mma_shared_bytes` in the kernel, which lays its arrays out within them): the 48 KiB every
+/// kernel may take, 96 KiB at head dim 256 (past 48 KiB the launch opts in).
+pub(crate) fn mma_shared_bytes(head_dim: usize) -> u32 {
+    if head_dim > 128 {
+        96 * 1024
+    } else {
+        48 * 1024
+    }
+}
+
 /// Context entries per tile for a head dim and storage type (`k_tile` in the kernel).
 pub(crate) fn k_tile(head_dim: usize, dtype_bytes: usize) -> usize {
     TILE_BYTES / (head_dim * dtype_bytes)
@@ -62,7 +73,7 @@ pub(crate) struct PlanShape {
     /// The GPU's streaming multiprocessors.
     pub sms: usize,
     /// Whether items of many queries may go to the tensor-core kernel (which exists for f16 and
-    /// bf16 pools at head dims 64 and 128); off only to compare the two kernels.
+    /// bf16 pools); off only to compare the two kernels.
     pub mma: bool,
 }
 
@@ -87,7 +98,7 @@ impl PlanShape {
 
     /// Whether the tensor-core kernel takes this shape's items of many queries.
     pub(crate) fn uses_mma(&self) -> bool {
-        self.mma && self.dtype_bytes == 2 && matches!(self.head_dim, 64 | 128)
+        self.mma && self.dtype_bytes == 2 && matches!(self.head_dim, 64 | 128 | 256)
     }
 }
 
@@ -331,8 +342,8 @@ mod tests {
                 let it = plan.item(i);
                 assert_eq!(
                     i >= plan.items,
-                    matches!(head_dim, 64 | 128) && it[3] - it[2] >= MMA_MIN_Q as u32,
-                    "the tensor-core kernel takes the items of many queries it has a build for"
+                    it[3] - it[2] >= MMA_MIN_Q as u32,
+                    "the tensor-core kernel takes the items of many queries, at every head dim"
                 );
                 let tiles = ctx_len[it[0] as usize].div_ceil(tile) as u32;
                 if it[6] == u32::MAX {

@@ -93,7 +93,7 @@ pub fn add_rms_norm(
     // SAFETY: the arguments are the kernel's, in order and type; each block reads its row of
     // x and y (`rows` x `dim` values each) and `dim` weights, and writes its row of both
     // halves of `out`, all of which outlive the launch.
-    launch_grid([rows as u32, 1, 1], NORM_THREADS, schedule, &|| unsafe {
+    launch_grid([rows as u32, 1, 1], NORM_THREADS, 0, schedule, &|| unsafe {
         f(
             xp.cast(),
             yp.cast(),
@@ -133,7 +133,7 @@ pub fn gated(
     };
     let blocks = total.div_ceil(ELEMENT_THREADS as usize) as u32;
     // SAFETY: as above; each thread reads and writes one value below `total`.
-    launch_grid([blocks, 1, 1], ELEMENT_THREADS, schedule, &|| unsafe {
+    launch_grid([blocks, 1, 1], ELEMENT_THREADS, 0, schedule, &|| unsafe {
         f(
             gp.cast(),
             up.cast(),
@@ -215,7 +215,7 @@ pub fn rope_write(
     // SAFETY: as above; block (r, head) reads row r's head of q, k or v and row r of cos and
     // sin, and writes row r's head of q_out or that head of slot `slots[r]` (checked above)
     // of a pool.
-    launch_grid(grid, threads, schedule, &|| unsafe {
+    launch_grid(grid, threads, 0, schedule, &|| unsafe {
         f(
             ptrs.0.cast(),
             ptrs.1.cast(),
