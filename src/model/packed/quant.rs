@@ -120,6 +120,26 @@ const NIBBLES: usize = QK * NR / 2;
 /// of the codes at byte `i` of every chunk.
 const PLANE: usize = QK * NR / 8;
 
+/// Blocks ahead of the one being multiplied whose codes the x86 kernels prefetch.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Asks for the codes of the block [`PREFETCH_BLOCKS`] on from the one at `codes` (`bytes` a
+/// block). At 8 rows the AVX-512 kernel spent its time waiting on these loads from L3 or
+/// memory, which the hardware's prefetch did not start early enough (the 7B's 8-row step took
+/// a third less with this). Past a panel's end it reaches into the next panel's blocks, which
+/// come next; a prefetch never faults, even past the array.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_ahead(codes: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = codes.wrapping_add(PREFETCH_BLOCKS * bytes);
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch reads nothing and never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast()) };
+    }
+}
+
 /// The code widths we keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Bits {

@@ -3,7 +3,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
+use super::{
+    prefetch_ahead, Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER,
+};
 
 /// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
 ///
@@ -93,6 +95,12 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                     let at = ((spot.panel + j) * blocks + b) * bytes + 32 * h;
                     w.codes.as_ptr().add(at)
                 };
+                // The first half's pass brings each block's codes in for the second's.
+                if h == 0 {
+                    for j in 0..P {
+                        prefetch_ahead(codes(j), bytes);
+                    }
+                }
                 let mut dot = [[_mm256_setzero_si256(); P]; R];
                 // The second 16 values' dots, kept apart where their scale differs (`Q6_K`).
                 let mut dot1 = [[_mm256_setzero_si256(); P]; R];

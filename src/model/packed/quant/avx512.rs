@@ -2,7 +2,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
+use super::{
+    prefetch_ahead, Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER,
+};
 
 kernel_entry!("avx512f,avx512bw,avx512vnni", "AVX-512 F, BW and VNNI");
 
@@ -186,9 +188,6 @@ pub(super) unsafe fn add_halves(
     )
 }
 
-/// Blocks ahead of the one being multiplied whose codes [`tile`] prefetches.
-const PREFETCH_BLOCKS: usize = 4;
-
 /// `R` rows × `P` panels, every block; integer dots per block, f32 accumulators across blocks.
 ///
 /// # Safety
@@ -220,15 +219,8 @@ unsafe fn tile<const R: usize, const P: usize, const SPLIT: bool>(
                     .as_ptr()
                     .add(((spot.panel + j) * blocks + b) * bytes)
             };
-            // The codes a few blocks on, asked for now: at 8 rows a block's multiplies took
-            // less time than its codes' load from L3, which the hardware's prefetch did not
-            // start early enough. Past a panel's end this reaches into the next panel's
-            // blocks, which come next; a prefetch never faults, even past the array.
             for j in 0..P {
-                let ahead = codes(j).wrapping_add(PREFETCH_BLOCKS * bytes);
-                for line in (0..bytes).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-                }
+                prefetch_ahead(codes(j), bytes);
             }
             let mut dot = [[_mm512_setzero_si512(); P]; R];
             // The second 16 values' dots, kept apart where their scale differs (`Q6_K`).
