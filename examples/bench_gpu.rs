@@ -1,13 +1,13 @@
 //! The CUDA path's measurements (build with `--features cuda`; needs a GPU):
 //!
 //! 1. **Attention** in the Pensieve paper's Figure 10 setting: 32 sequences, 1-16 queries
-//!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 (`--head-dim`: 64 or 256,
-//!    Gemma's) with 32 query heads over 8 KV heads, f16 KV (`--kv bf16`: bf16). Our kernel over interleaved (non-contiguous)
-//!    slots, the same with the tensor-core kernel off (`PENSIEVE_CUDA_MMA=0`: every item on
-//!    the kernel of one query per warp), our kernel over contiguous slots, the gather path
-//!    (context copied out, then candle ops), and candle's attention over contiguous
-//!    per-sequence K/V (matmul, mask, softmax, matmul in the KV type), the contiguous kernel
-//!    our target compares against.
+//!    each (and 64, a prefill chunk), contexts 256-8192, head dim 128 (`--head-dim`: 64 or
+//!    256, Gemma's) with 32 query heads over 8 KV heads, f16 KV (`--kv bf16`: bf16). Our kernel
+//!    over interleaved (non-contiguous) slots, the same with the tensor-core kernel off
+//!    (`PENSIEVE_CUDA_MMA=0`: every item on the kernel of one query per warp), our kernel over
+//!    contiguous slots, the gather path (context copied out, then candle ops), and candle's
+//!    attention over contiguous per-sequence K/V (matmul, mask, softmax, matmul in the KV
+//!    type), the contiguous kernel our target compares against.
 //! 2. **Pipelined restore**: one decode step of a random-weight Llama 3.2 1B shape (32 rows
 //!    at context 1024) after swapping in `--chunks` chunks, with the copies serial (the step
 //!    waits for the whole restore) or pipelined (layer `l` waits for layer `l`'s copies),

@@ -300,7 +300,9 @@ constexpr int MMA_COLS = 64;
 
 // Bytes of dynamic shared memory the tensor-core kernel of head dim d is launched with (the
 // host's `mma_shared_bytes` in `src/attention/cuda/plan.rs` gives the same).
-__host__ __device__ constexpr int mma_shared_bytes(int d) { return d > 128 ? 96 * 1024 : 48 * 1024; }
+__host__ __device__ constexpr int mma_shared_bytes(int d) {
+    return d > 128 ? 96 * 1024 : 48 * 1024;
+}
 
 // The launch's dynamic shared memory as `name` (the emulator's shim defines its own).
 #ifndef PENSIEVE_DYNAMIC_SHARED

@@ -170,7 +170,8 @@ impl CustomOp3 for CudaAttention<'_> {
                 let func = function(dev, ATTENTION, &name)?;
                 if shared > STATIC_SHARED_LIMIT {
                     // Past 48 KiB a kernel takes dynamic shared memory only when its function
-                    // says so (one driver call; the function is cached, its attribute kept).
+                    // says so. Set at every launch (one driver call, a microsecond or two,
+                    // beside a prefill's attention): the cached function keeps no flag.
                     func.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         shared as i32,
