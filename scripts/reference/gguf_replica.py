@@ -5,12 +5,17 @@ load memory and decode speed at a model's real size when only the start of its f
 file). The outputs mean nothing; the shapes, types and bytes are the real model's.
 
 Usage: python gguf_replica.py HEAD.gguf OUT.gguf   (HEAD: at least the file's header)
+       python gguf_replica.py --header-only HEAD.gguf OUT.gguf   (OUT: the header alone)
+
+Standard library only, so that it runs where nothing can be installed (the GPU machines lent
+to this project: scripts/gpu-tests packs it with the header to build the replica there).
 """
 
+import array
+import math
+import random
 import struct
 import sys
-
-import numpy as np
 
 # GGUF value types: fixed sizes of the scalar ones.
 SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -46,25 +51,34 @@ class Reader:
 
 
 def blocks(kind, count, rng):
-    """`count` valid blocks of GGML type `kind` with small weights."""
+    """`count` valid blocks of GGML type `kind` with small weights: random bytes, with each
+    block's scale fields set through extended slices (one C loop per field)."""
     size, _ = BLOCKS[kind]
-    raw = rng.integers(0, 256, size=(count, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(0.0002).tobytes(), dtype=np.uint8)
+    raw = bytearray(rng.randbytes(count * size))
+    scale = struct.pack("<e", 0.0002)
+
+    def put(at, value):
+        raw[at::size] = bytes([value]) * count
+
     if kind == 8:  # Q8_0: d, 32 codes
-        raw[:, 0:2] = scale
+        put(0, scale[0])
+        put(1, scale[1])
     elif kind in (12, 13):  # Q4_K, Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, codes
-        raw[:, 0:2] = scale
-        raw[:, 2:4] = scale
+        for at in range(4):
+            put(at, scale[at % 2])
     elif kind == 39:  # MXFP4: an E8M0 exponent (2^-9 here), 16 bytes of E2M1 nibbles
-        raw[:, 0] = 118
-    elif kind == 14:  # Q6_K: codes, 16 signed scales, d
-        raw[:, 192:208] = rng.integers(-32, 32, size=(count, 16), dtype=np.int8).view(np.uint8)
-        raw[:, 208:210] = scale
+        put(0, 118)
+    elif kind == 14:  # Q6_K: codes, 16 signed scales in [-32, 32), d
+        for k in range(16):
+            put(192 + k, (k * 23 % 64 - 32) & 0xFF)
+        put(208, scale[0])
+        put(209, scale[1])
     return raw
 
 
 def main():
-    head, out = sys.argv[1:3]
+    header_only = sys.argv[1] == "--header-only"
+    head, out = sys.argv[1 + header_only:3 + header_only]
     with open(head, "rb") as f:
         data = f.read(64 << 20)
     r = Reader(data)
@@ -85,22 +99,26 @@ def main():
         kind, offset = r.u32(), r.u64()
         tensors.append((name, dims, kind, offset))
     header_end = r.at
+    if header_only:
+        with open(out, "wb") as f:
+            f.write(data[:header_end])
+        return
     data_start = (header_end + alignment - 1) // alignment * alignment
-    rng = np.random.default_rng(0)
+    rng = random.Random(0)
     with open(out, "wb") as f:
         f.write(data[:header_end])
         f.write(b"\0" * (data_start - header_end))
         for i, (name, dims, kind, offset) in enumerate(sorted(tensors, key=lambda t: t[3])):
             f.seek(data_start + offset)
-            values = int(np.prod(dims))
+            values = math.prod(dims)
             if kind == 0:  # f32 vectors: norms of one, biases of zero
-                v = np.zeros(values, np.float32) if name.endswith("bias") else np.ones(values, np.float32)
-                f.write(v.tobytes())
+                one = 0.0 if name.endswith("bias") else 1.0
+                f.write(array.array("f", [one] * values).tobytes())
                 continue
             size, per = BLOCKS[kind]
             count = values // per
             for start in range(0, count, 1 << 16):
-                f.write(blocks(kind, min(1 << 16, count - start), rng).tobytes())
+                f.write(blocks(kind, min(1 << 16, count - start), rng))
             print(f"{i + 1}/{len(tensors)} {name}", file=sys.stderr, end="\r")
     print(file=sys.stderr)
     print(out)
