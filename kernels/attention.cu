@@ -26,6 +26,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 #include <stdint.h>
 
@@ -195,14 +196,20 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
         const int base = t * K_TILE;
         const int n = min(K_TILE, it.ctx_len - base);
         __syncthreads();  // the previous tile is no longer read
+        // Asynchronous copies (`cp.async`): a thread's 16-byte loads of the whole tile are all
+        // in flight at once, straight into shared memory, where loads through registers kept
+        // a few per thread in flight. A decode row's item does little work per byte, so the
+        // bytes in flight per SM are what bounds it.
         for (int e = threadIdx.x; e < n * VPR; e += THREADS) {
             const int j = e / VPR, c = (e % VPR) * VEC;
             const size_t at = it.slot(base + j) * kv_row + (size_t)it.g * D + c;
-            *reinterpret_cast<uint4*>(ks + j * KSTRIDE + c) = *reinterpret_cast<const uint4*>(k + at);
-            *reinterpret_cast<uint4*>(vs + j * D + c) = *reinterpret_cast<const uint4*>(v + at);
+            __pipeline_memcpy_async(ks + j * KSTRIDE + c, k + at, 16);
+            __pipeline_memcpy_async(vs + j * D + c, v + at, 16);
         }
+        __pipeline_commit();
         for (int j = threadIdx.x; j < K_TILE; j += THREADS)
             pos[j] = j < n ? (uint32_t)(base + j) : 0xffffffffu;
+        __pipeline_wait_prior(0);
         __syncthreads();
 
 #pragma unroll

@@ -80,6 +80,14 @@ struct MatrixOp {
 };
 void matrix_collective(MatrixOp* op, const char* file, int line);
 
+// The asynchronous copies (`include/cuda_pipeline.h`): the calling thread's copy of `size`
+// bytes (4, 8 or 16, both addresses aligned to it; the last `zfill` written as zeros) into its
+// open group, the group closed, and the groups waited for until at most `prior` are pending
+// (those land then, oldest first).
+void async_copy(void* dst, const void* src, size_t size, size_t zfill);
+void async_commit();
+void async_wait(size_t prior);
+
 template <typename T>
 inline T exchange(Collective kind, unsigned mask, T value, int arg, const char* file, int line) {
     static_assert(sizeof(T) == 4, "shuffles of 32-bit values");

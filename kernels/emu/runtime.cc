@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <string>
@@ -124,6 +125,12 @@ void swap(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 
 enum class State { Ready, AtBarrier, AtCollective, Done };
 
+// An asynchronous copy not landed yet: its destination and the bytes read when it was issued.
+struct Copy {
+    unsigned char* dst;
+    std::vector<unsigned char> bytes;
+};
+
 struct Fiber {
     Context context;
     char* stack = nullptr;
@@ -138,6 +145,9 @@ struct Fiber {
     uint32_t value = 0, result = 0;
     int arg = 0;
     MatrixOp* op = nullptr;
+    // Asynchronous copies issued since the last commit, and the committed groups, oldest first.
+    std::vector<Copy> open;
+    std::deque<std::vector<Copy>> pending;
 };
 
 // The run in progress: one at a time in the process (shared memory is one section).
@@ -358,6 +368,8 @@ bool run_block(int schedule, std::mt19937_64& rng) {
         f.barriers = f.collectives = 0;
         f.file = nullptr;
         f.line = 0;
+        f.open.clear();
+        f.pending.clear();
         start_context(f.context, f.stack, STACK, fiber_main);
     }
     for (;;) {
@@ -372,7 +384,7 @@ bool run_block(int schedule, std::mt19937_64& rng) {
         if (progressed) continue;
         bool all_done = false;
         if (!settle_block(all_done)) return false;
-        if (all_done) return true;
+        if (all_done) return RUN->error.empty();
     }
 }
 
@@ -408,6 +420,41 @@ uint32_t collective(Collective kind, unsigned mask, uint32_t value, int arg, con
     f.line = line;
     park(f);
     return f.result;
+}
+
+void async_copy(void* dst, const void* src, size_t size, size_t zfill) {
+    Fiber& f = self();
+    const bool valid = (size == 4 || size == 8 || size == 16) && zfill <= size &&
+                       (uintptr_t)dst % size == 0 && (uintptr_t)src % size == 0;
+    if (!valid) {
+        // The first such copy is reported once the block ends; none of them is made.
+        if (RUN->error.empty()) {
+            char buf[192];
+            snprintf(buf, sizeof buf,
+                     "thread %u: an asynchronous copy of %zu bytes (zero-filled %zu) from %p to "
+                     "%p (4, 8 or 16 bytes, both addresses aligned to it)",
+                     f.tid, size, zfill, src, dst);
+            RUN->error = buf;
+        }
+        return;
+    }
+    Copy c{static_cast<unsigned char*>(dst), std::vector<unsigned char>(size, 0)};
+    memcpy(c.bytes.data(), src, size - zfill);
+    f.open.push_back(std::move(c));
+}
+
+void async_commit() {
+    Fiber& f = self();
+    f.pending.push_back(std::move(f.open));
+    f.open.clear();
+}
+
+void async_wait(size_t prior) {
+    Fiber& f = self();
+    while (f.pending.size() > prior) {
+        for (const Copy& c : f.pending.front()) memcpy(c.dst, c.bytes.data(), c.bytes.size());
+        f.pending.pop_front();
+    }
 }
 
 void matrix_collective(MatrixOp* op, const char* file, int line) {
