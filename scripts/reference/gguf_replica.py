@@ -8,7 +8,7 @@ Usage: python gguf_replica.py HEAD.gguf OUT.gguf   (HEAD: at least the file's he
        python gguf_replica.py --header-only HEAD.gguf OUT.gguf   (OUT: the header alone)
 
 Standard library only, so that it runs where nothing can be installed (the GPU machines lent
-to this project: scripts/gpu-tests packs it with the header to build the replica there).
+to this project: scripts/gpu-peer packs it with the header to build the replica there).
 """
 
 import array
