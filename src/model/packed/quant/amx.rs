@@ -3,8 +3,9 @@
 //! every decode step) runs on the AVX-512 kernel.
 //!
 //! A tile multiply sums the same integer products as `vpdpbusd` does, exactly, and the
-//! factors are applied by the AVX-512 kernel's own functions ([`add_block`], [`add_halves`]),
-//! so this path gives the same bits as every other.
+//! factors are applied by the AVX-512 kernel's own arithmetic ([`add_block_with`]; for `Q6_K`,
+//! [`add_centred`], which gives the same values as its `add_halves` by another route), so this
+//! path gives the same bits as every other.
 //!
 //! Tiles: `tmm0`/`tmm1` the dots (16 rows × 16 `i32`), `tmm2`/`tmm3` the activations' codes
 //! (16 rows × 32 bytes), `tmm4`/`tmm5` the weights' codes as signed bytes (8 rows of 4 `k` ×
@@ -16,7 +17,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx512::{add_block, add_halves, block_factors, halves, unpack};
+use super::avx512::{add_block_with, block_factors, halves, unpack};
 use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK};
 
 /// Rows of one tile.
@@ -113,6 +114,8 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
         blocks * BLOCK
     };
     let mut bytes = vec![0u8; unpacked];
+    let factors = row_factors(a, spot.row, spot.rows);
+    let centre = _mm512_set1_epi8(32);
     // SAFETY: the configuration is 64 bytes; the CPU has AMX and this process the state.
     unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
     for j in 0..spot.panels {
@@ -128,6 +131,12 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
                     let block = codes.add(b * w.bits.block_bytes());
                     for c in 0..4 {
                         let (lo, hi) = unpack(block, w.bits, c);
+                        // `Q6_K`'s codes less their centre (see [`add_centred`]).
+                        let (lo, hi) = if split {
+                            (_mm512_sub_epi8(lo, centre), _mm512_sub_epi8(hi, centre))
+                        } else {
+                            (lo, hi)
+                        };
                         _mm512_storeu_si512(dst.as_mut_ptr().add(c * GROUP).cast(), lo);
                         _mm512_storeu_si512(dst.as_mut_ptr().add((c + 4) * GROUP).cast(), hi);
                     }
@@ -135,13 +144,16 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
             }
             bytes.as_ptr()
         };
-        for t in (0..spot.rows).step_by(ROWS) {
+        for (t, f) in (0..spot.rows)
+            .step_by(ROWS)
+            .zip(factors.chunks_exact(2 * ROWS * blocks))
+        {
             // SAFETY: as this function's contract; `weights` holds the panel's blocks.
             unsafe {
                 if split {
-                    tile::<true>(w, a, weights, panel, spot.row + t, o, j, t, out);
+                    tile::<true>(w, a, f, weights, panel, spot.row + t, o, j, t, out);
                 } else {
-                    tile::<false>(w, a, weights, panel, spot.row + t, o, j, t, out);
+                    tile::<false>(w, a, f, weights, panel, spot.row + t, o, j, t, out);
                 }
             }
         }
@@ -195,6 +207,7 @@ macro_rules! store {
 unsafe fn tile<const SPLIT: bool>(
     w: &QuantWeights,
     a: &QuantRows,
+    factors: &[f32],
     weights: *const u8,
     panel: usize,
     row: usize,
@@ -248,16 +261,17 @@ unsafe fn tile<const SPLIT: bool>(
         let dot = |d: &Dots, r: usize| _mm512_load_si512(d.0.as_ptr().add(r * NR).cast());
         let mut apply = |b: usize, dots: &[[Dots; 2]; 2]| {
             let [d0, d1] = &dots[b % 2];
-            let rb = |r: usize| (row + r) * blocks + b;
+            let (s, sa) = factors[b * 2 * ROWS..][..2 * ROWS].split_at(ROWS);
             if SPLIT {
-                let f = halves(w, panel, b);
+                let (dv, s0, s1) = halves(w, panel, b);
+                let (s0, s1) = (_mm512_cvtepi32_ps(s0), _mm512_cvtepi32_ps(s1));
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    *acc = add_halves(*acc, dot(d0, r), dot(d1, r), f, a, rb(r));
+                    *acc = add_centred(*acc, dot(d0, r), dot(d1, r), (dv, s0, s1), s[r]);
                 }
             } else {
                 let f = block_factors(w, panel, b);
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    *acc = add_block(*acc, dot(d0, r), f, a, rb(r));
+                    *acc = add_block_with(*acc, dot(d0, r), f, s[r], sa[r]);
                 }
             }
         };
@@ -280,4 +294,46 @@ unsafe fn tile<const SPLIT: bool>(
             _mm512_storeu_ps(out.as_mut_ptr().add(o.index(j, t + r)), *acc);
         }
     }
+}
+
+/// The activations' factors of rows `row0..row0 + rows`, tile by tile as [`tile`] reads them:
+/// `[tile][block]`, the 16 rows' scales `s`, then their `s · Σ a`. In the activations' own
+/// `[row][block]` order a tile's 16 rows lie `blocks` apart, and the compiler kept 16 row
+/// pointers on the stack and reloaded one per row and block; here they are one base and
+/// constant offsets (a `Q4_K` matmul took 0.80-0.84 of the time for it).
+fn row_factors(a: &QuantRows, row0: usize, rows: usize) -> Vec<f32> {
+    let blocks = a.blocks();
+    let mut f = Vec::with_capacity(2 * rows * blocks);
+    for t in (row0..row0 + rows).step_by(ROWS) {
+        for b in 0..blocks {
+            let rb = |r: usize| (t + r) * blocks + b;
+            f.extend((0..ROWS).map(|r| a.scales[rb(r)]));
+            f.extend((0..ROWS).map(|r| a.scaled_sums[rb(r)]));
+        }
+    }
+    f
+}
+
+/// The AVX-512 kernel's `add_halves` from dots of codes already less their centre (`q - 32`,
+/// signed bytes, which `tdpbssd` multiplies as they are and `vpdpbusd` cannot):
+/// `dot_h` is then `Σ q a - 32 Σ a` itself, and the scaled sum of the two halves is taken in
+/// f32, where every product and sum is an integer below 2^24 (16 codes of at most 32 in size
+/// times 127, times a scale of at most 128, twice: 16,646,144), so exact: the same value as
+/// the integer sum `add_halves` converts, for two conversions and a multiply in place of
+/// two subtractions and two 32-bit integer multiplies.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn add_centred(
+    acc: __m512,
+    dot0: __m512i,
+    dot1: __m512i,
+    (dv, s0, s1): (__m512, __m512, __m512),
+    s: f32,
+) -> __m512 {
+    let sum = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(dot0),
+        s0,
+        _mm512_mul_ps(_mm512_cvtepi32_ps(dot1), s1),
+    );
+    _mm512_fmadd_ps(sum, _mm512_mul_ps(dv, _mm512_set1_ps(s)), acc)
 }

@@ -147,6 +147,19 @@ pub(super) unsafe fn add_block(
             *a.scaled_sums.get_unchecked(rb),
         )
     };
+    add_block_with(acc, dot, (dv, mv), s, sa)
+}
+
+/// [`add_block`] with the row's block factors given: its scale `s` and `s · Σ a`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn add_block_with(
+    acc: __m512,
+    dot: __m512i,
+    (dv, mv): (__m512, __m512),
+    s: f32,
+    sa: f32,
+) -> __m512 {
     let acc = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(dot),
         _mm512_mul_ps(dv, _mm512_set1_ps(s)),
