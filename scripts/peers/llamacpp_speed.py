@@ -21,6 +21,11 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    lengths = lambda v: [int(x) for x in v.split(",") if x]
+    p.add_argument("--prefill", type=lengths, default=[32, 256, 1024],
+                   help="prompt lengths, comma-separated (default 32,256,1024)")
+    p.add_argument("--decode", type=lengths, default=[64, 1024],
+                   help="contexts of the decode steps, comma-separated; '' for none")
     args = p.parse_args()
     llm = llama_cpp.Llama(
         model_path=args.model,
@@ -33,7 +38,7 @@ def main():
         verbose=False,
     )
     out = {"model": args.model, "threads": args.threads}
-    for n in (32, 256, 1024):
+    for n in args.prefill:
         times = []
         for _ in range(args.repeats):
             llm.reset()
@@ -41,7 +46,7 @@ def main():
             llm.eval(tokens(n))
             times.append(time.perf_counter() - started)
         out[f"prefill_{n}"] = n / statistics.median(times)
-    for c in (64, 1024):
+    for c in args.decode:
         times = []
         for _ in range(args.repeats):
             llm.reset()
