@@ -3,9 +3,10 @@
 //! every decode step) runs on the AVX-512 kernel.
 //!
 //! A tile multiply sums the same integer products as `vpdpbusd` does, exactly, and the
-//! factors are applied by the AVX-512 kernel's own arithmetic ([`add_block_with`]; for `Q6_K`,
-//! [`add_centred`], which gives the same values as its `add_halves` by another route), so this
-//! path gives the same bits as every other.
+//! factors are applied by the AVX-512 kernel's own arithmetic ([`add_block_with`],
+//! [`add_centred`]), so this path gives the same bits as every other. `Q6_K`'s codes are
+//! unpacked less their centre (`q - 32`, signed bytes, which `tdpbssd` multiplies as they are
+//! and `vpdpbusd` cannot), so its dots need no subtraction.
 //!
 //! Tiles: `tmm0`/`tmm1` the dots (16 rows × 16 `i32`), `tmm2`/`tmm3` the activations' codes
 //! (16 rows × 32 bytes), `tmm4`/`tmm5` the weights' codes as signed bytes (8 rows of 4 `k` ×
@@ -17,7 +18,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx512::{add_block_with, block_factors, halves, unpack};
+use super::avx512::{add_block_with, add_centred, block_factors, halves, unpack};
 use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK};
 
 /// Rows of one tile.
@@ -131,7 +132,7 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
                     let block = codes.add(b * w.bits.block_bytes());
                     for c in 0..4 {
                         let (lo, hi) = unpack(block, w.bits, c);
-                        // `Q6_K`'s codes less their centre (see [`add_centred`]).
+                        // `Q6_K`'s codes less their centre: the dots `add_centred` takes.
                         let (lo, hi) = if split {
                             (_mm512_sub_epi8(lo, centre), _mm512_sub_epi8(hi, centre))
                         } else {
@@ -263,10 +264,9 @@ unsafe fn tile<const SPLIT: bool>(
             let [d0, d1] = &dots[b % 2];
             let (s, sa) = factors[b * 2 * ROWS..][..2 * ROWS].split_at(ROWS);
             if SPLIT {
-                let (dv, s0, s1) = halves(w, panel, b);
-                let (s0, s1) = (_mm512_cvtepi32_ps(s0), _mm512_cvtepi32_ps(s1));
+                let f = halves(w, panel, b);
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    *acc = add_centred(*acc, dot(d0, r), dot(d1, r), (dv, s0, s1), s[r]);
+                    *acc = add_centred(*acc, dot(d0, r), dot(d1, r), f, s[r]);
                 }
             } else {
                 let f = block_factors(w, panel, b);
@@ -312,28 +312,4 @@ fn row_factors(a: &QuantRows, row0: usize, rows: usize) -> Vec<f32> {
         }
     }
     f
-}
-
-/// The AVX-512 kernel's `add_halves` from dots of codes already less their centre (`q - 32`,
-/// signed bytes, which `tdpbssd` multiplies as they are and `vpdpbusd` cannot):
-/// `dot_h` is then `Σ q a - 32 Σ a` itself, and the scaled sum of the two halves is taken in
-/// f32, where every product and sum is an integer below 2^24 (16 codes of at most 32 in size
-/// times 127, times a scale of at most 128, twice: 16,646,144), so exact: the same value as
-/// the integer sum `add_halves` converts, for two conversions and a multiply in place of
-/// two subtractions and two 32-bit integer multiplies.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn add_centred(
-    acc: __m512,
-    dot0: __m512i,
-    dot1: __m512i,
-    (dv, s0, s1): (__m512, __m512, __m512),
-    s: f32,
-) -> __m512 {
-    let sum = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(dot0),
-        s0,
-        _mm512_mul_ps(_mm512_cvtepi32_ps(dot1), s1),
-    );
-    _mm512_fmadd_ps(sum, _mm512_mul_ps(dv, _mm512_set1_ps(s)), acc)
 }
