@@ -16,8 +16,9 @@
 //!
 //! The inner sums are integers, exact in any order and on any path (VNNI `vpdpbusd`, AVX2
 //! `vpmaddubsw`, scalar; the AVX-512 and AMX paths add `Q6_K`'s two scaled halves in f32,
-//! where they are integers below 2^24 and so just as exact); the outer sum is one or two fused multiply-adds per block in block
-//! order from zero, and the products `D · sc` are exact in f32. A row's outputs therefore
+//! where they are integers below 2^24 and so just as exact); the outer sum is one or two
+//! fused multiply-adds per block in block order from zero, and the products `D · sc` are
+//! exact in f32. A row's outputs therefore
 //! depend on nothing but its own activations: they are bit-identical alone or in any batch,
 //! and every instruction path gives the same bits.
 //!
