@@ -18,9 +18,8 @@
 //! `vpmaddubsw`, scalar; the AVX-512 and AMX paths add `Q6_K`'s two scaled halves in f32,
 //! where they are integers below 2^24 and so just as exact); the outer sum is one or two
 //! fused multiply-adds per block in block order from zero, and the products `D · sc` are
-//! exact in f32. A row's outputs therefore
-//! depend on nothing but its own activations: they are bit-identical alone or in any batch,
-//! and every instruction path gives the same bits.
+//! exact in f32. A row's outputs therefore depend on nothing but its own activations: they
+//! are bit-identical alone or in any batch, and every instruction path gives the same bits.
 //!
 //! Codes are kept at their own width: 4-bit codes as nibbles, a fifth and sixth bit in planes
 //! beside them, 8-bit codes as bytes; scales as the file has them (f16, or 6/8-bit integers

@@ -145,10 +145,8 @@ pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out,
             }
             bytes.as_ptr()
         };
-        for (t, f) in (0..spot.rows)
-            .step_by(ROWS)
-            .zip(factors.chunks_exact(2 * ROWS * blocks))
-        {
+        for t in (0..spot.rows).step_by(ROWS) {
+            let f = &factors[t * 2 * blocks..][..2 * ROWS * blocks];
             // SAFETY: as this function's contract; `weights` holds the panel's blocks.
             unsafe {
                 if split {
