@@ -186,8 +186,9 @@ pub(super) unsafe fn add_halves(
             *a.scales.get_unchecked(rb),
         )
     };
-    let centred = |dot, c| _mm512_sub_epi32(dot, _mm512_set1_epi32(c));
-    add_centred(acc, centred(dot0, c0), centred(dot1, c1), f, s)
+    let dot0 = _mm512_sub_epi32(dot0, _mm512_set1_epi32(c0));
+    let dot1 = _mm512_sub_epi32(dot1, _mm512_set1_epi32(c1));
+    add_centred(acc, dot0, dot1, f, s)
 }
 
 /// `acc` plus a `Q6_K` block's term for one row, from the halves' dots less their centres
