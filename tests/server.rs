@@ -254,15 +254,16 @@ fn bad_requests_get_openai_errors_and_the_server_serves_on() {
         let param = answer["error"]["param"].as_str();
         assert_eq!((status, param), (400, Some(field)), "{answer}");
     }
-    // A field the server does not implement is refused by name, never ignored; so are tools
-    // on a model whose template takes none.
+    // A field no schema has is refused by name, never ignored; so is a value asking for what
+    // the server cannot do, and tools on a model whose template takes none.
     for (field, value) in [
         (
             "tools",
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
-        ("functions", json!([{"name": "f"}])),
-        ("prediction", json!({"type": "content", "content": "x"})),
+        ("temprature", json!(0.5)),
+        ("web_search_options", json!({})),
+        ("modalities", json!(["text", "audio"])),
         ("audio", json!({"voice": "alloy", "format": "wav"})),
     ] {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});

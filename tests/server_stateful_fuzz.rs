@@ -112,10 +112,10 @@ fn reply_of(v: &Value) -> String {
         .to_string()
 }
 
-/// The request number of an answer (`chatcmpl-N`): later submissions have larger ones.
-fn request_number(v: &Value) -> u64 {
-    let id = v["id"].as_str().unwrap();
-    id.rsplit('-').next().unwrap().parse().unwrap()
+/// Where an answer's turn came in its conversation: a later turn's prompt holds the earlier
+/// ones' replies, so it is longer.
+fn turn_order(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens"].as_u64().unwrap()
 }
 
 /// `body` without the server's extensions: what a stateless client sends.
@@ -450,7 +450,7 @@ impl<'a> Client<'a> {
             !served.is_empty(),
             "both concurrent turns were refused: {answers:?}"
         );
-        served.sort_by_key(|(_, v)| request_number(v));
+        served.sort_by_key(|(_, v)| turn_order(v));
         for (body, v) in served {
             let reference = stateless(body);
             let (status, theirs) = post(

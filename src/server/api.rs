@@ -9,10 +9,11 @@ use crate::engine::SamplingParams;
 use crate::service::{Hints, TurnEnd};
 
 use super::error::ApiError;
+use super::fields::Endpoint;
 use super::structured::{Guided, ResponseFormat};
-use super::tools::WireCall;
+use super::tools::{WireCall, WireFunction};
 
-use crate::model::{GenerationDefaults, Message};
+use crate::model::{GenerationDefaults, Message, ToolCall};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -64,53 +65,6 @@ pub struct Common {
     pub return_tokens_as_token_ids: bool,
 }
 
-/// The request fields both endpoints take, [`Common`]'s.
-const COMMON_FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stream",
-    "stream_options",
-    "n",
-    "ignore_eos",
-    "min_tokens",
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_p",
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "return_tokens_as_token_ids",
-    // OpenAI's end-user id, for its abuse monitoring: accepted, without effect here.
-    "user",
-];
-
-/// The fields of `/v1/chat/completions` beside [`COMMON_FIELDS`].
-pub const CHAT_FIELDS: &[&str] = &[
-    "messages",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "logprobs",
-    "top_logprobs",
-    "conversation_id",
-    "pin",
-    "expect_resume_s",
-    "end_conversation",
-];
-
-/// The fields of `/v1/completions` beside [`COMMON_FIELDS`].
-pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "add_special_tokens"];
-
 /// vLLM's `/tokenize`: a prompt, or chat messages rendered with the model's template.
 #[derive(Deserialize, Debug)]
 pub struct TokenizeRequest {
@@ -130,24 +84,12 @@ fn yes() -> bool {
     true
 }
 
-/// The fields of [`TokenizeRequest`].
-pub const TOKENIZE_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "messages",
-    "add_generation_prompt",
-    "add_special_tokens",
-];
-
 /// vLLM's `/detokenize`.
 #[derive(Deserialize, Debug)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
 }
-
-/// The fields of [`DetokenizeRequest`].
-pub const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
 
 /// Most alternatives a request may ask for per token (vLLM's default `max_logprobs`).
 const MAX_TOP_LOGPROBS: usize = 20;
@@ -176,6 +118,10 @@ pub struct ChatMessage {
     pub tool_calls: Option<Vec<WireCall>>,
     /// The call a `tool` message answers.
     pub tool_call_id: Option<String>,
+    /// The legacy form of `tool_calls`: the one function an assistant message called.
+    pub function_call: Option<WireFunction>,
+    /// A participant's name; a legacy `function` message names the function it answers.
+    pub name: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -203,6 +149,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Whether a reply may make several calls (the first only when false).
     pub parallel_tool_calls: Option<bool>,
+    /// The legacy form of `tools`: the functions' own objects.
+    pub functions: Option<Vec<Value>>,
+    /// The legacy form of `tool_choice`: `"auto"`, `"none"` or `{"name": ...}`.
+    pub function_call: Option<Value>,
 }
 
 /// `prompt` of `/v1/completions`: text, or token ids (one prompt only).
@@ -251,34 +201,18 @@ pub fn check_template(model: &crate::model::Model) -> Result<(), ApiError> {
     }
 }
 
-/// Parses a JSON body of a generation endpoint into `T`, or a 400 saying what is wrong:
-/// malformed JSON, a field of the wrong type, or a field outside [`COMMON_FIELDS`] and
-/// `fields` (one this server does not implement, such as `tools` or `response_format`, is
-/// refused by name rather than ignored).
-pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str]) -> Result<T, ApiError> {
-    parse_fields(body, |k| COMMON_FIELDS.contains(&k) || fields.contains(&k))
-}
-
-/// [`parse`] for a body of exactly `fields`.
-pub fn parse_only<T: for<'de> Deserialize<'de>>(
+/// Parses a JSON body of `endpoint` into `T`, or a 400 saying what is wrong: malformed JSON, a
+/// field of the wrong type, a field the endpoint does not have (refused by name, unless
+/// `ignore_unknown`), or one at a value this server does not take ([`Endpoint::check`]).
+pub fn parse<T: for<'de> Deserialize<'de>>(
     body: &[u8],
-    fields: &[&str],
-) -> Result<T, ApiError> {
-    parse_fields(body, |k| fields.contains(&k))
-}
-
-fn parse_fields<T: for<'de> Deserialize<'de>>(
-    body: &[u8],
-    known: impl Fn(&str) -> bool,
+    endpoint: Endpoint,
+    ignore_unknown: bool,
 ) -> Result<T, ApiError> {
     let invalid = |e: serde_json::Error| ApiError::bad(format!("invalid request body: {e}"));
     let value: Value = serde_json::from_slice(body).map_err(invalid)?;
-    if let Some(object) = value.as_object()
-        && let Some(k) = object.keys().find(|k| !known(k))
-    {
-        return Err(ApiError::bad(format!(
-            "unsupported field {k:?}: this server does not implement it"
-        )));
+    if let Some(object) = value.as_object() {
+        endpoint.check(object, ignore_unknown)?;
     }
     serde_json::from_value(value).map_err(invalid)
 }
@@ -346,9 +280,26 @@ impl ChatMessage {
             }
         };
         let calls = self.tool_calls.iter().flatten();
-        let tool_calls = calls
+        let mut tool_calls = calls
             .map(WireCall::to_call)
             .collect::<Result<Vec<_>, _>>()?;
+        // The legacy function-calling messages, in the tools' form: a call's id is its
+        // function's name, which the `function` message answering it names.
+        if let Some(f) = &self.function_call {
+            tool_calls.push(ToolCall::new(
+                legacy_call_id(&f.name),
+                &f.name,
+                &f.arguments,
+            ));
+        }
+        if self.role == "function" {
+            let Some(name) = &self.name else {
+                return Err(ApiError::bad(
+                    "a function message needs the function's name",
+                ));
+            };
+            return Ok(Message::new("tool", text).answering(legacy_call_id(name)));
+        }
         if !tool_calls.is_empty() && self.role != "assistant" {
             return Err(ApiError::bad("only assistant messages carry tool_calls"));
         }
@@ -362,6 +313,11 @@ impl ChatMessage {
             (other, _) => Err(ApiError::bad(format!("unsupported message role {other:?}"))),
         }
     }
+}
+
+/// The id a legacy `function_call` takes in the transcript, where every call has one.
+fn legacy_call_id(name: &str) -> String {
+    format!("call_{name}")
 }
 
 /// The longest wait a client may announce (`expect_resume_s`): hints further out say nothing

@@ -45,7 +45,7 @@ use crate::engine::Engine;
 use crate::model::{ChatTemplate, ReasoningParser};
 use crate::service::{Chat, Service, ServiceConfig};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -60,12 +60,15 @@ use tracing::Level;
 mod api;
 mod auth;
 mod body;
+mod conversations;
 mod deadline;
 mod error;
+mod fields;
 mod listen;
 mod logprobs;
 mod metrics;
 mod ops;
+mod random_id;
 mod respond;
 mod responses;
 mod shutdown;
@@ -147,6 +150,11 @@ struct Args {
     /// Log lines as `text`, or `json` (one object per line) for log collectors.
     #[arg(long, env = "PENSIEVE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: ops::LogFormat,
+    /// Request fields that neither OpenAI's API nor this server has are ignored, where by
+    /// default they are refused by name (a typo must not pass silently): for gateways that
+    /// add fields of their own.
+    #[arg(long, env = "PENSIEVE_IGNORE_UNKNOWN_FIELDS")]
+    ignore_unknown_fields: bool,
     #[command(flatten)]
     store: StoreArgs,
     /// Testing only: the engine thread panics on a chat whose last message is this text.
@@ -170,6 +178,10 @@ struct AppState {
     prompt_bound: Option<tokens::PromptBound>,
     /// How chat answers split a thought from the answer (`--reasoning-parser`).
     reasoning: Option<ReasoningParser>,
+    /// Request fields no schema has are ignored rather than refused (`--ignore-unknown-fields`).
+    ignore_unknown_fields: bool,
+    /// The Conversations API's metadata of the conversations made here.
+    conversations: conversations::Registry,
 }
 
 fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
@@ -254,6 +266,8 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         panic_on: args.fault_panic_on.map(Into::into),
         prompt_bound,
         reasoning,
+        ignore_unknown_fields: args.ignore_unknown_fields,
+        conversations: conversations::Registry::default(),
     };
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
@@ -321,7 +335,23 @@ fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/conversations", post(conversations::create))
+        .route(
+            "/v1/conversations/{id}",
+            get(conversations::retrieve)
+                .post(conversations::update)
+                .delete(conversations::delete),
+        )
+        .route(
+            "/v1/conversations/{id}/items",
+            get(conversations::list_items).post(conversations::add_items),
+        )
+        .route(
+            "/v1/conversations/{id}/items/{item}",
+            get(conversations::retrieve_item).delete(conversations::delete_item),
+        )
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
     if let Some(key) = api_key {
@@ -331,6 +361,8 @@ fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router
     guarded
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         // One line per request at its end: method, path, status, latency. The path only,
         // never the query, which may carry a secret (`?api_key=`).
         .layer(
@@ -368,10 +400,39 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The served model as OpenAI's model object.
+fn model_object(s: &AppState) -> Value {
+    json!({"id": &*s.model, "object": "model", "created": now_s(), "owned_by": "pensieve"})
+}
+
 async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": &*s.model, "object": "model", "created": now_s(), "owned_by": "pensieve",
-    }]}))
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+/// `GET /v1/models/{id}`: the served model, or a 404 for any other name.
+async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    match check_model_name(&s, Some(&id)) {
+        Ok(()) => Json(model_object(&s)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A path no route has: a 404 with OpenAI's error body (clients parse it), naming the path.
+async fn unknown_route(uri: axum::http::Uri) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {}: this server has none of that path", uri.path()),
+    )
+    .into_response()
+}
+
+/// A route asked with a method it does not take: a 405 with OpenAI's error body.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
+    .into_response()
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
@@ -414,10 +475,11 @@ fn check_model_name(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let request: ChatRequest = match api::parse(&body, api::CHAT_FIELDS) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
+    let request: ChatRequest =
+        match api::parse(&body, fields::CHAT_ENDPOINT, s.ignore_unknown_fields) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
     let prepared = (|| {
         check_model(&s, &request.common)?;
         api::check_template(&s.tokens)?;
@@ -435,13 +497,23 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
         )?;
         let hints = request.hints(name.is_some())?;
         let format = s.tokens.template().and_then(|t| t.tool_format());
-        let choice = request.tool_choice.as_ref();
-        let (tools, forced) = tools::offered(&request.tools, choice, format)?;
-        tools::hold(&mut params, forced)?;
+        let (offered, choice) = tools::from_legacy(
+            &request.tools,
+            request.tool_choice.as_ref(),
+            request.functions.as_deref(),
+            request.function_call.as_ref(),
+        )?;
+        let legacy = request.functions.is_some();
+        let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
+        tools::hold(&mut params, forced, &tools, format)?;
         let mut chat = Chat::new(messages).with_hints(hints).with_tools(tools);
         chat.name = name;
-        let parallel = request.parallel_tool_calls.unwrap_or(true);
-        let job = Job::Chat { chat, parallel };
+        let parallel = request.parallel_tool_calls.unwrap_or(!legacy);
+        let job = Job::Chat {
+            chat,
+            parallel,
+            legacy,
+        };
         Ok::<_, ApiError>((job, params, request.common.choices()?))
     })();
     let prepared = match (prepared, &s.prompt_bound) {
@@ -460,10 +532,11 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
 }
 
 async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
-    let request: CompletionRequest = match api::parse(&body, api::COMPLETION_FIELDS) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
+    let request: CompletionRequest =
+        match api::parse(&body, fields::COMPLETION_ENDPOINT, s.ignore_unknown_fields) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
     let prepared = async {
         check_model(&s, &request.common)?;
         let mut params = request.common.params(16, s.tokens.generation_defaults())?;

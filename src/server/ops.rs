@@ -35,7 +35,8 @@ pub fn init_logging(format: LogFormat) {
 
 /// The CORS layer for `origins` (`*`: any), or none when no origin is given: browsers then
 /// refuse pages of other origins, as they do by default. What a page may send is what the
-/// API reads: `GET` and `POST`, a JSON body, a bearer key and a conversation's name.
+/// API reads: every method a route takes (`GET`, `POST`, `DELETE`), a JSON body, a bearer key
+/// and a conversation's name.
 ///
 /// # Errors
 /// An origin that is not a valid header value.
@@ -55,7 +56,7 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, String> {
     Ok(Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

@@ -21,8 +21,13 @@ use super::{now_s, AppState};
 /// What a request asks for.
 pub enum Job {
     /// A chat turn, continuing the conversation its messages (or name) continue; with
-    /// `parallel`, a reply may make several tool calls.
-    Chat { chat: Chat, parallel: bool },
+    /// `parallel`, a reply may make several tool calls; with `legacy`, the request offered
+    /// them as `functions`, and its answer's call is a `function_call`.
+    Chat {
+        chat: Chat,
+        parallel: bool,
+        legacy: bool,
+    },
     /// A raw completion of these prompt tokens.
     Completion(Vec<u32>),
 }
@@ -48,23 +53,23 @@ struct Framing {
     tools: Option<bool>,
     /// How a chat answer's thought is told from its answer (`--reasoning-parser`).
     reasoning: Option<ReasoningParser>,
+    /// The request offered `functions` (the legacy form of `tools`): the reply's one call is
+    /// answered as `function_call`.
+    legacy: bool,
 }
 
 impl Framing {
-    fn new(kind: Kind, model: Arc<str>, request: u64, logprobs: bool, tools: Option<bool>) -> Self {
-        let prefix = match kind {
-            Kind::Chat => "chatcmpl",
-            Kind::Completion => "cmpl",
-        };
+    fn new(kind: Kind, model: Arc<str>, id: String, logprobs: bool, tools: Option<bool>) -> Self {
         Self {
             kind,
-            id: format!("{prefix}-{request}"),
+            id,
             created: now_s(),
             model,
             logprobs,
             token_ids: false,
             tools,
             reasoning: None,
+            legacy: false,
         }
     }
 
@@ -75,6 +80,15 @@ impl Framing {
             (false, _) => Value::Null,
             (true, Kind::Chat) => logprobs::chat(tokens),
             (true, Kind::Completion) => logprobs::completion(tokens, offset),
+        }
+    }
+
+    /// OpenAI's finish reason for a reply that ended for `reason`: a call is a
+    /// `function_call` for a request that offered `functions`.
+    fn reason(&self, reason: &'static str) -> &'static str {
+        match (reason, self.legacy) {
+            ("tool_calls", true) => "function_call",
+            _ => reason,
         }
     }
 
@@ -94,6 +108,7 @@ impl Framing {
             .map(|(index, c)| {
                 let logprobs = self.logprobs(&c.tokens, 0);
                 let message = match (&c.message, self.reasoning) {
+                    (Some(m), _) if self.legacy => super::tools::legacy_message_json(m),
                     (Some(m), _) => super::tools::message_json(m, self.tools.unwrap_or(true)),
                     (None, Some(parser)) => match parser.split(&c.text) {
                         (Some(thought), content) => json!({"role": "assistant",
@@ -126,6 +141,12 @@ impl Framing {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match text {
+                    Some(Piece::Call { name, .. }) if self.legacy => {
+                        json!({"function_call": {"name": name, "arguments": ""}})
+                    }
+                    Some(Piece::Arguments { fragment, .. }) if self.legacy => {
+                        json!({"function_call": {"arguments": fragment}})
+                    }
                     Some(Piece::Answer(t)) => json!({"content": t}),
                     Some(Piece::Thought(t)) => json!({"reasoning_content": t}),
                     Some(Piece::Call { index, id, name }) => json!({"tool_calls": [{
@@ -238,9 +259,10 @@ pub async fn serve(
 ) -> Response {
     let logprobs = params.logprobs.is_some();
     let tools = match &job {
-        Job::Chat { chat, parallel } => (!chat.tools.is_empty()).then_some(*parallel),
+        Job::Chat { chat, parallel, .. } => (!chat.tools.is_empty()).then_some(*parallel),
         Job::Completion(_) => None,
     };
+    let legacy = matches!(job, Job::Chat { legacy: true, .. });
     let turns = match job {
         Job::Chat { chat, .. } => s.service.chat_choices(chat, params, n).await,
         Job::Completion(prompt) => s.service.complete_choices(prompt, params, n).await,
@@ -249,10 +271,18 @@ pub async fn serve(
         Ok(t) => t,
         Err(e) => return ApiError::from_engine(&e).into_response(),
     };
-    let request = turns.first().map_or(0, |t| t.request().as_u64());
-    let mut framing = Framing::new(kind, s.model.clone(), request, logprobs, tools);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl-",
+        Kind::Completion => "cmpl-",
+    };
+    let id = match super::random_id::random_id(prefix) {
+        Ok(id) => id,
+        Err(e) => return e.into_response(),
+    };
+    let mut framing = Framing::new(kind, s.model.clone(), id, logprobs, tools);
     framing.token_ids = common.return_tokens_as_token_ids;
     framing.reasoning = s.reasoning.filter(|_| matches!(kind, Kind::Chat));
+    framing.legacy = legacy;
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
@@ -310,7 +340,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
             }
             TurnEvent::Finished(end) => match outcome(&end) {
                 Ok((reason, usage)) => {
-                    choices[i].reason = reason;
+                    choices[i].reason = framing.reason(reason);
                     choices[i].end = Some(usage);
                     choices[i].message = end.message.filter(|_| framing.tools.is_some());
                 }
@@ -418,7 +448,7 @@ impl<S> St<S> {
                 {
                     self.send_split(i, &thought, &answer);
                 }
-                self.send(i, None, Some(reason));
+                self.send(i, None, Some(self.framing.reason(reason)));
                 if !self.choices.iter().all(|c| c.end.is_some()) {
                     return;
                 }

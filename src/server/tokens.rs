@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::api;
 use super::error::ApiError;
+use super::fields::{DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT};
 use super::{check_model_name, AppState};
 
 /// vLLM's `/tokenize`: the ids of a prompt (as `/v1/completions` encodes it) or of chat
@@ -20,7 +21,8 @@ use super::{check_model_name, AppState};
 /// feeds them (contents as plain text: a user's `<|im_end|>` stays text).
 pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
     let answer = async {
-        let r: api::TokenizeRequest = api::parse_only(&body, api::TOKENIZE_FIELDS)?;
+        let r: api::TokenizeRequest =
+            api::parse(&body, TOKENIZE_ENDPOINT, s.ignore_unknown_fields)?;
         check_model_name(&s, r.model.as_deref())?;
         let model = &s.tokens;
         let tokens = match (&r.prompt, &r.messages) {
@@ -60,7 +62,8 @@ pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
 /// vLLM's `/detokenize`: the text of token ids.
 pub async fn detokenize(State(s): State<AppState>, body: Bytes) -> Response {
     let answer = (|| {
-        let r: api::DetokenizeRequest = api::parse_only(&body, api::DETOKENIZE_FIELDS)?;
+        let r: api::DetokenizeRequest =
+            api::parse(&body, DETOKENIZE_ENDPOINT, s.ignore_unknown_fields)?;
         check_model_name(&s, r.model.as_deref())?;
         let vocab = s.tokens.config().vocab_size;
         if let Some(&t) = r.tokens.iter().find(|&&t| t as usize >= vocab) {

@@ -86,28 +86,62 @@ pub fn offered(
     let Some(format) = format else {
         return Err(ApiError::bad("this model's chat template takes no tools"));
     };
-    Ok((tools.to_vec(), Some(one_call(format, &forced))))
+    Ok((
+        tools.to_vec(),
+        Some(Constraint::Lark(one_call(format, &forced))),
+    ))
 }
 
-/// Holds the reply to the grammar of a call `tool_choice` forces (from [`offered`]), which
-/// cannot join another constraint on it.
-pub fn hold(params: &mut SamplingParams, forced: Option<Constraint>) -> Result<(), ApiError> {
+/// The constraint on a reply with `tools` offered, as OpenAI holds a reply with both tools
+/// and a response format: a call `tool_choice` forces (from [`offered`]) holds the reply
+/// alone, since the format is for the answer after the calls; with calls unforced, the
+/// reply is either one call of the tools in the template's `format` or an answer that
+/// follows the format (`params.constraint`, a response format or `guided_*`).
+///
+/// # Errors
+/// A 400 for a `guided_grammar` beside unforced tools: a grammar of the client's own cannot
+/// be joined with the calls' (a schema, a regular expression or a choice can).
+pub fn hold(
+    params: &mut SamplingParams,
+    forced: Option<Constraint>,
+    tools: &[Value],
+    format: Option<ToolFormat>,
+) -> Result<(), ApiError> {
     if forced.is_some() {
-        if params.constraint.is_some() {
-            return Err(ApiError::bad(
-                "a response format (or guided_*) and a required tool call cannot both hold \
-                 the reply",
-            ));
-        }
         params.constraint = forced;
+        return Ok(());
     }
+    let (Some(answer), Some(format)) = (&params.constraint, format) else {
+        return Ok(());
+    };
+    if tools.is_empty() {
+        return Ok(());
+    }
+    let answer = match answer {
+        Constraint::JsonObject => r#"%json {"type": "object"}"#.to_string(),
+        Constraint::JsonSchema(schema) => format!("%json {schema}"),
+        Constraint::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
+        Constraint::Lark(_) => {
+            return Err(ApiError::bad(
+                "guided_grammar cannot hold a reply that may call tools: force a call with \
+                 tool_choice, or give a schema",
+            ))
+        }
+    };
+    let all: Vec<&Value> = tools.iter().collect();
+    let call = one_call(format, &all);
+    // Every call grammar opens with its `start` rule, renamed to be one alternative.
+    let call = call.replacen("start:", "pensieve_call:", 1);
+    params.constraint = Some(Constraint::Lark(format!(
+        "start: pensieve_call | pensieve_answer\npensieve_answer: {answer}\n{call}"
+    )));
     Ok(())
 }
 
-/// A grammar of one call of one of `tools`, with arguments of its schema, as `format`
+/// A grammar (Lark, opening with its `start` rule) of one call of one of `tools`, with arguments of its schema, as `format`
 /// writes it: a `<tool_call>` element (Hermes), a one-call `[TOOL_CALLS]` list (Mistral), or
 /// the reply as one object with `parameters` (Llama 3).
-fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
+fn one_call(format: ToolFormat, tools: &[&Value]) -> String {
     match format {
         ToolFormat::Qwen3Coder => return xml_call(tools),
         ToolFormat::MistralArgs
@@ -144,13 +178,13 @@ fn one_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
         ToolFormat::Llama3Json => "start: call",
         _ => r#"start: "<tool_call>\n" call "\n</tool_call>""#,
     };
-    Constraint::Lark(format!("{start}\ncall: %json {schema}"))
+    format!("{start}\ncall: %json {schema}")
 }
 
 /// A call of one of `tools` in a format that writes the function's name as text before its
 /// arguments' object (of the tool's schema): Mistral's `[TOOL_CALLS]NAME[ARGS]{...}`, or
 /// DeepSeek's list of one call (V3 fences the object as JSON, V3.1 does not).
-fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
+fn named_call(format: ToolFormat, tools: &[&Value]) -> String {
     const DEEPSEEK_OPEN: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
     const DEEPSEEK_CLOSE: &str = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
     let (open, close) = match format {
@@ -192,7 +226,7 @@ fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
         };
         rules.push(format!("call{i}: {} %json {schema}", quoted(&head)));
     }
-    Constraint::Lark(rules.join("\n"))
+    rules.join("\n")
 }
 
 /// Qwen3-Coder's call of one of `tools`: a `<function=...>` element of its name, whose
@@ -202,7 +236,7 @@ fn named_call(format: ToolFormat, tools: &[&Value]) -> Constraint {
 /// strings and the rest (a grammar cannot look ahead for `</parameter>`, so a string may not
 /// span lines here, as it may when the model calls unforced). A tool without listed
 /// parameters takes any names, each value a line.
-fn xml_call(tools: &[&Value]) -> Constraint {
+fn xml_call(tools: &[&Value]) -> String {
     const LINE: &str = r"/([^\n<]|<[^\/\n])*/";
     let quoted = |s: &str| Value::String(s.to_string()).to_string();
     let calls: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
@@ -239,7 +273,7 @@ fn xml_call(tools: &[&Value]) -> Constraint {
             params.join(" | ")
         ));
     }
-    Constraint::Lark(rules.join("\n"))
+    rules.join("\n")
 }
 
 /// A tool's parameter schema made to stand inside the schema of every call: its definitions
@@ -301,6 +335,51 @@ pub fn message_json(m: &Message, parallel: bool) -> Value {
         v["reasoning_content"] = json!(thought);
     }
     v
+}
+
+/// An assistant message's `message` body for a request that offered `functions` (the legacy
+/// form of tools): its first call as `function_call`.
+pub fn legacy_message_json(m: &Message) -> Value {
+    match m.tool_calls.first() {
+        None => json!({"role": "assistant", "content": m.content}),
+        Some(c) => {
+            let content = (!m.content.is_empty()).then_some(m.content.as_str());
+            json!({"role": "assistant", "content": content,
+                "function_call": {"name": c.name, "arguments": c.arguments}})
+        }
+    }
+}
+
+/// `functions` (the legacy form of `tools`) as `tools`, and `function_call` as `tool_choice`;
+/// a request may use one form or the other.
+///
+/// # Errors
+/// A 400 for a request that uses both forms.
+pub fn from_legacy(
+    tools: &[Value],
+    choice: Option<&Value>,
+    functions: Option<&[Value]>,
+    function_call: Option<&Value>,
+) -> Result<(Vec<Value>, Option<Value>), ApiError> {
+    if functions.is_none() && function_call.is_none() {
+        return Ok((tools.to_vec(), choice.cloned()));
+    }
+    if !tools.is_empty() || choice.is_some() {
+        return Err(ApiError::bad(
+            "functions and function_call are the legacy form of tools and tool_choice: \
+             give one form",
+        ));
+    }
+    let tools = functions
+        .into_iter()
+        .flatten()
+        .map(|f| json!({"type": "function", "function": f}))
+        .collect();
+    let choice = function_call.map(|c| match c {
+        Value::Object(o) => json!({"type": "function", "function": {"name": o.get("name")}}),
+        other => other.clone(),
+    });
+    Ok((tools, choice))
 }
 
 fn calls_json(m: &Message, parallel: bool) -> Value {

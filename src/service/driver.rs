@@ -156,6 +156,17 @@ impl Driver {
         self.sessions.resume(&mut self.engine, name, fetched)
     }
 
+    /// Gives the conversation `name` the history `messages` ([`Sessions::rewrite`]).
+    pub(super) fn rewrite(
+        &mut self,
+        name: &str,
+        messages: Vec<Message>,
+        fetched: Option<Fetched>,
+    ) -> Result<()> {
+        self.sessions
+            .rewrite(&mut self.engine, name, messages, fetched)
+    }
+
     /// Closes a conversation (deleting a stored one when `ended`) or, for a stored one not
     /// ended, drops only this engine's copy.
     pub(super) fn close(&mut self, conv: ConversationId, ended: bool) -> Result<()> {

@@ -376,6 +376,21 @@ impl Service {
         self.call(move |d| d.resume(&name, fetched)).await?
     }
 
+    /// Gives the conversation named `name` (a chat's [`Chat::name`]) the history `messages`
+    /// without running a turn, as a client that edits a conversation's items does: its next
+    /// turn continues the new history, with the KV of what it shares with the old one
+    /// reused. A name nothing holds yet is taken.
+    ///
+    /// # Errors
+    /// [`Error::ConversationBusy`] while a turn of it runs; [`Error::InvalidRequest`] for a
+    /// system message past the first; the store's refusal; [`Error::ServiceStopped`].
+    pub async fn rewrite(&self, name: &str, messages: Vec<Message>) -> Result<()> {
+        let name = name.to_string();
+        let fetched = self.fetched(Some(&name)).await;
+        self.call(move |d| d.rewrite(&name, messages, fetched))
+            .await?
+    }
+
     /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted.
     ///
     /// # Errors

@@ -238,6 +238,60 @@ impl Sessions {
         Ok(())
     }
 
+    /// Gives the conversation named `name` the history `messages` without a turn (a client
+    /// edited its items): a new conversation of that history takes the name, and the place
+    /// of the one that held it, whose tools it keeps. Its KV is computed at its next turn,
+    /// shared by content with the old one's up to where the two differ, so that turn is what
+    /// a stateless server computes on the new history.
+    ///
+    /// # Errors
+    /// [`Error::ConversationBusy`] while a turn of `name` runs; a system message past the
+    /// first; the engine's refusal of the name or of the store (nothing changed then).
+    pub fn rewrite(
+        &mut self,
+        engine: &mut Engine,
+        name: &str,
+        messages: Vec<Message>,
+        fetched: Option<Fetched>,
+    ) -> Result<()> {
+        if self.stored {
+            self.sync_named(engine, name, fetched)?;
+        }
+        let old = self.by_name.get(name).copied();
+        let session = old.and_then(|o| self.map.get(&o));
+        if let (Some(o), Some(true)) = (old, session.map(|s| s.busy)) {
+            return Err(Error::ConversationBusy(o));
+        }
+        let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
+        let (system, rest) = match messages.split_first() {
+            Some((first, rest)) if first.role == "system" => (Some(first.content.clone()), rest),
+            _ => (None, messages.as_slice()),
+        };
+        if rest.iter().any(|m| m.role == "system") {
+            return Err(Error::InvalidRequest {
+                field: "messages",
+                reason: "a system message may only come first".into(),
+            });
+        }
+        if let (None, true) = (old, self.stored) {
+            engine.check_name(name)?;
+        }
+        let conv = engine.open(ConversationOptions {
+            system,
+            history: rest.to_vec(),
+            name: None,
+            tools: tools.clone(),
+        })?;
+        let thinks = engine.model().template().is_some_and(|t| t.thinks());
+        let sent = messages.into_iter().map(|m| as_sent(thinks, m)).collect();
+        self.add_session(conv, Some(sent), None, tools);
+        let naming = Naming {
+            name: name.to_string(),
+            replaces: old,
+        };
+        self.finish_naming(engine, conv, naming, true)
+    }
+
     /// The idle completion conversation whose tokens are the longest proper prefix of
     /// `tokens` (and the tokens past it), or a new one.
     pub fn completion_conversation(

@@ -8,29 +8,6 @@ use serde_json::{json, Value};
 use super::super::error::ApiError;
 use super::super::structured::{Guided, JsonSchemaFormat, ResponseFormat};
 
-/// The fields a `POST /v1/responses` body may have: OpenAI's that this server implements, and
-/// vLLM's `guided_*` extensions (as on the chat endpoint).
-pub const FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "instructions",
-    "previous_response_id",
-    "store",
-    "stream",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "metadata",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "text",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-];
-
 #[derive(Deserialize)]
 pub struct Request {
     pub model: Option<String>,
@@ -45,6 +22,8 @@ pub struct Request {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub metadata: Option<Value>,
+    /// The conversation (Conversations API) this response continues and adds to.
+    pub conversation: Option<Value>,
     /// Functions the model may call, in the Responses API's flat shape.
     #[serde(default)]
     pub tools: Vec<Value>,

@@ -8,7 +8,7 @@
 //! with the previous one's transcript, whose KV it shares by content: the previous response
 //! stays as it was, so another request may branch from it too.
 
-mod input;
+pub(super) mod input;
 mod output;
 
 use std::convert::Infallible;
@@ -27,24 +27,11 @@ use serde_json::{json, Value};
 
 use super::api::{self, Common, Usage};
 use super::error::ApiError;
-use super::{check_model_name, now_s, tools, AppState};
+use super::fields::RESPONSES_ENDPOINT;
+use super::random_id::random_id;
+use super::{check_model_name, conversations, now_s, tools, AppState};
 use input::Request;
 use output::Output;
-
-/// A new response's id.
-fn new_id(prefix: &str) -> String {
-    let mut h = blake3::Hasher::new();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    h.update(&now.map_or(0, |d| d.as_nanos()).to_le_bytes());
-    h.update(&std::process::id().to_le_bytes());
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    h.update(
-        &NEXT
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            .to_le_bytes(),
-    );
-    format!("{prefix}_{}", &h.finalize().to_hex()[..32])
-}
 
 fn missing(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"))
@@ -198,7 +185,7 @@ impl Run {
 
 /// Checks the request, finds its history, and starts its turn.
 async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
-    let mut request: Request = api::parse_only(body, input::FIELDS)?;
+    let mut request: Request = api::parse(body, RESPONSES_ENDPOINT, s.ignore_unknown_fields)?;
     check_model_name(s, request.model.as_deref())?;
     api::check_template(&s.tokens)?;
     let common = Common {
@@ -214,25 +201,51 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
     let choice = input::chat_tool_choice(request.tool_choice.as_ref())?;
     let offered = input::chat_tools(&request.tools)?;
     let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
-    tools::hold(&mut params, forced)?;
-    let mut messages = match &request.previous_response_id {
-        Some(prev) => transcript(s, prev).await?,
-        None => Vec::new(),
+    tools::hold(&mut params, forced, &tools, format)?;
+    let (conversation, mut messages) = match (&request.previous_response_id, &request.conversation)
+    {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                "previous_response_id and conversation cannot both be given",
+            ))
+        }
+        (Some(prev), None) => (None, transcript(s, prev).await?),
+        (None, Some(c)) => {
+            let (id, messages) = conversations::continued(s, c).await?;
+            (Some(id), messages)
+        }
+        (None, None) => (None, Vec::new()),
     };
     // Instructions are the system message: new ones replace those the history began with.
+    let history = messages.len();
+    let mut rewritten = false;
     if let Some(instructions) = &request.instructions {
-        if messages.first().is_some_and(|m| m.role == "system") {
-            messages.remove(0);
+        let same = messages.first().filter(|m| m.role == "system");
+        if same.is_none_or(|m| m.content != *instructions) {
+            if same.is_some() {
+                messages.remove(0);
+            }
+            messages.insert(0, Message::new("system", instructions.clone()));
+            rewritten = true;
         }
-        messages.insert(0, Message::new("system", instructions.clone()));
     }
     request.input.append_to(&mut messages)?;
-    let id = new_id("resp");
+    // A named conversation's turn of new messages alone (users', tools' results) continues
+    // it, whatever its history ends with (items added without a turn): the history goes
+    // along only when the request changes it.
+    let new = |m: &Message| m.role == "user" || m.role == "tool";
+    if conversation.is_some() && !rewritten && messages[history..].iter().all(new) {
+        messages.drain(..history);
+    }
+    let id = random_id("resp_")?;
     let with_tools = !tools.is_empty();
     let mut chat = Chat::new(messages).with_tools(tools);
-    if request.store {
-        chat.name = Some(id.clone());
-    }
+    // A conversation's turn continues it under its own name; else a stored response is the
+    // conversation of its id.
+    chat.name = match &conversation {
+        Some(c) => Some(c.clone()),
+        None => request.store.then(|| id.clone()),
+    };
     let turn = (s.service.chat(chat, params).await).map_err(|e| ApiError::from_engine(&e))?;
     let parallel = request.parallel_tool_calls.unwrap_or(true);
     let echo = json!({"previous_response_id": request.previous_response_id,
@@ -240,7 +253,8 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
         "temperature": request.temperature, "top_p": request.top_p,
         "max_output_tokens": request.max_output_tokens, "metadata": request.metadata,
         "tools": request.tools, "tool_choice": request.tool_choice,
-        "parallel_tool_calls": parallel, "text": request.text});
+        "parallel_tool_calls": parallel, "text": request.text,
+        "conversation": conversation.map(|c| json!({"id": c}))});
     let framing = Framing {
         id,
         created: now_s(),
@@ -249,9 +263,9 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
         stream: request.stream,
     };
     Ok(Run {
+        output: Output::new(parallel, &framing.id),
         framing,
         turn,
-        output: Output::new(parallel),
         tools: with_tools,
         split: s.reasoning.map(|p| p.stream()),
         counter: s.reasoning.map(|p| p.stream()),
@@ -362,7 +376,7 @@ pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Resp
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };
-    let mut output = Output::new(true);
+    let mut output = Output::new(true, &id);
     if let Some(reply) = messages.last().filter(|m| m.role == "assistant") {
         output.answer(&reply.content);
         for (index, call) in reply.tool_calls.iter().enumerate() {

@@ -4,8 +4,6 @@
 
 use serde_json::{json, Value};
 
-use super::new_id;
-
 enum Kind {
     Reasoning,
     Message,
@@ -31,15 +29,20 @@ pub struct Output {
     open: bool,
     /// Whether a reply may make several calls (else its first only is kept).
     parallel: bool,
+    /// What the items' ids share: the response's random part, so that they are unique.
+    base: String,
     events: Vec<Value>,
 }
 
 impl Output {
-    pub fn new(parallel: bool) -> Self {
+    /// The output of the response `response_id`.
+    pub fn new(parallel: bool, response_id: &str) -> Self {
+        let base = response_id.strip_prefix("resp_").unwrap_or(response_id);
         Self {
             items: Vec::new(),
             open: false,
             parallel,
+            base: base.to_string(),
             events: Vec::new(),
         }
     }
@@ -114,7 +117,7 @@ impl Output {
             Kind::Call { .. } => "fc",
         };
         let item = Item {
-            id: new_id(prefix),
+            id: format!("{prefix}_{}{:04x}", self.base, self.items.len()),
             kind,
             text: String::new(),
         };
@@ -230,7 +233,7 @@ mod tests {
 
     #[test]
     fn a_thought_an_answer_and_calls_are_items_each_told_by_its_events() {
-        let mut out = Output::new(true);
+        let mut out = Output::new(true, "resp_test");
         out.thought("Need ");
         out.thought("the file.");
         out.answer("Reading.");
@@ -286,7 +289,7 @@ mod tests {
 
     #[test]
     fn one_call_only_without_parallel_calls_and_the_last_item_takes_the_end_s_status() {
-        let mut out = Output::new(false);
+        let mut out = Output::new(false, "resp_test");
         out.call(0, "call_a", "read");
         out.arguments(0, "{}");
         out.call(1, "call_b", "ls");
@@ -299,7 +302,7 @@ mod tests {
         let events = out.take_events();
         assert_eq!(events.last().unwrap()["item"]["status"], "incomplete");
         // Nothing at all is no item.
-        let mut out = Output::new(true);
+        let mut out = Output::new(true, "resp_test");
         out.answer("");
         out.finish("completed");
         assert!(out.items("completed").is_empty() && out.take_events().is_empty());
