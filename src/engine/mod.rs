@@ -327,7 +327,9 @@ impl Engine {
             Some(c) => Some(crate::model::Guide::new(&self.model, c)?),
             None => None,
         };
-        let mut prepared = turn::prepare(&self.model, conv, turn, &self.limits, params.max_tokens)?;
+        let mut limits = self.limits;
+        limits.overflow = params.overflow.unwrap_or(limits.overflow);
+        let mut prepared = turn::prepare(&self.model, conv, turn, &limits, params.max_tokens)?;
         if let Some(cut) = prepared.rewind.take() {
             self.rewind(conv_id, &cut);
         }

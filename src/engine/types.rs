@@ -106,6 +106,10 @@ pub struct SamplingParams {
     /// What the reply must match (a JSON schema, any JSON object, a regular expression, a
     /// grammar): decoding is constrained to it, and the reply ends once it is complete.
     pub constraint: Option<crate::model::Constraint>,
+    /// What this turn does when the conversation outgrows the context window, over the
+    /// engine's [`super::EngineConfig::overflow`] (OpenAI's `truncation: "auto"` is
+    /// [`super::OverflowPolicy::DropOldest`]).
+    pub overflow: Option<crate::engine::OverflowPolicy>,
 }
 
 impl SamplingParams {
@@ -128,6 +132,7 @@ impl SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             constraint: None,
+            overflow: None,
         }
     }
 }
@@ -155,6 +160,7 @@ setters!(SamplingParams {
     value repetition_penalty: f32,
     value min_p: f64,
     some constraint: crate::model::Constraint,
+    some overflow: crate::engine::OverflowPolicy,
 });
 
 /// Why a turn ended.

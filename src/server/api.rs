@@ -13,7 +13,7 @@ use super::fields::Endpoint;
 use super::structured::{Guided, ResponseFormat};
 use super::tools::{WireCall, WireFunction};
 
-use crate::model::{GenerationDefaults, Message, ToolCall};
+use crate::model::{Constraint, GenerationDefaults, Message, ToolCall};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -55,6 +55,8 @@ pub struct Common {
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub min_p: Option<f64>,
+    /// vLLM's: tokens that end the reply, beside the model's own.
+    pub stop_token_ids: Option<Vec<u32>>,
     pub response_format: Option<ResponseFormat>,
     /// vLLM's guided decoding: the reply follows a JSON schema, a regular expression, one of
     /// some strings, or a grammar (`structured::Guided`).
@@ -449,6 +451,7 @@ impl Common {
             .seed(self.seed.unwrap_or_else(rand_seed))
             .max_tokens(max_tokens)
             .stop_strings(self.stop_strings())
+            .stop_token_ids(self.stop_token_ids.clone().unwrap_or_default())
             .ignore_eos(self.ignore_eos)
             .min_tokens(self.min_tokens.unwrap_or(0))
             .logit_bias(logit_bias)
@@ -462,6 +465,13 @@ impl Common {
             )
             .min_p(self.min_p.or(defaults.min_p).unwrap_or(0.0))
             .constraint(match (&self.response_format, self.guided.constraint()?) {
+                // Any JSON object, and this schema of an object: the schema holds both (the
+                // way code written for vLLM narrows OpenAI's JSON mode).
+                (Some(ResponseFormat::JsonObject), Some(Constraint::JsonSchema(s)))
+                    if s["type"] == "object" || s.get("properties").is_some() =>
+                {
+                    Some(Constraint::JsonSchema(s))
+                }
                 (Some(_), Some(_)) => {
                     return Err(ApiError::bad(
                         "response_format and a guided_* field cannot both hold the reply",

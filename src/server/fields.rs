@@ -112,6 +112,7 @@ const SAMPLING: &[Field] = &[
     implemented("min_tokens", "vLLM's: no end before this many tokens"),
     implemented("repetition_penalty", "vLLM's"),
     implemented("min_p", "vLLM's"),
+    implemented("stop_token_ids", "vLLM's: tokens that end the reply"),
     implemented("guided_json", "vLLM's: the reply follows this JSON schema"),
     implemented(
         "guided_regex",
@@ -330,12 +331,14 @@ pub const RESPONSES: &[Field] = &[
         at_most_zero,
         "no log-probabilities in responses yet",
     ),
-    default_only(
+    implemented(
         "truncation",
-        disabled,
-        "`disabled`: an overlong input is a 400",
+        "`auto`: the oldest turns are dropped to fit (`--overflow drop-oldest`); `disabled`: a 400",
     ),
-    default_only("max_tool_calls", null, "no built-in tools here"),
+    informational(
+        "max_tool_calls",
+        "it bounds calls of OpenAI's built-in tools, and there are none here",
+    ),
     implemented(
         "conversation",
         "a conversation of `/v1/conversations` to continue; the reply joins its items",
@@ -357,10 +360,6 @@ pub const RESPONSES: &[Field] = &[
 
 fn at_most_zero(v: &Value) -> bool {
     v.is_null() || v.as_u64() == Some(0)
-}
-
-fn disabled(v: &Value) -> bool {
-    v.is_null() || v == "disabled"
 }
 
 /// vLLM's `/tokenize`.

@@ -163,16 +163,7 @@ impl Sessions {
                 _ => self.forget(engine, conv, true),
             }
         }
-        let (system, rest) = match history.split_first() {
-            Some((first, rest)) if first.role == "system" => (Some(first.content.clone()), rest),
-            _ => (None, history),
-        };
-        if rest.iter().any(|m| m.role == "system") {
-            return Err(Error::InvalidRequest {
-                field: "messages",
-                reason: "a system message may only come first".into(),
-            });
-        }
+        let (system, rest) = split_system(history)?;
         // A new name is claimed now (refused if another model keeps it), taken at the reply.
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
             engine.check_name(n)?;
@@ -263,16 +254,7 @@ impl Sessions {
             return Err(Error::ConversationBusy(o));
         }
         let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
-        let (system, rest) = match messages.split_first() {
-            Some((first, rest)) if first.role == "system" => (Some(first.content.clone()), rest),
-            _ => (None, messages.as_slice()),
-        };
-        if rest.iter().any(|m| m.role == "system") {
-            return Err(Error::InvalidRequest {
-                field: "messages",
-                reason: "a system message may only come first".into(),
-            });
-        }
+        let (system, rest) = split_system(&messages)?;
         if let (None, true) = (old, self.stored) {
             engine.check_name(name)?;
         }
@@ -492,6 +474,30 @@ impl Sessions {
             }
         }
     }
+}
+
+/// A history's system prompt and the messages after it: the system (or developer) messages it
+/// opens with, joined by a blank line (OpenAI's clients send instructions and a framework's
+/// own system message one after the other), and the rest.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] for a system message after the opening ones: the conversation's
+/// system prompt is its first message.
+fn split_system(history: &[Message]) -> Result<(Option<String>, &[Message])> {
+    let leading = history.iter().take_while(|m| m.role == "system").count();
+    let (system, rest) = history.split_at(leading);
+    if rest.iter().any(|m| m.role == "system") {
+        return Err(Error::InvalidRequest {
+            field: "messages",
+            reason: "a system message may only come first".into(),
+        });
+    }
+    let joined = system
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    Ok(((!system.is_empty()).then_some(joined), rest))
 }
 
 /// Whether `conv` is stored under a name.

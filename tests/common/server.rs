@@ -81,12 +81,17 @@ pub fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("PENSIEVE_PYTHON") {
         return p.into();
     }
+    venv_python("venv")
+}
+
+/// The Python of the virtual environment `name` that scripts/fetch-assets made in the cache.
+pub fn venv_python(name: &str) -> PathBuf {
     let cache = std::env::var_os("PENSIEVE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/pensieve")
         });
-    let p = cache.join("venv/bin/python");
+    let p = cache.join(name).join("bin/python");
     assert!(
         p.exists(),
         "{} is missing: run scripts/fetch-assets",
@@ -114,9 +119,17 @@ pub fn client(base: &str, args: &[&str]) -> Value {
 
 /// POSTs `body` (raw bytes); the status and the parsed JSON answer.
 pub fn post(base: &str, path: &str, body: &str) -> (u16, Value) {
-    let r = ureq::post(&format!("{base}{path}"))
-        .set("content-type", "application/json")
-        .send_string(body);
+    request("POST", base, path, body)
+}
+
+/// Sends `body` with `method` (none for an empty body); the status and the parsed JSON
+/// answer.
+pub fn request(method: &str, base: &str, path: &str, body: &str) -> (u16, Value) {
+    let r = ureq::request(method, &format!("{base}{path}")).set("content-type", "application/json");
+    let r = match body.is_empty() {
+        true => r.call(),
+        false => r.send_string(body),
+    };
     let resp = match r {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,

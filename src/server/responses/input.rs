@@ -22,6 +22,8 @@ pub struct Request {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub metadata: Option<Value>,
+    /// `auto` drops the oldest turns that do not fit the window; `disabled` refuses them.
+    pub truncation: Option<String>,
     /// The conversation (Conversations API) this response continues and adds to.
     pub conversation: Option<Value>,
     /// Functions the model may call, in the Responses API's flat shape.

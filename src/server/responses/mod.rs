@@ -14,7 +14,7 @@ mod output;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use crate::engine::{ConversationId, FinishReason};
+use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
 use crate::model::{Message, ReasoningStream, ToolDelta};
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use axum::body::Bytes;
@@ -197,6 +197,16 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
         ..Common::default()
     };
     let mut params = common.params(s.default_max_tokens, s.tokens.generation_defaults())?;
+    params.overflow = match request.truncation.as_deref() {
+        None => None,
+        Some("auto") => Some(OverflowPolicy::DropOldest),
+        Some("disabled") => Some(OverflowPolicy::Error),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "truncation {other:?}: \"auto\" or \"disabled\""
+            )))
+        }
+    };
     let format = s.tokens.template().and_then(|t| t.tool_format());
     let choice = input::chat_tool_choice(request.tool_choice.as_ref())?;
     let offered = input::chat_tools(&request.tools)?;
@@ -250,6 +260,7 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
     let parallel = request.parallel_tool_calls.unwrap_or(true);
     let echo = json!({"previous_response_id": request.previous_response_id,
         "instructions": request.instructions, "store": request.store,
+        "truncation": request.truncation,
         "temperature": request.temperature, "top_p": request.top_p,
         "max_output_tokens": request.max_output_tokens, "metadata": request.metadata,
         "tools": request.tools, "tool_choice": request.tool_choice,
