@@ -136,8 +136,32 @@ fn a_client_resending_its_history_gets_it_cached_and_the_chat_examples_text() {
             "vllm:prefix_cache_queries_total",
         ),
         ("pensieve_num_requests_running", "vllm:num_requests_running"),
+        (
+            "pensieve_time_to_first_token_seconds_count",
+            "vllm:request_prefill_time_seconds_count",
+        ),
+        (
+            "pensieve_e2e_request_latency_seconds_count",
+            "vllm:request_prompt_tokens_count",
+        ),
+        (
+            "pensieve_generation_tokens_total",
+            "vllm:request_generation_tokens_sum",
+        ),
     ] {
         assert_eq!(metric(b, ours), vllm(theirs), "{theirs}");
+    }
+    // The names vLLM's dashboards read, each present.
+    for name in [
+        "vllm:request_decode_time_seconds_count",
+        "vllm:num_preemptions_total",
+        "vllm:request_queue_time_seconds_count",
+        "vllm:kv_cache_usage_perc",
+    ] {
+        assert!(
+            samples.iter().any(|l| l.starts_with(name)),
+            "{name}: {text}"
+        );
     }
 }
 

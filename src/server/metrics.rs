@@ -21,6 +21,7 @@
 //! | `kv_cache_usage_perc` | `vllm:kv_cache_usage_perc` |
 //! | `num_requests_running`, `num_requests_waiting` | the same names |
 //! | `drafted_tokens_total`, `accepted_tokens_total` | `vllm:spec_decode_num_draft_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total` |
+//! | (vLLM's alone) | `vllm:request_prompt_tokens`, `vllm:request_generation_tokens`, `vllm:request_prefill_time_seconds`, `vllm:request_decode_time_seconds` (histograms), `vllm:num_preemptions_total` (turns suspended for lack of device slots) |
 //!
 //! A hit rate is a ratio of two counters over a window
 //! (`rate(pensieve_reused_device_tokens_total[5m]) / rate(pensieve_history_tokens_total[5m])`),
@@ -49,6 +50,10 @@ const TOKEN_BUCKETS: [f64; 19] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
+/// vLLM's buckets of token counts (1, 2, 5 for each power of ten to 100k).
+const LENGTH_BUCKETS: [f64; 16] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5,
+];
 const REQUEST_BUCKETS: [f64; 21] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -64,6 +69,13 @@ pub struct Recorder {
     prompt_tokens: Counter,
     generation_tokens: Counter,
     finished: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Per request: its whole prompt's tokens (history included) and its reply's, and the
+    /// time it spent in prefill (queue to first token) and in decode (first token to end),
+    /// as vLLM's histograms of these names measure them.
+    request_prompt: Histogram,
+    request_generation: Histogram,
+    prefill_time: Histogram,
+    decode_time: Histogram,
 }
 
 impl Default for Recorder {
@@ -77,6 +89,10 @@ impl Default for Recorder {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             finished: Family::default(),
+            request_prompt: histogram(&LENGTH_BUCKETS),
+            request_generation: histogram(&LENGTH_BUCKETS),
+            prefill_time: histogram(&REQUEST_BUCKETS),
+            decode_time: histogram(&REQUEST_BUCKETS),
         }
     }
 }
@@ -94,6 +110,15 @@ impl Observer for Recorder {
         self.queue.observe(stats.queue_time.as_secs_f64());
         self.prompt_tokens.inc_by(stats.prompt_tokens as u64);
         self.generation_tokens.inc_by(stats.output_tokens as u64);
+        let whole_prompt = stats.prompt_tokens + stats.reused_tokens + stats.recomputed_tokens;
+        self.request_prompt.observe(whole_prompt as f64);
+        self.request_generation.observe(stats.output_tokens as f64);
+        if stats.output_tokens > 0 {
+            let prefill = stats.ttft.saturating_sub(stats.queue_time);
+            self.prefill_time.observe(prefill.as_secs_f64());
+            self.decode_time
+                .observe(stats.latency.saturating_sub(stats.ttft).as_secs_f64());
+        }
         self.finished
             .get_or_create(&vec![("finished_reason", finished_reason(reason))])
             .inc();

@@ -44,6 +44,30 @@ pub(super) fn registry(m: &Recorder, service: Service, model: &str) -> Registry 
         "Time per output token",
         m.inter_token.clone(),
     );
+    for (name, help, h) in [
+        (
+            "vllm:request_prompt_tokens",
+            "Prompt tokens per request, its history included",
+            &m.request_prompt,
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Generated tokens per request",
+            &m.request_generation,
+        ),
+        (
+            "vllm:request_prefill_time_seconds",
+            "Time from the first step that ran a request to its first token",
+            &m.prefill_time,
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Time from a request's first token to its end",
+            &m.decode_time,
+        ),
+    ] {
+        r.register(name, help, h.clone());
+    }
     r.register_collector(Box::new(Totals { service }));
     r
 }
@@ -105,6 +129,11 @@ impl Collector for Totals {
                 "vllm:spec_decode_num_accepted_tokens",
                 "Draft tokens accepted",
                 st.accepted_tokens,
+            ),
+            (
+                "vllm:num_preemptions",
+                "Running requests suspended for lack of device slots",
+                st.suspensions,
             ),
         ] {
             counter(&mut e, name, help, v)?;
