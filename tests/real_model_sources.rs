@@ -133,8 +133,9 @@ fn real_model_safetensors_folder_equals_gguf() {
     assert!(d < 1e-3, "logits differ by {d}");
 }
 
-/// A tiny random-weight Llama in a hub-cache folder laid out as hf-hub writes it.
-fn tiny_hub_cache(root: &Path, repo_dir: &str, commit: &str) {
+/// A tiny random-weight Llama in a hub-cache folder laid out as hf-hub writes it; `sharded`,
+/// its weights in two files under an index, as large repositories ship them.
+fn tiny_hub_cache(root: &Path, repo_dir: &str, commit: &str, sharded: bool) {
     let snap = root.join(repo_dir).join("snapshots").join(commit);
     std::fs::create_dir_all(&snap).unwrap();
     std::fs::create_dir_all(root.join(repo_dir).join("refs")).unwrap();
@@ -182,7 +183,31 @@ fn tiny_hub_cache(root: &Path, repo_dir: &str, commit: &str) {
             rand(format!("{p}.{n}.weight"), &s);
         }
     }
-    candle_core::safetensors::save(&t, snap.join("model.safetensors")).unwrap();
+    if !sharded {
+        candle_core::safetensors::save(&t, snap.join("model.safetensors")).unwrap();
+        return;
+    }
+    let mut weight_map = serde_json::Map::new();
+    let (first, second): (HashMap<_, _>, HashMap<_, _>) = t
+        .into_iter()
+        .partition(|(name, _)| name.contains("layers.0"));
+    for (i, part) in [first, second].iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        for name in part.keys() {
+            weight_map.insert(name.clone(), file.clone().into());
+        }
+        candle_core::safetensors::save(part, snap.join(&file)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(snap.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+/// An address where nothing listens: a hub there fails every request at once.
+fn dead_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
 }
 
 #[test]
@@ -192,6 +217,7 @@ fn real_model_hub_repo_loads_from_a_populated_cache_without_network() {
         cache.path(),
         "models--pensieve-test--tiny-llama",
         "0123abcd",
+        false,
     );
     let mut source: ModelSource = "pensieve-test/tiny-llama".parse().unwrap();
     let ModelSource::Hub(hub) = &mut source else {
@@ -210,6 +236,69 @@ fn real_model_hub_repo_loads_from_a_populated_cache_without_network() {
     let (ids, logits) = greedy(&model, &prompt, 4, usize::MAX, |i| i as u32, 64);
     assert_eq!(ids.len(), 4);
     assert!(logits.iter().flatten().all(|x| x.is_finite()));
+}
+
+#[test]
+fn real_model_a_sharded_hub_repo_loads_from_its_cache_without_asking_the_hub() {
+    let cache = tempfile::tempdir().unwrap();
+    tiny_hub_cache(
+        cache.path(),
+        "models--pensieve-test--sharded",
+        "4567ef",
+        true,
+    );
+    // Online, against a hub that fails every request: the cache alone must serve the load.
+    let source = ModelSource::Hub(HubSource {
+        cache_dir: Some(cache.path().to_path_buf()),
+        endpoint: Some(dead_endpoint()),
+        ..HubSource::new("pensieve-test/sharded")
+    });
+    let model = Model::load(&source, &LoadOptions::default()).unwrap();
+    assert_eq!(model.transformer().config().num_layers, 2);
+    let (ids, _) = greedy(
+        &model,
+        &chat_prompt(&model, "hi"),
+        2,
+        usize::MAX,
+        |i| i as u32,
+        64,
+    );
+    assert_eq!(ids.len(), 2);
+}
+
+#[test]
+fn the_hub_is_asked_at_its_endpoint_with_the_token() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let heard = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            std::io::Read::read_exact(&mut stream, &mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        let answer = b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        std::io::Write::write_all(&mut stream, answer).unwrap();
+        String::from_utf8(head).unwrap()
+    });
+    let cache = tempfile::tempdir().unwrap();
+    let source = ModelSource::Hub(HubSource {
+        cache_dir: Some(cache.path().to_path_buf()),
+        endpoint: Some(endpoint),
+        token: Some("hf_pensieve_test".into()),
+        ..HubSource::new("gated/model")
+    });
+    assert!(matches!(
+        Model::load(&source, &LoadOptions::default()),
+        Err(Error::Hub { .. })
+    ));
+    let head = heard.join().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("get /api/models/gated/model"), "{head}");
+    assert!(
+        head.contains("authorization: bearer hf_pensieve_test"),
+        "{head}"
+    );
 }
 
 #[test]

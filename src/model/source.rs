@@ -54,6 +54,11 @@ pub struct HubSource {
     pub cache_dir: Option<PathBuf>,
     /// Only read the cache, never the network.
     pub offline: bool,
+    /// The access token sent to the hub (gated and private repositories); `None` reads the
+    /// token file hf-hub keeps in the cache folder, if any.
+    pub token: Option<String>,
+    /// The hub's address; `None`: `https://huggingface.co`.
+    pub endpoint: Option<String>,
 }
 
 impl HubSource {
@@ -65,7 +70,22 @@ impl HubSource {
             gguf_file: None,
             cache_dir: None,
             offline: false,
+            token: None,
+            endpoint: None,
         }
+    }
+
+    /// The settings Hugging Face's own tools read from the environment, through `var`:
+    /// `HF_TOKEN` (the access token), `HF_ENDPOINT` (a mirror or a private hub) and
+    /// `HF_HUB_OFFLINE` (`1`, `true`, `yes` or `on`: the cache only). An empty value sets
+    /// nothing, as in `huggingface_hub`.
+    fn with_hf_env(mut self, var: impl Fn(&str) -> Option<String>) -> Self {
+        let set = |k: &str| var(k).filter(|v| !v.is_empty());
+        self.token = set("HF_TOKEN").or(self.token);
+        self.endpoint = set("HF_ENDPOINT").or(self.endpoint);
+        let on = |v: String| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on");
+        self.offline |= set("HF_HUB_OFFLINE").is_some_and(on);
+        self
     }
 }
 
@@ -95,11 +115,12 @@ impl FromStr for ModelSource {
                 None => (s, None),
             };
             let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
-            Ok(Self::Hub(HubSource {
+            let hub = HubSource {
                 revision: revision.into(),
                 gguf_file,
                 ..HubSource::new(repo)
-            }))
+            };
+            Ok(Self::Hub(hub.with_hf_env(|k| std::env::var(k).ok())))
         } else {
             Err(Error::invalid_model(
                 s,
@@ -171,10 +192,13 @@ impl ModelSource {
                 std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
                 Ok(ResolvedFiles::Gguf(p.clone()))
             }
-            Self::Safetensors(dir) => resolve_folder(|f| {
-                let p = dir.join(f);
-                Ok(p.is_file().then_some(p))
-            }),
+            Self::Safetensors(dir) => resolve_folder(
+                |f| {
+                    let p = dir.join(f);
+                    Ok(p.is_file().then_some(p))
+                },
+                |f| dir.join(f).is_file(),
+            ),
             Self::Hub(hub) => resolve_hub(hub),
         }
     }
@@ -192,8 +216,14 @@ fn cached(path: PathBuf, fetch_args: &str) -> Result<ResolvedFiles> {
     }
 }
 
-/// Resolves the Hugging Face layout through `fetch`, which returns `None` for absent files.
-fn resolve_folder(fetch: impl Fn(&str) -> Result<Option<PathBuf>>) -> Result<ResolvedFiles> {
+/// Resolves the Hugging Face layout through `fetch`, which returns `None` for absent files;
+/// `held` says whether a file is at hand without asking anyone (in the folder, in the hub's
+/// cache), so that a cache holding a sharded repository's index loads its shards without
+/// asking the hub whether a single `model.safetensors` exists.
+fn resolve_folder(
+    fetch: impl Fn(&str) -> Result<Option<PathBuf>>,
+    held: impl Fn(&str) -> bool,
+) -> Result<ResolvedFiles> {
     let required = |f: &str| {
         fetch(f)?.ok_or_else(|| {
             Error::io(
@@ -202,10 +232,15 @@ fn resolve_folder(fetch: impl Fn(&str) -> Result<Option<PathBuf>>) -> Result<Res
             )
         })
     };
-    let weights = match fetch("model.safetensors")? {
+    const INDEX: &str = "model.safetensors.index.json";
+    let single = match held(INDEX) && !held("model.safetensors") {
+        true => None,
+        false => fetch("model.safetensors")?,
+    };
+    let weights = match single {
         Some(p) => vec![p],
         None => {
-            let index = required("model.safetensors.index.json")?;
+            let index = required(INDEX)?;
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
             let json: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::invalid_model(index.display().to_string(), e))?;
@@ -253,7 +288,13 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
     } else {
         // Download bars on a terminal; a log or a pipe gets none.
         let bars = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let builder = ApiBuilder::from_cache(cache.clone()).with_progress(bars);
+        let mut builder = ApiBuilder::from_cache(cache.clone()).with_progress(bars);
+        if let Some(token) = &hub.token {
+            builder = builder.with_token(Some(token.clone()));
+        }
+        if let Some(endpoint) = &hub.endpoint {
+            builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
+        }
         Some(
             builder
                 .build()
@@ -292,6 +333,34 @@ fn resolve_hub(hub: &HubSource) -> Result<ResolvedFiles> {
                 std::io::Error::new(std::io::ErrorKind::NotFound, "not in the repo or its cache");
             hub_err(Some(f), missing.into())
         }),
-        None => resolve_folder(fetch),
+        None => resolve_folder(fetch, |f| cached.get(f).is_some()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hugging_face_s_environment_is_read_as_its_tools_read_it() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let hub = HubSource::new("a/b").with_hf_env(env(&[
+            ("HF_TOKEN", "hf_x"),
+            ("HF_ENDPOINT", "http://mirror"),
+            ("HF_HUB_OFFLINE", "True"),
+        ]));
+        assert_eq!(hub.token.as_deref(), Some("hf_x"));
+        assert_eq!(hub.endpoint.as_deref(), Some("http://mirror"));
+        assert!(hub.offline);
+        let hub =
+            HubSource::new("a/b").with_hf_env(env(&[("HF_TOKEN", ""), ("HF_HUB_OFFLINE", "0")]));
+        assert_eq!((hub.token, hub.offline), (None, false));
     }
 }
