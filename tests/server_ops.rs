@@ -374,8 +374,6 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     for bad in [
         json!({"messages": [question], "tools": tools,
             "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
-        json!({"messages": [question], "tools": tools, "tool_choice": "required",
-            "response_format": {"type": "json_object"}}),
         json!({"messages": [question], "response_format": {"type": "json_schema",
             "json_schema": {"name": "has space", "schema": {}}}}),
         json!({"messages": [question], "response_format": {"type": "xml"}}),
@@ -384,6 +382,36 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
     ] {
         let (status, answer) = post(b, "/v1/chat/completions", &bad.to_string());
         assert_eq!(status, 400, "{bad}: {answer}");
+    }
+    // A response format beside tools, as OpenAI takes them: a forced call is a call (the
+    // format is for the answer after the calls); unforced, the reply is a call or an answer
+    // that follows the format.
+    let forced = json!({"messages": [question], "tools": tools, "tool_choice": "required",
+        "response_format": {"type": "json_object"}, "max_tokens": 64, "temperature": 0});
+    let (status, answer) = post(b, "/v1/chat/completions", &forced.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(
+        message["tool_calls"][0]["function"]["name"], "get_weather",
+        "{answer}"
+    );
+    let result = json!({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+        "content": "Sunny, 24 C."});
+    let schema = json!({"type": "object", "properties": {"summary": {"type": "string",
+        "maxLength": 40}}, "required": ["summary"], "additionalProperties": false});
+    let after = json!({"messages": [question, message, result], "tools": tools,
+        "max_tokens": 64, "temperature": 0, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "weather", "schema": schema}}});
+    let (status, answer) = post(b, "/v1/chat/completions", &after.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let reply = &answer["choices"][0]["message"];
+    match reply["tool_calls"].as_array() {
+        Some(calls) => assert_eq!(calls[0]["function"]["name"], "get_weather", "{answer}"),
+        None => {
+            let text = reply["content"].as_str().unwrap();
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(v["summary"].is_string(), "{text}");
+        }
     }
 }
 

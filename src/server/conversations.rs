@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::auth::Tenant;
 use super::error::ApiError;
 use super::random_id::random_id;
 use super::responses::input::Input;
@@ -124,13 +125,13 @@ fn messages_of(items: Vec<Value>) -> Result<Vec<Message>, ApiError> {
     Ok(messages)
 }
 
-/// The transcript of conversation `id`: the named conversation's, or none yet for one made
+/// The transcript of `tenant`'s conversation `id`: the named conversation's, or none yet for one made
 /// here without items. A 404 when neither holds it.
-pub async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError> {
+async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Message>, ApiError> {
     if !id.starts_with("conv_") {
         return Err(missing(id));
     }
-    match s.service.resume(id).await {
+    match s.service.resume(&tenant.name(id)).await {
         Ok(conv) => {
             let read = s
                 .service
@@ -141,7 +142,7 @@ pub async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError
                 _ => Err(missing(id)),
             }
         }
-        Err(_) if s.conversations.get(id).is_some() => Ok(Vec::new()),
+        Err(_) if s.conversations.get(&tenant.name(id)).is_some() => Ok(Vec::new()),
         Err(e) if matches!(e.kind(), crate::ErrorKind::Unavailable) => {
             Err(ApiError::from_engine(&e))
         }
@@ -149,16 +150,16 @@ pub async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError
     }
 }
 
-/// The conversation object of `id`.
-fn object(s: &AppState, id: &str) -> Value {
-    let meta = s.conversations.get(id);
+/// The conversation object of `tenant`'s `id`.
+fn object(s: &AppState, tenant: &Tenant, id: &str) -> Value {
+    let meta = s.conversations.get(&tenant.name(id));
     let created = meta.as_ref().map_or_else(now_s, |m| m.created_at);
     let metadata = meta.map_or(json!({}), |m| m.metadata);
     json!({"id": id, "object": "conversation", "created_at": created, "metadata": metadata})
 }
 
 /// `POST /v1/conversations`.
-pub async fn create(State(s): State<AppState>, bytes: Bytes) -> Response {
+pub async fn create(State(s): State<AppState>, tenant: Tenant, bytes: Bytes) -> Response {
     let made = async {
         let b: CreateBody = body(&bytes)?;
         let metadata = b.metadata.unwrap_or(json!({}));
@@ -166,16 +167,26 @@ pub async fn create(State(s): State<AppState>, bytes: Bytes) -> Response {
         let messages = messages_of(b.items.unwrap_or_default())?;
         let id = random_id("conv_")?;
         if !messages.is_empty() {
-            (s.service.rewrite(&id, messages).await).map_err(|e| ApiError::from_engine(&e))?;
+            rewrite(&s, &tenant, &id, messages).await?;
         }
         let meta = Meta {
             created_at: now_s(),
             metadata,
         };
-        s.conversations.0.lock().insert(id.clone(), meta);
-        Ok::<_, ApiError>(object(&s, &id))
+        s.conversations.0.lock().insert(tenant.name(&id), meta);
+        Ok::<_, ApiError>(object(&s, &tenant, &id))
     };
     answer(made.await)
+}
+
+/// Gives `tenant`'s conversation `id` the history `messages`.
+async fn rewrite(
+    s: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    messages: Vec<Message>,
+) -> Result<(), ApiError> {
+    (s.service.rewrite(&tenant.name(id), messages).await).map_err(|e| ApiError::from_engine(&e))
 }
 
 fn answer(r: Result<Value, ApiError>) -> Response {
@@ -186,37 +197,50 @@ fn answer(r: Result<Value, ApiError>) -> Response {
 }
 
 /// `GET /v1/conversations/{id}`.
-pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    answer(transcript(&s, &id).await.map(|_| object(&s, &id)))
+pub async fn retrieve(
+    State(s): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Response {
+    answer(
+        transcript(&s, &tenant, &id)
+            .await
+            .map(|_| object(&s, &tenant, &id)),
+    )
 }
 
 /// `POST /v1/conversations/{id}`: new metadata.
-pub async fn update(State(s): State<AppState>, Path(id): Path<String>, bytes: Bytes) -> Response {
+pub async fn update(
+    State(s): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Response {
     let updated = async {
         let b: UpdateBody = body(&bytes)?;
         check_metadata(&b.metadata)?;
-        transcript(&s, &id).await?;
+        transcript(&s, &tenant, &id).await?;
         let mut registry = s.conversations.0.lock();
-        let meta = registry.entry(id.clone()).or_insert_with(|| Meta {
+        let meta = registry.entry(tenant.name(&id)).or_insert_with(|| Meta {
             created_at: now_s(),
             metadata: json!({}),
         });
         meta.metadata = b.metadata;
         drop(registry);
-        Ok(object(&s, &id))
+        Ok(object(&s, &tenant, &id))
     };
     answer(updated.await)
 }
 
 /// `DELETE /v1/conversations/{id}`: the named conversation is closed and removed from the
 /// store.
-pub async fn delete(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
     let deleted = async {
-        transcript(&s, &id).await?;
-        if let Ok(conv) = s.service.resume(&id).await {
+        transcript(&s, &tenant, &id).await?;
+        if let Ok(conv) = s.service.resume(&tenant.name(&id)).await {
             (s.service.close(conv).await).map_err(|e| ApiError::from_engine(&e))?;
         }
-        s.conversations.0.lock().remove(&id);
+        s.conversations.0.lock().remove(&tenant.name(&id));
         Ok(json!({"id": id, "object": "conversation.deleted", "deleted": true}))
     };
     answer(deleted.await)
@@ -288,6 +312,7 @@ fn list(data: Vec<Value>, has_more: bool) -> Value {
 /// `GET /v1/conversations/{id}/items`.
 pub async fn list_items(
     State(s): State<AppState>,
+    tenant: Tenant,
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
@@ -296,7 +321,7 @@ pub async fn list_items(
         if !(1..=100).contains(&limit) {
             return Err(ApiError::bad("limit must be in [1, 100]"));
         }
-        let messages = transcript(&s, &id).await?;
+        let messages = transcript(&s, &tenant, &id).await?;
         let mut all: Vec<Value> = items(&id, &messages).into_iter().map(|(.., v)| v).collect();
         match q.order.as_deref() {
             None | Some("desc") => all.reverse(),
@@ -320,16 +345,17 @@ pub async fn list_items(
 /// `POST /v1/conversations/{id}/items`: items added at the end.
 pub async fn add_items(
     State(s): State<AppState>,
+    tenant: Tenant,
     Path(id): Path<String>,
     bytes: Bytes,
 ) -> Response {
     let added = async {
         let b: ItemsBody = body(&bytes)?;
         let new = messages_of(b.items)?;
-        let mut messages = transcript(&s, &id).await?;
+        let mut messages = transcript(&s, &tenant, &id).await?;
         let before = items(&id, &messages).len();
         append(&mut messages, new);
-        (s.service.rewrite(&id, messages.clone()).await).map_err(|e| ApiError::from_engine(&e))?;
+        rewrite(&s, &tenant, &id, messages.clone()).await?;
         let all = items(&id, &messages);
         Ok(list(
             all.into_iter().skip(before).map(|(.., v)| v).collect(),
@@ -360,10 +386,11 @@ fn append(messages: &mut Vec<Message>, new: Vec<Message>) {
 /// `GET /v1/conversations/{id}/items/{item_id}`.
 pub async fn retrieve_item(
     State(s): State<AppState>,
+    tenant: Tenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
     let found = async {
-        let messages = transcript(&s, &id).await?;
+        let messages = transcript(&s, &tenant, &id).await?;
         let all = items(&id, &messages);
         let hit = all.into_iter().find(|(.., v)| v["id"] == item.as_str());
         hit.map(|(.., v)| v).ok_or_else(|| no_item(&item))
@@ -379,10 +406,11 @@ fn no_item(item: &str) -> ApiError {
 /// (answered with the conversation object, as OpenAI answers).
 pub async fn delete_item(
     State(s): State<AppState>,
+    tenant: Tenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
     let deleted = async {
-        let mut messages = transcript(&s, &id).await?;
+        let mut messages = transcript(&s, &tenant, &id).await?;
         let all = items(&id, &messages);
         let (at, part) = all
             .iter()
@@ -400,16 +428,17 @@ pub async fn delete_item(
         if empty || m.role == "tool" {
             messages.remove(at);
         }
-        (s.service.rewrite(&id, messages).await).map_err(|e| ApiError::from_engine(&e))?;
-        Ok(object(&s, &id))
+        rewrite(&s, &tenant, &id, messages).await?;
+        Ok(object(&s, &tenant, &id))
     };
     answer(deleted.await)
 }
 
 /// The `conversation` of a `/v1/responses` request (its id, or `{"id": ...}`), checked to
-/// exist: the name its turn continues, and the transcript it continues.
+/// exist: its id, and the transcript it continues (`tenant`'s).
 pub async fn continued(
     s: &AppState,
+    tenant: &Tenant,
     conversation: &Value,
 ) -> Result<(String, Vec<Message>), ApiError> {
     let id = match conversation {
@@ -420,7 +449,7 @@ pub async fn continued(
         },
         _ => return Err(ApiError::bad("conversation must be an id or {\"id\": ...}")),
     };
-    let messages = transcript(s, &id).await?;
+    let messages = transcript(s, tenant, &id).await?;
     Ok((id, messages))
 }
 

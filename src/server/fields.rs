@@ -254,6 +254,14 @@ const COMPLETION: &[Field] = &[
         "add_special_tokens",
         "vLLM's: the vocabulary's begin token (true)",
     ),
+    implemented(
+        "response_format",
+        "vLLM's: `json_object`, `json_schema` (constrained), as on chat",
+    ),
+    implemented(
+        "max_completion_tokens",
+        "as `max_tokens` (chat's name for it)",
+    ),
     default_only("best_of", at_most_one, "one candidate per choice (1 only)"),
     default_only(
         "echo",

@@ -133,9 +133,15 @@ struct Args {
     #[arg(long, env = "PENSIEVE_MAX_CONNECTIONS_PER_CLIENT", value_parser = positive)]
     max_connections_per_client: Option<usize>,
     /// Clients must send `Authorization: Bearer KEY` to the `/v1` routes, `/tokenize` and
-    /// `/detokenize` (`/health` and `/metrics` stay open).
-    #[arg(long, env = "PENSIEVE_API_KEY")]
-    api_key: Option<String>,
+    /// `/detokenize` (`/health` and `/metrics` stay open). Repeatable (or comma-separated):
+    /// with several keys, each key is a tenant whose conversations and responses no other
+    /// key reaches.
+    #[arg(long, env = "PENSIEVE_API_KEY", value_delimiter = ',')]
+    api_key: Vec<String>,
+    /// A file of API keys, a line each: `KEY`, or `TENANT KEY` to name the key's tenant (its
+    /// namespace, kept when the key is rotated); `#` starts a comment.
+    #[arg(long, env = "PENSIEVE_API_KEY_FILE")]
+    api_key_file: Option<std::path::PathBuf>,
     /// Origins a browser page may call the API from (CORS), comma-separated, or `*` for any;
     /// none by default.
     #[arg(long, env = "PENSIEVE_ALLOWED_ORIGINS", value_delimiter = ',')]
@@ -273,7 +279,8 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
         max_bytes: args.max_body_mib << 20,
     };
-    let app = match (app(state, args.api_key.as_deref(), body), cors) {
+    let keys = auth::Keys::new(&args.api_key, args.api_key_file.as_deref())?;
+    let app = match (app(state, keys, body), cors) {
         // Outermost: a browser's preflight is answered before the key is asked for.
         (app, Some(cors)) => app.layer(cors),
         (app, None) => app,
@@ -326,7 +333,7 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
 /// The routes, behind the API key (if any) but `/health` and `/metrics`, with a log line per
 /// request, bodies read whole under their deadline and size limit, and a handler's panic
 /// answered 500.
-fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router {
+fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Router {
     let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -354,9 +361,12 @@ fn app(state: AppState, api_key: Option<&str>, body: body::BodyLimits) -> Router
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
-    if let Some(key) = api_key {
-        let key: Arc<str> = key.into();
-        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(key, auth::require_key));
+    if let Some(keys) = keys {
+        let keys = Arc::new(keys);
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(
+            keys,
+            auth::require_key,
+        ));
     }
     guarded
         .route("/health", get(health))
@@ -474,7 +484,12 @@ fn check_model_name(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn chat(
+    State(s): State<AppState>,
+    tenant: auth::Tenant,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: ChatRequest =
         match api::parse(&body, fields::CHAT_ENDPOINT, s.ignore_unknown_fields) {
             Ok(r) => r,
@@ -507,7 +522,7 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
         let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
         tools::hold(&mut params, forced, &tools, format)?;
         let mut chat = Chat::new(messages).with_hints(hints).with_tools(tools);
-        chat.name = name;
+        chat.name = name.map(|n| tenant.name(&n));
         let parallel = request.parallel_tool_calls.unwrap_or(!legacy);
         let job = Job::Chat {
             chat,

@@ -26,6 +26,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::api::{self, Common, Usage};
+use super::auth::Tenant;
 use super::error::ApiError;
 use super::fields::RESPONSES_ENDPOINT;
 use super::random_id::random_id;
@@ -37,17 +38,20 @@ fn missing(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"))
 }
 
-/// The conversation of the stored response `id` (a 404 when there is none).
-async fn stored(s: &AppState, id: &str) -> Result<ConversationId, ApiError> {
+/// The conversation of `tenant`'s stored response `id` (a 404 when there is none).
+async fn stored(s: &AppState, tenant: &Tenant, id: &str) -> Result<ConversationId, ApiError> {
     if !id.starts_with("resp_") {
         return Err(missing(id));
     }
-    s.service.resume(id).await.map_err(|_| missing(id))
+    s.service
+        .resume(&tenant.name(id))
+        .await
+        .map_err(|_| missing(id))
 }
 
-/// The transcript of the stored response `id`.
-async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError> {
-    let conv = stored(s, id).await?;
+/// The transcript of `tenant`'s stored response `id`.
+async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Message>, ApiError> {
+    let conv = stored(s, tenant, id).await?;
     let messages = s
         .service
         .with_engine(move |e| e.messages(conv).map(<[_]>::to_vec))
@@ -59,8 +63,8 @@ async fn transcript(s: &AppState, id: &str) -> Result<Vec<Message>, ApiError> {
 }
 
 /// `POST /v1/responses`.
-pub async fn create(State(s): State<AppState>, body: Bytes) -> Response {
-    match start(&s, &body).await {
+pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> Response {
+    match start(&s, &tenant, &body).await {
         Ok(run) if run.framing.stream => stream(run).into_response(),
         Ok(run) => whole(run).await,
         Err(e) => e.into_response(),
@@ -184,7 +188,7 @@ impl Run {
 }
 
 /// Checks the request, finds its history, and starts its turn.
-async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
+async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiError> {
     let mut request: Request = api::parse(body, RESPONSES_ENDPOINT, s.ignore_unknown_fields)?;
     check_model_name(s, request.model.as_deref())?;
     api::check_template(&s.tokens)?;
@@ -219,9 +223,9 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
                 "previous_response_id and conversation cannot both be given",
             ))
         }
-        (Some(prev), None) => (None, transcript(s, prev).await?),
+        (Some(prev), None) => (None, transcript(s, tenant, prev).await?),
         (None, Some(c)) => {
-            let (id, messages) = conversations::continued(s, c).await?;
+            let (id, messages) = conversations::continued(s, tenant, c).await?;
             (Some(id), messages)
         }
         (None, None) => (None, Vec::new()),
@@ -253,8 +257,8 @@ async fn start(s: &AppState, body: &[u8]) -> Result<Run, ApiError> {
     // A conversation's turn continues it under its own name; else a stored response is the
     // conversation of its id.
     chat.name = match &conversation {
-        Some(c) => Some(c.clone()),
-        None => request.store.then(|| id.clone()),
+        Some(c) => Some(tenant.name(c)),
+        None => request.store.then(|| tenant.name(&id)),
     };
     let turn = (s.service.chat(chat, params).await).map_err(|e| ApiError::from_engine(&e))?;
     let parallel = request.parallel_tool_calls.unwrap_or(true);
@@ -382,8 +386,12 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
 /// `GET /v1/responses/{id}`: a stored response, from its conversation's transcript (its
 /// output is the conversation's last reply, whose thought it does not keep; usage is not
 /// kept either).
-pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    let messages = match transcript(&s, &id).await {
+pub async fn retrieve(
+    State(s): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Response {
+    let messages = match transcript(&s, &tenant, &id).await {
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };
@@ -407,8 +415,8 @@ pub async fn retrieve(State(s): State<AppState>, Path(id): Path<String>) -> Resp
 }
 
 /// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
-pub async fn delete(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    let conv = match stored(&s, &id).await {
+pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
+    let conv = match stored(&s, &tenant, &id).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
