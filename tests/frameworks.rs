@@ -6,6 +6,8 @@
 //! scripts/fetch-assets makes, one per major version of the `openai` client, since no one
 //! version serves every library.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::BTreeSet;

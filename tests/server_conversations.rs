@@ -4,6 +4,8 @@
 //! add and delete, and a turn after an edit is what a stateless server computes on the new
 //! item list.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use common::server::{fleet, post, request, start};

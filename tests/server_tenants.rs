@@ -2,6 +2,8 @@
 //! are its own. Another tenant's id or name answers 404 (or starts afresh), never its data,
 //! through every endpoint that takes one; the owner's data is untouched by the attempts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use common::server::start;
