@@ -116,6 +116,8 @@ pub(crate) struct Conversation {
     messages: Vec<Message>,
     /// The tools its template lists (OpenAI's `tools` entries), fixed for its life.
     tools: Vec<serde_json::Value>,
+    /// The variables its template reads beside the standard ones, fixed for its life.
+    template_vars: serde_json::Map<String, serde_json::Value>,
     /// The text the model has seen, for the template's continuation of the next turn.
     seen_text: String,
     /// Where the recorded turns begin, in order.
@@ -178,6 +180,26 @@ impl Conversation {
 
     pub fn tools(&self) -> &[serde_json::Value] {
         &self.tools
+    }
+
+    /// The same, with the variables its template reads.
+    pub fn with_template_vars(self, vars: serde_json::Map<String, serde_json::Value>) -> Self {
+        Self {
+            template_vars: vars,
+            ..self
+        }
+    }
+
+    pub fn template_vars(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.template_vars
+    }
+
+    /// What its template renders beside the messages.
+    pub fn extras(&self) -> crate::model::TemplateExtras<'_> {
+        crate::model::TemplateExtras {
+            tools: &self.tools,
+            vars: Some(&self.template_vars),
+        }
     }
 
     /// The revision of its stored manifest this copy holds.

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use crate::conversation::Mark;
 use crate::engine::Turn;
-use crate::model::{common_prefix, ChatTemplate, Message, Model};
+use crate::model::{common_prefix, ChatTemplate, Message, Model, TemplateExtras};
 use crate::{Error, Result};
 
 /// A turn's tokens and text as the continuation of a history.
@@ -32,14 +32,14 @@ pub(super) fn turn_messages(turn: &Turn) -> Option<Vec<Message>> {
 }
 
 /// Encodes `turn` after a history of `history` tokens whose transcript is `messages` and
-/// `seen`, the template listing `tools`. A turn's messages are tokenized in two parts, split
+/// `seen`, the template rendering `extras` (its tools and variables). A turn's messages are tokenized in two parts, split
 /// where their own rendering begins, so that the split is a [`Mark`] (a later cut point);
 /// templates mark message starts with special tokens, so the parts tokenize as the whole
 /// would.
 pub(super) fn encode(
     model: &Model,
     messages: &[Message],
-    tools: &[serde_json::Value],
+    extras: TemplateExtras<'_>,
     seen: &str,
     history: usize,
     turn: &Turn,
@@ -69,13 +69,13 @@ pub(super) fn encode(
     // A vocabulary that prefixes a space marker to every piece of text would put one at each
     // boundary between pieces: its turns are tokenized whole, as they render.
     let whole = model.prefixes_space();
-    let rendering = Rendering::new(t, &all, tools, whole, true)?;
+    let rendering = Rendering::new(t, &all, extras, whole, true)?;
     let common = common_prefix(&rendering.text, seen);
     let new_text = rendering.text[common..].to_string();
     // The rendering of the earlier messages, past what the model has seen, is the tail of
     // the previous turn; the new messages begin after it.
     let split = (!whole)
-        .then(|| t.render_with_tools(messages, tools, false).ok())
+        .then(|| t.render_with(messages, extras, false).ok())
         .flatten()
         .and_then(|before| {
             let tail = before.strip_prefix(seen)?;
@@ -171,13 +171,13 @@ impl Rendering {
     fn new(
         template: &ChatTemplate,
         messages: &[Message],
-        tools: &[serde_json::Value],
+        extras: TemplateExtras<'_>,
         whole: bool,
         add_generation_prompt: bool,
     ) -> Result<Self> {
         let spans = match whole {
             true => None,
-            false => template.content_spans(messages, tools, add_generation_prompt)?,
+            false => template.content_spans(messages, extras, add_generation_prompt)?,
         };
         Ok(match spans {
             Some((text, spans)) => Self {
@@ -185,7 +185,7 @@ impl Rendering {
                 contents: Some(spans),
             },
             None => Self {
-                text: template.render_with_tools(messages, tools, add_generation_prompt)?,
+                text: template.render_with(messages, extras, add_generation_prompt)?,
                 contents: None,
             },
         })

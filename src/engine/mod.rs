@@ -229,7 +229,9 @@ impl Engine {
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
         messages.extend(options.history);
-        let conv = Conversation::new(messages).with_tools(options.tools);
+        let conv = Conversation::new(messages)
+            .with_tools(options.tools)
+            .with_template_vars(options.template_vars);
         self.convs.insert(id, conv);
         self.cache.open(id, Instant::now());
         id
@@ -279,6 +281,21 @@ impl Engine {
         self.convs
             .get(&conv)
             .map(|c| c.tools())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// The variables a conversation's template reads
+    /// ([`ConversationOptions::template_vars`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn template_vars(
+        &self,
+        conv: ConversationId,
+    ) -> Result<&serde_json::Map<String, serde_json::Value>> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.template_vars())
             .ok_or(Error::UnknownConversation(conv))
     }
 

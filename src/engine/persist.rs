@@ -73,6 +73,9 @@ struct Manifest {
     /// The tools its template lists.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     tools: Vec<serde_json::Value>,
+    /// The variables its template reads.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    template_vars: serde_json::Map<String, serde_json::Value>,
     seen_text: String,
     /// Where turns begin (cut points for context overflow).
     #[serde(default)]
@@ -451,6 +454,7 @@ impl Engine {
             tokens: conv.tokens().to_vec(),
             messages: conv.messages().to_vec(),
             tools: conv.tools().to_vec(),
+            template_vars: conv.template_vars().clone(),
             seen_text: conv.seen_text().to_string(),
             marks: conv.marks().to_vec(),
             chunks: Vec::new(),

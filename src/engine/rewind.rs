@@ -30,7 +30,7 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
     let seen = conv.seen_text();
     let mut all = conv.messages().to_vec();
     all.extend(new);
-    let rendered = t.render_with_tools(&all, conv.tools(), true)?;
+    let rendered = t.render_with(&all, conv.extras(), true)?;
     if rendered.starts_with(seen) {
         return Ok(None);
     }

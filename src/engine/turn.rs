@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::encode::{encode, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
+use crate::model::TemplateExtras;
 use crate::conversation::{Conversation, Cut, Mark};
 use crate::model::{Guide, IncrementalDecoder, Message, Model, ToolCall};
 use crate::{Error, Result};
@@ -90,7 +91,7 @@ pub(crate) fn prepare(
     let enc = encode(
         model,
         conv.messages(),
-        conv.tools(),
+        conv.extras(),
         conv.seen_text(),
         history,
         &turn,
@@ -228,10 +229,10 @@ fn choose_cut(
             }
             let cut = Cut { start, end };
             let (messages, seen) = conv.transcript_after(&cut);
-            if !continues(model, &messages, conv.tools(), &seen, turn)? {
+            if !continues(model, &messages, conv.extras(), &seen, turn)? {
                 continue;
             }
-            let enc = encode(model, &messages, conv.tools(), &seen, history - drop, turn)?;
+            let enc = encode(model, &messages, conv.extras(), &seen, history - drop, turn)?;
             let total = history - drop + enc.prompt.len();
             let fits = total + reply <= limit;
             if fits && end != end_now {
@@ -276,7 +277,7 @@ fn choose_unfed_cut(
             end: at(end),
         };
         let (kept, seen) = conv.transcript_after(&cut);
-        Ok((cut, encode(model, &kept, conv.tools(), &seen, 0, turn)?))
+        Ok((cut, encode(model, &kept, conv.extras(), &seen, 0, turn)?))
     };
     // Dropping more never lengthens the prompt, so the fewest that fit are found by bisection:
     // a handful of encodings of a long history, not one per exchange.
@@ -305,7 +306,7 @@ fn choose_unfed_cut(
 fn continues(
     model: &Model,
     messages: &[Message],
-    tools: &[serde_json::Value],
+    extras: TemplateExtras<'_>,
     seen: &str,
     turn: &Turn,
 ) -> Result<bool> {
@@ -314,7 +315,7 @@ fn continues(
     };
     let mut all = messages.to_vec();
     all.extend(new);
-    Ok(t.render_with_tools(&all, tools, true)?.starts_with(seen))
+    Ok(t.render_with(&all, extras, true)?.starts_with(seen))
 }
 
 /// The engine's state of a queued or running turn.

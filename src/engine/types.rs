@@ -49,6 +49,10 @@ pub struct ConversationOptions {
     /// "function": {"name", "description", "parameters"}}`), listed by the chat template
     /// in every turn's prompt. The template must take tools ([`crate::model::ToolFormat`]).
     pub tools: Vec<serde_json::Value>,
+    /// Variables the chat template reads beside the standard ones (vLLM's
+    /// `chat_template_kwargs`: Qwen3's `enable_thinking`, gpt-oss's `reasoning_effort`),
+    /// fixed for the conversation's life: a fork keeps them, and a store keeps them.
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
 }
 
 setters!(ConversationOptions {
@@ -56,6 +60,7 @@ setters!(ConversationOptions {
     some_into name: String,
     value history: Vec<Message>,
     value tools: Vec<serde_json::Value>,
+    value template_vars: serde_json::Map<String, serde_json::Value>,
 });
 
 /// How to pick each generated token and when to stop.

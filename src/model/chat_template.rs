@@ -12,6 +12,17 @@ use super::tools::ToolFormat;
 use crate::message::Message;
 use crate::Result;
 
+/// What a template renders beside the messages: the tools it lists, and the variables a
+/// request sets beside the standard ones (vLLM's `chat_template_kwargs`: Qwen3's
+/// `enable_thinking`, gpt-oss's `reasoning_effort`, ...).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TemplateExtras<'a> {
+    /// OpenAI's `tools` entries.
+    pub tools: &'a [Value],
+    /// Variables by name; the standard ones (`messages`, `tools`, ...) win over these.
+    pub vars: Option<&'a serde_json::Map<String, Value>>,
+}
+
 /// A compiled chat template plus the special-token strings templates refer to.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -121,16 +132,33 @@ impl ChatTemplate {
         tools: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let extras = TemplateExtras { tools, vars: None };
+        self.render_with(messages, extras, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the tools and variables of `extras`.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        extras: TemplateExtras<'_>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let as_text = self.arguments_as_text;
         let messages: Vec<minijinja::Value> =
             messages.iter().map(|m| view::message(m, as_text)).collect();
+        let tools = extras.tools;
+        let vars = minijinja::Value::from_serialize(extras.vars.cloned().unwrap_or_default());
         Ok(template.render(context! {
             messages => messages,
             tools => (!tools.is_empty()).then_some(tools),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+            ..vars
         })?)
     }
 }
@@ -161,7 +189,7 @@ impl ChatTemplate {
     pub fn content_spans(
         &self,
         messages: &[Message],
-        tools: &[Value],
+        extras: TemplateExtras<'_>,
         add_generation_prompt: bool,
     ) -> Result<Option<(String, Vec<std::ops::Range<usize>>)>> {
         const OPEN: char = '\u{F0000}';
@@ -175,7 +203,7 @@ impl ChatTemplate {
                 ..messages[i].clone()
             })
             .collect();
-        let rendered = self.render_with_tools(&marked, tools, add_generation_prompt)?;
+        let rendered = self.render_with(&marked, extras, add_generation_prompt)?;
         let mut text = String::with_capacity(rendered.len());
         let mut spans = Vec::new();
         let mut rest = rendered.as_str();
@@ -197,7 +225,7 @@ impl ChatTemplate {
             rest = &after[close + CLOSE.len_utf8()..];
         }
         text.push_str(rest);
-        let plain = self.render_with_tools(messages, tools, add_generation_prompt)?;
+        let plain = self.render_with(messages, extras, add_generation_prompt)?;
         Ok((text == plain).then_some((text, spans)))
     }
 }

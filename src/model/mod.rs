@@ -32,7 +32,7 @@ pub use tokenizers::Tokenizer;
 
 pub use crate::message::{Message, ToolCall};
 pub use arch::{Activation, Architecture, ARCHITECTURES};
-pub use chat_template::{common_prefix, ChatTemplate, BUILTIN_TEMPLATES};
+pub use chat_template::{common_prefix, ChatTemplate, TemplateExtras, BUILTIN_TEMPLATES};
 pub use config::{Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;

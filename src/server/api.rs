@@ -151,6 +151,11 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Whether a reply may make several calls (the first only when false).
     pub parallel_tool_calls: Option<bool>,
+    /// The chat template's variables (vLLM's `chat_template_kwargs`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// How hard a reasoning model thinks (`low`, `medium`, `high`, ...): the template's
+    /// `reasoning_effort` variable, as vLLM passes it.
+    pub reasoning_effort: Option<String>,
     /// The legacy form of `tools`: the functions' own objects.
     pub functions: Option<Vec<Value>>,
     /// The legacy form of `tool_choice`: `"auto"`, `"none"` or `{"name": ...}`.
@@ -320,6 +325,20 @@ impl ChatMessage {
 /// The id a legacy `function_call` takes in the transcript, where every call has one.
 fn legacy_call_id(name: &str) -> String {
     format!("call_{name}")
+}
+
+/// The chat template's variables of a request: `chat_template_kwargs` (vLLM's), and
+/// `reasoning_effort` as the variable of that name unless the kwargs set it.
+pub fn template_vars(
+    kwargs: Option<&serde_json::Map<String, Value>>,
+    reasoning_effort: Option<&str>,
+) -> serde_json::Map<String, Value> {
+    let mut vars = kwargs.cloned().unwrap_or_default();
+    if let Some(effort) = reasoning_effort {
+        vars.entry("reasoning_effort")
+            .or_insert_with(|| Value::String(effort.to_string()));
+    }
+    vars
 }
 
 /// The longest wait a client may announce (`expect_resume_s`): hints further out say nothing

@@ -180,13 +180,13 @@ const CHAT: &[Field] = &[
     implemented("function_call", "the legacy form of `tool_choice`"),
     implemented("logprobs", "each reply token's log-probability"),
     implemented("top_logprobs", "and up to 20 alternatives"),
-    informational(
+    implemented(
         "reasoning_effort",
-        "not yet passed to the chat template (a thinking model thinks as its template says)",
+        "the chat template's `reasoning_effort` variable, as vLLM passes it (gpt-oss's)",
     ),
-    informational(
+    implemented(
         "chat_template_kwargs",
-        "vLLM's: not yet passed to the chat template",
+        "vLLM's: variables of the chat template (Qwen3's `enable_thinking`, ...)",
     ),
     informational("metadata", "OpenAI's tags for stored completions"),
     informational("store", "OpenAI's storage of completions for its dashboard"),
@@ -309,9 +309,13 @@ pub const RESPONSES: &[Field] = &[
         "include",
         "`[]`; each value this server has is listed in docs/SERVER.md, others refused by name",
     ),
-    informational(
+    implemented(
         "reasoning",
-        "`effort` is not yet passed to the chat template; `summary`: no summaries",
+        "`effort` as the chat template's `reasoning_effort` variable; `summary`: no summaries",
+    ),
+    implemented(
+        "chat_template_kwargs",
+        "vLLM's: variables of the chat template, as on chat",
     ),
     informational("user", "OpenAI's end-user id for abuse monitoring"),
     informational("safety_identifier", "as above"),

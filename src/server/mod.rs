@@ -521,7 +521,14 @@ async fn chat(
         let legacy = request.functions.is_some();
         let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
         tools::hold(&mut params, forced, &tools, format)?;
-        let mut chat = Chat::new(messages).with_hints(hints).with_tools(tools);
+        let vars = api::template_vars(
+            request.chat_template_kwargs.as_ref(),
+            request.reasoning_effort.as_deref(),
+        );
+        let mut chat = Chat::new(messages)
+            .with_hints(hints)
+            .with_tools(tools)
+            .with_template_vars(vars);
         chat.name = name.map(|n| tenant.name(&n));
         let parallel = request.parallel_tool_calls.unwrap_or(!legacy);
         let job = Job::Chat {

@@ -155,6 +155,10 @@ pub struct Chat {
     /// lists; a reply that calls them ends with its calls parsed ([`TurnEnd::message`]).
     /// A conversation continues only with the tools it began with.
     pub tools: Vec<serde_json::Value>,
+    /// Variables of the chat template beside the standard ones
+    /// ([`ConversationOptions::template_vars`]); a conversation continues only with the
+    /// variables it began with.
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Chat {
@@ -165,6 +169,7 @@ impl Chat {
             name: None,
             hints: Hints::default(),
             tools: Vec::new(),
+            template_vars: serde_json::Map::new(),
         }
     }
 
@@ -177,6 +182,12 @@ impl Chat {
     /// Sets the tools.
     pub fn with_tools(mut self, tools: Vec<serde_json::Value>) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Sets the chat template's variables.
+    pub fn with_template_vars(mut self, vars: serde_json::Map<String, serde_json::Value>) -> Self {
+        self.template_vars = vars;
         self
     }
 

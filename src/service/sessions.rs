@@ -37,12 +37,20 @@ pub(super) struct Naming {
 pub(super) struct Session {
     /// Its chat transcript (with the replies), or `None` for a completion.
     messages: Option<Vec<Message>>,
-    /// The tools its template lists.
-    tools: Vec<serde_json::Value>,
+    /// What its template renders beside the messages.
+    setup: Setup,
     name: Option<String>,
     /// Its place in the `idle` order (a tick), while no turn of it runs.
     last_used: u64,
     busy: bool,
+}
+
+/// What a conversation's template renders beside its messages: the tools it lists and the
+/// variables it reads. A chat continues a conversation only with the same.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Setup {
+    tools: Vec<serde_json::Value>,
+    vars: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The conversations the service holds, and how a request finds one again: by the transcript
@@ -90,7 +98,7 @@ impl Sessions {
         {
             m.push(as_sent(false, reply));
             if s.name.is_none() {
-                self.by_content.insert(transcript_key(m, &s.tools), conv);
+                self.by_content.insert(transcript_key(m, &s.setup), conv);
             }
         }
     }
@@ -108,8 +116,13 @@ impl Sessions {
             messages,
             name,
             tools,
+            template_vars,
             ..
         } = chat;
+        let setup = Setup {
+            tools,
+            vars: template_vars,
+        };
         let new = messages
             .iter()
             .rev()
@@ -133,7 +146,7 @@ impl Sessions {
             self.sync_named(engine, n, fetched)?;
         }
         let continues = |s: &Session| {
-            s.tools == tools
+            s.setup == setup
                 && (s.messages.as_deref() == Some(history_sent)
                     || (s.messages.is_some() && history.is_empty()))
         };
@@ -141,7 +154,7 @@ impl Sessions {
             Some(n) => self.by_name.get(n).copied(),
             None => self
                 .by_content
-                .get(&transcript_key(history_sent, &tools))
+                .get(&transcript_key(history_sent, &setup))
                 .copied(),
         };
         let mut replaces = None;
@@ -151,7 +164,7 @@ impl Sessions {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
                 Some(s) if continues(s) => {
                     if let Some(m) = &mut s.messages {
-                        let key = transcript_key(m, &s.tools);
+                        let key = transcript_key(m, &s.setup);
                         m.extend_from_slice(last);
                         self.by_content.remove(&key);
                     }
@@ -172,11 +185,12 @@ impl Sessions {
             system,
             history: rest.to_vec(),
             name: None,
-            tools: tools.clone(),
+            tools: setup.tools.clone(),
+            template_vars: setup.vars.clone(),
         })?;
         let mut sent = sent;
         sent.extend_from_slice(last);
-        self.add_session(conv, Some(sent), None, tools);
+        self.add_session(conv, Some(sent), None, setup);
         let opened = match name {
             Some(name) => Opened::Naming(Naming { name, replaces }),
             None => Opened::New,
@@ -231,7 +245,7 @@ impl Sessions {
 
     /// Gives the conversation named `name` the history `messages` without a turn (a client
     /// edited its items): a new conversation of that history takes the name, and the place
-    /// of the one that held it, whose tools it keeps. Its KV is computed at its next turn,
+    /// of the one that held it, whose tools and template variables it keeps. Its KV is computed at its next turn,
     /// shared by content with the old one's up to where the two differ, so that turn is what
     /// a stateless server computes on the new history.
     ///
@@ -253,7 +267,7 @@ impl Sessions {
         if let (Some(o), Some(true)) = (old, session.map(|s| s.busy)) {
             return Err(Error::ConversationBusy(o));
         }
-        let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
+        let setup = session.map(|s| s.setup.clone()).unwrap_or_default();
         let (system, rest) = split_system(&messages)?;
         if let (None, true) = (old, self.stored) {
             engine.check_name(name)?;
@@ -262,11 +276,12 @@ impl Sessions {
             system,
             history: rest.to_vec(),
             name: None,
-            tools: tools.clone(),
+            tools: setup.tools.clone(),
+            template_vars: setup.vars.clone(),
         })?;
         let thinks = engine.model().template().is_some_and(|t| t.thinks());
         let sent = messages.into_iter().map(|m| as_sent(thinks, m)).collect();
-        self.add_session(conv, Some(sent), None, tools);
+        self.add_session(conv, Some(sent), None, setup);
         let naming = Naming {
             name: name.to_string(),
             replaces: old,
@@ -300,7 +315,7 @@ impl Sessions {
             return Ok((conv, tokens[n..].to_vec(), Opened::Continued));
         }
         let conv = engine.open(ConversationOptions::default())?;
-        self.add_session(conv, None, None, Vec::new());
+        self.add_session(conv, None, None, Setup::default());
         Ok((conv, tokens, Opened::New))
     }
 
@@ -313,8 +328,8 @@ impl Sessions {
         let fork = engine.fork(conv, None)?;
         let session = self.map.get(&conv);
         let messages = session.and_then(|s| s.messages.clone());
-        let tools = session.map(|s| s.tools.clone()).unwrap_or_default();
-        self.add_session(fork, messages, None, tools);
+        let setup = session.map(|s| s.setup.clone()).unwrap_or_default();
+        self.add_session(fork, messages, None, setup);
         Ok(fork)
     }
 
@@ -323,12 +338,12 @@ impl Sessions {
         conv: ConversationId,
         messages: Option<Vec<Message>>,
         name: Option<String>,
-        tools: Vec<serde_json::Value>,
+        setup: Setup,
     ) {
         self.tick += 1;
         let session = Session {
             messages,
-            tools,
+            setup,
             name,
             last_used: self.tick,
             busy: false,
@@ -404,9 +419,12 @@ impl Sessions {
                 .messages(conv)
                 .map(|m| m.iter().map(|m| as_sent(false, m.clone())).collect())
                 .ok();
-            let tools = engine.tools(conv).map(<[_]>::to_vec).unwrap_or_default();
+            let setup = Setup {
+                tools: engine.tools(conv).map(<[_]>::to_vec).unwrap_or_default(),
+                vars: engine.template_vars(conv).cloned().unwrap_or_default(),
+            };
             self.by_name.insert(name.to_string(), conv);
-            self.add_session(conv, messages, Some(name.to_string()), tools);
+            self.add_session(conv, messages, Some(name.to_string()), setup);
         }
         Ok(conv)
     }
@@ -428,7 +446,7 @@ impl Sessions {
             m.pop();
         }
         if s.name.is_none() {
-            self.by_content.insert(transcript_key(m, &s.tools), conv);
+            self.by_content.insert(transcript_key(m, &s.setup), conv);
         }
     }
 
@@ -438,7 +456,7 @@ impl Sessions {
             return;
         };
         self.idle.remove(&(s.last_used, conv));
-        if let Some(key) = s.messages.as_deref().map(|m| transcript_key(m, &s.tools))
+        if let Some(key) = s.messages.as_deref().map(|m| transcript_key(m, &s.setup))
             && self.by_content.get(&key) == Some(&conv)
         {
             self.by_content.remove(&key);
@@ -521,8 +539,9 @@ fn as_sent(thinks: bool, mut m: Message) -> Message {
     m
 }
 
-/// The key of a chat transcript (and the tools its template lists) in `Sessions::by_content`.
-pub(super) fn transcript_key(messages: &[Message], tools: &[serde_json::Value]) -> u64 {
+/// The key of a chat transcript (and what its template renders beside it) in
+/// `Sessions::by_content`.
+pub(super) fn transcript_key(messages: &[Message], setup: &Setup) -> u64 {
     let mut h = DefaultHasher::new();
     for m in messages {
         m.role.hash(&mut h);
@@ -532,8 +551,11 @@ pub(super) fn transcript_key(messages: &[Message], tools: &[serde_json::Value]) 
         }
         m.tool_call_id.hash(&mut h);
     }
-    for t in tools {
+    for t in &setup.tools {
         t.to_string().hash(&mut h);
+    }
+    for (k, v) in &setup.vars {
+        (k, v.to_string()).hash(&mut h);
     }
     h.finish()
 }

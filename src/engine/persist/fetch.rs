@@ -147,7 +147,8 @@ impl Engine {
         }
         self.cache.adopt(id, m.computed, &saved, now);
         let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks)
-            .with_tools(m.tools);
+            .with_tools(m.tools)
+            .with_template_vars(m.template_vars);
         conv.set_stored(m.revision, m.stamp);
         self.convs.insert(id, conv);
         id

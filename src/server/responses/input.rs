@@ -22,6 +22,11 @@ pub struct Request {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub metadata: Option<Value>,
+    /// `effort` is the chat template's `reasoning_effort` variable; `summary` is taken and
+    /// unused.
+    pub reasoning: Option<Reasoning>,
+    /// vLLM's: the chat template's variables.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// `auto` drops the oldest turns that do not fit the window; `disabled` refuses them.
     pub truncation: Option<String>,
     /// The conversation (Conversations API) this response continues and adds to.
@@ -36,6 +41,12 @@ pub struct Request {
     pub text: Option<Value>,
     #[serde(flatten)]
     pub guided: Guided,
+}
+
+/// `reasoning` of a Responses request.
+#[derive(Deserialize)]
+pub struct Reasoning {
+    pub effort: Option<String>,
 }
 
 fn yes() -> bool {

@@ -253,7 +253,11 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
     }
     let id = random_id("resp_")?;
     let with_tools = !tools.is_empty();
-    let mut chat = Chat::new(messages).with_tools(tools);
+    let effort = request.reasoning.as_ref().and_then(|r| r.effort.as_deref());
+    let vars = api::template_vars(request.chat_template_kwargs.as_ref(), effort);
+    let mut chat = Chat::new(messages)
+        .with_tools(tools)
+        .with_template_vars(vars);
     // A conversation's turn continues it under its own name; else a stored response is the
     // conversation of its id.
     chat.name = match &conversation {
