@@ -255,6 +255,7 @@ impl Conversation {
             tokens: self.tokens[..m.tokens].to_vec(),
             messages: self.messages[..m.messages].to_vec(),
             tools: self.tools.clone(),
+            template_vars: self.template_vars.clone(),
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
             reply_start: None,

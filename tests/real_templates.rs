@@ -5,7 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use pensieve::model::{default_cache_dir, ChatTemplate, Message, ToolCall, ToolFormat};
+use pensieve::model::{
+    default_cache_dir, ChatTemplate, Message, TemplateExtras, ToolCall, ToolFormat,
+};
 use serde_json::json;
 
 fn source(name: &str) -> String {
@@ -147,4 +149,36 @@ fn every_template_renders_or_refuses_with_a_typed_error() {
         }
     }
     assert!(rendered >= 60, "{rendered}");
+}
+
+#[test]
+fn a_request_s_template_variables_reach_the_real_templates() {
+    let user = [Message::new("user", "Hi")];
+    let render = |name: &str, vars: serde_json::Value| {
+        let t = ChatTemplate::new(&source(name), "<s>", "</s>").unwrap();
+        let vars = vars.as_object().unwrap().clone();
+        let extras = TemplateExtras {
+            tools: &[],
+            vars: Some(&vars),
+        };
+        t.render_with(&user, extras, true).unwrap()
+    };
+    // Qwen3's thinking switch, as vLLM's `chat_template_kwargs` passes it.
+    let qwen3 = "Qwen-Qwen3-0.6B.jinja";
+    let off = render(qwen3, json!({"enable_thinking": false}));
+    assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off}");
+    assert!(!render(qwen3, json!({})).contains("<think>"));
+    // gpt-oss's effort, as `reasoning_effort` and the Responses API's `reasoning.effort`.
+    let oss = "openai-gpt-oss-120b.jinja";
+    assert!(render(oss, json!({"reasoning_effort": "high"})).contains("Reasoning: high"));
+    assert!(render(oss, json!({})).contains("Reasoning: medium"));
+    // The standard variables win over a request's.
+    let hijack = render(
+        qwen3,
+        json!({"messages": [], "add_generation_prompt": false}),
+    );
+    assert!(
+        hijack.contains("Hi") && hijack.ends_with("<|im_start|>assistant\n"),
+        "{hijack}"
+    );
 }

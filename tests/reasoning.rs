@@ -202,3 +202,42 @@ fn real_model_thoughts_are_reasoning_items_of_responses_and_leave_the_stored_con
     assert_eq!(next["content"], resent["content"], "{out}");
     assert_eq!(next["usage"]["input"], resent["usage"]["input"], "{out}");
 }
+
+#[test]
+fn real_model_chat_template_kwargs_switch_qwen3_s_thinking_off_and_the_conversation_continues() {
+    let template =
+        pensieve::model::default_cache_dir().join("llamacpp-templates/Qwen-Qwen3-0.6B.jinja");
+    let args = ["--chat-template", template.to_str().unwrap()];
+    let (server, fresh) = (start(&args), start(&args));
+    let ask = |base: &str, messages: &serde_json::Value, kwargs: serde_json::Value| {
+        let body = serde_json::json!({"messages": messages, "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": kwargs});
+        let (status, r) = common::server::post(base, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{r}");
+        r
+    };
+    let first = serde_json::json!([{"role": "user", "content": "Name a colour."}]);
+    let thinking = ask(&server.base, &first, serde_json::json!({}));
+    let off = ask(
+        &server.base,
+        &first,
+        serde_json::json!({"enable_thinking": false}),
+    );
+    // The template opens the reply with an empty thought: more prompt tokens.
+    let tokens = |r: &serde_json::Value| r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(tokens(&off) > tokens(&thinking), "{off} {thinking}");
+    // A client resending its history with the same variables continues its conversation
+    // (the one without them is another), as a fresh server computes the same request.
+    let reply = off["choices"][0]["message"]["content"].as_str().unwrap();
+    let second = serde_json::json!([first[0], {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Another one?"}]);
+    let off = serde_json::json!({"enable_thinking": false});
+    let next = ask(&server.base, &second, off.clone());
+    let cached = next["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "{next}");
+    let stateless = ask(&fresh.base, &second, off);
+    assert_eq!(next["choices"], stateless["choices"], "{next} {stateless}");
+    assert_eq!(tokens(&next), tokens(&stateless));
+}

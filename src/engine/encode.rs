@@ -126,7 +126,7 @@ pub fn chat_tokens(
     let rendering = Rendering::new(
         t,
         messages,
-        &[],
+        TemplateExtras::default(),
         model.prefixes_space(),
         add_generation_prompt,
     )?;

@@ -9,8 +9,8 @@ use std::time::Instant;
 use super::encode::{encode, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
-use crate::model::TemplateExtras;
 use crate::conversation::{Conversation, Cut, Mark};
+use crate::model::TemplateExtras;
 use crate::model::{Guide, IncrementalDecoder, Message, Model, ToolCall};
 use crate::{Error, Result};
 
