@@ -269,7 +269,9 @@ mod tests {
             let (_, src, _) = BUILTIN_TEMPLATES.iter().find(|t| t.0 == name).unwrap();
             let t = ChatTemplate::new(src, "<bos>", "<eos>").unwrap();
             assert!(
-                t.content_spans(&msgs, &[], true).unwrap().is_some(),
+                t.content_spans(&msgs, TemplateExtras::default(), true)
+                    .unwrap()
+                    .is_some(),
                 "{name}"
             );
             t.render(&msgs, true).unwrap()
@@ -322,7 +324,11 @@ mod tests {
             "{text}"
         );
         // Contents stay findable, so what users and tools wrote is tokenized as plain text.
-        let (spanned, spans) = t.content_spans(&msgs, &tools, true).unwrap().unwrap();
+        let extras = TemplateExtras {
+            tools: &tools,
+            vars: None,
+        };
+        let (spanned, spans) = t.content_spans(&msgs, extras, true).unwrap().unwrap();
         assert_eq!(spanned, text);
         assert_eq!(&text[spans[3].clone()], "sunny");
         // Without tools, the plain ChatML turns.
