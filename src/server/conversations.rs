@@ -494,7 +494,7 @@ mod tests {
         // Deleting the first message leaves the others' ids as they were, but for the equal
         // message after it, which is now the first of its kind.
         let fewer = items("conv_a", &m[1..]);
-        for id in fewer.iter().skip(0).take(3).map(|(.., v)| &v["id"]) {
+        for id in fewer.iter().take(3).map(|(.., v)| &v["id"]) {
             assert!(all.iter().any(|(.., v)| &v["id"] == id));
         }
         assert_ne!(items("conv_b", &m)[0].2["id"], all[0].2["id"]);
