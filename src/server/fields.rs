@@ -333,10 +333,9 @@ pub const RESPONSES: &[Field] = &[
     ),
     informational("access_programs", "OpenAI's account programs"),
     informational("background_options", "as `background`"),
-    default_only(
+    implemented(
         "background",
-        null_or_false,
-        "answered when done (false only)",
+        "answered at once, polled with GET, cancelled with POST .../cancel (not with stream)",
     ),
     default_only(
         "top_logprobs",

@@ -188,6 +188,8 @@ struct AppState {
     ignore_unknown_fields: bool,
     /// The Conversations API's metadata of the conversations made here.
     conversations: conversations::Registry,
+    /// The responses running in the background, and the latest ended.
+    background: responses::Background,
 }
 
 fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
@@ -274,6 +276,7 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         reasoning,
         ignore_unknown_fields: args.ignore_unknown_fields,
         conversations: conversations::Registry::default(),
+        background: responses::Background::default(),
     };
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
@@ -342,6 +345,7 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",
