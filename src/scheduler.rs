@@ -53,6 +53,9 @@ pub(crate) struct TurnCounts {
     pub recomputed: usize,
     /// Tokens run through the model other than decode steps.
     pub prefilled: usize,
+    /// Tokens drafted for it and verified (speculative decoding), and of those the accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// A queued or running turn.
@@ -78,6 +81,9 @@ pub(crate) struct Request<T> {
     generated: usize,
     /// Most tokens the turn may generate: nothing is drafted past them.
     max_tokens: usize,
+    /// What the client expects the reply to be much like (OpenAI's Predicted Outputs): drafts
+    /// come from it first.
+    prediction: Vec<u32>,
     counts: TurnCounts,
     /// The engine's state of this turn.
     pub payload: T,
@@ -185,10 +191,19 @@ impl<T> Scheduler<T> {
                 lookup: None,
                 generated: 0,
                 max_tokens,
+                prediction: Vec::new(),
                 counts: TurnCounts::default(),
                 payload,
             },
         );
+    }
+
+    /// Gives the queued or running turn `id` a prediction of its reply (OpenAI's Predicted
+    /// Outputs): its decode rows draft from it first (`Speculation::draft_predicted`).
+    pub fn predict(&mut self, id: RequestId, prediction: Vec<u32>) {
+        if let Some(req) = self.requests.get_mut(&id) {
+            req.prediction = prediction;
+        }
     }
 
     /// Turns waiting to be admitted, and turns running.

@@ -78,6 +78,8 @@ impl Engine {
             reused_from_store_tokens: counts.reused_store,
             recomputed_tokens: counts.recomputed,
             prefilled_tokens: counts.prefilled,
+            drafted_tokens: counts.drafted,
+            accepted_tokens: counts.accepted,
         };
         let completed = !matches!(reason, FinishReason::Failed(_) | FinishReason::Cancelled);
         if admitted {

@@ -335,7 +335,7 @@ impl Engine {
         id: RequestId,
         conv_id: ConversationId,
         turn: Turn,
-        params: SamplingParams,
+        mut params: SamplingParams,
         now: Instant,
     ) -> Result<()> {
         let conv = self.idle(conv_id)?;
@@ -355,8 +355,12 @@ impl Engine {
         }
         let prompt = (std::mem::take(&mut prepared.prompt), params.max_tokens);
         let eos = self.model.eos_token_ids();
+        let prediction = std::mem::take(&mut params.prediction);
         let active = ActiveTurn::new(prepared, params, eos, guide, now);
         self.sched.enqueue(id, conv_id, now, prompt, active);
+        if !prediction.is_empty() {
+            self.sched.predict(id, prediction);
+        }
         if self.sharing() {
             let taken = self.sched.share(id, &self.convs, &mut self.cache);
             self.stats.shared_tokens += taken as u64;

@@ -52,6 +52,10 @@ pub(crate) fn validate(p: &SamplingParams, vocab: usize) -> Result<()> {
             "needs token ids in the vocabulary and finite biases",
         );
     }
+    // Drafted tokens are fed to the model: one outside the vocabulary has no embedding.
+    if p.prediction.iter().any(|&t| t as usize >= vocab) {
+        return bad("prediction", "needs token ids in the vocabulary");
+    }
     // Logits are f32: a temperature past f32's range would make them NaN (the fuzzer's
     // `1e300`), and past 100 sampling is uniform for any model anyway.
     if !(0.0..=MAX_TEMPERATURE).contains(&p.temperature) {

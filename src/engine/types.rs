@@ -115,6 +115,11 @@ pub struct SamplingParams {
     /// engine's [`super::EngineConfig::overflow`] (OpenAI's `truncation: "auto"` is
     /// [`super::OverflowPolicy::DropOldest`]).
     pub overflow: Option<crate::engine::OverflowPolicy>,
+    /// Tokens the reply is expected to be much like (OpenAI's Predicted Outputs: a file being
+    /// edited, say): drafted by speculative decoding where the reply follows them, so that it
+    /// takes fewer steps. The reply is the same with any prediction or none (the rule that
+    /// keeps a draft is the sampler's). Nothing is drafted with speculation off.
+    pub prediction: Vec<u32>,
 }
 
 impl SamplingParams {
@@ -138,6 +143,7 @@ impl SamplingParams {
             min_p: 0.0,
             constraint: None,
             overflow: None,
+            prediction: Vec::new(),
         }
     }
 }
@@ -166,6 +172,7 @@ setters!(SamplingParams {
     value min_p: f64,
     some constraint: crate::model::Constraint,
     some overflow: crate::engine::OverflowPolicy,
+    value prediction: Vec<u32>,
 });
 
 /// Why a turn ended.
@@ -231,6 +238,12 @@ pub struct TurnStats {
     pub latency: Duration,
     /// From submission to the first step that ran the turn (vLLM's queue time).
     pub queue_time: Duration,
+    /// Tokens drafted for the turn and verified (speculative decoding, from the history or
+    /// from [`SamplingParams::prediction`]).
+    pub drafted_tokens: usize,
+    /// Of those, the ones the sampler agreed with: each a token generated without a step of
+    /// its own.
+    pub accepted_tokens: usize,
 }
 
 /// A generated token's log-probability under the model, and the most likely tokens there.

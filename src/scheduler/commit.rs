@@ -117,6 +117,8 @@ impl<T> Scheduler<T> {
         }
         req.progress = req.progress.max(end);
         req.counts.recomputed += row.recomputed;
+        req.counts.drafted += row.drafted;
+        req.counts.accepted += accepted;
         req.counts.prefilled += row.tokens.len() - row.decoded;
         cache.mark_computed(row.conv, end);
         if accepted < row.drafted {

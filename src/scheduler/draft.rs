@@ -92,6 +92,45 @@ impl Speculation {
     }
 }
 
+impl Speculation {
+    /// Up to `cap` tokens of `prediction` (what the client expects the reply to be much
+    /// like: OpenAI's Predicted Outputs) to draft after a reply whose `generated` tokens so
+    /// far end `history` followed by `pending`: the prediction's next tokens while the reply
+    /// follows it from its start, else what follows the reply's last few tokens in it (the
+    /// reply left the prediction and came back to it), else a lookup in the history as
+    /// [`Speculation::draft`] does. Drafted at full length: a client's prediction is not a
+    /// guess the conversation's acceptance speaks for. The rule that keeps a draft is the
+    /// same, so the reply is the same with any prediction or none.
+    pub(crate) fn draft_predicted(
+        &self,
+        prediction: &[u32],
+        (history, pending, generated): (&[u32], &[u32], usize),
+        odds: (&Acceptance, f32),
+        cap: usize,
+    ) -> Vec<u32> {
+        let want = self.max_draft.min(cap);
+        if want == 0 {
+            return Vec::new();
+        }
+        let whole: Vec<u32> = history.iter().chain(pending).copied().collect();
+        let reply = &whole[whole.len().saturating_sub(generated)..];
+        let take = |from: usize| prediction[from..(from + want).min(prediction.len())].to_vec();
+        if prediction.starts_with(reply) {
+            return take(reply.len());
+        }
+        for n in (self.min_ngram.max(1)..=self.max_ngram.min(reply.len())).rev() {
+            let last = &reply[reply.len() - n..];
+            let found = (0..=prediction.len().saturating_sub(n))
+                .rev()
+                .find(|&start| prediction[start..].starts_with(last));
+            if let Some(start) = found {
+                return take(start + n);
+            }
+        }
+        self.draft(history, pending, odds, cap)
+    }
+}
+
 /// A step's time as `fixed + per_token * tokens`, fitted by least squares over the steps that
 /// ran, the older ones weighing less, so that it follows the machine and its load. Its ratio
 /// `fixed / per_token` prices a drafted token: where weights stream once per step whatever
@@ -201,5 +240,27 @@ mod tests {
         assert!(memory_bound.price(8) < 0.05);
         assert!(compute_bound.price(8) > 0.85);
         assert!(compute_bound.price(1) < compute_bound.price(8));
+    }
+
+    #[test]
+    fn a_prediction_is_drafted_while_the_reply_follows_it_and_found_again_after_it_leaves() {
+        let spec = Speculation::default();
+        let odds = (&Acceptance::default(), 0.5);
+        let prediction = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20];
+        let prompt = [1, 2, 3];
+        // The reply so far (two tokens) is the prediction's start: its next tokens follow.
+        let history = [&prompt[..], &[10]].concat();
+        let d = spec.draft_predicted(&prediction, (&history, &[11], 2), odds, 100);
+        assert_eq!(d, &prediction[2..10]);
+        // The reply left it (an inserted 99) and came back: found by its last tokens.
+        let history = [&prompt[..], &[10, 11, 99, 12]].concat();
+        let d = spec.draft_predicted(&prediction, (&history, &[13], 5), odds, 3);
+        assert_eq!(d, [14, 15, 16]);
+        // Nothing of it at the reply's end, nor in the history: nothing drafted.
+        let d = spec.draft_predicted(&prediction, (&[5, 6], &[7], 1), odds, 8);
+        assert!(d.is_empty(), "{d:?}");
+        assert!(Speculation::off()
+            .draft_predicted(&prediction, (&prompt, &[10], 1), odds, 8)
+            .is_empty());
     }
 }

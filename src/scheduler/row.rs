@@ -130,7 +130,13 @@ impl<T> Scheduler<T> {
             let cap = (self.limits.window.saturating_sub(run.range.end))
                 .min(req.max_tokens.saturating_sub(req.generated + 1));
             let odds = (&conv.acceptance, price);
-            let draft = spec.draft(conv.tokens(), &req.pending, odds, cap);
+            let draft = match req.prediction.is_empty() {
+                true => spec.draft(conv.tokens(), &req.pending, odds, cap),
+                false => {
+                    let reply = (conv.tokens(), req.pending.as_slice(), req.generated);
+                    spec.draft_predicted(&req.prediction, reply, odds, cap)
+                }
+            };
             if !draft.is_empty() {
                 drafts.insert(*id, draft);
             }

@@ -151,6 +151,8 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Whether a reply may make several calls (the first only when false).
     pub parallel_tool_calls: Option<bool>,
+    /// OpenAI's Predicted Outputs: `{"type": "content", "content": text or text parts}`.
+    pub prediction: Option<Prediction>,
     /// The chat template's variables (vLLM's `chat_template_kwargs`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// How hard a reasoning model thinks (`low`, `medium`, `high`, ...): the template's
@@ -160,6 +162,31 @@ pub struct ChatRequest {
     pub functions: Option<Vec<Value>>,
     /// The legacy form of `tool_choice`: `"auto"`, `"none"` or `{"name": ...}`.
     pub function_call: Option<Value>,
+}
+
+/// OpenAI's Predicted Outputs: what the reply is expected to be much like.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: Content,
+}
+
+impl Prediction {
+    /// The predicted text.
+    pub fn text(&self) -> Result<String, ApiError> {
+        if self.kind != "content" {
+            return Err(ApiError::bad(format!(
+                "prediction of type {:?}: \"content\" only",
+                self.kind
+            )));
+        }
+        Ok(match &self.content {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+        })
+    }
 }
 
 /// `prompt` of `/v1/completions`: text, or token ids (one prompt only).
@@ -540,6 +567,9 @@ pub struct Usage {
     /// Of those, tokens whose KV came from the cache (any tier, or shared by content).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// With a prediction: the reply's drafted tokens accepted and rejected (OpenAI's
+    /// `accepted_prediction_tokens`, `rejected_prediction_tokens`).
+    pub prediction: Option<(usize, usize)>,
 }
 
 impl Usage {
@@ -549,15 +579,21 @@ impl Usage {
             prompt_tokens: end.history_tokens.saturating_sub(end.stats.output_tokens),
             cached_tokens: end.stats.reused_tokens,
             completion_tokens: end.stats.output_tokens,
+            prediction: None,
         }
     }
 
     pub fn json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        })
+        });
+        if let Some((accepted, rejected)) = self.prediction {
+            v["completion_tokens_details"] = json!({"accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected});
+        }
+        v
     }
 }

@@ -203,9 +203,9 @@ const CHAT: &[Field] = &[
     informational("prompt_cache_options", "as above"),
     informational("verbosity", "a hint for OpenAI's models"),
     informational("moderation", "no moderation here"),
-    informational(
+    implemented(
         "prediction",
-        "Predicted Outputs: the reply is the same with or without it",
+        "Predicted Outputs: drafted by exact speculation, the same reply in fewer steps",
     ),
     default_only("modalities", text_only, "text output only: `[\"text\"]`"),
     default_only("audio", null, "no audio output"),
@@ -333,10 +333,9 @@ pub const RESPONSES: &[Field] = &[
     ),
     informational("access_programs", "OpenAI's account programs"),
     informational("background_options", "as `background`"),
-    default_only(
+    implemented(
         "background",
-        null_or_false,
-        "answered when done (false only)",
+        "answered at once, polled with GET, cancelled with POST .../cancel (not with stream)",
     ),
     default_only(
         "top_logprobs",

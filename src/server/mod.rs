@@ -188,6 +188,8 @@ struct AppState {
     ignore_unknown_fields: bool,
     /// The Conversations API's metadata of the conversations made here.
     conversations: conversations::Registry,
+    /// The responses running in the background, and the latest ended.
+    background: responses::Background,
 }
 
 fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
@@ -274,6 +276,7 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         reasoning,
         ignore_unknown_fields: args.ignore_unknown_fields,
         conversations: conversations::Registry::default(),
+        background: responses::Background::default(),
     };
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
@@ -342,6 +345,7 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",
@@ -544,6 +548,18 @@ async fn chat(
         }
         (p, _) => p,
     };
+    // The prediction's tokens, tokenized as the reply's text is (no special tokens), off the
+    // engine thread.
+    let prepared = match (prepared, &request.prediction) {
+        (Ok((job, mut params, n)), Some(p)) => match predicted_tokens(&s, p).await {
+            Ok(tokens) => {
+                params.prediction = tokens;
+                Ok((job, params, n))
+            }
+            Err(e) => Err(e),
+        },
+        (p, _) => p,
+    };
     if let (Some(p), Ok((Job::Chat { chat, .. }, _, _))) = (&s.panic_on, &prepared) {
         inject_fault(&s.service, p, chat).await;
     }
@@ -576,6 +592,16 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
         Ok((job, params, n)) => serve(s, job, params, n, &request.common, Kind::Completion).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A prediction's tokens, as the reply would be tokenized; a prediction longer than a prompt
+/// may be is refused untokenized.
+async fn predicted_tokens(s: &AppState, p: &api::Prediction) -> Result<Vec<u32>, ApiError> {
+    let text = p.text()?;
+    if let Some(bound) = &s.prompt_bound {
+        bound.check(text.len())?;
+    }
+    tokens::encode(&s.tokens, &text, false).await
 }
 
 /// A text prompt's tokens: refused untokenized if it must be longer than the context window,

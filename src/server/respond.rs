@@ -56,6 +56,8 @@ struct Framing {
     /// The request offered `functions` (the legacy form of `tools`): the reply's one call is
     /// answered as `function_call`.
     legacy: bool,
+    /// The request gave a prediction: usage counts its tokens accepted and rejected.
+    predicted: bool,
 }
 
 impl Framing {
@@ -70,6 +72,7 @@ impl Framing {
             tools,
             reasoning: None,
             legacy: false,
+            predicted: false,
         }
     }
 
@@ -240,11 +243,12 @@ impl Choice {
 /// The usage of a request's choices: the prompt once, every choice's tokens.
 fn total(choices: &[Choice]) -> Usage {
     let mut usage = choices.first().and_then(|c| c.end).unwrap_or_default();
-    usage.completion_tokens = choices
-        .iter()
-        .filter_map(|c| c.end)
-        .map(|u| u.completion_tokens)
-        .sum();
+    let ends = || choices.iter().filter_map(|c| c.end);
+    usage.completion_tokens = ends().map(|u| u.completion_tokens).sum();
+    usage.prediction = usage.prediction.map(|_| {
+        let each = ends().filter_map(|u| u.prediction);
+        each.fold((0, 0), |(a, r), (x, y)| (a + x, r + y))
+    });
     usage
 }
 
@@ -263,6 +267,7 @@ pub async fn serve(
         Job::Completion(_) => None,
     };
     let legacy = matches!(job, Job::Chat { legacy: true, .. });
+    let predicted = !params.prediction.is_empty();
     let turns = match job {
         Job::Chat { chat, .. } => s.service.chat_choices(chat, params, n).await,
         Job::Completion(prompt) => s.service.complete_choices(prompt, params, n).await,
@@ -283,6 +288,7 @@ pub async fn serve(
     framing.token_ids = common.return_tokens_as_token_ids;
     framing.reasoning = s.reasoning.filter(|_| matches!(kind, Kind::Chat));
     framing.legacy = legacy;
+    framing.predicted = predicted;
     if common.stream {
         stream(framing, turns, s.tokens, common.include_usage()).into_response()
     } else {
@@ -292,7 +298,7 @@ pub async fn serve(
 
 /// OpenAI's finish reason and the usage of a turn that ended with its reply, or the error
 /// it is answered with.
-fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
+fn outcome(end: &TurnEnd, predicted: bool) -> Result<(&'static str, Usage), ApiError> {
     let reason = match &end.reason {
         FinishReason::Stop | FinishReason::StopString => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
@@ -309,7 +315,12 @@ fn outcome(end: &TurnEnd) -> Result<(&'static str, Usage), ApiError> {
         .message
         .as_ref()
         .is_some_and(|m| !m.tool_calls.is_empty());
-    Ok((if calls { "tool_calls" } else { reason }, Usage::of(end)))
+    let mut usage = Usage::of(end);
+    if predicted {
+        let (drafted, accepted) = (end.stats.drafted_tokens, end.stats.accepted_tokens);
+        usage.prediction = Some((accepted, drafted - accepted.min(drafted)));
+    }
+    Ok((if calls { "tool_calls" } else { reason }, usage))
 }
 
 /// The choices' events as one stream, each tagged with its choice's index. Dropping it drops
@@ -338,7 +349,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
                 choices[i].text.push_str(&text);
                 choices[i].record(model, token, logprobs, framing.token_ids);
             }
-            TurnEvent::Finished(end) => match outcome(&end) {
+            TurnEvent::Finished(end) => match outcome(&end, framing.predicted) {
                 Ok((reason, usage)) => {
                     choices[i].reason = framing.reason(reason);
                     choices[i].end = Some(usage);
@@ -441,7 +452,7 @@ impl<S> St<S> {
     }
 
     fn end(&mut self, i: usize, end: &TurnEnd) {
-        match outcome(end) {
+        match outcome(end, self.framing.predicted) {
             Ok((reason, usage)) => {
                 self.choices[i].end = Some(usage);
                 if let Some((thought, answer)) = self.choices[i].split.as_mut().map(|s| s.finish())

@@ -18,6 +18,9 @@ pub struct Request {
     pub store: bool,
     #[serde(default)]
     pub stream: bool,
+    /// Answered at once and run on, polled with `GET` (`background`).
+    #[serde(default)]
+    pub background: bool,
     pub max_output_tokens: Option<usize>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,

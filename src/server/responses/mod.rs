@@ -8,6 +8,7 @@
 //! with the previous one's transcript, whose KV it shares by content: the previous response
 //! stays as it was, so another request may branch from it too.
 
+mod background;
 pub(super) mod input;
 mod output;
 
@@ -66,8 +67,50 @@ async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Messa
 pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> Response {
     match start(&s, &tenant, &body).await {
         Ok(run) if run.framing.stream => stream(run).into_response(),
-        Ok(run) => whole(run).await,
+        Ok(run) if run.framing.background => in_background(&s, &tenant, run),
+        Ok(run) => match finish(run).await {
+            Ok(object) => Json(object).into_response(),
+            Err(e) => e.into_response(),
+        },
         Err(e) => e.into_response(),
+    }
+}
+
+pub use background::Background;
+
+/// Answers `run` at once, `in_progress`, and runs its turn on: polled by `GET`, cancelled by
+/// `POST .../cancel`.
+fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
+    let object = run.framing.object("in_progress", Vec::new(), None);
+    let name = tenant.name(&run.framing.id);
+    let failed = {
+        let mut o = object.clone();
+        o["status"] = json!("failed");
+        o
+    };
+    let table = s.background.clone();
+    let ended = name.clone();
+    let task = tokio::spawn(async move {
+        let object = match finish(run).await {
+            Ok(object) => object,
+            Err(e) => {
+                let mut o = failed;
+                o["error"] = json!({"code": e.status.as_u16(), "message": e.message});
+                o
+            }
+        };
+        table.ended(&ended, object);
+    });
+    s.background.started(name, object.clone(), task.abort_handle());
+    Json(object).into_response()
+}
+
+/// `POST /v1/responses/{id}/cancel`: a background response is cancelled; one that ended is
+/// answered as it ended.
+pub async fn cancel(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
+    match s.background.cancel(&tenant.name(&id)) {
+        Some(object) => Json(object).into_response(),
+        None => ApiError::bad(format!("{id:?} is not a background response")).into_response(),
     }
 }
 
@@ -78,6 +121,8 @@ struct Framing {
     model: String,
     request: Value,
     stream: bool,
+    /// Answered at once and run on (`background: true`).
+    background: bool,
 }
 
 impl Framing {
@@ -190,6 +235,16 @@ impl Run {
 /// Checks the request, finds its history, and starts its turn.
 async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiError> {
     let mut request: Request = api::parse(body, RESPONSES_ENDPOINT, s.ignore_unknown_fields)?;
+    if request.background && request.stream {
+        return Err(ApiError::bad(
+            "a background response is polled here: give background or stream, not both",
+        ));
+    }
+    if request.background && (!request.store || request.conversation.is_some()) {
+        return Err(ApiError::bad(
+            "a background response is stored under its id: it needs store (and no conversation)",
+        ));
+    }
     check_model_name(s, request.model.as_deref())?;
     api::check_template(&s.tokens)?;
     let common = Common {
@@ -268,7 +323,7 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
     let parallel = request.parallel_tool_calls.unwrap_or(true);
     let echo = json!({"previous_response_id": request.previous_response_id,
         "instructions": request.instructions, "store": request.store,
-        "truncation": request.truncation,
+        "truncation": request.truncation, "background": request.background,
         "temperature": request.temperature, "top_p": request.top_p,
         "max_output_tokens": request.max_output_tokens, "metadata": request.metadata,
         "tools": request.tools, "tool_choice": request.tool_choice,
@@ -280,6 +335,7 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
         model: s.model.to_string(),
         request: echo,
         stream: request.stream,
+        background: request.background,
     };
     Ok(Run {
         output: Output::new(parallel, &framing.id),
@@ -309,16 +365,14 @@ fn engine_stopped() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped")
 }
 
-async fn whole(mut run: Run) -> Response {
+/// The finished response object of `run`, or the error its turn ended with.
+async fn finish(mut run: Run) -> Result<Value, ApiError> {
     while let Some(event) = run.turn.next_event().await {
         if let Some(end) = run.on_event(event) {
-            return match ended(&end) {
-                Ok(()) => Json(run.object(&end)).into_response(),
-                Err(e) => e.into_response(),
-            };
+            return ended(&end).map(|()| run.object(&end));
         }
     }
-    engine_stopped().into_response()
+    Err(engine_stopped())
 }
 
 /// The response's events, as the Responses API streams them.
@@ -395,6 +449,9 @@ pub async fn retrieve(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> Response {
+    if let Some(object) = s.background.get(&tenant.name(&id)) {
+        return Json(object).into_response();
+    }
     let messages = match transcript(&s, &tenant, &id).await {
         Ok(m) => m,
         Err(e) => return e.into_response(),
@@ -414,12 +471,14 @@ pub async fn retrieve(
         model: s.model.to_string(),
         request: json!({}),
         stream: false,
+        background: false,
     };
     Json(framing.object("completed", output.items("completed"), None)).into_response()
 }
 
 /// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
 pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
+    s.background.forget(&tenant.name(&id));
     let conv = match stored(&s, &tenant, &id).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
