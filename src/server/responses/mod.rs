@@ -101,7 +101,8 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
         };
         table.ended(&ended, object);
     });
-    s.background.started(name, object.clone(), task.abort_handle());
+    s.background
+        .started(name, object.clone(), task.abort_handle());
     Json(object).into_response()
 }
 
