@@ -194,14 +194,6 @@ impl Conversation {
         &self.template_vars
     }
 
-    /// What its template renders beside the messages.
-    pub fn extras(&self) -> crate::model::TemplateExtras<'_> {
-        crate::model::TemplateExtras {
-            tools: &self.tools,
-            vars: Some(&self.template_vars),
-        }
-    }
-
     /// The revision of its stored manifest this copy holds.
     pub fn revision(&self) -> u64 {
         self.revision

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use crate::conversation::Mark;
+use crate::conversation::{Conversation, Mark};
 use crate::engine::Turn;
 use crate::model::{common_prefix, ChatTemplate, Message, Model, TemplateExtras};
 use crate::{Error, Result};
@@ -28,6 +28,14 @@ pub(super) fn turn_messages(turn: &Turn) -> Option<Vec<Message>> {
         Turn::Tokens(_) => None,
         Turn::User(text) => Some(vec![Message::new("user", text.clone())]),
         Turn::Messages(m) => Some(m.clone()),
+    }
+}
+
+/// What `conv`'s template renders beside its messages: its tools and its variables.
+pub(super) fn extras(conv: &Conversation) -> TemplateExtras<'_> {
+    TemplateExtras {
+        tools: conv.tools(),
+        vars: Some(conv.template_vars()),
     }
 }
 

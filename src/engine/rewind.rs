@@ -7,7 +7,7 @@
 //! there: only that reply is recomputed (its answer, without the thought), never the turns
 //! before it.
 
-use super::encode::turn_messages;
+use super::encode::{extras, turn_messages};
 use super::{Engine, Turn};
 use crate::conversation::{Conversation, Cut, Mark};
 use crate::ids::ConversationId;
@@ -30,7 +30,7 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
     let seen = conv.seen_text();
     let mut all = conv.messages().to_vec();
     all.extend(new);
-    let rendered = t.render_with(&all, conv.extras(), true)?;
+    let rendered = t.render_with(&all, extras(conv), true)?;
     if rendered.starts_with(seen) {
         return Ok(None);
     }

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::encode::{encode, Encoded};
+use super::encode::{encode, extras, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
 use crate::conversation::{Conversation, Cut, Mark};
@@ -91,7 +91,7 @@ pub(crate) fn prepare(
     let enc = encode(
         model,
         conv.messages(),
-        conv.extras(),
+        extras(conv),
         conv.seen_text(),
         history,
         &turn,
@@ -229,10 +229,10 @@ fn choose_cut(
             }
             let cut = Cut { start, end };
             let (messages, seen) = conv.transcript_after(&cut);
-            if !continues(model, &messages, conv.extras(), &seen, turn)? {
+            if !continues(model, &messages, extras(conv), &seen, turn)? {
                 continue;
             }
-            let enc = encode(model, &messages, conv.extras(), &seen, history - drop, turn)?;
+            let enc = encode(model, &messages, extras(conv), &seen, history - drop, turn)?;
             let total = history - drop + enc.prompt.len();
             let fits = total + reply <= limit;
             if fits && end != end_now {
@@ -277,7 +277,7 @@ fn choose_unfed_cut(
             end: at(end),
         };
         let (kept, seen) = conv.transcript_after(&cut);
-        Ok((cut, encode(model, &kept, conv.extras(), &seen, 0, turn)?))
+        Ok((cut, encode(model, &kept, extras(conv), &seen, 0, turn)?))
     };
     // Dropping more never lengthens the prompt, so the fewest that fit are found by bisection:
     // a handful of encodings of a long history, not one per exchange.

@@ -82,6 +82,20 @@ fn empty_or_null(v: &Value) -> bool {
     v.is_null() || v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some("")
 }
 
+/// vLLM's guided decoding, on every generation endpoint: at most one holds a reply.
+const GUIDED: &[Field] = &[
+    implemented("guided_json", "vLLM's: the reply follows this JSON schema"),
+    implemented(
+        "guided_regex",
+        "vLLM's: the reply matches this regular expression",
+    ),
+    implemented("guided_choice", "vLLM's: the reply is one of these strings"),
+    implemented(
+        "guided_grammar",
+        "vLLM's: a grammar in llguidance's Lark dialect",
+    ),
+];
+
 /// The sampling and output fields `/v1/chat/completions` and `/v1/completions` share.
 const SAMPLING: &[Field] = &[
     implemented(
@@ -113,16 +127,6 @@ const SAMPLING: &[Field] = &[
     implemented("repetition_penalty", "vLLM's"),
     implemented("min_p", "vLLM's"),
     implemented("stop_token_ids", "vLLM's: tokens that end the reply"),
-    implemented("guided_json", "vLLM's: the reply follows this JSON schema"),
-    implemented(
-        "guided_regex",
-        "vLLM's: the reply matches this regular expression",
-    ),
-    implemented("guided_choice", "vLLM's: the reply is one of these strings"),
-    implemented(
-        "guided_grammar",
-        "vLLM's: a grammar in llguidance's Lark dialect",
-    ),
     implemented(
         "return_tokens_as_token_ids",
         "vLLM's: log-probabilities name tokens `token_id:N`",
@@ -307,7 +311,8 @@ pub const RESPONSES: &[Field] = &[
     ),
     implemented(
         "include",
-        "`[]`; each value this server has is listed in docs/SERVER.md, others refused by name",
+        "values of hosted tools, images and encrypted thoughts add nothing here; \
+         `message.output_text.logprobs` and unknown values are refused by name",
     ),
     implemented(
         "reasoning",
@@ -357,16 +362,6 @@ pub const RESPONSES: &[Field] = &[
     default_only("prompt", null, "OpenAI's stored prompt templates"),
     default_only("context_management", null, "no compaction"),
     default_only("image", null, "no image generation"),
-    implemented("guided_json", "vLLM's: the reply follows this JSON schema"),
-    implemented(
-        "guided_regex",
-        "vLLM's: the reply matches this regular expression",
-    ),
-    implemented("guided_choice", "vLLM's: the reply is one of these strings"),
-    implemented(
-        "guided_grammar",
-        "vLLM's: a grammar in llguidance's Lark dialect",
-    ),
 ];
 
 fn at_most_zero(v: &Value) -> bool {
@@ -405,15 +400,15 @@ pub struct Endpoint {
 pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/v1/chat/completions",
-        lists: &[CHAT, SAMPLING],
+        lists: &[CHAT, SAMPLING, GUIDED],
     },
     Endpoint {
         path: "/v1/completions",
-        lists: &[COMPLETION, SAMPLING],
+        lists: &[COMPLETION, SAMPLING, GUIDED],
     },
     Endpoint {
         path: "/v1/responses",
-        lists: &[RESPONSES],
+        lists: &[RESPONSES, GUIDED],
     },
     Endpoint {
         path: "/tokenize",

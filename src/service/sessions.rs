@@ -53,6 +53,24 @@ pub(super) struct Setup {
     vars: serde_json::Map<String, serde_json::Value>,
 }
 
+impl Setup {
+    /// A new unnamed conversation of this setup: the system prompt, then `history`.
+    fn open(
+        &self,
+        engine: &mut Engine,
+        system: Option<String>,
+        history: &[Message],
+    ) -> Result<ConversationId> {
+        engine.open(ConversationOptions {
+            system,
+            history: history.to_vec(),
+            name: None,
+            tools: self.tools.clone(),
+            template_vars: self.vars.clone(),
+        })
+    }
+}
+
 /// The conversations the service holds, and how a request finds one again: by the transcript
 /// a client resends, by name, or (for completions) by token prefix; the least recently used
 /// idle ones close past `max`. Its fields are its own: the driver asks through the methods
@@ -181,13 +199,7 @@ impl Sessions {
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
             engine.check_name(n)?;
         }
-        let conv = engine.open(ConversationOptions {
-            system,
-            history: rest.to_vec(),
-            name: None,
-            tools: setup.tools.clone(),
-            template_vars: setup.vars.clone(),
-        })?;
+        let conv = setup.open(engine, system, rest)?;
         let mut sent = sent;
         sent.extend_from_slice(last);
         self.add_session(conv, Some(sent), None, setup);
@@ -272,13 +284,7 @@ impl Sessions {
         if let (None, true) = (old, self.stored) {
             engine.check_name(name)?;
         }
-        let conv = engine.open(ConversationOptions {
-            system,
-            history: rest.to_vec(),
-            name: None,
-            tools: setup.tools.clone(),
-            template_vars: setup.vars.clone(),
-        })?;
+        let conv = setup.open(engine, system, rest)?;
         let thinks = engine.model().template().is_some_and(|t| t.thinks());
         let sent = messages.into_iter().map(|m| as_sent(thinks, m)).collect();
         self.add_session(conv, Some(sent), None, setup);

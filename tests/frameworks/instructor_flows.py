@@ -1,18 +1,7 @@
 """Flows of instructor: every mode."""
 
 
-from common import (
-    BASE,
-    City,
-    HELD,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    need,
-    run_async,
-)
+from common import BASE, City, HELD, KEY, MAXTOK, MODEL, check, flow, need, run_async
 
 
 def instr(mode_name, async_=False):

@@ -1,19 +1,7 @@
 """Flows of langchain-openai: chat and Responses, tools, structured output."""
 
 
-from common import (
-    BASE,
-    CITY_JSON,
-    City,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    get_weather,
-    need,
-    run_async,
-)
+from common import BASE, CITY_JSON, City, KEY, MAXTOK, MODEL, check, flow, get_weather, need, run_async  # noqa: E501
 
 
 def lc(**kw):
@@ -44,8 +32,8 @@ def lc_async():
     run_async(go())
 
 
-@flow("langchain-openai")
-def lc_tool_loop():
+def lc_tool_loop_on(**kw):
+    """A forced call, its result sent back as a ToolMessage, and the model's answer."""
     need("langchain_core")
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
@@ -55,15 +43,20 @@ def lc_tool_loop():
         """Get the weather in a city."""
         return get_weather(city)
 
-    llm = lc().bind_tools([get_weather_lc], tool_choice="get_weather_lc")
+    llm = lc(**kw).bind_tools([get_weather_lc], tool_choice="get_weather_lc")
     msgs = [HumanMessage("What is the weather in Paris?")]
     ai = llm.invoke(msgs)
     check(ai.tool_calls, "no tool call")
     msgs.append(ai)
     for tc in ai.tool_calls:
         msgs.append(ToolMessage(get_weather_lc.invoke(tc["args"]), tool_call_id=tc["id"]))
-    final = lc().bind_tools([get_weather_lc]).invoke(msgs)
+    final = lc(**kw).bind_tools([get_weather_lc]).invoke(msgs)
     check(final is not None, "no final")
+
+
+@flow("langchain-openai")
+def lc_tool_loop():
+    lc_tool_loop_on()
 
 
 def lc_structured(method, **kw):
@@ -105,21 +98,4 @@ def lc_responses_structured_json_schema():
 
 @flow("langchain-openai")
 def lc_responses_tool_loop():
-    need("langchain_core")
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_core.tools import tool
-
-    @tool
-    def get_weather_lc(city: str) -> str:
-        """Get the weather in a city."""
-        return get_weather(city)
-
-    llm = lc(use_responses_api=True).bind_tools([get_weather_lc], tool_choice="get_weather_lc")
-    msgs = [HumanMessage("What is the weather in Paris?")]
-    ai = llm.invoke(msgs)
-    check(ai.tool_calls, "no tool call")
-    msgs.append(ai)
-    for tc in ai.tool_calls:
-        msgs.append(ToolMessage(get_weather_lc.invoke(tc["args"]), tool_call_id=tc["id"]))
-    final = lc(use_responses_api=True).bind_tools([get_weather_lc]).invoke(msgs)
-    check(final is not None, "no final")
+    lc_tool_loop_on(use_responses_api=True)

@@ -1,18 +1,7 @@
 """Flows of llama-index: OpenAILike."""
 
 
-from common import (
-    BASE,
-    City,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    get_weather,
-    need,
-    run_async,
-)
+from common import BASE, City, KEY, MAXTOK, MODEL, check, flow, get_weather, need, run_async
 
 
 def li(**kw):

@@ -1,18 +1,7 @@
 """Flows of openai-agents: Responses and chat models, tools, output types, sessions."""
 
 
-from common import (
-    BASE,
-    City,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    get_weather,
-    need,
-    run_async,
-)
+from common import BASE, City, KEY, MAXTOK, MODEL, check, flow, get_weather, need, run_async
 
 
 def agents_setup(chat_completions=False):

@@ -2,21 +2,7 @@
 
 import json
 
-from common import (
-    BASE,
-    City,
-    KEY,
-    MAXTOK,
-    MODEL,
-    RESP_WEATHER_TOOL,
-    SHORT,
-    WEATHER_TOOL,
-    check,
-    flow,
-    get_weather,
-    need,
-    run_async,
-)
+from common import BASE, City, KEY, MAXTOK, MODEL, RESP_WEATHER_TOOL, SHORT, WEATHER_TOOL, check, flow, get_weather, need, run_async  # noqa: E501
 
 
 def oa():

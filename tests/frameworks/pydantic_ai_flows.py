@@ -1,20 +1,7 @@
 """Flows of pydantic-ai: tool, native and prompted output, chat and Responses."""
 
 
-from common import (
-    BASE,
-    CITY_JSON,
-    City,
-    HELD,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    get_weather,
-    need,
-    run_async,
-)
+from common import BASE, CITY_JSON, City, HELD, KEY, MAXTOK, MODEL, check, flow, get_weather, need, run_async  # noqa: E501
 
 
 def pai_model(responses=False):

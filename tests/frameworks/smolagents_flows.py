@@ -1,17 +1,7 @@
 """Flows of smolagents: OpenAIServerModel and its agents."""
 
 
-from common import (
-    BASE,
-    City,
-    KEY,
-    MAXTOK,
-    MODEL,
-    check,
-    flow,
-    get_weather,
-    need,
-)
+from common import BASE, City, KEY, MAXTOK, MODEL, check, flow, get_weather, need
 
 
 def smol_model():
@@ -37,8 +27,8 @@ def smol_model_stream():
     check(n, "no deltas")
 
 
-@flow("smolagents")
-def smol_tool_calling_agent():
+def smol_agent_run(**kw):
+    """A ToolCallingAgent with one tool, run on a question the tool answers."""
     from smolagents import ToolCallingAgent, tool
 
     @tool
@@ -50,28 +40,19 @@ def smol_tool_calling_agent():
         """
         return get_weather(city)
 
-    a = ToolCallingAgent(tools=[get_weather_smol], model=smol_model(), max_steps=3, verbosity_level=0)
+    a = ToolCallingAgent(tools=[get_weather_smol], model=smol_model(), max_steps=3, verbosity_level=0, **kw)
     out = a.run("What is the weather in Paris?")
     check(out is not None, "no answer")
+
+
+@flow("smolagents")
+def smol_tool_calling_agent():
+    smol_agent_run()
 
 
 @flow("smolagents")
 def smol_tool_calling_agent_stream():
-    from smolagents import ToolCallingAgent, tool
-
-    @tool
-    def get_weather_smol(city: str) -> str:
-        """Get the weather in a city.
-
-        Args:
-            city: the city.
-        """
-        return get_weather(city)
-
-    a = ToolCallingAgent(tools=[get_weather_smol], model=smol_model(), max_steps=3, verbosity_level=0,
-                         stream_outputs=True)
-    out = a.run("What is the weather in Paris?")
-    check(out is not None, "no answer")
+    smol_agent_run(stream_outputs=True)
 
 
 @flow("smolagents")

@@ -30,6 +30,9 @@ pub struct Request {
     pub reasoning: Option<Reasoning>,
     /// vLLM's: the chat template's variables.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Extra output to include: the values this server has (see [`check_include`]).
+    #[serde(default)]
+    pub include: Vec<String>,
     /// `auto` drops the oldest turns that do not fit the window; `disabled` refuses them.
     pub truncation: Option<String>,
     /// The conversation (Conversations API) this response continues and adds to.
@@ -70,6 +73,38 @@ enum Format {
     Text,
     JsonObject,
     JsonSchema(JsonSchemaFormat),
+}
+
+/// Checks `include`'s values: those of OpenAI's hosted tools and images add nothing here,
+/// where none of those items exist; `reasoning.encrypted_content` adds nothing either, since
+/// a thought is not kept to be given back (a reasoning item sent back adds nothing to the
+/// input); log-probabilities are not reported on responses yet. Any other value is a typo.
+///
+/// # Errors
+/// A 400 naming the value.
+pub fn check_include(include: &[String]) -> Result<(), ApiError> {
+    const NOTHING_HERE: &[&str] = &[
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+    ];
+    for value in include {
+        match value.as_str() {
+            v if NOTHING_HERE.contains(&v) => {}
+            "message.output_text.logprobs" => {
+                return Err(ApiError::bad(
+                    "include \"message.output_text.logprobs\": responses report no \
+                     log-probabilities yet (the chat endpoint's logprobs do)",
+                ))
+            }
+            other => return Err(ApiError::bad(format!("include {other:?}: no such value"))),
+        }
+    }
+    Ok(())
 }
 
 /// `text.format` as the chat endpoint's `response_format`.
@@ -312,6 +347,22 @@ mod tests {
         assert!(e.message.contains("web_search"), "{}", e.message);
         let e = chat_tool_choice(Some(&json!({"type": "mcp"}))).unwrap_err();
         assert!(e.message.contains("mcp"), "{}", e.message);
+    }
+
+    #[test]
+    fn include_values_are_taken_or_refused_by_name() {
+        let include =
+            |v: &[&str]| check_include(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(include(&[]).is_ok());
+        assert!(include(&["reasoning.encrypted_content", "web_search_call.results"]).is_ok());
+        let e = include(&["message.output_text.logprobs"])
+            .unwrap_err()
+            .message;
+        assert!(e.contains("logprobs"), "{e}");
+        let e = include(&["reasoning.encrypted_contents"])
+            .unwrap_err()
+            .message;
+        assert!(e.contains("reasoning.encrypted_contents"), "{e}");
     }
 
     #[test]

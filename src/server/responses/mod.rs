@@ -236,6 +236,7 @@ impl Run {
 /// Checks the request, finds its history, and starts its turn.
 async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiError> {
     let mut request: Request = api::parse(body, RESPONSES_ENDPOINT, s.ignore_unknown_fields)?;
+    input::check_include(&request.include)?;
     if request.background && request.stream {
         return Err(ApiError::bad(
             "a background response is polled here: give background or stream, not both",
