@@ -112,7 +112,11 @@ pub async fn serve(
     limits: Limits,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let mut builder = Builder::new(TokioExecutor::new());
+    // HTTP/1 only, from the first byte: telling HTTP/1 from HTTP/2 first would read a
+    // connection's opening bytes with no deadline, so a client that sends nothing (or a byte,
+    // or an HTTP/2 preface) would hold its place for good. The header timeout then counts
+    // from the connection's start.
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -154,7 +158,7 @@ pub async fn serve(
             // The share goes back before the place: a connection the place lets in must find
             // its client's count already lowered.
             let _held = (share, place);
-            let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
+            let mut conn = pin!(builder.serve_connection(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,
                 _ = closed.changed() => conn.as_mut().graceful_shutdown(),
