@@ -273,32 +273,6 @@ impl Engine {
             .ok_or(Error::UnknownConversation(conv))
     }
 
-    /// The tools a conversation's template lists ([`ConversationOptions::tools`]).
-    ///
-    /// # Errors
-    /// [`Error::UnknownConversation`].
-    pub fn tools(&self, conv: ConversationId) -> Result<&[serde_json::Value]> {
-        self.convs
-            .get(&conv)
-            .map(|c| c.tools())
-            .ok_or(Error::UnknownConversation(conv))
-    }
-
-    /// The variables a conversation's template reads
-    /// ([`ConversationOptions::template_vars`]).
-    ///
-    /// # Errors
-    /// [`Error::UnknownConversation`].
-    pub fn template_vars(
-        &self,
-        conv: ConversationId,
-    ) -> Result<&serde_json::Map<String, serde_json::Value>> {
-        self.convs
-            .get(&conv)
-            .map(|c| c.template_vars())
-            .ok_or(Error::UnknownConversation(conv))
-    }
-
     /// How much room `turn` would take in `conv`, without submitting it: the tokens it adds
     /// (after the chat template) and the longest reply that still fits. Drivers use it to size
     /// requests instead of re-deriving the template's overhead.

@@ -1,4 +1,5 @@
-//! Tool calls in the transcript: a reply of a conversation with tools is recorded with its
+//! What a conversation's template renders beside its messages (its tools and variables), and
+//! tool calls in the transcript: a reply of a conversation with tools is recorded with its
 //! calls read out of it, as a client sends them back, so that the template renders the
 //! history as it would for a server that holds nothing (and `super::rewind` makes the next
 //! turn read that way).
@@ -6,8 +7,35 @@
 use super::{Engine, RequestId};
 use crate::ids::ConversationId;
 use crate::model::{Message, Model, ToolCall, ToolStream};
+use crate::{Error, Result};
 
 impl Engine {
+    /// The tools a conversation's template lists ([`ConversationOptions::tools`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn tools(&self, conv: ConversationId) -> Result<&[serde_json::Value]> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.tools())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// The variables a conversation's template reads
+    /// ([`ConversationOptions::template_vars`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn template_vars(
+        &self,
+        conv: ConversationId,
+    ) -> Result<&serde_json::Map<String, serde_json::Value>> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.template_vars())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
     /// A reader of the tool calls of request `request`'s reply as it streams, when its
     /// conversation `conv` has tools: the ids it gives are those the conversation records
     /// (and a client sends back), so a host streaming calls gets the same ones.

@@ -45,13 +45,12 @@ use crate::engine::Engine;
 use crate::model::{ChatTemplate, ReasoningParser};
 use crate::service::{Chat, Service, ServiceConfig};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use clap::Parser;
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -64,6 +63,7 @@ mod conversations;
 mod deadline;
 mod error;
 mod fields;
+mod info;
 mod listen;
 mod logprobs;
 mod metrics;
@@ -361,8 +361,8 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             "/v1/conversations/{id}/items/{item}",
             get(conversations::retrieve_item).delete(conversations::delete_item),
         )
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
     if let Some(keys) = keys {
@@ -373,10 +373,10 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
         ));
     }
     guarded
-        .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
-        .fallback(unknown_route)
-        .method_not_allowed_fallback(wrong_method)
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics_text))
+        .fallback(info::unknown_route)
+        .method_not_allowed_fallback(info::wrong_method)
         // One line per request at its end: method, path, status, latency. The path only,
         // never the query, which may carry a secret (`?api_key=`).
         .layer(
@@ -396,70 +396,11 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
         .with_state(state)
 }
 
-/// `ok` while the engine thread serves; 503 once it has died.
-async fn health(State(s): State<AppState>) -> Response {
-    match s.service.is_alive() {
-        true => "ok".into_response(),
-        false => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread died").into_response()
-        }
-    }
-}
-
 /// A number of seconds, positive and finite.
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
         _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
-    }
-}
-
-/// The served model as OpenAI's model object.
-fn model_object(s: &AppState) -> Value {
-    json!({"id": &*s.model, "object": "model", "created": now_s(), "owned_by": "pensieve"})
-}
-
-async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
-}
-
-/// `GET /v1/models/{id}`: the served model, or a 404 for any other name.
-async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    match check_model_name(&s, Some(&id)) {
-        Ok(()) => Json(model_object(&s)).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// A path no route has: a 404 with OpenAI's error body (clients parse it), naming the path.
-async fn unknown_route(uri: axum::http::Uri) -> Response {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no route {}: this server has none of that path", uri.path()),
-    )
-    .into_response()
-}
-
-/// A route asked with a method it does not take: a 405 with OpenAI's error body.
-async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("{} does not take {method}", uri.path()),
-    )
-    .into_response()
-}
-
-async fn metrics_text(State(s): State<AppState>) -> Response {
-    match s.metrics.render() {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 

@@ -1,0 +1,71 @@
+//! The server's own routes beside the API's: its health, its metrics, the served model
+//! (`GET /v1/models`, `/v1/models/{id}`), and OpenAI-shaped answers to paths and methods it
+//! has no route for.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::{check_model_name, now_s, AppState};
+
+/// `ok` while the engine thread serves; 503 once it has died.
+pub async fn health(State(s): State<AppState>) -> Response {
+    match s.service.is_alive() {
+        true => "ok".into_response(),
+        false => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread died").into_response()
+        }
+    }
+}
+
+/// The served model as OpenAI's model object.
+fn model_object(s: &AppState) -> Value {
+    json!({"id": &*s.model, "object": "model", "created": now_s(), "owned_by": "pensieve"})
+}
+
+pub async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+/// `GET /v1/models/{id}`: the served model, or a 404 for any other name.
+pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    match check_model_name(&s, Some(&id)) {
+        Ok(()) => Json(model_object(&s)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A path no route has: a 404 with OpenAI's error body (clients parse it), naming the path.
+pub async fn unknown_route(uri: axum::http::Uri) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {}: this server has none of that path", uri.path()),
+    )
+    .into_response()
+}
+
+/// A route asked with a method it does not take: a 405 with OpenAI's error body.
+pub async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
+    .into_response()
+}
+
+pub async fn metrics_text(State(s): State<AppState>) -> Response {
+    match s.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
