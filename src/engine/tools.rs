@@ -10,7 +10,7 @@ use crate::model::{Message, Model, ToolCall, ToolStream};
 use crate::{Error, Result};
 
 impl Engine {
-    /// The tools a conversation's template lists ([`ConversationOptions::tools`]).
+    /// The tools a conversation's template lists ([`super::ConversationOptions::tools`]).
     ///
     /// # Errors
     /// [`Error::UnknownConversation`].
@@ -22,7 +22,7 @@ impl Engine {
     }
 
     /// The variables a conversation's template reads
-    /// ([`ConversationOptions::template_vars`]).
+    /// ([`super::ConversationOptions::template_vars`]).
     ///
     /// # Errors
     /// [`Error::UnknownConversation`].
