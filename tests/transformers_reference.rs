@@ -2,7 +2,9 @@
 //! configs: `scripts/reference/transformers_logits.py` ran `transformers` on the checkpoint
 //! the `random_checkpoint` example writes from each fixture's config and seed, and kept the
 //! logits after the fixture's prompt (`tests/fixtures/transformers`). This test writes the
-//! same checkpoint from the seed, loads it, and compares (both compute in f32).
+//! same checkpoint from the seed, loads it, and compares (both compute in f32), under the
+//! config as written and as transformers 5 saves it (`saved_config`: `rope_parameters`,
+//! renamed fields), which must load to the same logits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -27,7 +29,11 @@ fn check(name: &str) {
     let dir = tempfile::tempdir().unwrap();
     checkpoint::write(dir.path(), &json, seed);
     let ours = checkpoint::last_logits(dir.path(), &json, &prompt);
-    let name = format!("{name} vs {}", fixture["reference"]);
+    let reference = &fixture["reference"];
+    checkpoint::assert_close(&format!("{name} vs {reference}"), &ours, &theirs, TOLERANCE);
+    let saved = fixture["saved_config"].to_string();
+    let ours = checkpoint::last_logits(dir.path(), &saved, &prompt);
+    let name = format!("{name} saved by {}, vs {reference}", fixture["saved_by"]);
     checkpoint::assert_close(&name, &ours, &theirs, TOLERANCE);
 }
 

@@ -6,8 +6,14 @@ logits go to tests/fixtures/transformers/NAME.json with the config, the seed and
 The test writes the same weights again from the seed, so CI needs neither torch nor the
 checkpoints.
 
+Each fixture also keeps `saved_config`: the config as this `transformers` saves it
+(`save_pretrained`; 5.x writes `rope_parameters` where 4.x wrote `rope_theta` and
+`rope_scaling`, and renames fields). The test loads the weights under both forms, to the same
+logits.
+
 Run where `transformers` and a CPU `torch` are installed (both from PyPI):
     python scripts/reference/transformers_logits.py
+With `--configs-only`, only `saved_config` is rewritten, and torch is not needed.
 """
 
 import json
@@ -16,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 
-import torch
 import transformers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -74,7 +79,20 @@ CASES = {
 }
 
 
+def saved(config):
+    """`config` as `save_pretrained` writes it."""
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    with tempfile.TemporaryDirectory() as folder:
+        transformers.AutoConfig.for_model(config["model_type"], **fields).save_pretrained(folder)
+        out = json.loads((pathlib.Path(folder) / "config.json").read_text())
+    # The version is the fixture's `reference`; the rest is what a checkpoint carries.
+    out.pop("transformers_version", None)
+    return out
+
+
 def logits(config, folder):
+    import torch
+
     folder = pathlib.Path(folder)
     (folder / "case.json").write_text(json.dumps(config))
     subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "random_checkpoint",
@@ -93,9 +111,18 @@ def logits(config, folder):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     for name, config in CASES.items():
+        if "--configs-only" in sys.argv:
+            fixture = json.loads((OUT / f"{name}.json").read_text())
+            fixture["saved_config"] = saved(config)
+            fixture["saved_by"] = f"transformers {transformers.__version__}"
+            (OUT / f"{name}.json").write_text(json.dumps(fixture) + "\n")
+            continue
+        import torch
         with tempfile.TemporaryDirectory() as folder:
             values = logits(config, folder)
-        fixture = {"config": config, "seed": SEED, "prompt": PROMPT, "logits": values,
+        fixture = {"config": config, "saved_config": saved(config),
+                   "saved_by": f"transformers {transformers.__version__}",
+                   "seed": SEED, "prompt": PROMPT, "logits": values,
                    "reference": f"transformers {transformers.__version__}, "
                                 f"torch {torch.__version__}"}
         (OUT / f"{name}.json").write_text(json.dumps(fixture) + "\n")

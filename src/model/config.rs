@@ -8,6 +8,7 @@ use super::arch::Architecture;
 use crate::attention::KvShape;
 use crate::{Error, Result};
 
+mod hf_rope;
 mod parse;
 mod yarn;
 

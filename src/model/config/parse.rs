@@ -4,8 +4,9 @@
 use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
+use super::hf_rope::{HfRope, RopeFields};
 use super::yarn::Yarn;
-use super::{Architecture, Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
+use super::{Architecture, Experts, ModelConfig, RopeConfig, RopeVariant};
 use crate::{Error, Result};
 
 /// Gemma 3's layer pattern when a file does not give one: five local layers, then a global.
@@ -251,11 +252,11 @@ impl ModelConfig {
         let hf: Hf =
             serde_json::from_str(json).map_err(|e| Error::invalid_model("config.json", e))?;
         let arch = hf.architecture()?;
-        hf.refuse_unsupported(arch)?;
-        let (llama3_scaling, linear_factor) = hf.rope_scaling()?;
+        let gemma = arch == Architecture::Gemma3;
+        let rope = hf.rope.read(gemma)?;
+        hf.refuse_unsupported(arch, &rope)?;
         let n = hf.num_hidden_layers;
         let layer_windows = hf.layer_windows(arch)?;
-        let gemma = arch == Architecture::Gemma3;
         let mut config = Self {
             architecture: arch,
             vocab_size: hf.vocab_size,
@@ -269,11 +270,11 @@ impl ModelConfig {
                 .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
             rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-5),
             rope: RopeConfig {
-                base: hf.rope_theta.unwrap_or(10_000.0),
-                local_base: gemma.then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_LOCAL_BASE)),
+                base: rope.base().unwrap_or(10_000.0),
+                local_base: gemma.then(|| rope.local_base().unwrap_or(GEMMA3_LOCAL_BASE)),
                 variant: RopeVariant::HalfSplit,
-                llama3_scaling,
-                linear_factor,
+                llama3_scaling: rope.llama3()?,
+                linear_factor: rope.linear_factor()?,
                 freq_factors: None,
                 rotary_dim: None,
                 attention_factor: None,
@@ -290,18 +291,17 @@ impl ModelConfig {
             experts: hf.experts(arch)?,
         };
         let head_dim = config.head_dim;
-        if let Some(f) = hf.partial_rotary_factor.filter(|&f| f != 1.0) {
+        if let Some(f) = rope.partial_rotary_factor().filter(|&f| f != 1.0) {
             // As transformers rounds it.
             config.rope.rotary_dim = Some((head_dim as f64 * f) as usize);
         }
-        if let Some(mut yarn) = hf.yarn()? {
-            yarn.default_original(hf.original_max_position_embeddings);
+        if let Some(yarn) = rope.yarn()? {
             let (dim, window) = (config.rotary_dim(), config.max_position_embeddings);
             yarn.apply(&mut config.rope, dim, window);
         }
-        if let Some((short, long, attention)) = hf.longrope()? {
+        if let Some(((short, long, attention), original)) = rope.longrope()? {
             let window = config.max_position_embeddings;
-            let original = hf.original_max_position_embeddings.unwrap_or(window);
+            let original = original.unwrap_or(window);
             config
                 .rope
                 .longrope(short, long, original, window, attention);
@@ -309,17 +309,6 @@ impl ModelConfig {
         config.validate()?;
         Ok(config)
     }
-}
-
-/// LongRoPE's short factors, long factors and attention factor.
-type LongRope = (Vec<f32>, Vec<f32>, Option<f32>);
-
-#[derive(Deserialize)]
-struct RopeScaling {
-    #[serde(alias = "type")]
-    rope_type: Option<String>,
-    #[serde(flatten)]
-    params: serde_json::Value,
 }
 
 /// The `config.json` fields the graph reads or must check.
@@ -335,8 +324,6 @@ struct Hf {
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
     rms_norm_eps: Option<f64>,
-    rope_theta: Option<f32>,
-    rope_scaling: Option<RopeScaling>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     hidden_act: Option<String>,
@@ -347,7 +334,6 @@ struct Hf {
     use_sliding_window: Option<bool>,
     sliding_window_pattern: Option<usize>,
     layer_types: Option<Vec<String>>,
-    rope_local_base_freq: Option<f32>,
     query_pre_attn_scalar: Option<f32>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
@@ -358,11 +344,12 @@ struct Hf {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
-    partial_rotary_factor: Option<f64>,
-    original_max_position_embeddings: Option<usize>,
     swiglu_limit: Option<f64>,
     swiglu_alpha: Option<f64>,
     quantization_config: Option<serde_json::Value>,
+    use_bidirectional_attention: Option<bool>,
+    #[serde(flatten)]
+    rope: RopeFields,
 }
 
 impl Hf {
@@ -392,62 +379,6 @@ impl Hf {
                 "names no architecture (neither `architectures` nor `model_type`)",
             )),
         }
-    }
-
-    /// Llama 3's RoPE scaling, or a linear factor, or neither.
-    fn rope_scaling(&self) -> Result<(Option<Llama3RopeScaling>, Option<f32>)> {
-        let Some(s) = &self.rope_scaling else {
-            return Ok((None, None));
-        };
-        match s.rope_type.as_deref() {
-            Some("llama3") => {
-                let scaling = serde_json::from_value::<Llama3RopeScaling>(s.params.clone())
-                    .map_err(|e| Error::invalid_model("config.json rope_scaling", e))?;
-                Ok((Some(scaling), None))
-            }
-            Some("linear") => Ok((None, s.params["factor"].as_f64().map(|f| f as f32))),
-            // Applied once the config is read (`Hf::longrope`, `Hf::yarn`).
-            Some("longrope" | "su" | "yarn") => Ok((None, None)),
-            other => Err(Error::invalid_model(
-                "config.json rope_scaling",
-                format!(
-                    "rope_type {other:?} is not supported (supported: llama3, linear, \
-                     longrope, yarn)"
-                ),
-            )),
-        }
-    }
-
-    /// LongRoPE's short and long factors and its attention factor, if it is the scaling.
-    fn longrope(&self) -> Result<Option<LongRope>> {
-        let Some(s) = self
-            .rope_scaling
-            .as_ref()
-            .filter(|s| matches!(s.rope_type.as_deref(), Some("longrope" | "su")))
-        else {
-            return Ok(None);
-        };
-        let factors = |key: &str| {
-            serde_json::from_value::<Vec<f32>>(s.params[key].clone())
-                .map_err(|e| Error::invalid_model(format!("config.json rope_scaling.{key}"), e))
-        };
-        let attention = s.params["attention_factor"].as_f64().map(|f| f as f32);
-        Ok(Some((
-            factors("short_factor")?,
-            factors("long_factor")?,
-            attention,
-        )))
-    }
-
-    /// YaRN's parameters, if it is the scaling.
-    fn yarn(&self) -> Result<Option<Yarn>> {
-        let Some(s) =
-            (self.rope_scaling.as_ref()).filter(|s| s.rope_type.as_deref() == Some("yarn"))
-        else {
-            return Ok(None);
-        };
-        serde_json::from_value(s.params.clone())
-            .map_err(|e| Error::invalid_model("config.json rope_scaling", e))
     }
 
     /// Each layer's sliding window (`None`: global attention).
@@ -490,7 +421,16 @@ impl Hf {
         };
         Ok(match arch {
             Architecture::Qwen3Moe => Some(Experts {
-                count: need(self.num_experts, "num_experts")?,
+                // transformers 5 renamed it to the other architectures' name.
+                count: match (self.num_experts, self.num_local_experts) {
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(Error::invalid_model(
+                            "config.json num_local_experts",
+                            format!("{b} differs from num_experts {a}"),
+                        ));
+                    }
+                    (a, b) => need(a.or(b), "num_local_experts")?,
+                },
                 per_token: need(self.num_experts_per_tok, "num_experts_per_tok")?,
                 intermediate_size: need(self.moe_intermediate_size, "moe_intermediate_size")?,
                 normalize: self.norm_topk_prob.unwrap_or(false),
@@ -513,7 +453,7 @@ impl Hf {
     }
 
     /// Settings that would change what the graph computes and that it does not implement.
-    fn refuse_unsupported(&self, arch: Architecture) -> Result<()> {
+    fn refuse_unsupported(&self, arch: Architecture, rope: &HfRope) -> Result<()> {
         let refuse = |field: &str, value: String| {
             Err(Error::invalid_model(
                 format!("config.json {field}"),
@@ -551,6 +491,10 @@ impl Hf {
         if let Some(a) = self.swiglu_alpha.filter(|&a| (a - 1.702).abs() > 1e-6) {
             return refuse("swiglu_alpha", a.to_string());
         }
+        // Gemma 3's text encoders (EmbeddingGemma) see the whole sequence; a decoder does not.
+        if self.use_bidirectional_attention == Some(true) {
+            return refuse("use_bidirectional_attention", "true".into());
+        }
         if self.mlp_bias == Some(true) {
             return refuse("mlp_bias", "true".into());
         }
@@ -558,7 +502,7 @@ impl Hf {
             return refuse("use_sliding_window", "true".into());
         }
         // Phi's attention turns the first dimensions only; others' turn all of them.
-        if let Some(f) = self.partial_rotary_factor.filter(|&f| f != 1.0)
+        if let Some(f) = rope.partial_rotary_factor().filter(|&f| f != 1.0)
             && arch != Architecture::Phi3
         {
             return refuse("partial_rotary_factor", f.to_string());
