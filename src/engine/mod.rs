@@ -42,6 +42,7 @@ pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
 };
+pub(crate) use persist::Removing;
 pub use persist::{Fetched, Registration, ResumeReader};
 pub use turn::TurnSize;
 pub use types::{
@@ -243,11 +244,7 @@ impl Engine {
     /// # Errors
     /// [`Error::UnknownConversation`].
     pub fn close(&mut self, conv: ConversationId) -> Result<()> {
-        if !self.convs.contains_key(&conv) {
-            return Err(Error::UnknownConversation(conv));
-        }
-        self.remove_manifest(conv);
-        self.detach(conv)
+        self.close_removing(conv).map(drop)
     }
 
     /// The token history of a conversation (prompts and replies, exactly as the model saw them).

@@ -33,6 +33,11 @@ pub use fetch::Registration;
 pub use fetch::{Fetched, ResumeReader};
 pub(super) use journal::Journal;
 
+/// A stored conversation's removal that [`Engine::close_removing`] queued: its store job
+/// (`None`: it could not be queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Removing(Option<u64>);
+
 /// Whether a named conversation's latest state is stored; see [`Engine::durability`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -488,14 +493,39 @@ impl Engine {
         Ok(self.journal.durability(conv, store))
     }
 
-    /// Deletes the manifest of `id` if it is named (the conversation is closed for good).
-    pub(super) fn remove_manifest(&mut self, id: ConversationId) {
+    /// Deletes the manifest of `id` if it is named (the conversation is closed for good); the
+    /// removal queued, if any, for [`Engine::removal_durability`].
+    pub(super) fn remove_manifest(&mut self, id: ConversationId) -> Option<Removing> {
         let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.store()) else {
-            return;
+            return None;
         };
-        if let Some(name) = conv.name() {
-            store.remove_manifest(name);
-            self.journal.removed(name, store);
+        let name = conv.name()?;
+        let job = store.remove_manifest(name);
+        self.journal.removed(name, job, store);
+        Some(Removing(job))
+    }
+
+    /// [`Engine::close`], with the removal of a stored conversation's manifest it queued:
+    /// a caller that acknowledges the close waits for [`Engine::removal_durability`].
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub(crate) fn close_removing(&mut self, conv: ConversationId) -> Result<Option<Removing>> {
+        if !self.convs.contains_key(&conv) {
+            return Err(Error::UnknownConversation(conv));
+        }
+        let removal = self.remove_manifest(conv);
+        self.detach(conv)?;
+        Ok(removal)
+    }
+
+    /// How durable a queued removal is: [`Durability::Durable`] once the store no longer
+    /// holds the conversation, [`Durability::Failed`] if it could not be removed (the store
+    /// still holds it: resuming it continues its stored state).
+    pub(crate) fn removal_durability(&self, removal: Removing) -> Durability {
+        match self.cache.store() {
+            Some(store) => journal::outcome(removal.0, store),
+            None => Durability::NotStored,
         }
     }
 }

@@ -237,8 +237,11 @@ pub async fn update(
 pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
     let deleted = async {
         transcript(&s, &tenant, &id).await?;
-        if let Ok(conv) = s.service.resume(&tenant.name(&id)).await {
-            (s.service.close(conv).await).map_err(|e| ApiError::from_engine(&e))?;
+        match s.service.resume(&tenant.name(&id)).await {
+            Ok(conv) => (s.service.close(conv).await).map_err(|e| ApiError::from_engine(&e))?,
+            // Created and never continued: nothing stored.
+            Err(e) if e.kind() == crate::ErrorKind::NotFound => {}
+            Err(e) => return Err(ApiError::from_engine(&e)),
         }
         s.conversations.0.lock().remove(&tenant.name(&id));
         Ok(json!({"id": id, "object": "conversation.deleted", "deleted": true}))

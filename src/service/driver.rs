@@ -16,8 +16,8 @@ use super::sessions::{named, Naming, Opened, Sessions};
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
-    ConversationId, Durability, Engine, Event, Fetched, FinishReason, RequestId, SamplingParams,
-    StoreLocation, Turn,
+    ConversationId, Durability, Engine, Event, Fetched, FinishReason, Removing, RequestId,
+    SamplingParams, StoreLocation, Turn,
 };
 use crate::model::{Message, ToolStream};
 use crate::{Error, Result};
@@ -79,21 +79,32 @@ struct Running {
     tools: Option<ToolStream>,
 }
 
-/// What a turn's end waits for.
+/// What an answer waits for.
 enum Wait {
     /// The named conversation's state to be durable in the store.
     Durable(ConversationId),
-    /// The store to have written what was queued before this mark (a fleet's shared chunks,
-    /// or the removal of a conversation its turn ended).
+    /// The store to have written what was queued before this mark (a fleet's shared chunks).
     Mark(u64),
+    /// A stored conversation's removal to be written (a close, or a turn that ended it).
+    Removed(Removing),
 }
 
-/// A turn's end, held until the store has what it wrote.
+/// Who is answered once the wait is over.
+enum Answer {
+    /// A turn's end, holding its place among the turns in flight until then.
+    Turn {
+        events: UnboundedSender<TurnEvent>,
+        end: TurnEnd,
+        _slot: Slot,
+    },
+    /// A close: the conversation is gone from the store, or why not.
+    Closed(oneshot::Sender<Result<()>>),
+}
+
+/// An answer held until the store has what it wrote.
 struct Held {
     wait: Wait,
-    events: UnboundedSender<TurnEvent>,
-    end: TurnEnd,
-    _slot: Slot,
+    answer: Answer,
 }
 
 pub(super) struct Driver {
@@ -167,10 +178,24 @@ impl Driver {
             .rewrite(&mut self.engine, name, messages, fetched)
     }
 
-    /// Closes a conversation (deleting a stored one when `ended`) or, for a stored one not
-    /// ended, drops only this engine's copy.
-    pub(super) fn close(&mut self, conv: ConversationId, ended: bool) -> Result<()> {
-        self.sessions.close(&mut self.engine, conv, ended)
+    /// Drops this engine's copy of a stored conversation, or closes one the store does not
+    /// keep.
+    pub(super) fn detach(&mut self, conv: ConversationId) -> Result<()> {
+        self.sessions.close(&mut self.engine, conv, false).map(drop)
+    }
+
+    /// Closes a conversation, deleting a stored one: `reply` is answered once the deletion
+    /// is written, or with why it could not be (the store then keeps the conversation).
+    pub(super) fn close(&mut self, conv: ConversationId, reply: oneshot::Sender<Result<()>>) {
+        match self.sessions.close(&mut self.engine, conv, true) {
+            Ok(Some(removing)) => self.held.push(Held {
+                wait: Wait::Removed(removing),
+                answer: Answer::Closed(reply),
+            }),
+            closed => {
+                let _ = reply.send(closed.map(drop));
+            }
+        }
     }
 
     pub(super) fn run(&mut self, rx: &Receiver<Command>) {
@@ -441,7 +466,7 @@ impl Driver {
                 let recorded = self.engine.messages(r.conv).ok().and_then(|m| m.last());
                 let message = recorded.filter(|_| settled).cloned();
                 let named = self.stored && named(&self.engine, r.conv);
-                self.settle(r.conv, message.clone(), &r.hints);
+                let removing = self.settle(r.conv, message.clone(), &r.hints);
                 let end = TurnEnd {
                     reason,
                     stats,
@@ -450,9 +475,8 @@ impl Driver {
                 };
                 // A turn that ended its stored conversation is answered once the removal is
                 // written: a client told it is forgotten is not resumed after a crash.
-                let ended = named && settled && r.hints.end;
                 let wait = match (named, self.engine.store_mark()) {
-                    (true, Some(mark)) if ended => Some(Wait::Mark(mark)),
+                    _ if removing.is_some() => removing.map(Wait::Removed),
                     (true, _) if settled => Some(Wait::Durable(r.conv)),
                     (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
                     _ => None,
@@ -462,9 +486,11 @@ impl Driver {
                 match wait {
                     Some(wait) => self.held.push(Held {
                         wait,
-                        events: r.events,
-                        end,
-                        _slot: r.slot,
+                        answer: Answer::Turn {
+                            events: r.events,
+                            end,
+                            _slot: r.slot,
+                        },
                     }),
                     None => {
                         let _ = r.events.send(TurnEvent::Finished(end));
@@ -491,12 +517,16 @@ impl Driver {
                     // Closed or replaced meanwhile: what it wrote is not this turn's to judge.
                     Err(_) => Some(Durability::NotStored),
                 },
+                Wait::Removed(removing) => match self.engine.removal_durability(removing) {
+                    Durability::Pending => None,
+                    d => Some(d),
+                },
             };
             let Some(outcome) = outcome else {
                 i += 1;
                 continue;
             };
-            let mut held = self.held.swap_remove(i);
+            let held = self.held.swap_remove(i);
             let failure = match (outcome, &held.wait) {
                 (Durability::Failed(why), &Wait::Durable(conv)) => {
                     tracing::warn!(%why, "a named conversation's turn could not be stored");
@@ -510,32 +540,52 @@ impl Driver {
                     self.sessions.forget(&mut self.engine, conv, false);
                     Some(Error::StoreConflict(why))
                 }
+                // The store keeps the conversation: the client is told it still exists.
+                (Durability::Failed(why), Wait::Removed(_)) => {
+                    tracing::warn!(%why, "a stored conversation could not be removed");
+                    self.stats.lock().store_failures += 1;
+                    Some(Error::NotDurable(why))
+                }
                 _ => None,
             };
-            if let Some(e) = failure {
-                held.end.reason = FinishReason::Failed(Arc::new(e));
+            match held.answer {
+                Answer::Turn {
+                    events, mut end, ..
+                } => {
+                    if let Some(e) = failure {
+                        end.reason = FinishReason::Failed(Arc::new(e));
+                    }
+                    let _ = events.send(TurnEvent::Finished(end));
+                }
+                Answer::Closed(reply) => {
+                    let _ = reply.send(failure.map_or(Ok(()), Err));
+                }
             }
-            let _ = held.events.send(TurnEvent::Finished(held.end));
         }
     }
 
     /// After a turn: the session becomes findable by its new transcript, hints apply, and
     /// old sessions close. A turn cut short (cancelled, failed) left the engine's
     /// conversation as it was: the session drops the message it sent.
-    fn settle(&mut self, conv: ConversationId, reply: Option<Message>, hints: &Hints) {
+    fn settle(
+        &mut self,
+        conv: ConversationId,
+        reply: Option<Message>,
+        hints: &Hints,
+    ) -> Option<Removing> {
         let Some(reply) = reply else {
             self.sessions.unsend(conv);
             self.sessions.mark_idle(conv);
-            return;
+            return None;
         };
         if hints.end {
-            self.sessions.forget(&mut self.engine, conv, true);
-            return;
+            return (self.sessions.close(&mut self.engine, conv, true)).unwrap_or(None);
         }
         if let Some(after) = hints.expect_resume {
             let _ = self.engine.expect_resume(conv, after);
         }
         self.sessions.replied(conv, reply);
         self.sessions.close_old(&mut self.engine);
+        None
     }
 }

@@ -43,6 +43,7 @@
 //! sends the held turn ends and joins the engine thread. Dropping the last handle (and the
 //! last stream) does the same.
 
+mod chat;
 mod driver;
 mod fetch;
 mod sessions;
@@ -65,6 +66,7 @@ use crate::model::{Message, Model};
 use crate::setters::setters;
 use crate::{Error, Result};
 
+pub use chat::{Chat, Hints};
 use driver::{Command, Driver, Submission, What};
 pub use stream::{Reply, TurnEnd, TurnEvent, TurnStream};
 
@@ -122,79 +124,6 @@ pub trait Observer: Send + Sync {
     /// A turn finished (before a named conversation's store has confirmed it).
     fn finished(&self, reason: &FinishReason, stats: &TurnStats) {
         let _ = (reason, stats);
-    }
-}
-
-/// Session hints of a [`Chat`].
-#[derive(Clone, Debug, Default, PartialEq)]
-#[non_exhaustive]
-pub struct Hints {
-    /// Pin (`Some(true)`) or unpin the conversation's KV before the turn
-    /// ([`Engine::pin`]); a pin past the limit refuses the turn.
-    pub pin: Option<bool>,
-    /// After the turn, expect the conversation back in about this long
-    /// ([`Engine::expect_resume`]).
-    pub expect_resume: Option<Duration>,
-    /// The conversation ends with this turn: it is closed (and deleted from its store).
-    pub end: bool,
-}
-
-/// A chat turn for [`Service::chat`]: the whole message list, as a stateless client sends it.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct Chat {
-    /// The conversation so far (an optional system message first), ending with the user's
-    /// new message.
-    pub messages: Vec<Message>,
-    /// The conversation's name: it continues the conversation of that name (from the store
-    /// when this engine holds none) rather than one found by content.
-    pub name: Option<String>,
-    /// Hints for the conversation.
-    pub hints: Hints,
-    /// Tools the assistant may call (OpenAI's `tools` entries), which the chat template
-    /// lists; a reply that calls them ends with its calls parsed ([`TurnEnd::message`]).
-    /// A conversation continues only with the tools it began with.
-    pub tools: Vec<serde_json::Value>,
-    /// Variables of the chat template beside the standard ones
-    /// ([`ConversationOptions::template_vars`]); a conversation continues only with the
-    /// variables it began with.
-    pub template_vars: serde_json::Map<String, serde_json::Value>,
-}
-
-impl Chat {
-    /// A chat turn of `messages`, unnamed, without hints.
-    pub fn new(messages: Vec<Message>) -> Self {
-        Self {
-            messages,
-            name: None,
-            hints: Hints::default(),
-            tools: Vec::new(),
-            template_vars: serde_json::Map::new(),
-        }
-    }
-
-    /// Names the conversation.
-    pub fn named(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Sets the tools.
-    pub fn with_tools(mut self, tools: Vec<serde_json::Value>) -> Self {
-        self.tools = tools;
-        self
-    }
-
-    /// Sets the chat template's variables.
-    pub fn with_template_vars(mut self, vars: serde_json::Map<String, serde_json::Value>) -> Self {
-        self.template_vars = vars;
-        self
-    }
-
-    /// Sets the hints.
-    pub fn with_hints(mut self, hints: Hints) -> Self {
-        self.hints = hints;
-        self
     }
 }
 
@@ -402,12 +331,16 @@ impl Service {
             .await?
     }
 
-    /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted.
+    /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted,
+    /// answered once the deletion is written.
     ///
     /// # Errors
-    /// [`Error::UnknownConversation`]; [`Error::ServiceStopped`].
+    /// [`Error::UnknownConversation`]; [`Error::NotDurable`] if the store could not delete it
+    /// (it keeps the conversation); [`Error::ServiceStopped`].
     pub async fn close(&self, conv: ConversationId) -> Result<()> {
-        self.call(move |d| d.close(conv, true)).await?
+        let (reply, closed) = oneshot::channel();
+        self.call(move |d| d.close(conv, reply)).await?;
+        closed.await.map_err(|_| Error::ServiceStopped)?
     }
 
     /// Drops a stored conversation from this engine only ([`Engine::detach`]): the store
@@ -416,7 +349,7 @@ impl Service {
     /// # Errors
     /// As [`Engine::detach`]; [`Error::ServiceStopped`].
     pub async fn detach(&self, conv: ConversationId) -> Result<()> {
-        self.call(move |d| d.close(conv, false)).await?
+        self.call(move |d| d.detach(conv)).await?
     }
 
     /// Pins or unpins a conversation's KV ([`Engine::pin`]).

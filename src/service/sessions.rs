@@ -6,7 +6,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::Chat;
-use crate::engine::{ConversationId, ConversationOptions, Durability, Engine, Fetched, Turn};
+use crate::engine::{
+    ConversationId, ConversationOptions, Durability, Engine, Fetched, Removing, Turn,
+};
 use crate::model::Message;
 use crate::{Error, Result};
 
@@ -237,7 +239,7 @@ impl Sessions {
             Some(old) if self.stored && named(engine, old) => {
                 engine.replace(old, new).map(|()| self.unlink(old))
             }
-            Some(old) => self.close(engine, old, true),
+            Some(old) => self.close(engine, old, true).map(drop),
             None => Ok(()),
         };
         let taken = taken.and_then(|()| match self.stored && !named(engine, new) {
@@ -475,12 +477,18 @@ impl Sessions {
     /// Closes a conversation (deleting a stored one when `ended`), or only drops this
     /// engine's copy of a stored one that has not ended, so that it can be resumed (here or
     /// on another engine).
-    pub fn close(&mut self, engine: &mut Engine, conv: ConversationId, ended: bool) -> Result<()> {
+    /// A stored conversation's removal, if one was queued, is returned to be waited on.
+    pub fn close(
+        &mut self,
+        engine: &mut Engine,
+        conv: ConversationId,
+        ended: bool,
+    ) -> Result<Option<Removing>> {
         let keep = self.stored && !ended && named(engine, conv);
         self.unlink(conv);
         match keep {
-            true => engine.detach(conv),
-            false => engine.close(conv),
+            true => engine.detach(conv).map(|()| None),
+            false => engine.close_removing(conv),
         }
     }
 

@@ -136,6 +136,15 @@ impl Server {
         }
     }
 
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the server process: an outage that keeps
+    /// what it holds, where requests get no answer until their deadline.
+    pub fn freeze(&self, frozen: bool) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success());
+    }
+
     pub fn url(&self) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
         match self.password {

@@ -10,6 +10,20 @@ use super::Durability;
 use crate::ids::ConversationId;
 use crate::kv::{Refused, Store, StoreError};
 
+/// How durable store job `job` (a manifest's write or removal) is: `None`, it could not be
+/// queued.
+pub(crate) fn outcome(job: Option<u64>, store: &Store) -> Durability {
+    let Some(job) = job else {
+        return Durability::Failed(StoreError::WriterStopped);
+    };
+    match store.manifest_outcome(job) {
+        None => Durability::Pending,
+        Some(Ok(())) => Durability::Durable,
+        Some(Err(Refused::Failed(why))) => Durability::Failed(why),
+        Some(Err(conflict @ Refused::Conflict(_))) => Durability::Conflict(conflict.to_string()),
+    }
+}
+
 /// Whether a name's removal, queued by this engine, stands between a resume and the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Removal {
@@ -77,22 +91,16 @@ impl Journal {
         match self.manifest_writes.get(&id) {
             // Resumed from the store, nothing written since.
             None => Durability::Durable,
-            Some(None) => Durability::Failed(StoreError::WriterStopped),
-            Some(Some(n)) => match store.manifest_outcome(*n) {
-                None => Durability::Pending,
-                Some(Ok(())) => Durability::Durable,
-                Some(Err(Refused::Failed(why))) => Durability::Failed(why),
-                Some(Err(conflict @ Refused::Conflict(_))) => {
-                    Durability::Conflict(conflict.to_string())
-                }
-            },
+            Some(&write) => outcome(write, store),
         }
     }
 
-    /// `name`'s manifest removal was just queued in `store`.
-    pub fn removed(&mut self, name: &str, store: &Store) {
+    /// `name`'s manifest removal was just queued in `store` as job `job` (`None`: it could
+    /// not be).
+    pub fn removed(&mut self, name: &str, job: Option<u64>, store: &Store) {
         self.removals.retain(|_, &mut mark| !store.reached(mark));
-        self.removals.insert(name.to_string(), store.mark());
+        self.removals
+            .insert(name.to_string(), job.unwrap_or_else(|| store.mark()));
     }
 
     /// Where `name`'s queued removal stands in `store`; once written it is reported once, then

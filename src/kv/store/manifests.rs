@@ -24,7 +24,8 @@ impl Store {
         })
     }
 
-    /// What became of manifest write `number`: `None` while queued, else written or why not.
+    /// What became of manifest write (or removal) `number`: `None` while queued, else done or
+    /// why not.
     pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), Refused>> {
         self.worker.outcome(number)
     }
@@ -38,9 +39,11 @@ impl Store {
         }
     }
 
-    /// Deletes (behind) the manifest of the conversation `name`.
-    pub fn remove_manifest(&self, name: &str) {
-        self.worker.send(Job::RemoveManifest(name.to_string()));
+    /// Deletes (behind) the manifest of the conversation `name`; the job's number, for
+    /// [`Manifests::manifest_outcome`] (`None`: it could not be queued).
+    pub fn remove_manifest(&self, name: &str) -> Option<u64> {
+        self.worker
+            .send_numbered(Job::RemoveManifest(name.to_string()))
     }
 
     /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,

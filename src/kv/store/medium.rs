@@ -35,6 +35,12 @@ pub(crate) enum Refused {
     Conflict(String),
 }
 
+impl From<StoreError> for Refused {
+    fn from(e: StoreError) -> Self {
+        Self::Failed(e)
+    }
+}
+
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -116,7 +122,10 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
 
     /// Removes the manifest of `name` if it is stored, and its registration if it is this
     /// store's.
-    fn remove_manifest(&self, name: &str);
+    ///
+    /// # Errors
+    /// The medium could not remove it (it may still be there).
+    fn remove_manifest(&self, name: &str) -> Result<(), StoreError>;
 
     /// Who registered `name` (see [`Owner`]), if anyone: this store while it keeps the
     /// conversation, or another model's.
@@ -246,39 +255,52 @@ impl Folder {
             .filter_map(|p| Some(p.file_stem()?.to_str()?.to_string()))
             .collect();
         for key in keys {
+            // An expiry that fails is tried again at the next.
             let _ = self.locked(|| {
                 // Written again since it was listed: it stays.
                 let manifest = self.manifest_path_of(&key);
                 if written(&manifest).is_some_and(|t| t < cutoff) {
-                    self.remove_keyed(&key);
+                    self.remove_keyed(&key)?;
                     self.expired.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(())
+                Ok::<_, StoreError>(())
             });
         }
     }
 
     /// Removes the manifest of the name whose key is `key`, and its registration if it is
     /// this store's (the conversations' lock held).
-    fn remove_keyed(&self, key: &str) {
+    ///
+    /// # Errors
+    /// The manifest could not be removed, or its removal not synced.
+    fn remove_keyed(&self, key: &str) -> Result<(), StoreError> {
         let manifest = self.manifest_path_of(key);
-        let _ = fs::remove_file(&manifest);
+        match fs::remove_file(&manifest) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StoreError::io(&manifest, e));
+            }
+            _ => {}
+        }
         let registration = self.names.join(key);
         if fs::read(&registration).ok() == Some(self.owner.record()) {
+            // A registration left behind only keeps the name this store's.
             let _ = fs::remove_file(registration);
         }
         // The removal survives a power loss too, once the folder's entry is synced (a
         // conversation its user asked to end must not come back).
-        if let Some(dir) = manifest.parent() {
-            let _ = File::open(dir).and_then(|d| d.sync_all());
+        match manifest.parent() {
+            Some(dir) => File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| StoreError::io(dir, e)),
+            None => Ok(()),
         }
     }
 
     /// Holds the conversations' lock (an advisory lock on a file of the folder) for `f`, so
     /// that engines sharing the folder compare and set manifests one at a time.
-    fn locked<T>(&self, f: impl FnOnce() -> Result<T, Refused>) -> Result<T, Refused> {
+    fn locked<T, E: From<StoreError>>(&self, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         let path = self.root.join("conversations").join(".lock");
-        let describe = |e: std::io::Error| Refused::Failed(StoreError::io(&path, e));
+        let describe = |e: std::io::Error| E::from(StoreError::io(&path, e));
         let lock = (File::options().create(true).truncate(false).write(true))
             .open(&path)
             .map_err(describe)?;
@@ -358,11 +380,8 @@ impl Medium for Folder {
         Ok(())
     }
 
-    fn remove_manifest(&self, name: &str) {
-        let _ = self.locked(|| {
-            self.remove_keyed(&format::name_key(name));
-            Ok(())
-        });
+    fn remove_manifest(&self, name: &str) -> Result<(), StoreError> {
+        self.locked(|| self.remove_keyed(&format::name_key(name)))
     }
 
     fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError> {
@@ -521,9 +540,9 @@ mod tests {
         // The other model's store sees the name taken, by whom; removal frees it.
         assert_eq!(b.manifest("alice"), Ok(None));
         assert_eq!(b.registration("alice"), Ok(Some(owner("a"))));
-        b.remove_manifest("alice");
+        b.remove_manifest("alice").unwrap();
         assert_eq!(a.registration("alice"), Ok(Some(owner("a"))));
-        a.remove_manifest("alice");
+        a.remove_manifest("alice").unwrap();
         assert_eq!(
             (a.manifest("alice"), b.registration("alice")),
             (Ok(None), Ok(None))

@@ -382,12 +382,12 @@ impl Medium for Redis {
         }
     }
 
-    fn remove_manifest(&self, name: &str) {
+    fn remove_manifest(&self, name: &str) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(REMOVE_MANIFEST).arg(2).arg(self.manifest_key(name));
         cmd.arg(self.registration_key(name))
             .arg(self.owner.record());
-        let _ = self.request(|c| cmd.query::<()>(c));
+        self.request(|c| cmd.query::<()>(c))
     }
 
     fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError> {

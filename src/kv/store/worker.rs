@@ -287,7 +287,7 @@ fn run_one(
             return medium.put_manifest(&name, &contents, &expect);
         }
         Job::RemoveChunk(address) => medium.remove_chunk(&address),
-        Job::RemoveManifest(name) => medium.remove_manifest(&name),
+        Job::RemoveManifest(name) => return medium.remove_manifest(&name).map_err(Refused::Failed),
         Job::Read {
             format,
             address,

@@ -18,6 +18,7 @@ use std::time::Duration;
 use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
 use crate::model::{Message, ReasoningStream, ToolDelta};
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
+use crate::ErrorKind;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -39,15 +40,17 @@ fn missing(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("no stored response {id:?}"))
 }
 
-/// The conversation of `tenant`'s stored response `id` (a 404 when there is none).
+/// The conversation of `tenant`'s stored response `id`: a 404 when there is none, the
+/// store's failure (a 503 while it is unreachable) when it cannot tell.
 async fn stored(s: &AppState, tenant: &Tenant, id: &str) -> Result<ConversationId, ApiError> {
     if !id.starts_with("resp_") {
         return Err(missing(id));
     }
-    s.service
-        .resume(&tenant.name(id))
-        .await
-        .map_err(|_| missing(id))
+    let resumed = s.service.resume(&tenant.name(id)).await;
+    resumed.map_err(|e| match e.kind() {
+        ErrorKind::NotFound => missing(id),
+        _ => ApiError::from_engine(&e),
+    })
 }
 
 /// The transcript of `tenant`'s stored response `id`.
