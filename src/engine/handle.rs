@@ -105,7 +105,7 @@ impl Engine {
                     turn,
                     params,
                 } => {
-                    if let Err(e) = self.submit_as(id, conv, turn, *params, now) {
+                    if let Err(e) = self.submit_with(id, conv, turn, *params, now, None) {
                         self.backlog.push(Event::Finished {
                             request: id,
                             conversation: conv,

@@ -23,6 +23,7 @@ mod handle;
 mod hints;
 mod overflow;
 mod persist;
+mod ready;
 mod rewind;
 mod sampler;
 mod share;
@@ -44,6 +45,7 @@ pub use config::{
 };
 pub(crate) use persist::Removing;
 pub use persist::{Fetched, Registration, ResumeReader};
+pub use ready::{ReadyTurn, TurnPreparer};
 pub use turn::TurnSize;
 pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
@@ -52,7 +54,7 @@ pub use types::{
 pub use {encode::chat_tokens, handle::EngineHandle, persist::Durability};
 
 use crate::attention::KvPool;
-use crate::conversation::{Conversation, Conversations};
+use crate::conversation::Conversations;
 pub use crate::ids::{ConversationId, RequestId};
 pub use crate::kv::CostModel;
 use crate::kv::{CacheManager, EvictionPolicy, LruPolicy, ValuePolicy};
@@ -225,15 +227,7 @@ impl Engine {
 
     fn open_unnamed(&mut self, options: ConversationOptions) -> ConversationId {
         let id = self.next_id();
-        let mut messages: Vec<Message> = options
-            .system
-            .map(|s| vec![Message::new("system", s)])
-            .unwrap_or_default();
-        messages.extend(options.history);
-        let conv = Conversation::new(messages)
-            .with_tools(options.tools)
-            .with_template_vars(options.template_vars);
-        self.convs.insert(id, conv);
+        self.convs.insert(id, ready::opened(options));
         self.cache.open(id, Instant::now());
         id
     }
@@ -297,17 +291,19 @@ impl Engine {
         params: SamplingParams,
     ) -> Result<RequestId> {
         let id = self.shared.next_request_id();
-        self.submit_as(id, conv, turn, params, Instant::now())?;
+        self.submit_with(id, conv, turn, params, Instant::now(), None)?;
         Ok(id)
     }
 
-    fn submit_as(
+    /// Queues turn `id`, taking its prepared tokens from `ready` where they were made for it.
+    fn submit_with(
         &mut self,
         id: RequestId,
         conv_id: ConversationId,
         turn: Turn,
         mut params: SamplingParams,
         now: Instant,
+        ready: Option<&mut ReadyTurn>,
     ) -> Result<()> {
         let conv = self.idle(conv_id)?;
         sampler::validate(&params, self.model.config().vocab_size)?;
@@ -317,7 +313,11 @@ impl Engine {
         };
         let mut limits = self.limits;
         limits.overflow = params.overflow.unwrap_or(limits.overflow);
-        let mut prepared = turn::prepare(&self.model, conv, turn, &limits, params.max_tokens)?;
+        let max_reply = params.max_tokens;
+        let mut prepared = match Self::ready_for(ready, conv, &turn, &limits, max_reply) {
+            Some(prepared) => prepared?,
+            None => turn::prepare(&self.model, conv, turn, &limits, max_reply)?,
+        };
         if let Some(cut) = prepared.rewind.take() {
             self.rewind(conv_id, &cut);
         }

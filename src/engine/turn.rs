@@ -15,7 +15,7 @@ use crate::model::{Guide, IncrementalDecoder, Message, Model, ToolCall};
 use crate::{Error, Result};
 
 /// What bounds a turn's size, from the model and the engine configuration.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TurnLimits {
     /// The model's context window.
     pub window: usize,
@@ -46,7 +46,7 @@ pub struct TurnSize {
 }
 
 /// A turn checked at the API edge: the tokens to append, and what the transcript records.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct PreparedTurn {
     pub prompt: Vec<u32>,
     pub prompt_text: String,

@@ -16,8 +16,8 @@ use super::sessions::{named, Naming, Opened, Sessions};
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::engine::{
-    ConversationId, Durability, Engine, Event, Fetched, FinishReason, Removing, RequestId,
-    SamplingParams, StoreLocation, Turn,
+    ConversationId, Durability, Engine, Event, Fetched, FinishReason, ReadyTurn, Removing,
+    RequestId, SamplingParams, StoreLocation, Turn,
 };
 use crate::model::{Message, ToolStream};
 use crate::{Error, Result};
@@ -29,8 +29,9 @@ pub(super) enum What {
         conv: ConversationId,
         turn: Turn,
     },
-    /// A chat, and what the store held of its conversation's name (read off this thread).
-    Chat(Chat, Option<Box<Fetched>>),
+    /// A chat, what the store held of its conversation's name and its first turn if it opens
+    /// one (both read off this thread).
+    Chat(Chat, Option<Box<Fetched>>, Option<Box<ReadyTurn>>),
     Completion(Vec<u32>),
 }
 
@@ -94,7 +95,7 @@ enum Answer {
     /// A turn's end, holding its place among the turns in flight until then.
     Turn {
         events: UnboundedSender<TurnEvent>,
-        end: TurnEnd,
+        end: Box<TurnEnd>,
         _slot: Slot,
     },
     /// A close: the conversation is gone from the store, or why not.
@@ -176,6 +177,11 @@ impl Driver {
     ) -> Result<()> {
         self.sessions
             .rewrite(&mut self.engine, name, messages, fetched)
+    }
+
+    /// Whether `chat` would continue a conversation held now ([`Sessions::would_continue`]).
+    pub(super) fn would_continue(&self, chat: &Chat) -> bool {
+        self.sessions.would_continue(&self.engine, chat)
     }
 
     /// Drops this engine's copy of a stored conversation, or closes one the store does not
@@ -303,15 +309,17 @@ impl Driver {
         }
         // Nothing a request names changes before its parameters are known good.
         self.engine.validate_params(&params)?;
+        let mut ready = None;
         let (conv, turn, hints, opened) = match what {
             What::Turn { conv, turn } => (conv, turn, Hints::default(), None),
-            What::Chat(chat, fetched) => {
+            What::Chat(chat, fetched, prepared) => {
                 let hints = chat.hints.clone();
                 let (conv, turn, opened) = (self.sessions).chat_conversation(
                     &mut self.engine,
                     chat,
                     fetched.map(|f| *f),
                 )?;
+                ready = prepared;
                 (conv, turn, hints, Some(opened))
             }
             What::Completion(tokens) => {
@@ -335,7 +343,11 @@ impl Driver {
             for (i, &c) in convs.iter().enumerate() {
                 let mut p = params.clone();
                 p.seed = p.seed.wrapping_add(i as u64);
-                accepted.push((self.engine.submit(c, turn.clone(), p)?, c));
+                let request = match ready.as_deref_mut() {
+                    Some(r) => self.engine.submit_ready(c, turn.clone(), p, r)?,
+                    None => self.engine.submit(c, turn.clone(), p)?,
+                };
+                accepted.push((request, c));
             }
             Ok(())
         });
@@ -488,7 +500,7 @@ impl Driver {
                         wait,
                         answer: Answer::Turn {
                             events: r.events,
-                            end,
+                            end: Box::new(end),
                             _slot: r.slot,
                         },
                     }),
@@ -555,7 +567,7 @@ impl Driver {
                     if let Some(e) = failure {
                         end.reason = FinishReason::Failed(Arc::new(e));
                     }
-                    let _ = events.send(TurnEvent::Finished(end));
+                    let _ = events.send(TurnEvent::Finished(*end));
                 }
                 Answer::Closed(reply) => {
                     let _ = reply.send(failure.map_or(Ok(()), Err));

@@ -46,6 +46,7 @@
 mod chat;
 mod driver;
 mod fetch;
+mod prepare;
 mod sessions;
 mod stream;
 
@@ -60,7 +61,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::engine::{
     ConversationId, ConversationOptions, Engine, EngineStats, FinishReason, ResumeReader,
-    SamplingParams, Turn, TurnStats,
+    SamplingParams, Turn, TurnPreparer, TurnStats,
 };
 use crate::model::{Message, Model};
 use crate::setters::setters;
@@ -176,6 +177,8 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Reads what resuming a name needs off the engine thread (`None`: no store).
     reader: Option<ResumeReader>,
+    /// Prepares a large chat's first turn off the engine thread.
+    preparer: TurnPreparer,
 }
 
 impl Drop for Inner {
@@ -225,6 +228,7 @@ impl Service {
         }));
         let model = engine.model().clone();
         let reader = engine.resume_reader();
+        let preparer = engine.turn_preparer();
         let stats = Arc::new(Mutex::new(ServiceStats::default()));
         let alive = Arc::new(AtomicBool::new(true));
         let died = Arc::new(Notify::new());
@@ -251,6 +255,7 @@ impl Service {
                 model,
                 thread: Mutex::new(Some(thread)),
                 reader,
+                preparer,
             }),
         })
     }
@@ -391,10 +396,8 @@ impl Service {
     /// continues has a turn running; as [`Engine::resume`] for a named one; as
     /// [`Engine::submit`]; [`Error::QueueFull`], [`Error::ServiceStopped`].
     pub async fn chat(&self, chat: Chat, params: SamplingParams) -> Result<TurnStream> {
-        let fetched = self.fetched(chat.name.as_deref()).await;
-        one(self
-            .send(What::Chat(chat, fetched.map(Box::new)), params, 1)
-            .await)
+        let what = self.chat_what(chat, &params).await;
+        one(self.send(what, params, 1).await)
     }
 
     /// [`Service::chat`] with `n` replies: the first continues the conversation, the others
@@ -410,9 +413,8 @@ impl Service {
         params: SamplingParams,
         n: usize,
     ) -> Result<Vec<TurnStream>> {
-        let fetched = self.fetched(chat.name.as_deref()).await;
-        self.send(What::Chat(chat, fetched.map(Box::new)), params, n)
-            .await
+        let what = self.chat_what(chat, &params).await;
+        self.send(what, params, n).await
     }
 
     /// Queues a raw completion of `prompt` on the idle conversation whose tokens are its

@@ -56,20 +56,16 @@ pub(super) struct Setup {
 }
 
 impl Setup {
-    /// A new unnamed conversation of this setup: the system prompt, then `history`.
-    fn open(
-        &self,
-        engine: &mut Engine,
-        system: Option<String>,
-        history: &[Message],
-    ) -> Result<ConversationId> {
-        engine.open(ConversationOptions {
+    /// The options of a new unnamed conversation of this setup: the system prompt, then
+    /// `history`.
+    fn options(&self, system: Option<String>, history: &[Message]) -> ConversationOptions {
+        ConversationOptions {
             system,
             history: history.to_vec(),
             name: None,
             tools: self.tools.clone(),
             template_vars: self.vars.clone(),
-        })
+        }
     }
 }
 
@@ -143,46 +139,19 @@ impl Sessions {
             tools,
             vars: template_vars,
         };
-        let new = messages
-            .iter()
-            .rev()
-            .take_while(|m| m.role == "user" || m.role == "tool")
-            .count();
-        if new == 0 {
-            return Err(Error::InvalidRequest {
-                field: "messages",
-                reason: "the last message must be the user's or a tool's result".into(),
-            });
-        }
-        let (history, last) = messages.split_at(messages.len() - new);
+        let (history, last, turn) = new_turn(&messages)?;
         let thinks = engine.model().template().is_some_and(|t| t.thinks());
         let sent: Vec<Message> = history.iter().map(|m| as_sent(thinks, m.clone())).collect();
-        let history_sent = sent.as_slice();
-        let turn = match last {
-            [m] if m.role == "user" => Turn::user(m.content.clone()),
-            _ => Turn::Messages(last.to_vec()),
-        };
         if let (Some(n), true) = (&name, self.stored) {
             self.sync_named(engine, n, fetched)?;
         }
-        let continues = |s: &Session| {
-            s.setup == setup
-                && (s.messages.as_deref() == Some(history_sent)
-                    || (s.messages.is_some() && history.is_empty()))
-        };
-        let found = match &name {
-            Some(n) => self.by_name.get(n).copied(),
-            None => self
-                .by_content
-                .get(&transcript_key(history_sent, &setup))
-                .copied(),
-        };
+        let found = self.found(name.as_deref(), &sent, &setup);
         let mut replaces = None;
         let mut claimed = false;
         if let Some(conv) = found {
             match self.map.get_mut(&conv) {
                 Some(s) if s.busy => return Err(Error::ConversationBusy(conv)),
-                Some(s) if continues(s) => {
+                Some(s) if continues(s, &sent, &setup) => {
                     if let Some(m) = &mut s.messages {
                         let key = transcript_key(m, &s.setup);
                         m.extend_from_slice(last);
@@ -201,7 +170,7 @@ impl Sessions {
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
             engine.check_name(n)?;
         }
-        let conv = setup.open(engine, system, rest)?;
+        let conv = engine.open(setup.options(system, rest))?;
         let mut sent = sent;
         sent.extend_from_slice(last);
         self.add_session(conv, Some(sent), None, setup);
@@ -210,6 +179,33 @@ impl Sessions {
             None => Opened::New,
         };
         Ok((conv, turn, opened))
+    }
+
+    /// The session a chat names, or else the one whose transcript is its history as sent.
+    fn found(&self, name: Option<&str>, sent: &[Message], setup: &Setup) -> Option<ConversationId> {
+        match name {
+            Some(n) => self.by_name.get(n).copied(),
+            None => (self.by_content).get(&transcript_key(sent, setup)).copied(),
+        }
+    }
+
+    /// Whether [`Sessions::chat_conversation`] would continue a held conversation with
+    /// `chat` now, rather than open one with its history (a stored one not held yet counts as
+    /// new).
+    pub fn would_continue(&self, engine: &Engine, chat: &Chat) -> bool {
+        let Ok((history, ..)) = new_turn(&chat.messages) else {
+            return false;
+        };
+        let thinks = engine.model().template().is_some_and(|t| t.thinks());
+        let sent: Vec<Message> = history.iter().map(|m| as_sent(thinks, m.clone())).collect();
+        let setup = Setup {
+            tools: chat.tools.clone(),
+            vars: chat.template_vars.clone(),
+        };
+        let found = self.found(chat.name.as_deref(), &sent, &setup);
+        found
+            .and_then(|c| self.map.get(&c))
+            .is_some_and(|s| continues(s, &sent, &setup))
     }
 
     /// Ends the turn of `new`, opened unnamed for a request that named it: with a reply
@@ -286,7 +282,7 @@ impl Sessions {
         if let (None, true) = (old, self.stored) {
             engine.check_name(name)?;
         }
-        let conv = setup.open(engine, system, rest)?;
+        let conv = engine.open(setup.options(system, rest))?;
         let thinks = engine.model().template().is_some_and(|t| t.thinks());
         let sent = messages.into_iter().map(|m| as_sent(thinks, m)).collect();
         self.add_session(conv, Some(sent), None, setup);
@@ -506,6 +502,53 @@ impl Sessions {
             }
         }
     }
+}
+
+/// Whether `s` continues with a chat whose history, as sent, is `sent` (none: a named
+/// conversation's next messages alone).
+fn continues(s: &Session, sent: &[Message], setup: &Setup) -> bool {
+    s.setup == *setup
+        && (s.messages.as_deref() == Some(sent) || (s.messages.is_some() && sent.is_empty()))
+}
+
+/// A chat's history, its new messages (after the last assistant message: the user's, or
+/// tools' results) and the turn they make.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] when it ends with no new message.
+fn new_turn(messages: &[Message]) -> Result<(&[Message], &[Message], Turn)> {
+    let new = messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role == "user" || m.role == "tool")
+        .count();
+    if new == 0 {
+        return Err(Error::InvalidRequest {
+            field: "messages",
+            reason: "the last message must be the user's or a tool's result".into(),
+        });
+    }
+    let (history, last) = messages.split_at(messages.len() - new);
+    let turn = match last {
+        [m] if m.role == "user" => Turn::user(m.content.clone()),
+        _ => Turn::Messages(last.to_vec()),
+    };
+    Ok((history, last, turn))
+}
+
+/// The options and first turn of the conversation `chat` opens where it continues none (as
+/// [`Sessions::chat_conversation`] opens it).
+///
+/// # Errors
+/// As [`Sessions::chat_conversation`] refuses its messages.
+pub(super) fn opening(chat: &Chat) -> Result<(ConversationOptions, Turn)> {
+    let (history, _, turn) = new_turn(&chat.messages)?;
+    let (system, rest) = split_system(history)?;
+    let setup = Setup {
+        tools: chat.tools.clone(),
+        vars: chat.template_vars.clone(),
+    };
+    Ok((setup.options(system, rest), turn))
 }
 
 /// A history's system prompt and the messages after it: the system (or developer) messages it

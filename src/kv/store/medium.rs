@@ -574,7 +574,7 @@ mod tests {
         assert_eq!((l.chunks, l.interrupted, l.foreign), (vec![a], 1, 1));
         assert_eq!(fs::read_dir(&chunks).unwrap().count(), 1);
         m.remove_chunk(&a);
-        m.remove_manifest("alice");
+        m.remove_manifest("alice").unwrap();
         assert!(m.list().unwrap().chunks.is_empty() && m.manifests().is_empty());
     }
 }
