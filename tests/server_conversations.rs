@@ -206,3 +206,44 @@ fn unknown_conversations_and_items_answer_404_and_bad_bodies_400() {
     );
     assert_eq!((status, &c["metadata"]), (200, &json!({"topic": "x"})));
 }
+
+/// A chat turn of the named conversation `name`: the answer, and whether the server said it
+/// rewrote the conversation's history.
+fn named_chat(base: &str, name: &str, messages: Value) -> (Value, bool) {
+    let body = json!({"messages": messages, "conversation_id": name, "max_tokens": 4});
+    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string())
+        .unwrap();
+    let rewritten = r.header("x-conversation-rewritten") == Some("true");
+    (
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+        rewritten,
+    )
+}
+
+#[test]
+fn real_model_a_system_message_resent_each_turn_continues_and_a_rewrite_is_announced() {
+    let server = start(&[]);
+    let base = &server.base;
+    let system = json!({"role": "system", "content": "You are terse."});
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let (_, rewritten) = named_chat(base, "habit", json!([system, user("Name a colour.")]));
+    assert!(!rewritten);
+    // The system message again, then only the new message: the conversation goes on (it
+    // became the last exchange alone before).
+    let (on, rewritten) = named_chat(base, "habit", json!([system, user("Another?")]));
+    assert!(!rewritten, "{on}");
+    let (fresh, _) = named_chat(base, "fresh", json!([system, user("Another?")]));
+    let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        tokens(&on) > tokens(&fresh) + 4,
+        "the second turn saw the first exchange: {on} {fresh}"
+    );
+    // Another system message is another history: the client is told it replaced the held one.
+    let other = json!({"role": "system", "content": "You are verbose."});
+    let (answer, rewritten) = named_chat(base, "habit", json!([other, user("Another?")]));
+    assert!(rewritten, "{answer}");
+    let (answer, rewritten) = named_chat(base, "habit", json!([other, user("And?")]));
+    assert!(!rewritten, "{answer}");
+}

@@ -241,6 +241,12 @@ fn real_model_conversation_names_from_the_header_or_the_body_are_checked() {
             None,
         ),
         (json!({"messages": user, "conversation_id": "a"}), Some("b")),
+        // The Responses' and Conversations' ids: a chat naming one rewrote that response.
+        (
+            json!({"messages": user, "conversation_id": "resp_0123"}),
+            None,
+        ),
+        (json!({"messages": user}), Some("conv_0123")),
     ];
     for (body, header) in refused {
         let body = body.to_string();

@@ -376,10 +376,15 @@ pub const MAX_RESUME_S: f64 = 30.0 * 24.0 * 3600.0;
 /// in memory and in its manifest).
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// Prefixes of the ids the Responses and Conversations APIs give their conversations: a chat
+/// name with one would reach (and rewrite) a stored response or conversation.
+const RESERVED_PREFIXES: [&str; 2] = ["resp_", "conv_"];
+
 /// The conversation a request names: its `conversation_id`, or the `X-Conversation-Id`
 /// header's value (UTF-8, so a name the body can carry the header can too), or none. Refused:
-/// an empty name, one longer than [`MAX_NAME_BYTES`], one with control characters, a header
-/// that is not UTF-8, and a header that names another conversation than the body.
+/// an empty name, one longer than [`MAX_NAME_BYTES`], one with control characters, one in
+/// the Responses' or Conversations' namespace (`resp_`, `conv_`), a header that is not UTF-8,
+/// and a header that names another conversation than the body.
 pub fn conversation_name(
     body: Option<&str>,
     header: Option<&[u8]>,
@@ -405,6 +410,14 @@ pub fn conversation_name(
         Some(n) if n.chars().any(char::is_control) => Err(ApiError::bad(
             "conversation_id must not contain control characters",
         )),
+        Some(n) if RESERVED_PREFIXES.iter().any(|p| n.starts_with(p)) => {
+            Err(ApiError::bad(format!(
+                "conversation_id {n:?}: names starting with {} are the Responses' and \
+                 Conversations' ids (continue those with previous_response_id or conversation \
+                 on /v1/responses)",
+                RESERVED_PREFIXES.join(" or ")
+            )))
+        }
         n => Ok(n.map(str::to_string)),
     }
 }

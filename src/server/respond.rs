@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::engine::{FinishReason, SamplingParams, TokenLogprobs};
 use crate::model::{Message, Model, ReasoningParser, ReasoningStream, ToolDelta};
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -289,12 +289,22 @@ pub async fn serve(
     framing.reasoning = s.reasoning.filter(|_| matches!(kind, Kind::Chat));
     framing.legacy = legacy;
     framing.predicted = predicted;
-    if common.stream {
-        stream(framing, turns, s.tokens, common.include_usage()).into_response()
-    } else {
-        whole(framing, turns, &s.tokens).await
+    let rewrites = turns.iter().any(TurnStream::rewrites);
+    let mut response = match common.stream {
+        true => stream(framing, turns, s.tokens, common.include_usage()).into_response(),
+        false => whole(framing, turns, &s.tokens).await,
+    };
+    if rewrites {
+        // The client sent another history than its named conversation held: it is told, since
+        // what the conversation held is replaced by this request's.
+        (response.headers_mut()).insert(REWRITTEN, HeaderValue::from_static("true"));
     }
+    response
 }
+
+/// The header that tells a client its request rewrote the history of the conversation it
+/// named.
+pub const REWRITTEN: HeaderName = HeaderName::from_static("x-conversation-rewritten");
 
 /// OpenAI's finish reason and the usage of a turn that ended with its reply, or the error
 /// it is answered with.

@@ -35,10 +35,14 @@ pub(super) enum What {
     Completion(Vec<u32>),
 }
 
+/// A turn the engine took: its request, its conversation, and whether it rewrites a named
+/// conversation's history (the client sent another one than the conversation holds).
+pub(super) type Accepted = (RequestId, ConversationId, bool);
+
 pub(super) struct Submission {
     pub what: What,
     pub params: SamplingParams,
-    pub reply: oneshot::Sender<Result<Vec<(RequestId, ConversationId)>>>,
+    pub reply: oneshot::Sender<Result<Vec<Accepted>>>,
     /// One per choice asked for: where its events go, and its queue place.
     pub choices: Vec<(UnboundedSender<TurnEvent>, Slot)>,
 }
@@ -275,7 +279,7 @@ impl Driver {
                 // A caller gone before the answer never got the streams that would cancel
                 // its turns: cancel here instead.
                 if let Err(Ok(turns)) = reply.send(accepted) {
-                    for (request, _) in turns {
+                    for (request, ..) in turns {
                         let _ = self.engine.cancel(request);
                     }
                 }
@@ -299,7 +303,7 @@ impl Driver {
         what: What,
         params: SamplingParams,
         choices: Vec<(UnboundedSender<TurnEvent>, Slot)>,
-    ) -> Result<Vec<(RequestId, ConversationId)>> {
+    ) -> Result<Vec<Accepted>> {
         if choices.len() > 1 && matches!(what, What::Turn { .. }) {
             return Err(Error::InvalidRequest {
                 field: "n",
@@ -393,7 +397,9 @@ impl Driver {
             };
             self.running.insert(request, running);
         }
-        Ok(accepted)
+        let rewrites = naming.is_some_and(|n| n.replaces.is_some());
+        let accepted = accepted.into_iter().enumerate();
+        Ok((accepted.map(|(i, (request, conv))| (request, conv, rewrites && i == 0))).collect())
     }
 
     fn step(&mut self) {

@@ -477,8 +477,10 @@ impl Service {
         let streams = turns
             .into_iter()
             .zip(receivers)
-            .map(|((request, conv), rx)| {
-                TurnStream::new(request, conv, rx, self.inner.tx.clone(), self.clone())
+            .map(|((request, conv, rewrites), rx)| {
+                let stream =
+                    TurnStream::new(request, conv, rx, self.inner.tx.clone(), self.clone());
+                stream.rewriting(rewrites)
             });
         Ok(streams.collect())
     }

@@ -504,11 +504,18 @@ impl Sessions {
     }
 }
 
-/// Whether `s` continues with a chat whose history, as sent, is `sent` (none: a named
-/// conversation's next messages alone).
+/// Whether `s` continues with a chat whose history, as sent, is `sent`: its transcript, or
+/// nothing or its opening system messages alone (a named conversation's next messages).
 fn continues(s: &Session, sent: &[Message], setup: &Setup) -> bool {
+    let Some(held) = s.messages.as_deref() else {
+        return false;
+    };
     s.setup == *setup
-        && (s.messages.as_deref() == Some(sent) || (s.messages.is_some() && sent.is_empty()))
+        && (held == sent
+            || sent.is_empty()
+            // A client that resends its system message with each new one (a common habit):
+            // the message it opened with, not a new history.
+            || (sent.iter().all(|m| m.role == "system") && held.starts_with(sent)))
 }
 
 /// A chat's history, its new messages (after the last assistant message: the user's, or

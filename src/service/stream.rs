@@ -79,6 +79,8 @@ pub struct TurnStream {
     events: UnboundedReceiver<TurnEvent>,
     /// Present until the end arrives.
     cancel: Option<Sender<Command>>,
+    /// Whether the turn rewrites its named conversation's history.
+    rewrites: bool,
     /// Keeps the engine thread serving while the turn runs.
     _service: Service,
 }
@@ -96,8 +98,22 @@ impl TurnStream {
             conversation,
             events,
             cancel: Some(cancel),
+            rewrites: false,
             _service: service,
         }
+    }
+
+    pub(super) fn rewriting(mut self, rewrites: bool) -> Self {
+        self.rewrites = rewrites;
+        self
+    }
+
+    /// Whether the turn rewrites the history of the named conversation it continues: the chat
+    /// sent another history than the conversation holds (an earlier message changed or
+    /// dropped, other tools or template variables), so once it has its reply the conversation
+    /// is this chat's messages and reply, and what it held is gone.
+    pub fn rewrites(&self) -> bool {
+        self.rewrites
     }
 
     /// The turn's request id.

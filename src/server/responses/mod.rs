@@ -68,15 +68,26 @@ async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Messa
 
 /// `POST /v1/responses`.
 pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> Response {
-    match start(&s, &tenant, &body).await {
-        Ok(run) if run.framing.stream => stream(run).into_response(),
-        Ok(run) if run.framing.background => in_background(&s, &tenant, run),
-        Ok(run) => match finish(run).await {
+    let run = match start(&s, &tenant, &body).await {
+        Ok(run) => run,
+        Err(e) => return e.into_response(),
+    };
+    let rewrites = run.turn.rewrites();
+    let mut response = match &run.framing {
+        f if f.stream => stream(run).into_response(),
+        f if f.background => in_background(&s, &tenant, run),
+        _ => match finish(run).await {
             Ok(object) => Json(object).into_response(),
             Err(e) => e.into_response(),
         },
-        Err(e) => e.into_response(),
+    };
+    if rewrites {
+        let yes = axum::http::HeaderValue::from_static("true");
+        response
+            .headers_mut()
+            .insert(super::respond::REWRITTEN, yes);
     }
+    response
 }
 
 pub use background::Background;
