@@ -304,6 +304,12 @@ fn real_model_a_stop_string_inside_a_token_ends_the_reply_and_the_resend_continu
         "{whole:?} stop {stop:?}"
     );
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // The prompt the model saw is the same whole or cut (the history kept after a cut inside
+    // a token told less).
+    assert_eq!(
+        v["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"],
+        "{v}"
+    );
     // The client resends the history with the reply it got: the conversation continues, and
     // answers as a server that never saw it does.
     let messages = json!([question, {"role": "assistant", "content": reply},

@@ -141,6 +141,26 @@ fn same_text(path: &str, body: &Value, theirs: &Value, mine: &Value) {
     );
 }
 
+/// The server's `usage` adds up, and counts the reply as the reference does.
+fn same_usage(path: &str, body: &Value, theirs: &Value, mine: &Value) {
+    let n = |v: &Value, key: &str| v["usage"][key].as_u64().unwrap();
+    let cached = mine["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let (prompt, completion) = (n(mine, "prompt_tokens"), n(mine, "completion_tokens"));
+    assert_eq!(
+        n(mine, "total_tokens"),
+        prompt + completion,
+        "{path} {body}: {mine}"
+    );
+    assert!(cached <= prompt, "{path} {body}: {mine}");
+    assert_eq!(
+        completion,
+        n(theirs, "completion_tokens"),
+        "{path} {body}: {mine} against {theirs}"
+    );
+}
+
 /// The store holds `acknowledged` for `name` (nothing for `None`).
 fn check_stored(servers: &Servers, name: &str, acknowledged: &Option<Vec<Value>>, after: &str) {
     let stored = stored_manifest(servers.store.path(), name).map(|m| {
@@ -246,6 +266,7 @@ impl<'a> Client<'a> {
             "the reference refused {reference}: {theirs}"
         );
         same_text(path, body, &theirs, &mine);
+        same_usage(path, body, &theirs, &mine);
         mine
     }
 

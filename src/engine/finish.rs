@@ -65,6 +65,7 @@ impl Engine {
         let turn = req.payload;
         let history = turn.history_tokens();
         let stats = TurnStats {
+            history_tokens: history,
             prompt_tokens: turn.prompt_tokens(),
             output_tokens: turn.output_tokens(),
             ttft: turn

@@ -216,6 +216,9 @@ impl PartialEq for FinishReason {
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct TurnStats {
+    /// Tokens of the history the turn continued (after any dropped for room): with
+    /// `prompt_tokens`, every token the model saw before its reply.
+    pub history_tokens: usize,
     /// Tokens of the new turn (after the template).
     pub prompt_tokens: usize,
     /// History tokens whose KV was found in the cache (device or host).

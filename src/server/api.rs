@@ -589,7 +589,9 @@ impl Usage {
     /// A finished turn's usage.
     pub fn of(end: &TurnEnd) -> Self {
         Self {
-            prompt_tokens: end.history_tokens.saturating_sub(end.stats.output_tokens),
+            // What the model saw: a reply cut inside a token (a stop string, the token limit)
+            // keeps fewer tokens than it generated, so the history after it tells less.
+            prompt_tokens: end.stats.history_tokens + end.stats.prompt_tokens,
             cached_tokens: end.stats.reused_tokens,
             completion_tokens: end.stats.output_tokens,
             prediction: None,
