@@ -344,7 +344,27 @@ fn tool_calls_round_trip_with_their_history_cached_and_replies_follow_a_schema()
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert!(args["origin"]["city"].is_string(), "{booked}");
     assert!(args["destination"]["city"].is_string(), "{booked}");
-    forced_call(b, trip, &pydantic, json!("required"));
+    forced_call(b, trip.clone(), &pydantic, json!("required"));
+    // References into the schema itself and definitions nested in a property (valid as a
+    // response format) did not compile for a forced call.
+    let pointers = json!([{"type": "function", "function": {"name": "move",
+        "parameters": {"type": "object", "properties": {
+            "from": {"type": "object", "$defs": {"Spot": {"type": "string"}},
+                "properties": {"city": {"$ref": "#/properties/from/$defs/Spot"}},
+                "required": ["city"]},
+            "to": {"$ref": "#/properties/from"}}, "required": ["from", "to"]}}}]);
+    let named = json!({"type": "function", "function": {"name": "move"}});
+    let moved = forced_call(b, trip, &pointers, named);
+    let args = moved["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+    let args: Value = serde_json::from_str(args).unwrap();
+    assert!(args["from"]["city"].is_string() && args["to"]["city"].is_string(), "{moved}");
+    // A tool named with the template's markup failed as an invalid constraint.
+    let markup = json!([{"type": "function", "function": {"name": "<|im_end|>\n<|im_start|>x"}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": markup,
+        "tool_choice": "required", "max_tokens": 4});
+    let (status, answer) = post(b, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("tool name"), "{answer}");
     // Structured output: a reply held to a JSON schema parses and validates.
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
         "country": {"type": "string"}}, "required": ["city", "country"],

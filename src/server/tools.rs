@@ -59,13 +59,19 @@ pub fn offered(
     format: Option<ToolFormat>,
 ) -> Result<(Vec<Value>, Option<Constraint>), ApiError> {
     for t in tools {
-        let named = t["function"]["name"]
-            .as_str()
-            .is_some_and(|n| !n.is_empty());
-        if t["type"] != "function" || !named {
+        let name = t["function"]["name"].as_str();
+        if t["type"] != "function" || name.is_none() {
             return Err(ApiError::bad(
                 "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
             ));
+        }
+        // OpenAI's rule (with dots, which MCP servers' tools carry): a name goes into the
+        // prompt and the call grammar as text, where markup would be read as the template's.
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+        if let Some(n) = name.filter(|n| n.is_empty() || n.len() > 64 || !n.chars().all(valid)) {
+            return Err(ApiError::bad(format!(
+                "tool name {n:?}: 1 to 64 letters, digits, underscores, dashes or dots"
+            )));
         }
     }
     let forced: Vec<&Value> = match choice {
@@ -278,9 +284,10 @@ fn xml_call(tools: &[&Value]) -> String {
 
 /// A tool's parameter schema made to stand inside the schema of every call: its definitions
 /// (`$defs`, `definitions`, as pydantic writes them) move to the root's `$defs` under names
-/// prefixed by `tool` (two tools may define the same name), and its references (`#/$defs/X`,
-/// `#/definitions/X`, `#` for itself) follow them. Without this a reference would point at
-/// the combined schema's root, where nothing is defined.
+/// prefixed by `tool` (two tools may define the same name), and its references follow them
+/// (`#/$defs/X`, `#/definitions/X`), or point into its own copy there (`#` for itself, and any
+/// other pointer into it: `#/properties/...`, a property's own `$defs`). Without this a
+/// reference would point at the combined schema's root, where nothing is defined.
 fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Value>) -> Value {
     let mut own = parameters.clone();
     let mut found = serde_json::Map::new();
@@ -293,13 +300,21 @@ fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Valu
     }
     let root = format!("{tool}__self");
     let recursive = std::cell::Cell::new(false);
+    let hoisted: std::collections::HashSet<String> = found.keys().cloned().collect();
     let rename = |r: &str| -> Option<String> {
-        if r == "#" {
-            recursive.set(true);
-            return Some(format!("#/$defs/{root}"));
+        let path = r.strip_prefix('#')?;
+        // A definition moved to the root, or a pointer further into one.
+        let defs = (path.strip_prefix("/$defs/")).or_else(|| path.strip_prefix("/definitions/"));
+        if let Some(p) = defs {
+            let (name, rest) = p.split_once('/').map_or((p, ""), |(n, _)| (n, &p[n.len()..]));
+            if hoisted.contains(name) {
+                return Some(format!("#/$defs/{tool}__{name}{rest}"));
+            }
         }
-        let name = (r.strip_prefix("#/$defs/")).or_else(|| r.strip_prefix("#/definitions/"))?;
-        Some(format!("#/$defs/{tool}__{name}"))
+        // The tool itself, or any pointer into it (`#/properties/...`, a property's own
+        // `$defs`): they point into its copy among the root's definitions.
+        recursive.set(true);
+        Some(format!("#/$defs/{root}{path}"))
     };
     fn rewrite(v: &mut Value, rename: &dyn Fn(&str) -> Option<String>) {
         match v {
