@@ -3,8 +3,11 @@
 //! connection whose next request does not begin in time is closed), a deadline on each write
 //! a client leaves unread (`deadline::WriteDeadline`), a bound on open connections (past it,
 //! new ones wait in the listen backlog until one closes) and a share of them per client
-//! address (past it, that client's new connections are answered 429). Request bodies have
-//! their own deadline (`body`).
+//! address (past it, that client's new connections are answered 429 unless one of its others
+//! closes within a second). Request bodies have their own deadline (`body`). HTTP/1.1 only:
+//! HTTP/2's streams and flow-control windows would need deadlines of their own, and a
+//! connection is told apart before hyper's header deadline applies (an idle one, or one that
+//! sent a preface, held its place).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,7 +23,7 @@ use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use super::deadline::WriteDeadline;
@@ -43,7 +46,14 @@ pub struct Limits {
 #[derive(Default)]
 struct Shares {
     held: Mutex<HashMap<IpAddr, usize>>,
+    /// Told whenever a share is given back.
+    freed: Notify,
 }
+
+/// How long a connection past its client's share waits for one of the client's others to
+/// close: a client that closes a connection and opens the next at once is not refused for
+/// the close this server has not seen yet.
+const SHARE_GRACE: Duration = Duration::from_secs(1);
 
 /// One connection of a client, given back when dropped (whatever ends the connection).
 struct Share {
@@ -65,6 +75,24 @@ impl Shares {
             client,
         })
     }
+
+    /// [`Shares::take`], waiting up to `grace` for one of the client's connections to close.
+    async fn take_within(
+        self: &Arc<Self>,
+        client: IpAddr,
+        limit: usize,
+        grace: Duration,
+    ) -> Option<Share> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            // Registered before the check, so that a share given back in between wakes it.
+            let freed = self.freed.notified();
+            if let Some(share) = self.take(client, limit) {
+                return Some(share);
+            }
+            tokio::time::timeout_at(deadline, freed).await.ok()?;
+        }
+    }
 }
 
 impl Drop for Share {
@@ -76,6 +104,7 @@ impl Drop for Share {
                 held.remove(&self.client);
             }
         }
+        self.shares.freed.notify_waiters();
     }
 }
 
@@ -144,20 +173,19 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
-        let Some(share) = shares.take(peer.ip(), limits.per_client) else {
-            connections.spawn(async move {
-                let _place = place;
-                refuse(stream, limits.per_client).await;
-            });
-            continue;
-        };
-        let service = TowerToHyperService::new(app.clone());
+        let (shares, service) = (Arc::clone(&shares), TowerToHyperService::new(app.clone()));
         let (builder, mut closed) = (builder.clone(), closed.clone());
-        let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
         connections.spawn(async move {
+            let limit = limits.per_client;
+            let Some(share) = shares.take_within(peer.ip(), limit, SHARE_GRACE).await else {
+                let _place = place;
+                refuse(stream, limit).await;
+                return;
+            };
             // The share goes back before the place: a connection the place lets in must find
             // its client's count already lowered.
             let _held = (share, place);
+            let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
             let mut conn = pin!(builder.serve_connection(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,

@@ -306,7 +306,9 @@ fn hoist(parameters: &Value, tool: &str, defs: &mut serde_json::Map<String, Valu
         // A definition moved to the root, or a pointer further into one.
         let defs = (path.strip_prefix("/$defs/")).or_else(|| path.strip_prefix("/definitions/"));
         if let Some(p) = defs {
-            let (name, rest) = p.split_once('/').map_or((p, ""), |(n, _)| (n, &p[n.len()..]));
+            let (name, rest) = p
+                .split_once('/')
+                .map_or((p, ""), |(n, _)| (n, &p[n.len()..]));
             if hoisted.contains(name) {
                 return Some(format!("#/$defs/{tool}__{name}{rest}"));
             }
