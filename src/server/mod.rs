@@ -75,6 +75,7 @@ mod shutdown;
 mod structured;
 mod tokens;
 mod tools;
+mod usage;
 
 use api::{ChatRequest, Common, CompletionRequest, Prompt};
 use error::ApiError;

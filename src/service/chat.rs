@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
+use super::sessions::Setup;
+use crate::engine::{ConversationOptions, Turn};
 use crate::model::Message;
 #[cfg(doc)]
-use crate::{engine::ConversationOptions, engine::Engine, service::Service, service::TurnEnd};
+use crate::{engine::Engine, service::Service, service::TurnEnd};
+use crate::{Error, Result};
 
 /// Session hints of a [`Chat`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -78,4 +81,68 @@ impl Chat {
         self.hints = hints;
         self
     }
+}
+
+/// A chat's history, its new messages (after the last assistant message: the user's, or
+/// tools' results) and the turn they make.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] when it ends with no new message.
+pub(super) fn new_turn(messages: &[Message]) -> Result<(&[Message], &[Message], Turn)> {
+    let new = messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role == "user" || m.role == "tool")
+        .count();
+    if new == 0 {
+        return Err(Error::InvalidRequest {
+            field: "messages",
+            reason: "the last message must be the user's or a tool's result".into(),
+        });
+    }
+    let (history, last) = messages.split_at(messages.len() - new);
+    let turn = match last {
+        [m] if m.role == "user" => Turn::user(m.content.clone()),
+        _ => Turn::Messages(last.to_vec()),
+    };
+    Ok((history, last, turn))
+}
+
+/// The options and first turn of the conversation `chat` opens where it continues none (as
+/// [`Sessions::chat_conversation`] opens it).
+///
+/// # Errors
+/// As [`Sessions::chat_conversation`] refuses its messages.
+pub(super) fn opening(chat: &Chat) -> Result<(ConversationOptions, Turn)> {
+    let (history, _, turn) = new_turn(&chat.messages)?;
+    let (system, rest) = split_system(history)?;
+    let setup = Setup {
+        tools: chat.tools.clone(),
+        vars: chat.template_vars.clone(),
+    };
+    Ok((setup.options(system, rest), turn))
+}
+
+/// A history's system prompt and the messages after it: the system (or developer) messages it
+/// opens with, joined by a blank line (OpenAI's clients send instructions and a framework's
+/// own system message one after the other), and the rest.
+///
+/// # Errors
+/// [`Error::InvalidRequest`] for a system message after the opening ones: the conversation's
+/// system prompt is its first message.
+pub(super) fn split_system(history: &[Message]) -> Result<(Option<String>, &[Message])> {
+    let leading = history.iter().take_while(|m| m.role == "system").count();
+    let (system, rest) = history.split_at(leading);
+    if rest.iter().any(|m| m.role == "system") {
+        return Err(Error::InvalidRequest {
+            field: "messages",
+            reason: "a system message may only come first".into(),
+        });
+    }
+    let joined = system
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    Ok(((!system.is_empty()).then_some(joined), rest))
 }

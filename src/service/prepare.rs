@@ -5,7 +5,7 @@
 use tokio::sync::oneshot;
 
 use super::driver::What;
-use super::{sessions, Chat, Service};
+use super::{chat, Chat, Service};
 use crate::engine::{ReadyTurn, SamplingParams};
 
 /// Chats with more text than this, or more messages, have their first turn prepared off the
@@ -35,7 +35,7 @@ impl Service {
         if self.call(move |d| d.would_continue(&probe)).await.ok()? {
             return None;
         }
-        let (options, turn) = sessions::opening(chat).ok()?;
+        let (options, turn) = chat::opening(chat).ok()?;
         let (preparer, params) = (self.inner.preparer.clone(), params.clone());
         let (tx, rx) = oneshot::channel();
         std::thread::Builder::new()

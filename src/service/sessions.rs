@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use super::chat::{new_turn, split_system};
 use super::Chat;
 use crate::engine::{
     ConversationId, ConversationOptions, Durability, Engine, Fetched, Removing, Turn,
@@ -51,14 +52,18 @@ pub(super) struct Session {
 /// variables it reads. A chat continues a conversation only with the same.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Setup {
-    tools: Vec<serde_json::Value>,
-    vars: serde_json::Map<String, serde_json::Value>,
+    pub(super) tools: Vec<serde_json::Value>,
+    pub(super) vars: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Setup {
     /// The options of a new unnamed conversation of this setup: the system prompt, then
     /// `history`.
-    fn options(&self, system: Option<String>, history: &[Message]) -> ConversationOptions {
+    pub(super) fn options(
+        &self,
+        system: Option<String>,
+        history: &[Message],
+    ) -> ConversationOptions {
         ConversationOptions {
             system,
             history: history.to_vec(),
@@ -516,70 +521,6 @@ fn continues(s: &Session, sent: &[Message], setup: &Setup) -> bool {
             // A client that resends its system message with each new one (a common habit):
             // the message it opened with, not a new history.
             || (sent.iter().all(|m| m.role == "system") && held.starts_with(sent)))
-}
-
-/// A chat's history, its new messages (after the last assistant message: the user's, or
-/// tools' results) and the turn they make.
-///
-/// # Errors
-/// [`Error::InvalidRequest`] when it ends with no new message.
-fn new_turn(messages: &[Message]) -> Result<(&[Message], &[Message], Turn)> {
-    let new = messages
-        .iter()
-        .rev()
-        .take_while(|m| m.role == "user" || m.role == "tool")
-        .count();
-    if new == 0 {
-        return Err(Error::InvalidRequest {
-            field: "messages",
-            reason: "the last message must be the user's or a tool's result".into(),
-        });
-    }
-    let (history, last) = messages.split_at(messages.len() - new);
-    let turn = match last {
-        [m] if m.role == "user" => Turn::user(m.content.clone()),
-        _ => Turn::Messages(last.to_vec()),
-    };
-    Ok((history, last, turn))
-}
-
-/// The options and first turn of the conversation `chat` opens where it continues none (as
-/// [`Sessions::chat_conversation`] opens it).
-///
-/// # Errors
-/// As [`Sessions::chat_conversation`] refuses its messages.
-pub(super) fn opening(chat: &Chat) -> Result<(ConversationOptions, Turn)> {
-    let (history, _, turn) = new_turn(&chat.messages)?;
-    let (system, rest) = split_system(history)?;
-    let setup = Setup {
-        tools: chat.tools.clone(),
-        vars: chat.template_vars.clone(),
-    };
-    Ok((setup.options(system, rest), turn))
-}
-
-/// A history's system prompt and the messages after it: the system (or developer) messages it
-/// opens with, joined by a blank line (OpenAI's clients send instructions and a framework's
-/// own system message one after the other), and the rest.
-///
-/// # Errors
-/// [`Error::InvalidRequest`] for a system message after the opening ones: the conversation's
-/// system prompt is its first message.
-fn split_system(history: &[Message]) -> Result<(Option<String>, &[Message])> {
-    let leading = history.iter().take_while(|m| m.role == "system").count();
-    let (system, rest) = history.split_at(leading);
-    if rest.iter().any(|m| m.role == "system") {
-        return Err(Error::InvalidRequest {
-            field: "messages",
-            reason: "a system message may only come first".into(),
-        });
-    }
-    let joined = system
-        .iter()
-        .map(|m| m.content.as_str())
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    Ok(((!system.is_empty()).then_some(joined), rest))
 }
 
 /// Whether `conv` is stored under a name.
