@@ -43,7 +43,7 @@ pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
 };
-pub(crate) use persist::Removing;
+pub use persist::Removing;
 pub use persist::{Fetched, Registration, ResumeReader};
 pub use ready::{ReadyTurn, TurnPreparer};
 pub use turn::TurnSize;

@@ -36,7 +36,7 @@ pub(super) use journal::Journal;
 /// A stored conversation's removal that [`Engine::close_removing`] queued: its store job
 /// (`None`: it could not be queued).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Removing(Option<u64>);
+pub struct Removing(Option<u64>);
 
 /// Whether a named conversation's latest state is stored; see [`Engine::durability`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -510,7 +510,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::UnknownConversation`].
-    pub(crate) fn close_removing(&mut self, conv: ConversationId) -> Result<Option<Removing>> {
+    pub fn close_removing(&mut self, conv: ConversationId) -> Result<Option<Removing>> {
         if !self.convs.contains_key(&conv) {
             return Err(Error::UnknownConversation(conv));
         }
@@ -522,7 +522,7 @@ impl Engine {
     /// How durable a queued removal is: [`Durability::Durable`] once the store no longer
     /// holds the conversation, [`Durability::Failed`] if it could not be removed (the store
     /// still holds it: resuming it continues its stored state).
-    pub(crate) fn removal_durability(&self, removal: Removing) -> Durability {
+    pub fn removal_durability(&self, removal: Removing) -> Durability {
         match self.cache.store() {
             Some(store) => journal::outcome(removal.0, store),
             None => Durability::NotStored,
