@@ -247,6 +247,12 @@ pub enum Error {
     #[error("the reply was generated but the store did not confirm it ({0}); resend the turn")]
     NotDurable(#[source] StoreError),
 
+    /// A stored conversation's deletion (a close, or a turn that ended it) could not be
+    /// written (disk failing, Redis unreachable): the store keeps the conversation, which
+    /// continues from there. Retry the deletion.
+    #[error("the store could not delete the conversation ({0}); it is kept: retry")]
+    NotRemoved(#[source] StoreError),
+
     /// A named conversation's turn was generated but not stored, because another engine
     /// stored a turn of it meanwhile. Resend the turn to continue the stored conversation.
     #[error("the reply was generated but not stored: {0}; resend the turn to continue the stored conversation")]
@@ -305,7 +311,9 @@ impl Error {
             | E::StoreDamaged { .. }
             | E::StoreConflict(_) => ErrorKind::Conflict,
             E::QueueFull { .. } | E::PinLimit { .. } => ErrorKind::Capacity,
-            E::Store { .. } | E::NotDurable(_) | E::ServiceStopped => ErrorKind::Unavailable,
+            E::Store { .. } | E::NotDurable(_) | E::NotRemoved(_) | E::ServiceStopped => {
+                ErrorKind::Unavailable
+            }
             E::AssetsMissing { .. }
             | E::InvalidModel { .. }
             | E::Tokenizer(_)

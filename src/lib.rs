@@ -29,6 +29,7 @@ mod attention;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod conversation;
+mod cpu;
 pub mod engine;
 mod error;
 mod ids;

@@ -4,6 +4,19 @@
 //! (`mul_add` is one fused rounding on every target), so a value's bits do not depend on the
 //! instructions that computed it or on its lane: rows stay bit-identical in any batch.
 
+/// The gated MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Activation {
+    /// `silu(gate) * up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) * up` (GeGLU with the tanh approximation).
+    GeluTanh,
+    /// gpt-oss's: `g * sigmoid(1.702 g) * (u + 1)`, with the gate `g` clamped to at most 7
+    /// and the up `u` to [-7, 7].
+    ClampedSwiglu,
+}
+
 /// `e^x`: range reduction `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-6 polynomial for
 /// `e^r` (relative error below 2e-7), and `2^n` built in the exponent bits. `n` is rounded by
 /// adding `1.5 · 2^23`, which leaves it in the low mantissa bits, so no float-to-int conversion

@@ -241,6 +241,12 @@ impl Graph {
     /// Every way out of the layer: the chain of modules from the layer to what it must not
     /// reach.
     fn breaches(&self) -> Vec<String> {
+        self.breaches_of(&LAYER, &ABOVE, &TENSORS)
+    }
+
+    /// The chains by which modules under `layer` reach a module under `above` or a crate of
+    /// `crates`.
+    fn breaches_of(&self, layer: &[&str], above: &[&str], crates: &[&str]) -> Vec<String> {
         let edges = self.edges();
         let within = |m: &str, roots: &[&str]| {
             roots
@@ -249,13 +255,13 @@ impl Graph {
         };
         let mut parent: BTreeMap<String, String> = BTreeMap::new();
         let mut queue: VecDeque<String> = (self.modules.keys())
-            .filter(|m| within(m, &LAYER))
+            .filter(|m| within(m, layer))
             .cloned()
             .collect();
         let mut seen: BTreeSet<String> = queue.iter().cloned().collect();
         let mut out = Vec::new();
         while let Some(m) = queue.pop_front() {
-            if within(&m, &ABOVE) || TENSORS.contains(&m.as_str()) {
+            if within(&m, above) || crates.contains(&m.as_str()) {
                 let mut chain = vec![m.clone()];
                 while let Some(p) = parent.get(chain.last().unwrap()) {
                     chain.push(p.clone());
@@ -320,6 +326,30 @@ fn kv_scheduler_and_conversations_reach_no_tensor_or_model_module() {
     assert!(
         breaches.is_empty(),
         "layer rule broken:\n{}",
+        breaches.join("\n")
+    );
+}
+
+/// The attention op sits below the model: it reaches nothing of it, nor of what runs it,
+/// even through another module (the CPU's vector paths are `crate::cpu`'s, the MLP's
+/// activations `crate::math`'s).
+#[test]
+fn the_attention_op_reaches_no_model_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    let graph = Graph::parse(&files);
+    assert!(graph.modules.contains_key("crate::attention::cpu"));
+    let above = [
+        "crate::model",
+        "crate::engine",
+        "crate::service",
+        "crate::server",
+    ];
+    let breaches = graph.breaches_of(&["crate::attention"], &above, &[]);
+    assert!(
+        breaches.is_empty(),
+        "the attention op reaches up:\n{}",
         breaches.join("\n")
     );
 }

@@ -545,10 +545,13 @@ fn two_engines_writing_one_conversation_conflict_instead_of_forking() {
     let a_copy = a.resume("alice").unwrap();
 
     let mut raw = server.raw().unwrap();
+    // Writes held until told (ten minutes is never reached): A's write fails by its own
+    // deadline, however long the turn before it took on a busy machine (a 3 s pause let a slow
+    // turn's write land after it).
     let pause = |raw: &mut redis::Connection, what: &str| {
         let mut cmd = redis::cmd("CLIENT");
         match what {
-            "pause" => cmd.arg("PAUSE").arg(3000).arg("WRITE"),
+            "pause" => cmd.arg("PAUSE").arg(600_000).arg("WRITE"),
             _ => cmd.arg("UNPAUSE"),
         };
         cmd.query::<()>(raw).unwrap();

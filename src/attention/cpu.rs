@@ -258,18 +258,18 @@ struct Block<'a, T> {
 impl<T: KvElem> Block<'_, T> {
     /// The softmax state of the block's rows and the query heads of kv head `g` (query
     /// `r * group + j`) over its tiles: the build of [`Block::body`] for the widest vectors the
-    /// CPU has (the matmuls' path, [`crate::model::Isa`]), the baseline build otherwise.
+    /// CPU has (the matmuls' path, [`crate::cpu::Isa`]), the baseline build otherwise.
     fn run(&self) -> Partial {
         #[cfg(target_arch = "x86_64")]
-        match crate::model::Isa::detect() {
+        match crate::cpu::Isa::detect() {
             // SAFETY: the CPU has every feature of the path `detect` chose (AVX-512 F on top of
             // AVX2, FMA and F16C); the functions are otherwise ordinary safe Rust.
-            crate::model::Isa::Avx512 | crate::model::Isa::Amx => unsafe {
+            crate::cpu::Isa::Avx512 | crate::cpu::Isa::Amx => unsafe {
                 return self.body_avx512();
             },
             // SAFETY: as above, AVX2, FMA and F16C.
-            crate::model::Isa::Avx2 => unsafe { return self.body_avx2() },
-            crate::model::Isa::Scalar => {}
+            crate::cpu::Isa::Avx2 => unsafe { return self.body_avx2() },
+            crate::cpu::Isa::Scalar => {}
         }
         self.body(Simd::None)
     }

@@ -49,18 +49,7 @@ pub enum Architecture {
     GptOss,
 }
 
-/// The gated MLP's activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Activation {
-    /// `silu(gate) * up` (SwiGLU).
-    Silu,
-    /// `gelu_tanh(gate) * up` (GeGLU with the tanh approximation).
-    GeluTanh,
-    /// gpt-oss's: `g * sigmoid(1.702 g) * (u + 1)`, with the gate `g` clamped to at most 7
-    /// and the up `u` to [-7, 7].
-    ClampedSwiglu,
-}
+pub use crate::math::Activation;
 
 /// Every architecture, in the order the README lists them.
 pub const ARCHITECTURES: [Architecture; 9] = [

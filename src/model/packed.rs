@@ -56,6 +56,8 @@ use float::{Elem, FloatWeights};
 use half::bf16;
 use quant::{QuantRows, QuantWeights};
 
+pub(crate) use crate::cpu::Isa;
+
 /// Output columns per panel: one 64-byte vector of f32 or of 32-bit dot products.
 pub(crate) const NR: usize = 16;
 /// Rows per register tile (8 on AVX-512's integer path).
@@ -66,94 +68,7 @@ const ROW_CHUNK: usize = 96;
 /// Most panels per work item.
 const MAX_GROUP: usize = 8;
 
-/// Which instructions run the kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Scalar,
-    /// AVX2, FMA and F16C: the baseline of every x86-64 machine we run on.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 F/BW with VNNI (`vpdpbusd`) for the integer kernel; AVX2 for the rest.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    /// [`Isa::Avx512`], with AMX-INT8's tile multiply for the integer kernel's tiles of 16 rows
-    /// (prefill).
-    #[cfg(target_arch = "x86_64")]
-    Amx,
-    /// NEON with the dot-product extension (`sdot`) for the integer kernel, NEON's fused
-    /// multiply-add for the float one.
-    #[cfg(target_arch = "aarch64")]
-    Neon,
-}
-
 impl Isa {
-    /// The best path this CPU has, or the one `PENSIEVE_ISA` names (`Scalar`, `Avx2`,
-    /// `Avx512`, `Amx`, `Neon`; any case) where the CPU has it: to compare paths on one
-    /// machine, or to step back from one.
-    pub(crate) fn detect() -> Self {
-        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            let mut all = Self::available();
-            if let Ok(name) = std::env::var("PENSIEVE_ISA") {
-                match all
-                    .iter()
-                    .find(|i| format!("{i:?}").eq_ignore_ascii_case(&name))
-                {
-                    Some(&isa) => return isa,
-                    None => tracing::warn!(
-                        PENSIEVE_ISA = %name,
-                        available = ?all,
-                        "this CPU has no such path: using the best it has"
-                    ),
-                }
-            }
-            all.pop().unwrap_or(Isa::Scalar)
-        })
-    }
-
-    /// Every path this CPU can run, best last.
-    #[cfg_attr(
-        not(any(target_arch = "x86_64", target_arch = "aarch64")),
-        allow(unused_mut)
-    )]
-    pub(crate) fn available() -> Vec<Self> {
-        let mut all = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                all.push(Isa::Avx2);
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                    all.push(Isa::Avx512);
-                    if quant::amx_usable() {
-                        all.push(Isa::Amx);
-                    }
-                }
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        if std::arch::is_aarch64_feature_detected!("dotprod") {
-            all.push(Isa::Neon);
-        }
-        all
-    }
-
-    /// The path's name for people: benchmark tables print it beside the CPU's.
-    #[cfg(feature = "internals")]
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => "AVX2",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => "AVX-512 VNNI",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Amx => "AMX-INT8 tiles with AVX-512 VNNI",
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => "NEON dot product",
-        }
-    }
-
     /// Rows per register tile of the integer kernel: AVX-512 has the registers for 8 (8
     /// accumulators and 8 dots), so a step of 8 decode rows is one tile, not 6 and 2; NEON's 32
     /// registers hold 8 rows of a quarter panel.

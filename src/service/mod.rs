@@ -340,7 +340,7 @@ impl Service {
     /// answered once the deletion is written.
     ///
     /// # Errors
-    /// [`Error::UnknownConversation`]; [`Error::NotDurable`] if the store could not delete it
+    /// [`Error::UnknownConversation`]; [`Error::NotRemoved`] if the store could not delete it
     /// (it keeps the conversation); [`Error::ServiceStopped`].
     pub async fn close(&self, conv: ConversationId) -> Result<()> {
         let (reply, closed) = oneshot::channel();

@@ -73,8 +73,8 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
         let portable = block.body(Simd::None);
         assert!(portable.l.iter().all(|&l| l > 0.0));
         #[cfg(target_arch = "x86_64")]
-        for isa in crate::model::Isa::available() {
-            use crate::model::Isa;
+        for isa in crate::cpu::Isa::available() {
+            use crate::cpu::Isa;
             // SAFETY: the CPU has every feature of each path `available` lists.
             let simd = match isa {
                 Isa::Avx2 => unsafe { block.body_avx2() },

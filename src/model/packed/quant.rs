@@ -103,7 +103,6 @@ mod factors;
 mod neon;
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use amx::usable as amx_usable;
 use factors::{exponent_scale, FP4};
 pub(super) use factors::{Factors, Form, RawBlock};
 
@@ -323,7 +322,7 @@ impl QuantWeights {
         if rows == 0 || !in_bounds(self, a, spot, o, t.out) {
             return 0;
         }
-        // SAFETY: `Amx` is only chosen where `amx::usable` (`Isa::available`); the bounds were
+        // SAFETY: `Amx` is only chosen where `Isa::available` finds the tiles usable; the bounds were
         // checked; `rows` is a multiple of the tile's rows.
         unsafe { amx::kernel(self, a, spot, o, t.out) };
         rows

@@ -85,7 +85,7 @@ impl Driver {
                 (Durability::Failed(why), Wait::Removed(_)) => {
                     tracing::warn!(%why, "a stored conversation could not be removed");
                     self.stats.lock().store_failures += 1;
-                    Some(Error::NotDurable(why))
+                    Some(Error::NotRemoved(why))
                 }
                 _ => None,
             };

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::{
     candle, launch_grid, pool_bytes, EmulationError, Schedule, StepVariant, STEP_VARIANTS,
 };
-use crate::model::Activation;
+use crate::math::Activation;
 
 /// Threads per block of the norm (`NORM_THREADS` in the kernel) and of the elementwise ops, as
 /// the GPU's launches use them.

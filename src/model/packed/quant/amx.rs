@@ -16,7 +16,6 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 use super::avx512::{add_block_with, add_centred, block_factors, halves, unpack};
 use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, GROUP, NR, QK};
@@ -26,42 +25,6 @@ pub(super) const ROWS: usize = 16;
 
 /// Bytes of one block of one panel as the multiply reads it: 8 groups of [`GROUP`] bytes.
 const BLOCK: usize = QK * NR;
-
-/// Whether this process can run tiles: the CPU has AMX-TILE and AMX-INT8 (and the AVX-512 the
-/// factors use), and Linux grants the tiles' register state, which it hands out only on
-/// request (asked once, for the whole process).
-pub(crate) fn usable() -> bool {
-    static USABLE: OnceLock<bool> = OnceLock::new();
-    *USABLE.get_or_init(|| {
-        use std::arch::is_x86_feature_detected as has;
-        if !(has!("avx512f") && has!("avx512bw") && has!("avx512vnni")) {
-            return false;
-        }
-        // Leaf 7 exists on every CPU with AVX-512. EDX bit 24: AMX-TILE; bit 25: AMX-INT8.
-        let edx = __cpuid_count(7, 0).edx;
-        edx >> 24 & 1 == 1 && edx >> 25 & 1 == 1 && request_tile_state()
-    })
-}
-
-/// Asks Linux for the tile data state (`ARCH_REQ_XCOMP_PERM` for `XFEATURE_XTILEDATA`).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn request_tile_state() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: this `arch_prctl` call takes two integers and touches no memory of ours.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn request_tile_state() -> bool {
-    false
-}
 
 /// A tile configuration (palette 1), as `ldtilecfg` reads it.
 #[repr(C, align(64))]
@@ -101,7 +64,7 @@ struct Dots([i32; ROWS * NR]);
 /// are unpacked to bytes once, then each tile of rows runs over them.
 ///
 /// # Safety
-/// [`usable`] is true, `super::in_bounds` holds for the arguments, and `spot.rows` is a
+/// `Isa::available` found the tiles usable, `super::in_bounds` holds for the arguments, and `spot.rows` is a
 /// multiple of [`ROWS`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn kernel(w: &QuantWeights, a: &QuantRows, spot: Spot, o: Out, out: &mut [f32]) {
