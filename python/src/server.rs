@@ -1,6 +1,7 @@
 //! The OpenAI-compatible server from Python: `pensieve.serve(port=8000, ...)` runs
 //! `pensieve-server` in the calling process until SIGINT or SIGTERM.
 
+use pensieve::server::ServeError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -22,15 +23,14 @@ pub fn serve(
     argv.extend(flags(options)?);
     let served = py.detach(|| pensieve::server::run(argv));
     let Err(e) = served else { return Ok(()) };
-    match e.downcast::<clap::Error>() {
+    match e {
         // `--help` and `--version` print and return.
-        Ok(e) if !e.use_stderr() => e
+        ServeError::Args(e) if !e.use_stderr() => e
             .print()
             .map_err(|e| PyRuntimeError::new_err(e.to_string())),
-        Ok(e) => Err(PyValueError::new_err(e.render().to_string())),
-        Err(e) => Err(match e.downcast::<pensieve::Error>() {
-            Ok(e) => crate::errors::to_py(&e),
-            Err(e) => PyRuntimeError::new_err(e.to_string()),
-        }),
+        ServeError::Args(e) => Err(PyValueError::new_err(e.render().to_string())),
+        ServeError::Flag(why) => Err(PyValueError::new_err(why)),
+        ServeError::Engine(e) => Err(crate::errors::to_py(&e)),
+        e => Err(PyRuntimeError::new_err(e.to_string())),
     }
 }

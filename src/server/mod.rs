@@ -62,6 +62,7 @@ mod body;
 mod conversations;
 mod deadline;
 mod error;
+mod failure;
 mod fields;
 mod info;
 mod listen;
@@ -79,6 +80,7 @@ mod usage;
 
 use api::{ChatRequest, Common, CompletionRequest, Prompt};
 use error::ApiError;
+pub use failure::ServeError;
 use metrics::{Metrics, Recorder};
 use respond::{serve, Job, Kind};
 
@@ -202,10 +204,6 @@ fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
     })
 }
 
-/// A failure to serve: the command line refused (a `clap::Error`, whose `use_stderr` is false
-/// for `--help` and `--version`), the model or store unusable, the address taken.
-pub type ServeError = Box<dyn Error + Send + Sync>;
-
 /// The `pensieve-server` program: serves with the command line `args` (the program's name
 /// first, as `std::env::args_os` gives it) until SIGINT or SIGTERM and their drain. A command
 /// line it refuses prints clap's message and exits the process as clap does; a failure to
@@ -216,7 +214,7 @@ where
     T: Into<OsString> + Clone,
 {
     match Args::try_parse_from(args) {
-        Ok(args) => exit_code(run_parsed(args).map_err(|e| e as Box<dyn Error>)),
+        Ok(args) => exit_code(run_parsed(args).map_err(|e| Box::new(e) as Box<dyn Error>)),
         Err(e) => e.exit(),
     }
 }
@@ -237,7 +235,7 @@ where
 
 fn run_parsed(args: Args) -> Result<(), ServeError> {
     ops::init_logging(args.log_format);
-    let cors = ops::cors(&args.allowed_origins)?;
+    let cors = ops::cors(&args.allowed_origins).map_err(ServeError::Flag)?;
     // A model without a chat template (a base model) serves completions; chat requests to it
     // are refused, naming the flag that gives it one.
     let model = Arc::new(args.engine.load_model()?);
@@ -283,7 +281,8 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
         max_bytes: args.max_body_mib << 20,
     };
-    let keys = auth::Keys::new(&args.api_key, args.api_key_file.as_deref())?;
+    let keys = auth::Keys::new(&args.api_key, args.api_key_file.as_deref());
+    let keys = keys.map_err(ServeError::Flag)?;
     let app = match (app(state, keys, body), cors) {
         // Outermost: a browser's preflight is answered before the key is asked for.
         (app, Some(cors)) => app.layer(cors),
@@ -291,13 +290,20 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
+        .build()
+        .map_err(ServeError::io("starting the runtime"))?;
     let drain = Duration::from_secs_f64(args.drain_timeout_s);
     let served = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(ServeError::io("binding the address"))?;
         let signals = shutdown::Signals::listen();
         // Scripts and tests read the address from this line.
-        println!("listening on http://{}", listener.local_addr()?);
+        let address = listener.local_addr();
+        println!(
+            "listening on http://{}",
+            address.map_err(ServeError::io("reading the address"))?
+        );
         let began = Arc::new(Notify::new());
         let stopping = {
             let (service, began) = (service.clone(), began.clone());
@@ -321,7 +327,7 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         };
         let serve = listen::serve(listener, app, limits, stopping);
         tokio::select! {
-            r = serve => r?,
+            r = serve => r.map_err(ServeError::io("serving"))?,
             () = shutdown::deadline(began, drain) => {}
         }
         Ok::<_, ServeError>(())
