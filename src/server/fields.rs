@@ -155,6 +155,17 @@ const SAMPLING: &[Field] = &[
         null_or_false,
         "vLLM's: no beam search (false only)",
     ),
+    // SGLang's, which vLLM's and SGLang's routers write into every request they forward.
+    default_only(
+        "no_stop_trim",
+        null_or_false,
+        "SGLang's: the reply ends before a stop string (false only)",
+    ),
+    default_only(
+        "return_hidden_states",
+        null_or_false,
+        "SGLang's: no hidden states are returned (false only)",
+    ),
 ];
 
 /// `/v1/chat/completions`, beside [`SAMPLING`].
@@ -184,6 +195,27 @@ const CHAT: &[Field] = &[
     implemented("function_call", "the legacy form of `tool_choice`"),
     implemented("logprobs", "each reply token's log-probability"),
     implemented("top_logprobs", "and up to 20 alternatives"),
+    // What vLLM's and SGLang's routers write into every chat request they forward.
+    default_only(
+        "separate_reasoning",
+        null_or_true,
+        "SGLang's: a thought is `reasoning_content` with `--reasoning-parser` (true only)",
+    ),
+    default_only(
+        "stream_reasoning",
+        null_or_true,
+        "SGLang's: a thought streams as it is written (true only)",
+    ),
+    default_only(
+        "include_reasoning",
+        null_or_true,
+        "vLLM's: a thought is returned (true only)",
+    ),
+    default_only(
+        "continue_final_message",
+        null_or_false,
+        "vLLM's: a reply is a new assistant message (false only)",
+    ),
     implemented(
         "reasoning_effort",
         "the chat template's `reasoning_effort` variable, as vLLM passes it (gpt-oss's)",
