@@ -155,12 +155,47 @@ fn self_name(ty: &syn::Type) -> Option<String> {
     }
 }
 
+/// The traits `attrs` derive, as a member line (`: derive Clone, Debug`), if any: a derive is a
+/// promise (a dependent clones, compares, prints).
+fn derives(attrs: &[syn::Attribute]) -> Option<String> {
+    let mut traits = Vec::new();
+    for a in attrs.iter().filter(|a| a.path().is_ident("derive")) {
+        let _ = a.parse_nested_meta(|m| {
+            traits.push(tokens(&m.path));
+            Ok(())
+        });
+    }
+    (!traits.is_empty()).then(|| format!(": derive {}", traits.join(", ")))
+}
+
+/// `text` split at its top-level commas (not those inside `<>`, `()` or `[]`).
+fn top_level(text: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            // `->` closes nothing.
+            '>' if text[..i].ends_with('-') => {}
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
 fn struct_def(s: &syn::ItemStruct) -> Def {
-    let members = s
-        .fields
-        .iter()
-        .filter(|f| is_pub(&f.vis))
-        .filter_map(|f| Some(format!(".{}: {}", f.ident.as_ref()?, tokens(&f.ty))))
+    let members = (s.fields.iter().enumerate())
+        .filter(|(_, f)| is_pub(&f.vis))
+        .map(|(i, f)| match &f.ident {
+            Some(name) => format!(".{name}: {}", tokens(&f.ty)),
+            None => format!(".{i}: {}", tokens(&f.ty)),
+        })
+        .chain(derives(&s.attrs))
         .collect();
     let private = s.fields.iter().any(|f| !is_pub(&f.vis));
     Def {
@@ -200,6 +235,7 @@ fn enum_def(e: &syn::ItemEnum) -> Def {
             };
             format!("::{}{}{fields}", non_exhaustive(&v.attrs), v.ident)
         })
+        .chain(derives(&e.attrs))
         .collect();
     Def {
         head: format!("{}enum{}", non_exhaustive(&e.attrs), tokens(&e.generics)),
@@ -295,7 +331,7 @@ impl Crate {
                     let (ty, fields) = body.split_once('{').unwrap();
                     let fields = fields.trim_end_matches('}').trim().trim_end_matches(',');
                     let entry = self.impls.entry(ty.trim().to_string()).or_default();
-                    for f in fields.split(',') {
+                    for f in top_level(fields) {
                         entry.insert(format!(": setter {}", f.trim()));
                     }
                 }
@@ -495,5 +531,17 @@ fn the_public_api_is_the_committed_list() {
         gone.is_empty() && added.is_empty(),
         "the public API changed: if that is meant, rerun with PENSIEVE_BLESS_API=1 and \
          commit docs/public-api.txt.\nremoved: {gone:#?}\nadded: {added:#?}"
+    );
+}
+
+#[test]
+fn setters_split_only_at_their_outer_commas() {
+    assert_eq!(
+        top_level("value a: Vec<(u32, f32)>, some b: Map<String, Value>, c: fn(u8) -> u8"),
+        [
+            "value a: Vec<(u32, f32)>",
+            " some b: Map<String, Value>",
+            " c: fn(u8) -> u8"
+        ]
     );
 }
