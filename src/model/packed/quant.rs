@@ -102,7 +102,6 @@ mod factors;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
-#[cfg(target_arch = "x86_64")]
 use factors::{exponent_scale, FP4};
 pub(super) use factors::{Factors, Form, RawBlock};
 
@@ -322,8 +321,8 @@ impl QuantWeights {
         if rows == 0 || !in_bounds(self, a, spot, o, t.out) {
             return 0;
         }
-        // SAFETY: `Amx` is only chosen where `Isa::available` finds the tiles usable; the bounds were
-        // checked; `rows` is a multiple of the tile's rows.
+        // SAFETY: `Amx` is only chosen where `Isa::available` finds the tiles usable; the bounds
+        // were checked; `rows` is a multiple of the tile's rows.
         unsafe { amx::kernel(self, a, spot, o, t.out) };
         rows
     }
