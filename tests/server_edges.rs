@@ -12,7 +12,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::server::{metric, post, start, start_logged, stored_contents, stored_manifest};
+use common::server::{
+    metric, post, raw_chat, start, start_logged, stored_contents, stored_manifest,
+};
 use serde_json::{json, Value};
 
 fn chat(base: &str, body: Value) -> (u16, Value) {
@@ -444,16 +446,8 @@ fn real_model_requests_past_the_context_are_refused_off_the_engine_thread_while_
     let server = start(&[]);
     // A stream runs...
     let body = json!({"messages": [{"role": "user", "content": "Count to a hundred."}],
-                      "max_tokens": 120, "ignore_eos": true, "stream": true})
-    .to_string();
-    let mut stream = TcpStream::connect(host_port(&server.base)).unwrap();
-    write!(
-        stream,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+                      "max_tokens": 120, "ignore_eos": true, "stream": true});
+    let mut stream = raw_chat(&server.base, &body);
     let _ = stream.read(&mut [0u8; 256]).unwrap();
     // ... while eight clients send 1.8 MB histories at once. They were tokenized whole on the
     // engine thread before the length check, which froze the stream for seconds.

@@ -11,27 +11,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::server::{post, start};
+use common::server::{post, raw_chat, start};
 use serde_json::{json, Value};
 
 /// A streamed chat of `tokens` tokens on a connection of its own: the times its chunks
 /// arrived, read on a thread.
 fn bystander(base: &str, tokens: usize) -> std::thread::JoinHandle<Vec<Instant>> {
     let body = json!({"messages": [{"role": "user", "content": "Count to a thousand."}],
-                      "max_tokens": tokens, "ignore_eos": true, "stream": true})
-    .to_string();
-    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
-    write!(
-        stream,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+                      "max_tokens": tokens, "ignore_eos": true, "stream": true});
+    let stream = raw_chat(base, &body);
     std::thread::spawn(move || {
         let mut arrivals = Vec::new();
         for line in BufReader::new(stream).lines() {

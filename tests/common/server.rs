@@ -219,3 +219,19 @@ pub fn forced_call(base: &str, messages: Value, tools: &Value, choice: Value) ->
     );
     answer["choices"][0]["message"].clone()
 }
+
+/// A chat posted on a raw connection of its own (`connection: close`), for a test that reads
+/// the answer's bytes as they arrive (a stream's pace).
+pub fn raw_chat(base: &str, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+}
