@@ -314,7 +314,7 @@ impl Engine {
         let mut limits = self.limits;
         limits.overflow = params.overflow.unwrap_or(limits.overflow);
         let max_reply = params.max_tokens;
-        let mut prepared = match Self::ready_for(ready, conv, &turn, &limits, max_reply) {
+        let mut prepared = match ready.and_then(|r| r.take_for(conv, &turn, &limits, max_reply)) {
             Some(prepared) => prepared?,
             None => turn::prepare(&self.model, conv, turn, &limits, max_reply)?,
         };

@@ -74,7 +74,7 @@ impl ReadyTurn {
     /// with nothing fed yet and the same transcript, tools and variables. A prepared prompt
     /// is handed to every such turn (the forks of a request with several choices); a refusal
     /// once.
-    fn take_for(
+    pub(super) fn take_for(
         &mut self,
         conv: &Conversation,
         turn: &Turn,
@@ -122,16 +122,5 @@ impl Engine {
         let now = std::time::Instant::now();
         self.submit_with(id, conv, turn, params, now, Some(ready))?;
         Ok(id)
-    }
-
-    /// The prepared turn `ready` holds for `turn` of `conv`, if any.
-    pub(super) fn ready_for(
-        ready: Option<&mut ReadyTurn>,
-        conv: &Conversation,
-        turn: &Turn,
-        limits: &TurnLimits,
-        max_reply: usize,
-    ) -> Option<Result<PreparedTurn>> {
-        ready?.take_for(conv, turn, limits, max_reply)
     }
 }

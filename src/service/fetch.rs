@@ -29,13 +29,22 @@ impl Service {
         read: impl FnOnce(&ResumeReader) -> T + Send + 'static,
     ) -> Option<T> {
         let reader = self.inner.reader.clone()?;
-        let (tx, rx) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("pensieve-fetch".into())
-            .spawn(move || {
-                let _ = tx.send(read(&reader));
-            })
-            .ok()?;
-        rx.await.ok()
+        on_own_thread("pensieve-fetch", move || read(&reader)).await
     }
+}
+
+/// `work` run on a thread of its own named `name`, so that the engine thread never waits for
+/// it; `None` if the thread could not start.
+pub(super) async fn on_own_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .ok()?;
+    rx.await.ok()
 }

@@ -2,9 +2,8 @@
 //! that sends megabytes of history (or thousands of items) that no held conversation has then
 //! costs a thread of its own the templating and tokenizing, instead of every stream a stall.
 
-use tokio::sync::oneshot;
-
 use super::driver::What;
+use super::fetch::on_own_thread;
 use super::{chat, Chat, Service};
 use crate::engine::{ReadyTurn, SamplingParams};
 
@@ -37,13 +36,7 @@ impl Service {
         }
         let (options, turn) = chat::opening(chat).ok()?;
         let (preparer, params) = (self.inner.preparer.clone(), params.clone());
-        let (tx, rx) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("pensieve-prepare".into())
-            .spawn(move || {
-                let _ = tx.send(preparer.first_turn(options, turn, &params));
-            })
-            .ok()?;
-        rx.await.ok()
+        let prepare = move || preparer.first_turn(options, turn, &params);
+        on_own_thread("pensieve-prepare", prepare).await
     }
 }
