@@ -1,13 +1,12 @@
 //! Per-conversation state the engine keeps beside the KV: the raw-token history (the source of
 //! truth, never lost) and the chat transcript the template continues from.
 //!
-//! Writers: the scheduler appends tokens when a step computes them or a turn ends
-//! ([`Conversation::extend_tokens`]), and so does sharing when it adopts a queued prompt's
-//! front; the engine records each finished exchange in the transcript
-//! ([`Conversation::record_exchange`]), trims a reply or rolls a turn back
-//! ([`Conversation::truncate_tokens`]) and cuts overflowing history
-//! ([`Conversation::apply_cut`]). Where each token's KV lives is the cache manager's chunk
-//! table (`crate::kv`), not here.
+//! Writers: a conversation's tokens change only by a [`Settlement`] (`settle`), which changes
+//! its chunk table with them: the scheduler's commit when a step computes tokens, a turn
+//! stops or ends; the engine when it trims a reply, rolls a turn back, cuts overflowing
+//! history or rewinds. The engine records each finished exchange in the transcript
+//! ([`Conversation::record_exchange`]). Where each token's KV lives is the cache manager's
+//! chunk table (`crate::kv`), not here.
 //!
 //! Between turns the conversation keeps [`Mark`]s: the points where a user message begins, in
 //! tokens, transcript text and messages at once. Dropping the span between two marks (the
@@ -21,6 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::ConversationId;
 use crate::message::Message;
+
+mod settle;
+
+pub(crate) use settle::{Settlement, Shifted};
 
 /// A point in a conversation where a turn's message begins (or the history could otherwise be
 /// cut): as many tokens, transcript bytes and messages come before it.
@@ -278,9 +281,16 @@ impl Conversation {
         (messages, seen)
     }
 
+    /// A copy with the history of `cut` dropped (what a turn prepared after the cut sees).
+    pub fn with_cut(&self, cut: &Cut) -> Self {
+        let mut c = self.clone();
+        c.apply_cut(cut);
+        c
+    }
+
     /// Drops the history between the marks of `cut` (tokens, transcript, and the marks
     /// inside it); the marks after it move back.
-    pub fn apply_cut(&mut self, cut: &Cut) {
+    fn apply_cut(&mut self, cut: &Cut) {
         let (messages, seen) = self.transcript_after(cut);
         self.messages = messages;
         self.seen_text = seen;
@@ -301,13 +311,13 @@ impl Conversation {
 
     /// Drops the tokens from `len` on (a turn rolled back, or its reply cut short of what
     /// was generated). Marks past them go too.
-    pub fn truncate_tokens(&mut self, len: usize) {
+    fn truncate_tokens(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.marks.retain(|m| m.tokens <= len);
         self.reply_start = self.reply_start.filter(|m| m.tokens <= len);
     }
 
-    pub fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
+    fn extend_tokens(&mut self, tokens: impl IntoIterator<Item = u32>) {
         self.tokens.extend(tokens);
     }
 

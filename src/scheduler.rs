@@ -36,7 +36,7 @@ use draft::StepCost;
 pub(crate) use plan::{Admission, Outcome, Rejection, Reuse, RowPlan, StepPlan};
 use plan::{Run, RunKind};
 
-use crate::conversation::Conversations;
+use crate::conversation::{Conversations, Settlement};
 use crate::ids::{ConversationId, RequestId};
 use crate::kv::{CacheManager, Eviction, Moves, Violation};
 
@@ -260,10 +260,11 @@ impl<T> Scheduler<T> {
             self.by_conv.remove(&req.conv);
         }
         if req.admitted {
-            if let Some(conv) = convs.get_mut(&req.conv) {
-                conv.extend_tokens(req.pending.drain(..));
-            }
-            cache.settle(req.conv, req.progress);
+            let end = Settlement::End {
+                pending: std::mem::take(&mut req.pending),
+                progress: req.progress,
+            };
+            convs.settle(req.conv, end, cache);
         }
         cache.touch(req.conv, now);
         Some(req)

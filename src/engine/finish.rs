@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::turn::ActiveTurn;
 use super::{CacheMode, Engine, Event, FinishReason, TurnStats};
+use crate::conversation::Settlement;
 use crate::ids::{ConversationId, RequestId};
 
 impl Engine {
@@ -118,26 +119,25 @@ impl Engine {
     fn settle_reply(&mut self, id: RequestId, conv_id: ConversationId, turn: ActiveTurn) {
         let trim = turn.trim(&self.model);
         let calls = self.tool_calls(conv_id, id, turn.reply());
-        let Some(conv) = self.convs.get_mut(&conv_id) else {
+        let Some(length) = self.convs.get(&conv_id).map(|c| c.tokens().len()) else {
             return;
         };
         // A rest that cannot be tokenized leaves the generated tokens: the history then holds
         // text the client did not get, which is better than failing a finished turn.
         if let Ok(Some((kept, tail))) = trim {
-            let keep = conv.tokens().len() - turn.output_tokens() + kept;
-            conv.truncate_tokens(keep);
-            conv.extend_tokens(tail);
-            self.cache.truncate(conv_id, keep);
+            let keep = length - turn.output_tokens() + kept;
+            let trimmed = Settlement::Trim { keep, tail };
+            self.convs.settle(conv_id, trimmed, &mut self.cache);
         }
-        turn.record(&self.model, conv, calls);
+        if let Some(conv) = self.convs.get_mut(&conv_id) {
+            turn.record(&self.model, conv, calls);
+        }
     }
 
     /// Takes the conversation back to the `history` tokens it had before a turn that did not
     /// complete.
     fn roll_back(&mut self, conv_id: ConversationId, history: usize) {
-        if let Some(conv) = self.convs.get_mut(&conv_id) {
-            conv.truncate_tokens(history);
-        }
-        self.cache.truncate(conv_id, history);
+        let back = Settlement::Truncate(history);
+        self.convs.settle(conv_id, back, &mut self.cache);
     }
 }

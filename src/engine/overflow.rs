@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::Engine;
 use crate::attention::KeyRotation;
-use crate::conversation::Cut;
+use crate::conversation::{Cut, Settlement, Shifted};
 use crate::ids::ConversationId;
 use crate::kv::{ChunkBytes, Held};
 use crate::model::RopeVariant;
@@ -19,23 +19,43 @@ impl Engine {
     /// Drops the history of `cut` from conversation `id` (idle: no turn of it is queued),
     /// keeping the KV of what follows.
     pub(super) fn apply_cut(&mut self, id: ConversationId, cut: &Cut) {
-        let range = cut.tokens();
-        // A cut of a history not yet fed to the model drops messages and no KV.
-        if !range.is_empty() {
-            self.stats.tokens_shifted += self.shift_past_cut(id, range.clone()) as u64;
-        }
-        if let Some(conv) = self.convs.get_mut(&id) {
-            conv.apply_cut(cut);
-        }
+        self.stats.tokens_shifted += self.cut_history(id, cut) as u64;
         self.stats.context_cuts += 1;
-        self.stats.tokens_cut += range.len() as u64;
+        self.stats.tokens_cut += cut.tokens().len() as u64;
         self.write_manifest(id);
     }
 
-    /// Moves the KV of conversation `id` past the dropped `range` back to its new positions;
+    /// Drops the history of `cut` from conversation `id` with its KV, the KV of what follows
+    /// moved back to its new positions and placed where it was. Returns how many tokens' KV
+    /// it placed.
+    pub(super) fn cut_history(&mut self, id: ConversationId, cut: &Cut) -> usize {
+        let range = cut.tokens();
+        // A cut of a history not yet fed to the model drops messages and no KV.
+        let (shifted, tokens) = match range.is_empty() {
+            true => (None, 0),
+            false => {
+                let (shifted, tokens) = self.shift_past_cut(id, range);
+                (Some(shifted), tokens)
+            }
+        };
+        let settlement = Settlement::Cut { cut, shifted };
+        for (i, block, bytes) in self.convs.settle(id, settlement, &mut self.cache) {
+            let start = self.cache.first_slot(block);
+            let written = bytes
+                .bytes()
+                .ok()
+                .is_some_and(|b| self.pool.write_slots(start, b).is_ok());
+            if !written {
+                self.cache.lose_chunk(id, i);
+            }
+        }
+        tokens
+    }
+
+    /// The KV of conversation `id` past the dropped `range`, moved back to its new positions;
     /// the chunk `range` begins in is rewritten with the KV before it (never truncated in
-    /// place: it may be shared by content). Returns how many tokens' KV it placed.
-    pub(super) fn shift_past_cut(&mut self, id: ConversationId, range: Range<usize>) -> usize {
+    /// place: it may be shared by content). With it, how many tokens' KV it holds.
+    fn shift_past_cut(&mut self, id: ConversationId, range: Range<usize>) -> (Shifted, usize) {
         let chunk = self.config.chunk_size;
         let first = range.start / chunk;
         let computed = self.cache.table(id).map_or(0, |t| t.computed());
@@ -81,20 +101,15 @@ impl Engine {
             .filter(|(_, c)| c.is_some())
             .map(|(j, _)| (kept - (first + j) * chunk).min(chunk))
             .sum();
-        let new = new
+        let chunks = new
             .into_iter()
             .map(|c| c.map(|b| Arc::new(ChunkBytes::from(b))))
             .collect();
-        for (i, block, bytes) in self.cache.replace_tail(id, first, kept, new) {
-            let start = self.cache.first_slot(block);
-            let written = bytes
-                .bytes()
-                .ok()
-                .is_some_and(|b| self.pool.write_slots(start, b).is_ok());
-            if !written {
-                self.cache.lose_chunk(id, i);
-            }
-        }
-        shifted
+        let moved = Shifted {
+            first,
+            computed: kept,
+            chunks,
+        };
+        (moved, shifted)
     }
 }

@@ -84,12 +84,7 @@ impl Engine {
     /// with its KV; the turn that follows computes the rendering from there. The KV before
     /// the cut in its chunk is kept (copied to a chunk of its own), not recomputed.
     pub(super) fn rewind(&mut self, id: ConversationId, cut: &Cut) {
-        if !cut.tokens().is_empty() {
-            self.shift_past_cut(id, cut.tokens());
-        }
-        if let Some(conv) = self.convs.get_mut(&id) {
-            conv.apply_cut(cut);
-        }
+        self.cut_history(id, cut);
         self.stats.rewound_tokens += cut.tokens().len() as u64;
         self.write_manifest(id);
     }

@@ -80,9 +80,7 @@ pub(crate) fn prepare(
     let rewound;
     let conv = match &rewind {
         Some(cut) => {
-            let mut c = conv.clone();
-            c.apply_cut(cut);
-            rewound = c;
+            rewound = conv.with_cut(cut);
             &rewound
         }
         None => conv,

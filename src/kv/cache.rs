@@ -2,7 +2,8 @@
 //! (Pensieve §4.3, thesis §3.4.3).
 //!
 //! It owns the device block allocator, the host pool, the eviction policy and one
-//! [`ChunkTable`] per conversation; a chunk table changes only through its methods. Moves are
+//! [`ChunkTable`] per conversation; a chunk table changes only through its methods (`table`
+//! keeps its fields private, so a chunk and its file are added and cut together). Moves are
 //! two-phase: planning marks a chunk `SwappingOut` / `SwappingIn` and books the destination
 //! (the plan's [`Moves`]); the executor copies the bytes; `complete_*` frees the source, or
 //! `abort_*` drops the chunk when the copy failed (counted). Drops take effect at once (nothing
@@ -32,9 +33,11 @@ mod restore;
 mod share;
 mod shift;
 mod stored;
+mod table;
 
 pub(crate) use shift::Held;
 pub(crate) use stored::StoreTier;
+pub(crate) use table::ChunkTable;
 
 use super::{
     Address, BlockAllocator, BlockId, ChunkBytes, ChunkLoc, EvictionPolicy, HostChunkId, HostPool,
@@ -135,45 +138,6 @@ pub(crate) struct CacheCounters {
     pub chunks_dropped_from_store: u64,
 }
 
-/// One conversation's KV: where each chunk lives and how far the KV has been computed.
-#[derive(Debug)]
-pub(crate) struct ChunkTable {
-    chunks: Vec<ChunkId>,
-    /// Per chunk, the address of its file in the store, when one holds this chunk's KV
-    /// (whatever tier also holds it).
-    saved: Vec<Option<Address>>,
-    /// Tokens `[0, computed)` have had their KV computed (it may since have been dropped).
-    computed: usize,
-    /// When the conversation last ran; eviction's idle time counts from here.
-    last_active: Instant,
-    /// Never evicted below the host tier (a session hint).
-    pinned: bool,
-    /// When its next turn is expected (a session hint).
-    resume_at: Option<Instant>,
-}
-
-impl ChunkTable {
-    /// Chunks in the table (computed, or reserved for tokens being computed).
-    pub fn len(&self) -> usize {
-        self.chunks.len()
-    }
-
-    /// Tokens whose KV has been computed.
-    pub fn computed(&self) -> usize {
-        self.computed
-    }
-
-    /// Leading chunks that hold computed tokens.
-    fn computed_chunks(&self, chunk: usize) -> usize {
-        self.computed.div_ceil(chunk).min(self.chunks.len())
-    }
-
-    /// Computed tokens in chunk `i`.
-    fn chunk_len(&self, i: usize, chunk: usize) -> usize {
-        self.computed.saturating_sub(i * chunk).min(chunk)
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct CacheManager {
     blocks: BlockAllocator,
@@ -247,24 +211,14 @@ impl CacheManager {
 
     /// Starts an empty table for a new conversation.
     pub fn open(&mut self, id: ConversationId, now: Instant) {
-        self.tables.insert(
-            id,
-            ChunkTable {
-                chunks: Vec::new(),
-                saved: Vec::new(),
-                computed: 0,
-                last_active: now,
-                pinned: false,
-                resume_at: None,
-            },
-        );
+        self.tables.insert(id, ChunkTable::new(now));
     }
 
     /// Releases everything `id` holds and forgets it.
     pub fn close(&mut self, id: ConversationId) {
         self.replace_tail(id, 0, 0, Vec::new());
         self.pin(id, false);
-        let at = self.tables.remove(&id).and_then(|t| t.resume_at);
+        let at = self.tables.remove(&id).and_then(|t| t.resume_at());
         self.hints.resume(id, at, None);
         self.candidates.mark(id);
     }
@@ -275,14 +229,14 @@ impl CacheManager {
 
     /// The device block holding chunk `i` of `id`, if attention can read it this step.
     pub fn block(&self, id: ConversationId, i: usize) -> Option<u32> {
-        let rec = *self.tables.get(&id)?.chunks.get(i)?;
+        let rec = self.tables.get(&id)?.record(i)?;
         Some(self.arena.loc(rec).readable_block()?.0)
     }
 
     /// The device slot holding position `pos` of `id`, if attention can read it this step.
     pub fn slot(&self, id: ConversationId, pos: usize) -> Option<u32> {
         let chunk = self.chunk_size();
-        let rec = *self.tables.get(&id)?.chunks.get(pos / chunk)?;
+        let rec = self.tables.get(&id)?.record(pos / chunk)?;
         let block = self.arena.loc(rec).readable_block()?;
         Some(self.blocks.slot(block, pos % chunk))
     }
@@ -291,13 +245,13 @@ impl CacheManager {
     #[cfg(test)]
     pub fn locs(&self, id: ConversationId) -> Vec<ChunkLoc> {
         self.tables.get(&id).map_or_else(Vec::new, |t| {
-            t.chunks.iter().map(|&r| self.arena.loc(r)).collect()
+            t.records().iter().map(|&r| self.arena.loc(r)).collect()
         })
     }
 
     /// The record chunk `i` of `id` names, if its location is `loc`.
     fn record_at(&self, id: ConversationId, i: usize, loc: ChunkLoc) -> Option<ChunkId> {
-        let rec = *self.tables.get(&id)?.chunks.get(i)?;
+        let rec = self.tables.get(&id)?.record(i)?;
         (self.arena.loc(rec) == loc).then_some(rec)
     }
 
@@ -309,9 +263,7 @@ impl CacheManager {
                 continue;
             };
             let own = self.arena.detach(rec, h, loc_of(t));
-            if let Some(slot) = t.chunks.get_mut(i) {
-                *slot = own;
-            }
+            t.set_record(i, own);
         }
     }
 
@@ -328,17 +280,20 @@ impl CacheManager {
         }
     }
 
-    /// `id` lets go of the records of its chunks from `from` on; what no one holds any more
-    /// is released.
+    /// `id` lets go of its chunks from `from` on: of their records (what no one holds any
+    /// more is released) and of their files.
     fn drop_records(&mut self, id: ConversationId, from: usize) {
         let Some(t) = self.tables.get_mut(&id) else {
             return;
         };
-        let from = from.min(t.chunks.len());
-        for rec in t.chunks.drain(from..).collect::<Vec<_>>() {
+        let cut = t.cut(from);
+        for rec in cut.records {
             if let Some(loc) = self.arena.remove_holder(rec, id) {
                 self.release_loc(loc);
             }
+        }
+        if let Some(d) = &mut self.store {
+            cut.files.iter().for_each(|a| d.store.release(a));
         }
     }
 
@@ -348,23 +303,23 @@ impl CacheManager {
         let Some(t) = self.tables.get_mut(&id) else {
             return;
         };
-        if end > t.computed && !t.computed.is_multiple_of(chunk) {
+        let computed = t.computed();
+        if end > computed && !computed.is_multiple_of(chunk) {
             // A partial chunk grows: its saved file no longer holds all of it.
-            let i = t.computed / chunk;
-            if let Some(a) = t.saved.get_mut(i).and_then(Option::take)
+            if let Some(a) = t.set_file(computed / chunk, None)
                 && let Some(d) = &mut self.store
             {
                 d.store.release(&a);
             }
         }
-        t.computed = t.computed.max(end);
+        t.set_computed(computed.max(end));
         self.candidates.mark(id);
     }
 
     /// Records activity of `id` at `now` (eviction's idle time restarts).
     pub fn touch(&mut self, id: ConversationId, now: Instant) {
         if let Some(t) = self.tables.get_mut(&id) {
-            t.last_active = now;
+            t.touch(now);
             self.candidates.mark(id);
         }
     }
@@ -451,10 +406,7 @@ impl CacheManager {
         };
         match self.blocks.allocate() {
             Some(block) => {
-                table
-                    .chunks
-                    .push(self.arena.insert(ChunkLoc::Device(block), id));
-                table.saved.push(None);
+                table.push(self.arena.insert(ChunkLoc::Device(block), id), None);
                 true
             }
             None => false,
@@ -468,7 +420,7 @@ impl CacheManager {
         let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        for (i, &rec) in table.chunks.iter().enumerate() {
+        for (i, &rec) in table.records().iter().enumerate() {
             if let ChunkLoc::Recomputing(block) = self.arena.loc(rec) {
                 let end = i * chunk + table.chunk_len(i, chunk);
                 let to = if end <= recomputed_upto {
@@ -481,11 +433,7 @@ impl CacheManager {
             }
         }
         let keep = table.computed_chunks(chunk);
-        let stale: Vec<Address> = table.saved.drain(keep..).flatten().collect();
         self.drop_records(id, keep);
-        if let Some(d) = &mut self.store {
-            stale.iter().for_each(|a| d.store.release(a));
-        }
     }
 
     /// Releases every block and host chunk of `id` (stateless mode after a turn, or close):
@@ -494,7 +442,7 @@ impl CacheManager {
         let Some(t) = self.tables.get(&id) else {
             return;
         };
-        let (computed, n) = (t.computed, t.chunks.len());
+        let (computed, n) = (t.computed(), t.len());
         self.replace_tail(id, 0, computed, vec![None; n]);
     }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::plan::{Outcome, RowPlan, Run, RunKind, StepPlan};
 use super::Scheduler;
-use crate::conversation::Conversations;
+use crate::conversation::{Conversations, Settlement};
 use crate::ids::RequestId;
 use crate::kv::CacheManager;
 
@@ -98,11 +98,18 @@ impl<T> Scheduler<T> {
         let new = end
             .saturating_sub(conv.tokens().len())
             .min(req.pending.len());
-        conv.extend_tokens(req.pending.drain(..new));
-        conv.extend_tokens(row.tokens[worked..kept].iter().copied());
         if row.decoded == row.tokens.len() {
             conv.acceptance.record(row.drafted, accepted, price);
         }
+        let tokens = (req.pending.drain(..new))
+            .chain(row.tokens[worked..kept].iter().copied())
+            .collect();
+        let ran = Settlement::Ran {
+            tokens,
+            computed: end,
+            refused: accepted < row.drafted,
+        };
+        convs.settle(row.conv, ran, cache);
         let mut left = worked;
         while left > 0 {
             let Some(run) = req.work.front_mut() else {
@@ -120,11 +127,6 @@ impl<T> Scheduler<T> {
         req.counts.drafted += row.drafted;
         req.counts.accepted += accepted;
         req.counts.prefilled += row.tokens.len() - row.decoded;
-        cache.mark_computed(row.conv, end);
-        if accepted < row.drafted {
-            // The rejected drafts' blocks go back to the pool.
-            cache.truncate(row.conv, end);
-        }
     }
 
     /// Takes back the last `n` tokens a step gave `id`'s turn: those sampled after the token
@@ -140,13 +142,13 @@ impl<T> Scheduler<T> {
         let Some(req) = self.requests.get_mut(&id) else {
             return;
         };
-        let Some(conv) = convs.get_mut(&req.conv) else {
+        let Some(conv) = convs.get(&req.conv) else {
             return;
         };
         let from_pending = n.min(req.pending.len());
         req.pending.truncate(req.pending.len() - from_pending);
         let len = conv.tokens().len() - (n - from_pending).min(conv.tokens().len());
-        conv.truncate_tokens(len);
+        convs.settle(req.conv, Settlement::Truncate(len), cache);
         req.generated = req.generated.saturating_sub(n);
         let end = len + req.pending.len();
         req.work.retain_mut(|run| {
@@ -154,6 +156,5 @@ impl<T> Scheduler<T> {
             !run.range.is_empty()
         });
         req.progress = req.progress.min(len);
-        cache.truncate(req.conv, len);
     }
 }

@@ -72,10 +72,9 @@ enum Clock {
 
 impl ChunkTable {
     fn clock(&self, now: Instant) -> Clock {
-        match self.resume_at {
-            Some(at) if at > now => Clock::Until(at),
-            Some(at) => Clock::Since(at.max(self.last_active)),
-            None => Clock::Since(self.last_active),
+        match self.idle_since(now) {
+            Err(at) => Clock::Until(at),
+            Ok(since) => Clock::Since(since),
         }
     }
 }
@@ -282,8 +281,8 @@ impl Candidates {
             // A file is each holder's own (the store counts references per holder).
             let entry = table.and_then(|t| {
                 let i = (0..t.computed_chunks(chunk)).find(|&i| {
-                    let rec = t.chunks[i];
-                    tier.holds(v.arena.loc(rec), t.saved[i].is_some())
+                    let rec = t.records()[i];
+                    tier.holds(v.arena.loc(rec), t.file(i).is_some())
                         && (tier == Tier::Stored || !v.arena.is_shared(rec))
                 })?;
                 Some(((i, t.chunk_len(i, chunk)), t.clock(now)))
@@ -298,7 +297,7 @@ impl Candidates {
             self.due.insert((at, id));
         }
         let key = self.since_key(clock, now);
-        for &rec in &t.chunks[..t.computed_chunks(chunk)] {
+        for &rec in &t.records()[..t.computed_chunks(chunk)] {
             if !v.arena.is_shared(rec) {
                 continue;
             }
@@ -341,7 +340,7 @@ impl Candidates {
         // since the last decision may sit at another index. Shared chunks are mostly a prefix
         // others computed, near the front, so the search is short.
         let h = v.arena.holders(rec).first()?;
-        let i = v.tables.get(h)?.chunks.iter().position(|&r| r == rec)?;
+        let i = v.tables.get(h)?.records().iter().position(|&r| r == rec)?;
         let bound = match self.bounds.get(&rec) {
             Some(&b) => b,
             None => {

@@ -40,24 +40,17 @@ impl CacheManager {
         table: &ChunkTable,
         named: &mut Named,
     ) -> Result<(), Violation> {
-        if table.chunks.len() * self.chunk_size() < table.computed {
+        if table.len() * self.chunk_size() < table.computed() {
             return Err(Violation::ShortChunkTable {
                 conversation,
-                chunks: table.chunks.len(),
-                computed: table.computed,
+                chunks: table.len(),
+                computed: table.computed(),
             });
         }
-        if table.saved.len() != table.chunks.len() {
-            return Err(Violation::ShortChunkTable {
-                conversation,
-                chunks: table.saved.len(),
-                computed: table.chunks.len(),
-            });
-        }
-        named.store += table.saved.iter().flatten().count();
-        for (chunk, &rec) in table.chunks.iter().enumerate() {
+        named.store += table.files().iter().flatten().count();
+        for (chunk, &rec) in table.records().iter().enumerate() {
             let loc = self.arena.loc(rec);
-            if loc == ChunkLoc::Stored && table.saved[chunk].is_none() {
+            if loc == ChunkLoc::Stored && table.file(chunk).is_none() {
                 return Err(Violation::StoredWithoutAddress {
                     conversation,
                     chunk,
@@ -155,6 +148,6 @@ impl CacheManager {
         (holders.len() > 1 && !in_memory)
             || holders
                 .iter()
-                .any(|h| self.tables.get(h).and_then(|t| t.chunks.get(i)) != Some(&rec))
+                .any(|h| self.tables.get(h).and_then(|t| t.record(i)) != Some(rec))
     }
 }

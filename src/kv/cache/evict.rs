@@ -61,7 +61,7 @@ impl CacheManager {
                 // A chunk a pinned conversation holds (itself or shared with it) stays; the
                 // other candidates are still tried.
                 let pinned: Vec<_> = (self.sharers(id, i).into_iter())
-                    .filter(|c| self.tables.get(c).is_some_and(|t| t.pinned))
+                    .filter(|c| self.tables.get(c).is_some_and(|t| t.pinned()))
                     .collect();
                 if pinned.is_empty() {
                     break;
@@ -80,7 +80,7 @@ impl CacheManager {
         now: Instant,
         moves: &mut Moves,
     ) {
-        let n = self.tables.get(&id).map_or(0, |t| t.chunks.len());
+        let n = self.tables.get(&id).map_or(0, |t| t.len());
         for i in 0..n {
             self.evict_chunk(id, i, protect, Eviction::OnDemand, now, moves);
         }
@@ -100,7 +100,7 @@ impl CacheManager {
     ) -> bool {
         let chunk = self.chunk_size();
         let Some((rec, block, len)) = self.tables.get(&id).and_then(|t| {
-            let rec = *t.chunks.get(i)?;
+            let rec = t.record(i)?;
             match self.arena.loc(rec) {
                 ChunkLoc::Device(b) => Some((rec, b, t.chunk_len(i, chunk))),
                 _ => None,
@@ -113,8 +113,8 @@ impl CacheManager {
             return false;
         }
         let tables = || sharers.iter().filter_map(|c| self.tables.get(c));
-        let pinned = tables().any(|t| t.pinned);
-        let saved = tables().all(|t| t.saved[i].is_some());
+        let pinned = tables().any(|t| t.pinned());
+        let saved = tables().all(|t| t.file(i).is_some());
         let bytes = self.bytes_of(len);
         let host = match (self.host.reserve(bytes), how) {
             (Some(h), _) => Some(h),
@@ -170,7 +170,7 @@ impl CacheManager {
             let Some((id, i)) = self.victim(Tier::Host, &spare, now) else {
                 return;
             };
-            let Some(&rec) = self.tables.get(&id).and_then(|t| t.chunks.get(i)) else {
+            let Some(rec) = self.tables.get(&id).and_then(|t| t.record(i)) else {
                 return;
             };
             let ChunkLoc::Host(h) = self.arena.loc(rec) else {
@@ -179,11 +179,11 @@ impl CacheManager {
             self.host.release(h);
             let sharers = self.sharers(id, i);
             let saved = (sharers.iter())
-                .filter(|c| self.tables.get(c).is_some_and(|t| t.saved[i].is_some()))
+                .filter(|c| self.tables.get(c).is_some_and(|t| t.file(i).is_some()))
                 .count();
             self.counters.chunks_to_store += saved as u64;
             self.counters.chunks_dropped_from_host += (sharers.len() - saved) as u64;
-            self.scatter(rec, i, |t| match t.saved[i] {
+            self.scatter(rec, i, |t| match t.file(i) {
                 Some(_) => ChunkLoc::Stored,
                 None => ChunkLoc::Dropped,
             });

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
-use super::{CacheManager, ChunkTable};
+use super::CacheManager;
 use crate::ids::ConversationId;
 
 /// The hints' indexes across conversations (each table holds its own hints): the pinned
@@ -43,26 +43,13 @@ impl HintIndex {
     }
 }
 
-impl ChunkTable {
-    /// How far its next use is, as eviction sees it: the time until an expected resume, else
-    /// the time since it last ran (the longer a conversation has been idle, the later it is
-    /// likely to come back). An overdue resume counts as idle since the expected time.
-    pub(super) fn until_next_use(&self, now: Instant) -> Duration {
-        match self.resume_at {
-            Some(at) if at > now => at - now,
-            Some(at) => now.saturating_duration_since(at.max(self.last_active)),
-            None => now.saturating_duration_since(self.last_active),
-        }
-    }
-}
-
 impl CacheManager {
     /// Pins or unpins `id`; `false` if it has no table.
     pub fn pin(&mut self, id: ConversationId, pinned: bool) -> bool {
         let Some(t) = self.tables.get_mut(&id) else {
             return false;
         };
-        t.pinned = pinned;
+        t.set_pinned(pinned);
         self.hints.pin(id, pinned);
         true
     }
@@ -72,7 +59,7 @@ impl CacheManager {
         let Some(t) = self.tables.get_mut(&id) else {
             return false;
         };
-        let old = t.resume_at.replace(at);
+        let old = t.expect_resume(Some(at));
         self.hints.resume(id, old, Some(at));
         self.candidates.mark(id);
         true
@@ -85,7 +72,7 @@ impl CacheManager {
         let held = (self.hints.pinned.iter())
             .filter(|&&id| id != except)
             .filter_map(|id| self.tables.get(id))
-            .map(|t| t.computed)
+            .map(|t| t.computed())
             .sum();
         let device = self.num_blocks() * self.chunk_size();
         let host = self.host.budget_bytes() / self.token_bytes.max(1);

@@ -24,7 +24,7 @@ impl CacheManager {
     /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
     pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
         self.tables.get(&id).map_or(0, |t| {
-            (t.chunks.iter())
+            (t.records().iter())
                 .filter(|&&r| {
                     let l = self.arena.loc(r);
                     matches!(l, ChunkLoc::Host(_) | ChunkLoc::Stored | ChunkLoc::Dropped)
@@ -43,10 +43,10 @@ impl CacheManager {
         }
         let chunk = self.chunk_size();
         let mut out = Restore::default();
-        let n = self.tables.get(&id)?.chunks.len();
+        let n = self.tables.get(&id)?.len();
         for i in 0..n {
             let t = self.tables.get(&id)?;
-            let (rec, len, saved) = (t.chunks[i], t.chunk_len(i, chunk), t.saved[i]);
+            let (rec, len, saved) = (t.record(i)?, t.chunk_len(i, chunk), t.file(i));
             // A shared chunk comes back for all of its holders (one copy, one block).
             match self.arena.loc(rec) {
                 ChunkLoc::Device(_)

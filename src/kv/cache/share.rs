@@ -14,15 +14,15 @@
 //! A record listed in the index but no longer in memory is passed over; a record leaves the
 //! index when its last holder lets go of it.
 
-use super::CacheManager;
+use super::{CacheManager, ChunkTable};
 use crate::ids::ConversationId;
 use crate::kv::Address;
 
 impl CacheManager {
     /// The conversations sharing chunk `i` of `id` (`id` alone when it is not shared).
     pub(super) fn sharers(&self, id: ConversationId, i: usize) -> Vec<ConversationId> {
-        match self.tables.get(&id).and_then(|t| t.chunks.get(i)) {
-            Some(&rec) => self.arena.holders(rec).to_vec(),
+        match self.tables.get(&id).and_then(|t| t.record(i)) {
+            Some(rec) => self.arena.holders(rec).to_vec(),
             None => Vec::new(),
         }
     }
@@ -42,11 +42,11 @@ impl CacheManager {
         let chunk = self.chunk_size();
         let known = |i: usize| {
             let t = self.tables.get(&id)?;
-            if (i + 1) * chunk > t.computed.min(history.len() + more.len()) {
+            if (i + 1) * chunk > t.computed().min(history.len() + more.len()) {
                 return None;
             }
-            let rec = *t.chunks.get(i)?;
-            (self.arena.get(rec).addr).or_else(|| t.saved.get(i).copied().flatten())
+            let rec = t.record(i)?;
+            (self.arena.get(rec).addr).or_else(|| t.file(i))
         };
         let (start, prev) = (0..from)
             .rev()
@@ -68,14 +68,14 @@ impl CacheManager {
         let Some(t) = self.tables.get(&id) else {
             return;
         };
-        let full = (t.computed.min(tokens.len()) / chunk).min(t.chunks.len());
+        let full = (t.computed().min(tokens.len()) / chunk).min(t.len());
         // Chunks already listed under their address are passed over unhashed: a record's
         // contents never change while it is listed.
-        let listed = (t.chunks.iter())
+        let listed = (t.records().iter())
             .take(full)
             .take_while(|&&r| self.arena.get(r).addr.is_some())
             .count();
-        let recs: Vec<_> = t.chunks[listed..full].to_vec();
+        let recs: Vec<_> = t.records()[listed..full].to_vec();
         let addrs = self.addresses_from(id, &tokens[..full * chunk], &[], listed);
         for (rec, a) in recs.into_iter().zip(&addrs) {
             self.arena.set_addr(rec, Some(*a));
@@ -91,9 +91,13 @@ impl CacheManager {
         let Some(start) = self
             .tables
             .get(&id)
-            .filter(|t| t.computed == t.chunks.len() * chunk)
-            .filter(|t| t.chunks.iter().all(|&r| self.arena.get(r).addr.is_some()))
-            .map(|t| t.chunks.len())
+            .filter(|t| t.computed() == t.len() * chunk)
+            .filter(|t| {
+                t.records()
+                    .iter()
+                    .all(|&r| self.arena.get(r).addr.is_some())
+            })
+            .map(ChunkTable::len)
         else {
             return 0;
         };
@@ -105,15 +109,14 @@ impl CacheManager {
             };
             // The holders' files of the chunk: the first one's is referenced for `id` too.
             let file = (self.arena.holders(rec).first())
-                .and_then(|h| self.tables.get(h)?.saved.get(i).copied().flatten())
+                .and_then(|h| self.tables.get(h)?.file(i))
                 .filter(|f| self.store.as_mut().is_some_and(|d| d.store.retain(f)));
             let Some(t) = self.tables.get_mut(&id) else {
                 break;
             };
             self.arena.add_holder(rec, id);
-            t.chunks.push(rec);
-            t.saved.push(file);
-            t.computed += chunk;
+            t.push(rec, file);
+            t.set_computed(t.computed() + chunk);
             n += 1;
         }
         n

@@ -33,13 +33,15 @@ impl CacheManager {
         (from..t.computed_chunks(chunk))
             .map(|i| {
                 let len = t.chunk_len(i, chunk);
-                match (self.arena.loc(t.chunks[i]), t.saved[i]) {
-                    (ChunkLoc::Device(b), _) => Held::Device {
+                match (t.record(i).map(|r| self.arena.loc(r)), t.file(i)) {
+                    (Some(ChunkLoc::Device(b)), _) => Held::Device {
                         start: self.first_slot(b),
                         len,
                     },
-                    (ChunkLoc::Host(h), _) => self.host.get(h).map_or(Held::Gone, Held::Bytes),
-                    (ChunkLoc::Stored, Some(address)) => Held::Stored { address, len },
+                    (Some(ChunkLoc::Host(h)), _) => {
+                        self.host.get(h).map_or(Held::Gone, Held::Bytes)
+                    }
+                    (Some(ChunkLoc::Stored), Some(address)) => Held::Stored { address, len },
                     _ => Held::Gone,
                 }
             })
@@ -68,15 +70,13 @@ impl CacheManager {
         let Some(table) = self.tables.get_mut(&id) else {
             return Vec::new();
         };
-        let from = from.min(table.saved.len());
-        let stale: Vec<Address> = table.saved.drain(from..).flatten().collect();
-        table.computed = computed;
+        table.set_computed(computed);
         let mut writes = Vec::new();
         for bytes in new {
             let loc = match bytes {
                 Some(bytes) => match self.blocks.allocate() {
                     Some(block) => {
-                        writes.push((table.chunks.len(), block, bytes));
+                        writes.push((table.len(), block, bytes));
                         ChunkLoc::Device(block)
                     }
                     None => match self.host.reserve(bytes.len()) {
@@ -90,11 +90,7 @@ impl CacheManager {
                 },
                 None => ChunkLoc::Dropped,
             };
-            table.chunks.push(self.arena.insert(loc, id));
-            table.saved.push(None);
-        }
-        if let Some(d) = &mut self.store {
-            stale.iter().for_each(|a| d.store.release(a));
+            table.push(self.arena.insert(loc, id), None);
         }
         writes
     }
@@ -108,12 +104,12 @@ impl CacheManager {
             return;
         };
         // KV that ends at or before `len` is all valid: only blocks past it go.
-        let keep = match t.computed <= len {
-            true => t.computed.div_ceil(chunk),
+        let keep = match t.computed() <= len {
+            true => t.computed().div_ceil(chunk),
             false => len / chunk,
         };
-        let computed = t.computed.min(keep * chunk);
-        if keep >= t.chunks.len() && computed == t.computed {
+        let computed = t.computed().min(keep * chunk);
+        if keep >= t.len() && computed == t.computed() {
             return;
         }
         self.replace_tail(id, keep, computed, Vec::new());
@@ -121,7 +117,7 @@ impl CacheManager {
 
     /// A chunk placed by [`Self::replace_tail`] whose bytes could not be written: dropped.
     pub fn lose_chunk(&mut self, id: ConversationId, i: usize) {
-        let Some(&rec) = self.tables.get(&id).and_then(|t| t.chunks.get(i)) else {
+        let Some(rec) = self.tables.get(&id).and_then(|t| t.record(i)) else {
             return;
         };
         if let ChunkLoc::Device(b) = self.arena.loc(rec) {

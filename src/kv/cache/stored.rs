@@ -54,7 +54,7 @@ impl CacheManager {
     pub fn saved(&self, id: ConversationId) -> Vec<Option<Address>> {
         self.tables
             .get(&id)
-            .map_or_else(Vec::new, |t| t.saved.clone())
+            .map_or_else(Vec::new, |t| t.files().to_vec())
     }
 
     /// Rebuilds the table of a conversation resumed from a manifest: `computed` tokens whose
@@ -77,19 +77,15 @@ impl CacheManager {
         let Some(table) = self.tables.get_mut(&id) else {
             return;
         };
-        let start = table.chunks.len();
-        while table.chunks.len() < n {
-            table.chunks.push(self.arena.insert(ChunkLoc::Dropped, id));
-        }
-        table.saved.resize(n, None);
-        table.computed = computed;
-        if let Some(d) = &mut self.store {
-            for (i, a) in saved.iter().enumerate().take(n).skip(start) {
-                if let Some(a) = a.filter(|a| d.store.claim(a)) {
-                    self.arena.set_loc(table.chunks[i], ChunkLoc::Stored);
-                    table.saved[i] = Some(a);
-                }
-            }
+        table.set_computed(computed);
+        for i in table.len()..n {
+            let claimed = (saved.get(i).copied().flatten())
+                .filter(|a| self.store.as_mut().is_some_and(|d| d.store.claim(a)));
+            let loc = match claimed {
+                Some(_) => ChunkLoc::Stored,
+                None => ChunkLoc::Dropped,
+            };
+            table.push(self.arena.insert(loc, id), claimed);
         }
     }
 
@@ -113,7 +109,7 @@ impl CacheManager {
         let (Some(d), Some(t)) = (&mut self.store, self.tables.get_mut(&id)) else {
             return 0;
         };
-        if !t.computed.is_multiple_of(chunk) || t.chunks.len() != t.computed / chunk {
+        if !t.computed().is_multiple_of(chunk) || t.len() != t.computed() / chunk {
             return 0;
         }
         let n = addresses
@@ -121,13 +117,12 @@ impl CacheManager {
             .take_while(|a| {
                 let found = d.store.retain(a);
                 if found {
-                    t.chunks.push(self.arena.insert(ChunkLoc::Stored, id));
-                    t.saved.push(Some(**a));
+                    t.push(self.arena.insert(ChunkLoc::Stored, id), Some(**a));
                 }
                 found
             })
             .count();
-        t.computed += n * chunk;
+        t.set_computed(t.computed() + n * chunk);
         n
     }
 
@@ -159,8 +154,8 @@ impl CacheManager {
         let (Some(d), Some(t)) = (&mut self.store, self.tables.get_mut(&id)) else {
             return;
         };
-        for i in 0..t.chunks.len() {
-            let (ChunkLoc::Stored, Some(a)) = (self.arena.loc(t.chunks[i]), t.saved[i]) else {
+        for (i, &rec) in t.records().iter().enumerate() {
+            let (ChunkLoc::Stored, Some(a)) = (self.arena.loc(rec), t.file(i)) else {
                 continue;
             };
             let len = t.chunk_len(i, chunk);
@@ -170,7 +165,7 @@ impl CacheManager {
             match d.store.prefetch(&a, len) {
                 Some(bytes) => {
                     self.host.store(h, bytes);
-                    self.arena.set_loc(t.chunks[i], ChunkLoc::Host(h));
+                    self.arena.set_loc(rec, ChunkLoc::Host(h));
                 }
                 None => self.host.release(h),
             }
@@ -186,10 +181,10 @@ impl CacheManager {
         let Some(t) = self.tables.get(&id) else {
             return Vec::new();
         };
-        let computed = t.computed.min(tokens.len());
+        let computed = t.computed().min(tokens.len());
         // Hashed from the first chunk to save (usually the turn's new ones).
         let Some(first) =
-            (0..t.saved.len()).find(|&i| t.saved[i].is_none() && self.worth_saving(i, t, chunk))
+            (0..t.len()).find(|&i| t.file(i).is_none() && self.worth_saving(i, t, chunk))
         else {
             return Vec::new();
         };
@@ -197,11 +192,14 @@ impl CacheManager {
         let mut out = Vec::new();
         let mut from_host = Vec::new();
         for (i, &address) in (first..).zip(&addresses) {
-            if t.saved.get(i).is_none_or(Option::is_some) || !self.worth_saving(i, t, chunk) {
+            let Some(rec) = t.record(i).filter(|_| t.file(i).is_none()) else {
+                continue;
+            };
+            if !self.worth_saving(i, t, chunk) {
                 continue;
             }
             let len = t.chunk_len(i, chunk);
-            match self.arena.loc(t.chunks[i]) {
+            match self.arena.loc(rec) {
                 ChunkLoc::Device(block) => out.push(Save {
                     conv: id,
                     chunk: i,
@@ -252,8 +250,7 @@ impl CacheManager {
         let still_unsaved = self
             .tables
             .get(&s.conv)
-            .and_then(|t| t.saved.get(s.chunk))
-            .is_some_and(Option::is_none);
+            .is_some_and(|t| s.chunk < t.len() && t.file(s.chunk).is_none());
         let Some(d) = &mut self.store else {
             return;
         };
@@ -262,12 +259,9 @@ impl CacheManager {
         }
         let saved = d.store.save(s.conv.0, s.chunk, s.address, s.len, bytes);
         if matches!(saved, Saved::Queued | Saved::Shared)
-            && let Some(slot) = self
-                .tables
-                .get_mut(&s.conv)
-                .and_then(|t| t.saved.get_mut(s.chunk))
+            && let Some(t) = self.tables.get_mut(&s.conv)
         {
-            *slot = Some(s.address);
+            t.set_file(s.chunk, Some(s.address));
             self.candidates.mark(s.conv);
         }
     }
@@ -301,12 +295,15 @@ impl CacheManager {
         let Some(t) = self.tables.get_mut(&id) else {
             return;
         };
-        let Some(a) = t.saved.get_mut(i).and_then(Option::take) else {
+        let Some(a) = t.set_file(i, None) else {
             return;
         };
         self.candidates.mark(id);
-        if self.arena.loc(t.chunks[i]) == ChunkLoc::Stored {
-            self.arena.set_loc(t.chunks[i], ChunkLoc::Dropped);
+        if let Some(rec) = t
+            .record(i)
+            .filter(|&r| self.arena.loc(r) == ChunkLoc::Stored)
+        {
+            self.arena.set_loc(rec, ChunkLoc::Dropped);
             self.counters.chunks_dropped_from_store += 1;
         }
         if let Some(d) = &mut self.store {
@@ -340,7 +337,7 @@ impl CacheManager {
                 .tables
                 .iter()
                 .flat_map(|(&id, t)| {
-                    t.saved
+                    t.files()
                         .iter()
                         .enumerate()
                         .filter(|(_, s)| **s == Some(a))

@@ -146,8 +146,8 @@ fn scan(
     for (&c, t) in &m.tables {
         let mut own = !protect(c);
         for i in 0..t.computed_chunks(CHUNK) {
-            let rec = t.chunks[i];
-            if !tier.holds(m.arena.loc(rec), t.saved[i].is_some()) {
+            let rec = t.records()[i];
+            if !tier.holds(m.arena.loc(rec), t.file(i).is_some()) {
                 continue;
             }
             let holders = m.arena.holders(rec);
