@@ -9,8 +9,9 @@
 //!   reference, and the KV pool it reads; like the transformer's forward pass, public only for
 //!   pensieve's own tests and benchmarks, outside the semver promise;
 //! - [`kv`]: KV bookkeeping below the engine (tiers, eviction; its cost model is public);
-//! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub),
-//!   their tokenizer and chat template;
+//! - [`model`]: Llama-family models (GGUF or safetensors, local or from the Hugging Face hub)
+//!   and their tokenizer;
+//! - [`chat`]: chat text: templates, tool calls, reasoning, grammars;
 //! - [`engine`]: the stateful engine that hosts drive with `step()`;
 //! - [`workload`]: multi-turn workloads (ShareGPT, traces) for replay benchmarks;
 //! - `service` (feature `service`): the engine on its own thread behind an async, cloneable
@@ -26,6 +27,7 @@
 pub mod attention;
 #[cfg(not(feature = "internals"))]
 mod attention;
+pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod conversation;

@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 
+use pensieve::chat::Constraint;
 use pensieve::engine::{
     ConversationOptions, Engine, EngineConfig, FinishReason, SamplingParams, Turn,
 };
-use pensieve::model::{Constraint, WeightFormat};
+use pensieve::model::WeightFormat;
 use serde_json::{json, Value};
 
 mod common;

@@ -321,6 +321,29 @@ fn the_attention_op_reaches_no_model_module() {
     );
 }
 
+/// Chat text sits beside the model, not inside it: templates, tool calls, reasoning and
+/// grammars reach nothing of the numeric model (weights, kernels, the graph), the engine or
+/// what serves it; the grammar reads the vocabulary it is handed. (The tensor crates are not
+/// checked: the crate's `Error`, which every module returns, carries candle's.)
+#[test]
+fn chat_text_reaches_no_model_module() {
+    let graph = Graph::parse(&crate_sources());
+    assert!(graph.modules.contains_key("crate::chat::template"));
+    let above = [
+        "crate::model",
+        "crate::attention",
+        "crate::engine",
+        "crate::service",
+        "crate::server",
+    ];
+    let breaches = graph.breaches_of(&["crate::chat"], &above, &[]);
+    assert!(
+        breaches.is_empty(),
+        "chat text reaches the model:\n{}",
+        breaches.join("\n")
+    );
+}
+
 /// The leaks the old substring check missed: grouped and renamed imports, a re-export at the
 /// crate root, a module outside the layer that holds a model type, and `super::` paths.
 #[test]

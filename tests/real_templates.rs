@@ -5,9 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use pensieve::model::{
-    default_cache_dir, ChatTemplate, Message, TemplateExtras, ToolCall, ToolFormat,
-};
+use pensieve::chat::{ChatTemplate, TemplateExtras, ToolFormat};
+use pensieve::model::{default_cache_dir, Message, ToolCall};
 use serde_json::json;
 
 fn source(name: &str) -> String {

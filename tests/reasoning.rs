@@ -10,8 +10,9 @@
 mod common;
 
 use common::server::{client, start};
+use pensieve::chat::Constraint;
 use pensieve::engine::{ConversationOptions, Engine, EngineConfig, SamplingParams, Turn};
-use pensieve::model::{Constraint, Message, Model};
+use pensieve::model::{Message, Model};
 
 const R1_TEMPLATE: &str = "tests/fixtures/templates/deepseek-r1-distill.jinja";
 

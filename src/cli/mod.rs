@@ -11,11 +11,12 @@ use candle_core::Device;
 use clap::{Args, ValueEnum};
 pub use exit::exit_code;
 
+use crate::chat::BUILTIN_TEMPLATES;
 use crate::engine::{
     Budgets, CacheMode, EngineConfig, KvPrecision, OverflowPolicy, RedisConfig, Speculation,
     StoreConfig,
 };
-use crate::model::{LoadOptions, Model, ModelSource, Transformer, WeightFormat, BUILTIN_TEMPLATES};
+use crate::model::{LoadOptions, Model, ModelSource, Transformer, WeightFormat};
 use crate::{Error, Result};
 
 /// Cache mode, as the papers name the three systems.

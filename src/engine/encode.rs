@@ -8,9 +8,10 @@
 
 use std::ops::Range;
 
+use crate::chat::{common_prefix, ChatTemplate, TemplateExtras};
 use crate::conversation::{Conversation, Mark};
 use crate::engine::Turn;
-use crate::model::{common_prefix, ChatTemplate, Message, Model, TemplateExtras};
+use crate::model::{Message, Model};
 use crate::{Error, Result};
 
 /// A turn's tokens and text as the continuation of a history.

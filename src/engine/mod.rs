@@ -308,7 +308,7 @@ impl Engine {
         let conv = self.idle(conv_id)?;
         sampler::validate(&params, self.model.config().vocab_size)?;
         let guide = match &params.constraint {
-            Some(c) => Some(crate::model::Guide::new(&self.model, c)?),
+            Some(c) => Some(self.model.guide(c)?),
             None => None,
         };
         let mut limits = self.limits;

@@ -9,9 +9,10 @@
 
 use super::encode::{extras, turn_messages};
 use super::{Engine, Turn};
+use crate::chat::common_prefix;
 use crate::conversation::{Conversation, Cut, Mark};
 use crate::ids::ConversationId;
-use crate::model::{common_prefix, Model};
+use crate::model::Model;
 use crate::Result;
 
 /// The tail of `conv`'s history to drop before `turn`, when the template renders the

@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 
 use super::{SamplingParams, TokenLogprobs};
-use crate::model::Guide;
+use crate::chat::Guide;
 use crate::{Error, Result};
 
 /// The highest temperature taken.

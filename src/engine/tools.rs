@@ -5,8 +5,9 @@
 //! turn read that way).
 
 use super::{Engine, RequestId};
+use crate::chat::ToolStream;
 use crate::ids::ConversationId;
-use crate::model::{Message, Model, ToolCall, ToolStream};
+use crate::model::{Message, Model, ToolCall};
 use crate::{Error, Result};
 
 impl Engine {

@@ -9,9 +9,10 @@ use std::time::Instant;
 use super::encode::{encode, extras, Encoded};
 use super::sampler::Sampler;
 use super::{FinishReason, OverflowPolicy, SamplingParams, TokenLogprobs, Turn};
+use crate::chat::Guide;
+use crate::chat::TemplateExtras;
 use crate::conversation::{Conversation, Cut, Mark};
-use crate::model::TemplateExtras;
-use crate::model::{Guide, IncrementalDecoder, Message, Model, ToolCall};
+use crate::model::{IncrementalDecoder, Message, Model, ToolCall};
 use crate::{Error, Result};
 
 /// What bounds a turn's size, from the model and the engine configuration.

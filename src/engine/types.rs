@@ -47,7 +47,7 @@ pub struct ConversationOptions {
     pub history: Vec<Message>,
     /// Tools the assistant may call (OpenAI's `tools` entries: `{"type": "function",
     /// "function": {"name", "description", "parameters"}}`), listed by the chat template
-    /// in every turn's prompt. The template must take tools ([`crate::model::ToolFormat`]).
+    /// in every turn's prompt. The template must take tools ([`crate::chat::ToolFormat`]).
     pub tools: Vec<serde_json::Value>,
     /// Variables the chat template reads beside the standard ones (vLLM's
     /// `chat_template_kwargs`: Qwen3's `enable_thinking`, gpt-oss's `reasoning_effort`),
@@ -110,7 +110,7 @@ pub struct SamplingParams {
     pub min_p: f64,
     /// What the reply must match (a JSON schema, any JSON object, a regular expression, a
     /// grammar): decoding is constrained to it, and the reply ends once it is complete.
-    pub constraint: Option<crate::model::Constraint>,
+    pub constraint: Option<crate::chat::Constraint>,
     /// What this turn does when the conversation outgrows the context window, over the
     /// engine's [`super::EngineConfig::overflow`] (OpenAI's `truncation: "auto"` is
     /// [`super::OverflowPolicy::DropOldest`]).
@@ -170,7 +170,7 @@ setters!(SamplingParams {
     value frequency_penalty: f32,
     value repetition_penalty: f32,
     value min_p: f64,
-    some constraint: crate::model::Constraint,
+    some constraint: crate::chat::Constraint,
     some overflow: crate::engine::OverflowPolicy,
     value prediction: Vec<u32>,
 });

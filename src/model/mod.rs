@@ -1,26 +1,22 @@
 //! Models: configuration, weights (GGUF and safetensors), the Llama-family graph on candle,
-//! tokenizer and chat template, and where a model comes from.
+//! the tokenizer, and where a model comes from. What turns messages into text and text back
+//! into messages (templates, tool calls, reasoning, grammars) is `crate::chat`'s.
 //!
 //! [`Model`] bundles what a chat needs: the graph, the tokenizer built from the same files, the
 //! model's own chat template and its end-of-turn tokens.
 
 mod arch;
-mod chat_template;
 mod config;
 mod detokenize;
 #[cfg(feature = "cuda")]
 mod fused;
 mod generation;
 mod gguf;
-mod grammar;
 mod ops;
 mod packed;
-mod reasoning;
 mod source;
 mod tiny;
 mod tokenizer;
-mod tool_stream;
-mod tools;
 mod transformer;
 
 use std::path::Path;
@@ -32,7 +28,6 @@ pub use tokenizers::Tokenizer;
 
 pub use crate::message::{Message, ToolCall};
 pub use arch::{Activation, Architecture, ARCHITECTURES};
-pub use chat_template::{common_prefix, ChatTemplate, TemplateExtras, BUILTIN_TEMPLATES};
 pub use config::{Experts, Llama3RopeScaling, ModelConfig, RopeConfig, RopeVariant};
 pub use detokenize::IncrementalDecoder;
 pub use generation::GenerationDefaults;
@@ -40,15 +35,10 @@ pub use generation::GenerationDefaults;
 pub(crate) use gguf::GgufHeader;
 #[cfg(feature = "internals")]
 pub use gguf::{GgufHeader, GgufType, OtherTensor};
-pub use grammar::Constraint;
-pub(crate) use grammar::Guide;
-pub use reasoning::{split_thought, ReasoningParser, ReasoningStream};
 pub use source::{
     default_cache_dir, default_model_path, HubSource, ModelSource, ResolvedFiles, NAMED_MODELS,
 };
 pub use tokenizer::{tokenizer_from_file, tokenizer_from_gguf};
-pub use tool_stream::{ToolDelta, ToolStream};
-pub use tools::ToolFormat;
 pub use transformer::WeightFormat;
 #[cfg(feature = "internals")]
 pub use transformer::{ForwardBatch, Transformer};
@@ -57,6 +47,10 @@ pub(crate) use transformer::{ForwardBatch, Transformer};
 
 pub(crate) use packed::Isa;
 
+use crate::chat::{
+    split_thought, ChatTemplate, Constraint, Grammars, Guide, ReasoningParser, Vocab,
+    BUILTIN_TEMPLATES,
+};
 use crate::setters::setters;
 
 /// The matmul kernels' instruction path on this CPU (chosen at run time; `PENSIEVE_ISA` picks
@@ -143,7 +137,7 @@ pub struct Model {
     /// See [`Model::generation_defaults`].
     generation: GenerationDefaults,
     /// The vocabulary as the grammar engine reads it, built at the first constrained turn.
-    grammars: grammar::Grammars,
+    grammars: Grammars,
 }
 
 impl Model {
@@ -178,12 +172,21 @@ impl Model {
             appended_eos: None,
             prefixes_space,
             generation: GenerationDefaults::default(),
-            grammars: grammar::Grammars::default(),
+            grammars: Grammars::default(),
         }
     }
 
-    pub(crate) fn grammars(&self) -> &grammar::Grammars {
-        &self.grammars
+    /// The guide of `constraint` on this model's vocabulary.
+    ///
+    /// # Errors
+    /// As [`Grammars::guide`].
+    pub(crate) fn guide(&self, constraint: &Constraint) -> Result<Guide> {
+        let vocab = Vocab {
+            tokenizer: &self.tokenizer,
+            size: self.config().vocab_size,
+            eos: &self.eos_token_ids,
+        };
+        self.grammars.guide(vocab, constraint)
     }
 
     /// The same model with the sampling defaults its checkpoint ships; the ends of generation

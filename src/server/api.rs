@@ -14,7 +14,8 @@ use super::structured::{Guided, ResponseFormat};
 use super::tools::{WireCall, WireFunction};
 pub use super::usage::Usage;
 
-use crate::model::{Constraint, GenerationDefaults, Message, ToolCall};
+use crate::chat::Constraint;
+use crate::model::{GenerationDefaults, Message, ToolCall};
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -40,9 +40,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::chat::{ChatTemplate, ReasoningParser};
 use crate::cli::{exit_code, positive, EngineArgs, StoreArgs};
 use crate::engine::Engine;
-use crate::model::{ChatTemplate, ReasoningParser};
 use crate::service::{Chat, Service, ServiceConfig};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};

@@ -4,8 +4,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::chat::{ReasoningParser, ReasoningStream, ToolDelta};
 use crate::engine::{FinishReason, SamplingParams, TokenLogprobs};
-use crate::model::{Message, Model, ReasoningParser, ReasoningStream, ToolDelta};
+use crate::model::{Message, Model};
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};

@@ -1,8 +1,8 @@
 //! Structured output on the wire: `response_format`, or vLLM's `guided_*` fields, as the
 //! constraint the engine holds a reply to (decoding constrained by llguidance, see
-//! `crate::model::Constraint`).
+//! `crate::chat::Constraint`).
 
-use crate::model::Constraint;
+use crate::chat::Constraint;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;

@@ -1,8 +1,9 @@
 //! Tool calling on the wire: the `tools` a chat request offers, `tool_choice`, the calls an
 //! assistant message carries (in requests and in answers), and `tool` messages.
 
+use crate::chat::{Constraint, ToolFormat};
 use crate::engine::SamplingParams;
-use crate::model::{Constraint, Message, ToolCall, ToolFormat};
+use crate::model::{Message, ToolCall};
 use serde::Deserialize;
 use serde_json::{json, Value};
 

@@ -19,11 +19,12 @@ use held::{Answer, Held, Wait};
 use super::sessions::{named, Naming, Opened, Sessions};
 use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
+use crate::chat::ToolStream;
 use crate::engine::{
     ConversationId, Engine, Event, Fetched, FinishReason, ReadyTurn, Removing, RequestId,
     SamplingParams, StoreLocation, Turn,
 };
-use crate::model::{Message, ToolStream};
+use crate::model::Message;
 use crate::{Error, Result};
 
 /// What a submission asks for.

@@ -537,7 +537,7 @@ pub(super) fn named(engine: &Engine, conv: ConversationId) -> bool {
 fn as_sent(thinks: bool, mut m: Message) -> Message {
     if m.role == "assistant" {
         m.reasoning_content = None;
-        if let Some((_, answer)) = crate::model::split_thought(&m.content).filter(|_| thinks) {
+        if let Some((_, answer)) = crate::chat::split_thought(&m.content).filter(|_| thinks) {
             m.content = answer;
         }
     }

@@ -33,7 +33,7 @@ pub enum TurnEvent {
     /// text before its calls and the calls (each as it begins, then its arguments as they are
     /// written), in the format of the model's template. Follows the `Token` whose text it
     /// reads; the turn's [`TurnEnd::message`] holds the same text and calls whole.
-    Tool(crate::model::ToolDelta),
+    Tool(crate::chat::ToolDelta),
     /// The turn's end: the last event of its stream.
     Finished(TurnEnd),
 }

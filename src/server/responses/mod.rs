@@ -15,8 +15,9 @@ mod output;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::chat::{ReasoningStream, ToolDelta};
 use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
-use crate::model::{Message, ReasoningStream, ToolDelta};
+use crate::model::Message;
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use crate::ErrorKind;
 use axum::body::Bytes;

@@ -157,7 +157,7 @@ fn is_string(kind: &str) -> bool {
 mod tests {
     use serde_json::json;
 
-    use crate::model::ToolFormat;
+    use crate::chat::ToolFormat;
 
     #[test]
     fn values_are_typed_by_their_parameter_s_schema() {

@@ -5,8 +5,8 @@
 //! after ` to=functions.`), each after its opener.
 
 use super::{call_id, Phase, ToolDelta, ToolStream};
+use crate::chat::ToolFormat;
 use crate::message::ToolCall;
-use crate::model::ToolFormat;
 
 const ARGS: &str = "[ARGS]";
 const SEP: &str = "<｜tool▁sep｜>";

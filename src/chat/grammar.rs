@@ -11,7 +11,6 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use super::Model;
 use crate::{Error, Result};
 
 /// What a reply must match.
@@ -52,6 +51,15 @@ impl std::fmt::Debug for Grammars {
     }
 }
 
+/// What the grammar engine reads of a model's vocabulary.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Vocab<'a> {
+    pub tokenizer: &'a Tokenizer,
+    /// Tokens the model scores (the tokenizer may list fewer).
+    pub size: usize,
+    pub eos: &'a [u32],
+}
+
 /// A vocabulary for llguidance: its trie, and our tokenizer for the text it must tokenize.
 struct Vocabulary {
     trie: TokTrie,
@@ -77,24 +85,42 @@ impl TokenizerEnv for Vocabulary {
 }
 
 impl Grammars {
-    fn factory(&self, model: &Model) -> Result<&ParserFactory> {
+    /// The guide of `constraint` on `vocab` (the vocabulary these grammars were built for,
+    /// or are built for now).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParams`] for a constraint that does not compile (a malformed schema,
+    /// regular expression or grammar); [`Error::Unsupported`] when the vocabulary cannot be
+    /// read as bytes.
+    pub fn guide(&self, vocab: Vocab, constraint: &Constraint) -> Result<Guide> {
+        let parser = self
+            .factory(vocab)?
+            .create_parser(constraint.grammar())
+            .map_err(|e| invalid(format!("it does not compile: {e}")))?;
+        let matcher = Matcher::new(Ok(parser));
+        match matcher.get_error() {
+            Some(e) => Err(invalid(format!("it does not compile: {e}"))),
+            None => Ok(Guide { matcher }),
+        }
+    }
+
+    fn factory(&self, vocab: Vocab) -> Result<&ParserFactory> {
         let built = self.0.get_or_init(|| {
-            let json = model
-                .tokenizer()
+            let json = vocab
+                .tokenizer
                 .to_string(false)
                 .map_err(|e| e.to_string())?;
             let json: Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
             let mut tokens =
                 llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| e.to_string())?;
-            let vocab = model.config().vocab_size.max(tokens.len());
-            tokens.resize(vocab, Vec::new());
-            let eos = model.eos_token_ids();
-            let first = eos.first().copied().unwrap_or(u32::MAX);
-            let trie =
-                TokTrie::from(&TokRxInfo::new(vocab as u32, first), &tokens).with_eos_tokens(eos);
+            let size = vocab.size.max(tokens.len());
+            tokens.resize(size, Vec::new());
+            let first = vocab.eos.first().copied().unwrap_or(u32::MAX);
+            let trie = TokTrie::from(&TokRxInfo::new(size as u32, first), &tokens)
+                .with_eos_tokens(vocab.eos);
             let env: TokEnv = Arc::new(Vocabulary {
                 trie,
-                tokenizer: model.tokenizer().clone(),
+                tokenizer: vocab.tokenizer.clone(),
             });
             let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
             factory.set_stderr_log_level(0);
@@ -120,24 +146,6 @@ impl std::fmt::Debug for Guide {
 }
 
 impl Guide {
-    /// The guide of `constraint` on `model`'s vocabulary.
-    ///
-    /// # Errors
-    /// [`Error::InvalidParams`] for a constraint that does not compile (a malformed schema,
-    /// regular expression or grammar); [`Error::Unsupported`] when the vocabulary cannot be
-    /// read as bytes.
-    pub fn new(model: &Model, constraint: &Constraint) -> Result<Self> {
-        let factory = model.grammars().factory(model)?;
-        let parser = factory
-            .create_parser(constraint.grammar())
-            .map_err(|e| invalid(format!("it does not compile: {e}")))?;
-        let matcher = Matcher::new(Ok(parser));
-        match matcher.get_error() {
-            Some(e) => Err(invalid(format!("it does not compile: {e}"))),
-            None => Ok(Self { matcher }),
-        }
-    }
-
     /// Masks (to -inf) the logits of tokens that cannot continue the match.
     ///
     /// # Errors

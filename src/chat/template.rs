@@ -101,7 +101,7 @@ impl ChatTemplate {
 
     /// Whether the template is OpenAI's harmony format (gpt-oss: it names `<|channel|>`): a
     /// reply is messages on channels, the `analysis` one its thought
-    /// ([`crate::model::ReasoningParser::GptOss`]).
+    /// ([`crate::chat::ReasoningParser::GptOss`]).
     pub fn harmony(&self) -> bool {
         self.harmony
     }
