@@ -44,11 +44,7 @@ fn engine(model: &Arc<Model>, store: &std::path::Path) -> Engine {
 /// conversation's history ends with it (less the tokens of a character cut at the end).
 async fn check(service: &Service, conv: ConversationId, reply: &Reply) {
     assert_eq!(reply.end.reason, FinishReason::Length, "{:?}", reply.end);
-    let history = service
-        .with_engine(move |e| e.tokens(conv).map(<[u32]>::to_vec))
-        .await
-        .unwrap()
-        .unwrap();
+    let history = service.tokens(conv).await.unwrap();
     assert_eq!(history.len(), reply.end.history_tokens);
     let n = reply.tokens.len();
     let kept = (n.saturating_sub(3)..=n)
@@ -105,8 +101,8 @@ async fn resending_client(service: Service, k: usize) {
     }
 }
 
-/// A client of an opened conversation that drops one turn's stream after its first token
-/// (the turn leaves no trace), then closes the conversation.
+/// A client of an opened conversation that drops one turn's stream after its first token and
+/// cancels another (neither leaves a trace), then closes the conversation.
 async fn dropping_client(service: Service, k: usize) {
     let conv = service.open(ConversationOptions::default()).await.unwrap();
     for t in 0..3 {
@@ -122,6 +118,24 @@ async fn dropping_client(service: Service, k: usize) {
                 Some(TurnEvent::Token { .. })
             ));
             drop(turn);
+        }
+        if t == 2 {
+            let mut turn = service
+                .submit(conv, Turn::user(question), params(64))
+                .await
+                .unwrap();
+            assert!(matches!(
+                turn.next_event().await,
+                Some(TurnEvent::Token { .. })
+            ));
+            let request = turn.request();
+            service.cancel(request).await.unwrap();
+            let cancelled = turn.reply().await.unwrap();
+            assert_eq!(cancelled.end.reason, FinishReason::Cancelled);
+            assert!(
+                service.cancel(request).await.is_err(),
+                "an ended turn is not cancelled again"
+            );
         }
         // A turn is refused while the cancelled one still runs: retry, as a client would.
         let turn = loop {
@@ -163,24 +177,30 @@ async fn resuming_client(service: Service, k: usize) {
         conv = service.resume(&name).await.unwrap();
         assert_eq!(tokens(&service, conv).await.len(), reply.end.history_tokens);
     }
+    // A fork shares the history; named, the store keeps it under its own name.
+    let fork = service.fork(conv, None).await.unwrap();
+    assert_eq!(tokens(&service, fork).await, tokens(&service, conv).await);
+    let forked = format!("{name}-fork");
+    service.name(fork, forked.clone()).await.unwrap();
+    wait(|| async {
+        service
+            .stored_conversations()
+            .await
+            .unwrap()
+            .contains(&forked)
+    })
+    .await;
+    service.close(fork).await.unwrap();
     service.close(conv).await.unwrap();
     assert!(service.resume(&name).await.is_err(), "closing deletes it");
 }
 
 async fn messages(service: &Service, conv: ConversationId) -> usize {
-    service
-        .with_engine(move |e| e.messages(conv).map(<[Message]>::len))
-        .await
-        .unwrap()
-        .unwrap()
+    service.messages(conv).await.unwrap().len()
 }
 
 async fn tokens(service: &Service, conv: ConversationId) -> Vec<u32> {
-    service
-        .with_engine(move |e| e.tokens(conv).map(<[u32]>::to_vec))
-        .await
-        .unwrap()
-        .unwrap()
+    service.tokens(conv).await.unwrap()
 }
 
 async fn wait<F: std::future::Future<Output = bool>>(mut done: impl FnMut() -> F) {

@@ -55,36 +55,27 @@ impl Handle {
         })
     }
 
-    /// A call on the engine's thread with this conversation.
-    fn with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut pensieve::Engine, ConversationId) -> pensieve::Result<T> + Send + 'static,
-    ) -> impl Future<Output = PyResult<T>> + Send + 'static {
-        let (service, id) = (self.core.service.clone(), self.id);
+    fn fork(&self, turns: Option<usize>) -> impl Future<Output = PyResult<Self>> + Send {
+        let (core, id) = (self.core.clone(), self.id);
         async move {
-            (service.with_engine(move |e| f(e, id)).await)
-                .map_err(raise)?
-                .map_err(raise)
+            let fork = core.service.fork(id, turns).await.map_err(raise)?;
+            Ok(Self::new(core, fork))
         }
     }
 
-    fn fork(&self, turns: Option<usize>) -> impl Future<Output = PyResult<Self>> + Send {
-        let fork = self.with(move |e, id| e.fork(id, turns));
-        let core = self.core.clone();
-        async move { Ok(Self::new(core, fork.await?)) }
-    }
-
     fn messages(&self) -> impl Future<Output = PyResult<Json>> + Send {
-        let messages = self.with(|e, id| e.messages(id).map(<[_]>::to_vec));
-        async move { Json::new(&messages.await?) }
+        let (service, id) = (self.core.service.clone(), self.id);
+        async move { Json::new(&service.messages(id).await.map_err(raise)?) }
     }
 
     fn tokens(&self) -> impl Future<Output = PyResult<Vec<u32>>> + Send {
-        self.with(|e, id| e.tokens(id).map(<[_]>::to_vec))
+        let (service, id) = (self.core.service.clone(), self.id);
+        async move { service.tokens(id).await.map_err(raise) }
     }
 
     fn set_name(&self, name: String) -> impl Future<Output = PyResult<()>> + Send {
-        self.with(move |e, id| e.name(id, name))
+        let (service, id) = (self.core.service.clone(), self.id);
+        async move { service.name(id, name).await.map_err(raise) }
     }
 
     fn pin(&self, pinned: bool) -> impl Future<Output = PyResult<()>> + Send {

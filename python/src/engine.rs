@@ -57,7 +57,7 @@ impl Core {
 
     fn stored(&self) -> impl std::future::Future<Output = PyResult<Vec<String>>> + Send {
         let service = self.service.clone();
-        async move { (service.with_engine(|e| e.stored_conversations()).await).map_err(raise) }
+        async move { service.stored_conversations().await.map_err(raise) }
     }
 
     fn tokenize(&self, text: &str, add_special: bool) -> PyResult<Vec<u32>> {

@@ -222,10 +222,10 @@ impl TurnStream {
         let (service, request, drain) = (self.service.clone(), self.request, self.drain());
         async move {
             // A turn that already ended has nothing to cancel: its end is read below.
-            let _ended = service
-                .with_engine(move |e| e.cancel(request))
-                .await
-                .map_err(raise)?;
+            match service.cancel(request).await {
+                Ok(()) | Err(pensieve::Error::UnknownRequest(_)) => {}
+                Err(e) => return Err(raise(e)),
+            }
             drain.await
         }
     }

@@ -132,16 +132,7 @@ async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Messa
         return Err(missing(id));
     }
     match s.service.resume(&tenant.name(id)).await {
-        Ok(conv) => {
-            let read = s
-                .service
-                .with_engine(move |e| e.messages(conv).map(<[_]>::to_vec))
-                .await;
-            match read {
-                Ok(Ok(m)) => Ok(m),
-                _ => Err(missing(id)),
-            }
-        }
+        Ok(conv) => s.service.messages(conv).await.map_err(|_| missing(id)),
         Err(_) if s.conversations.get(&tenant.name(id)).is_some() => Ok(Vec::new()),
         Err(e) if matches!(e.kind(), crate::ErrorKind::Unavailable) => {
             Err(ApiError::from_engine(&e))

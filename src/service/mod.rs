@@ -43,6 +43,7 @@
 //! sends the held turn ends and joins the engine thread. Dropping the last handle (and the
 //! last stream) does the same.
 
+mod calls;
 mod chat;
 mod driver;
 mod fetch;

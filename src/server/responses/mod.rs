@@ -57,14 +57,7 @@ async fn stored(s: &AppState, tenant: &Tenant, id: &str) -> Result<ConversationI
 /// The transcript of `tenant`'s stored response `id`.
 async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Message>, ApiError> {
     let conv = stored(s, tenant, id).await?;
-    let messages = s
-        .service
-        .with_engine(move |e| e.messages(conv).map(<[_]>::to_vec))
-        .await;
-    match messages {
-        Ok(Ok(m)) => Ok(m),
-        _ => Err(missing(id)),
-    }
+    s.service.messages(conv).await.map_err(|_| missing(id))
 }
 
 /// `POST /v1/responses`.
