@@ -1,13 +1,14 @@
 //! What the routers fleets run put into the requests they forward: vLLM's router
 //! (`vllm-router` 0.1.17, from PyPI) writes SGLang's and vLLM's extra fields at their defaults
 //! into every chat and completion request, and every one was refused as unknown, so a server
-//! behind it failed every call. The bodies below are what it forwarded, captured.
+//! behind it failed every call. The bodies below are what it forwarded, captured. SGLang's
+//! router asks a worker what it serves before it routes to it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use common::server::{post, start};
+use common::server::{post, request, start};
 use serde_json::json;
 
 #[test]
@@ -34,4 +35,28 @@ fn real_model_requests_as_vllm_s_router_forwards_them_are_served() {
         answer.to_string().contains("return_hidden_states"),
         "{answer}"
     );
+}
+
+/// SGLang's router (`sglang-router` 0.3.2) registers a worker under the model its
+/// `/server_info` names (then its older `/get_server_info`) and labels it from `/model_info`
+/// (`/get_model_info`): answered as it parses them, so requests naming the served model reach
+/// this server and none is registered as "unknown".
+#[test]
+fn real_model_what_sglang_s_router_asks_of_a_worker_is_answered() {
+    let server = start(&["--served-model-name", "smollm2"]);
+    for path in ["/server_info", "/get_server_info"] {
+        let (status, info) = request("GET", &server.base, path, "");
+        assert_eq!(status, 200, "{path}: {info}");
+        assert_eq!(info["served_model_name"], "smollm2", "{info}");
+        assert!(info["version"].is_string(), "{info}");
+        // No model path: the router would load a tokenizer from it.
+        assert!(info.get("model_path").is_none(), "{info}");
+    }
+    for path in ["/model_info", "/get_model_info"] {
+        let (status, info) = request("GET", &server.base, path, "");
+        assert_eq!(status, 200, "{path}: {info}");
+        assert_eq!(info["is_generation"], true, "{info}");
+        assert_eq!(info["model_type"], "llama", "{info}");
+        assert_eq!(info["architectures"], json!(["LlamaForCausalLM"]), "{info}");
+    }
 }

@@ -1,6 +1,7 @@
 //! The server's own routes beside the API's: its health, its metrics, the served model
-//! (`GET /v1/models`, `/v1/models/{id}`), and OpenAI-shaped answers to paths and methods it
-//! has no route for.
+//! (`GET /v1/models`, `/v1/models/{id}`), what SGLang's router asks of a worker it registers
+//! (`/server_info`, `/model_info`, and their older names `/get_server_info`,
+//! `/get_model_info`), and OpenAI-shaped answers to paths and methods it has no route for.
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -36,6 +37,27 @@ pub async fn model(State(s): State<AppState>, Path(id): Path<String>) -> Respons
         Ok(()) => Json(model_object(&s)).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /server_info`: what SGLang's router reads of a worker to register it under the
+/// served model's name (so requests naming that model reach it). No `model_path`: the router
+/// would load a tokenizer from it, and this server tokenizes for itself.
+pub async fn server_info(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "served_model_name": &*s.model,
+        "version": env!("CARGO_PKG_VERSION"),
+        "engine": "pensieve",
+    }))
+}
+
+/// `GET /model_info`: the served model's kind, as SGLang's router reads it (its labels).
+pub async fn model_info(State(s): State<AppState>) -> Json<Value> {
+    let architecture = s.tokens.config().architecture;
+    Json(json!({
+        "is_generation": true,
+        "model_type": architecture.name(),
+        "architectures": [architecture.hf_name()],
+    }))
 }
 
 /// A path no route has: a 404 with OpenAI's error body (clients parse it), naming the path.

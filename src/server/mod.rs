@@ -369,6 +369,10 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             get(conversations::retrieve_item).delete(conversations::delete_item),
         )
         .route("/v1/models", get(info::models))
+        .route("/server_info", get(info::server_info))
+        .route("/get_server_info", get(info::server_info))
+        .route("/model_info", get(info::model_info))
+        .route("/get_model_info", get(info::model_info))
         .route("/v1/models/{id}", get(info::model))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
