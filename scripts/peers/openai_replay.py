@@ -15,7 +15,9 @@ message list to `/v1/chat/completions` instead (the server renders the template)
 
 `--url` may list several servers, comma-separated (a fleet behind a load balancer): turn `t`
 of the trace's conversation `k` goes to server `(k + t) % n`, so consecutive turns of a
-conversation land on different servers.
+conversation land on different servers. With `--session-headers` each request carries its
+conversation's key in the headers routers hash on (`X-Session-Id`: vLLM's router and the Envoy
+configuration of docs/FLEET.md; `X-SMG-Routing-Key`: SGLang's router's `manual` policy).
 
 Prints one JSON line with the same fields as `examples/replay --json` that apply.
 """
@@ -30,8 +32,9 @@ import urllib.request
 from summary import summarize
 
 
-def stream_completion(url, model, prompt, max_tokens):
-    """`prompt`: text for /v1/completions, or a message list for /v1/chat/completions."""
+def stream_completion(url, model, prompt, max_tokens, key=None):
+    """`prompt`: text for /v1/completions, or a message list for /v1/chat/completions; `key`:
+    the conversation's routing key, sent in the routers' headers."""
     chat = isinstance(prompt, list)
     body = json.dumps({
         "model": model, ("messages" if chat else "prompt"): prompt, "max_tokens": max_tokens,
@@ -39,7 +42,10 @@ def stream_completion(url, model, prompt, max_tokens):
         "stream_options": {"include_usage": True},
     }).encode()
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    req = urllib.request.Request(f"{url}{path}", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers.update({"X-Session-Id": key, "X-SMG-Routing-Key": key})
+    req = urllib.request.Request(f"{url}{path}", body, headers)
     submitted = time.perf_counter()
     first, text, usage = None, "", {}
     with urllib.request.urlopen(req) as resp:
@@ -72,6 +78,8 @@ def main() -> None:
     ap.add_argument("--think-scale", type=float, default=1.0)
     ap.add_argument("--api", choices=["completions", "chat"], default="completions")
     ap.add_argument("--engine", default="vLLM-CPU (OpenAI server)", help="name in the summary")
+    ap.add_argument("--session-headers", action="store_true",
+                    help="send each conversation's key in the headers routers hash on")
     a = ap.parse_args()
 
     trace = [json.loads(line) for line in open(a.trace) if line.strip()]
@@ -99,7 +107,9 @@ def main() -> None:
             prompt = (list(messages) if a.api == "chat"
                       else template.render(messages=messages, add_generation_prompt=True))
             url = urls[(conv["index"] + index) % len(urls)]
-            text, ttft, latency, usage = stream_completion(url, a.model, prompt, turn["output_tokens"])
+            key = f"conversation-{conv['index']}" if a.session_headers else None
+            text, ttft, latency, usage = stream_completion(url, a.model, prompt,
+                                                           turn["output_tokens"], key)
             details = usage.get("prompt_tokens_details") or {}
             output = usage.get("completion_tokens", turn["output_tokens"])
             with lock:
