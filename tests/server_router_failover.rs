@@ -11,17 +11,25 @@
 //!   never a 200 with another reply; the client resends its whole history, and the retry
 //!   gets the reference reply.
 //!
+//! - Restarted one after another (SIGTERM, then started again on its port) while clients
+//!   talk: with `--shutdown-grace-s` a server leaving answers its health check 503 and serves
+//!   on, so the router stops sending it requests before it stops taking them, and no request
+//!   fails; every conversation keeps its history across the moves.
+//!
 //! The verdicts do not depend on when the kill lands: a turn in flight or not, the same holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::{self, free_port};
-use common::server::{metric, start, Server};
+use common::server::{metric, server_exe, start, Server};
 use serde_json::{json, Value};
 
 const CONVERSATIONS: usize = 6;
@@ -228,6 +236,82 @@ fn real_model_servers_killed_behind_vllm_s_router_lose_no_answered_turn() {
             got, expected[k][3],
             "{name}, turn 3, in flight ({failures:?})"
         );
+    }
+    drop(redis);
+}
+
+/// A server on `port` (a router's worker list names it, so a restart must keep it).
+fn serve_on(port: u16, args: &[&str]) -> Server {
+    let mut child = Command::new(server_exe())
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("listening on "), "{line:?}");
+    Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+#[test]
+fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
+    let redis = redis_server::Server::start(None);
+    let url = redis.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--redis-prefix",
+        "rolling",
+        "--shutdown-grace-s",
+        "5",
+    ];
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut servers: Vec<Server> = ports.iter().map(|&p| serve_on(p, &args)).collect();
+    let router = router(&servers.iter().collect::<Vec<_>>());
+    // The router routes once it has found its workers healthy.
+    reply(&router.base, "warm-up", &[user("warm-up", 0)], 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CONVERSATIONS)
+        .map(|k| {
+            let (base, stop) = (router.base.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let name = format!("rolling-{k}");
+                let (mut turns, mut last) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    match ask(&base, &name, &[user(&name, turns)], 8) {
+                        Outcome::Reply { prompt_tokens, .. } => {
+                            // The history keeps every answered turn (8 tokens each), wherever
+                            // the conversation moved.
+                            assert!(
+                                prompt_tokens > last + 8 || turns == 0,
+                                "{name}, turn {turns}: {prompt_tokens} prompt tokens after {last}"
+                            );
+                            (turns, last) = (turns + 1, prompt_tokens);
+                        }
+                        Outcome::Retryable(why) => panic!("{name}, turn {turns} failed: {why}"),
+                    }
+                }
+                turns
+            })
+        })
+        .collect();
+    for (i, &port) in ports.iter().enumerate() {
+        let pid = servers[i].child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+        assert!(servers[i].child.wait().unwrap().success());
+        servers[i] = serve_on(port, &args);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        assert!(client.join().unwrap() > 0);
     }
     drop(redis);
 }

@@ -12,14 +12,15 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{check_model_name, now_s, AppState};
 
-/// `ok` while the engine thread serves; 503 once it has died.
+/// `ok` while the engine thread serves; 503 once it has died, and while the server leaves
+/// (the grace period after a signal, when requests are still served).
 pub async fn health(State(s): State<AppState>) -> Response {
-    match s.service.is_alive() {
-        true => "ok".into_response(),
-        false => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread died").into_response()
-        }
-    }
+    let why = match (s.service.is_alive(), s.leaving.is_set()) {
+        (true, false) => return "ok".into_response(),
+        (false, _) => "the engine thread died",
+        (true, true) => "the server is stopping: send new requests elsewhere",
+    };
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response()
 }
 
 /// The served model as OpenAI's model object.

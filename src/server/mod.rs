@@ -111,6 +111,11 @@ struct Args {
     /// (a second signal cancels them at once).
     #[arg(long, env = "PENSIEVE_DRAIN_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
     drain_timeout_s: f64,
+    /// On a signal, seconds the server serves on while `/health` answers 503 before it stops
+    /// taking requests: behind a router, at least its health checks' interval times their
+    /// failure threshold, so that a rolling restart fails no request (none by default).
+    #[arg(long, env = "PENSIEVE_SHUTDOWN_GRACE_S", value_parser = seconds)]
+    shutdown_grace_s: Option<f64>,
     /// Seconds a client may take to send a request's whole body (a client that stalls or
     /// trickles it is answered 408 and holds nothing).
     #[arg(long, env = "PENSIEVE_BODY_TIMEOUT_S", default_value_t = 30.0, value_parser = seconds)]
@@ -193,6 +198,8 @@ struct AppState {
     conversations: conversations::Registry,
     /// The responses running in the background, and the latest ended.
     background: responses::Background,
+    /// Set for the grace period after a signal: `/health` answers 503.
+    leaving: shutdown::Leaving,
 }
 
 fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
@@ -276,7 +283,10 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         ignore_unknown_fields: args.ignore_unknown_fields,
         conversations: conversations::Registry::default(),
         background: responses::Background::default(),
+        leaving: shutdown::Leaving::default(),
     };
+    let grace = (args.shutdown_grace_s).map_or(Duration::ZERO, Duration::from_secs_f64);
+    let leaving = state.leaving.clone();
     let body = body::BodyLimits {
         deadline: Duration::from_secs_f64(args.body_timeout_s),
         max_bytes: args.max_body_mib << 20,
@@ -309,6 +319,9 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
             let (service, began) = (service.clone(), began.clone());
             async move {
                 let cause = shutdown::cause(service.clone(), signals).await;
+                if cause == shutdown::Cause::Signal {
+                    leaving.wait_out(grace).await;
+                }
                 tracing::info!(
                     ?cause,
                     in_flight = service.in_flight(),

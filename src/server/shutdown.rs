@@ -1,10 +1,13 @@
 //! How the server stops. The first SIGINT, SIGTERM or SIGHUP (the terminal it ran in closed;
-//! the server has no configuration to reload) or the engine thread dying stops
-//! accepting connections and requests; turns in flight run on for the drain deadline; then,
+//! the server has no configuration to reload) begins its leave: for `--shutdown-grace-s` it
+//! serves on while `/health` answers 503, so that the routers in front take it out of their
+//! rotation before it stops taking requests (a rolling restart then fails none). Then, or at
+//! once when the engine thread died, it stops accepting connections and requests; turns in flight run on for the drain deadline; then,
 //! or at a second signal, what still runs is cancelled (cancelled turns leave no trace), the
 //! store is flushed and the engine thread joined. Connections still open then (a half-sent
 //! request, a client that never reads) are dropped with the runtime.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +70,32 @@ pub async fn cause(service: Service, signals: Signals) -> Cause {
     tokio::select! {
         () = signals.recv() => Cause::Signal,
         () = service.died() => Cause::EngineDied,
+    }
+}
+
+/// Whether the server is leaving (its health answered as failed while it still serves).
+#[derive(Clone, Debug, Default)]
+pub struct Leaving(Arc<AtomicBool>);
+
+impl Leaving {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Announces the leave and serves on for `grace`, or until a second signal.
+    pub async fn wait_out(&self, grace: Duration) {
+        if grace.is_zero() {
+            return;
+        }
+        self.0.store(true, Ordering::Relaxed);
+        tracing::info!(
+            ?grace,
+            "leaving: /health answers 503, requests are still served"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(grace) => {}
+            () = Signals::listen().recv() => {}
+        }
     }
 }
 
