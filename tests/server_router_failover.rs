@@ -14,7 +14,9 @@
 //! - Restarted one after another (SIGTERM, then started again on its port) while clients
 //!   talk: with `--shutdown-grace-s` a server leaving answers its health check 503 and serves
 //!   on, so the router stops sending it requests before it stops taking them, and no request
-//!   fails; every conversation keeps its history across the moves.
+//!   fails; every conversation keeps its history across the moves. The grace is long and
+//!   ended by a second SIGTERM once the router reports the server unhealthy, so that a slow
+//!   machine's late health checks do not decide the verdict.
 //!
 //! The verdicts do not depend on when the kill lands: a turn in flight or not, the same holds.
 
@@ -240,6 +242,29 @@ fn real_model_servers_killed_behind_vllm_s_router_lose_no_answered_turn() {
     drop(redis);
 }
 
+/// Waits (up to two minutes) until `router` reports `worker` healthy or not, as asked.
+fn wait_for_health(router: &Router, worker: &str, healthy: bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let workers: Value = ureq::get(&format!("{}/workers", router.base))
+            .call()
+            .ok()
+            .and_then(|r| r.into_json().ok())
+            .unwrap_or_default();
+        let listed = workers["workers"].as_array().into_iter().flatten();
+        if let Some(w) = listed.into_iter().find(|w| w["url"] == worker)
+            && w["is_healthy"] == healthy
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{worker} never healthy = {healthy}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A server on `port` (a router's worker list names it, so a restart must keep it).
 fn serve_on(port: u16, args: &[&str]) -> Server {
     let mut child = Command::new(server_exe())
@@ -270,7 +295,7 @@ fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
         "--redis-prefix",
         "rolling",
         "--shutdown-grace-s",
-        "5",
+        "120",
     ];
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let mut servers: Vec<Server> = ports.iter().map(|&p| serve_on(p, &args)).collect();
@@ -304,10 +329,17 @@ fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
         .collect();
     for (i, &port) in ports.iter().enumerate() {
         let pid = servers[i].child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(status.success());
+        let term = || {
+            let status = Command::new("kill").args(["-TERM", &pid]).status();
+            assert!(status.unwrap().success());
+        };
+        term();
+        wait_for_health(&router, &servers[i].base, false);
+        // The router has let go of it: the second signal ends the grace.
+        term();
         assert!(servers[i].child.wait().unwrap().success());
         servers[i] = serve_on(port, &args);
+        wait_for_health(&router, &servers[i].base, true);
     }
     stop.store(true, Ordering::Relaxed);
     for client in clients {
