@@ -40,7 +40,7 @@ fn real_model_requests_as_vllm_s_router_forwards_them_are_served() {
 /// SGLang's router (`sglang-router` 0.3.2) registers a worker under the model its
 /// `/server_info` names (then its older `/get_server_info`) and labels it from `/model_info`
 /// (`/get_model_info`): answered as it parses them, so requests naming the served model reach
-/// this server and none is registered as "unknown".
+/// this server and none is registered as "unknown". vLLM's router reads `/get_load`.
 #[test]
 fn real_model_what_sglang_s_router_asks_of_a_worker_is_answered() {
     let server = start(&["--served-model-name", "smollm2"]);
@@ -59,4 +59,7 @@ fn real_model_what_sglang_s_router_asks_of_a_worker_is_answered() {
         assert_eq!(info["model_type"], "llama", "{info}");
         assert_eq!(info["architectures"], json!(["LlamaForCausalLM"]), "{info}");
     }
+    // vLLM's router reads a worker's load (its `power_of_two` policy, its `/get_loads`).
+    let (status, load) = request("GET", &server.base, "/get_load", "");
+    assert_eq!((status, load), (200, json!({"load": 0})));
 }

@@ -1,7 +1,8 @@
 //! The server's own routes beside the API's: its health, its metrics, the served model
 //! (`GET /v1/models`, `/v1/models/{id}`), what SGLang's router asks of a worker it registers
 //! (`/server_info`, `/model_info`, and their older names `/get_server_info`,
-//! `/get_model_info`), and OpenAI-shaped answers to paths and methods it has no route for.
+//! `/get_model_info`), the load vLLM's router reads (`/get_load`), and OpenAI-shaped answers
+//! to paths and methods it has no route for.
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -49,6 +50,12 @@ pub async fn server_info(State(s): State<AppState>) -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "engine": "pensieve",
     }))
+}
+
+/// `GET /get_load`: the turns queued or running here, as vLLM's router reads a worker's load
+/// (its `power_of_two` policy and its `/get_loads`).
+pub async fn load(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"load": s.service.in_flight()}))
 }
 
 /// `GET /model_info`: the served model's kind, as SGLang's router reads it (its labels).

@@ -386,6 +386,7 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
         .route("/get_server_info", get(info::server_info))
         .route("/model_info", get(info::model_info))
         .route("/get_model_info", get(info::model_info))
+        .route("/get_load", get(info::load))
         .route("/v1/models/{id}", get(info::model))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize));
