@@ -24,14 +24,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::{self, free_port};
-use common::server::{metric, server_exe, start, Server};
+use common::server::{metric, start, start_on, Server};
 use serde_json::{json, Value};
 
 const CONVERSATIONS: usize = 6;
@@ -265,26 +264,6 @@ fn wait_for_health(router: &Router, worker: &str, healthy: bool) {
     }
 }
 
-/// A server on `port` (a router's worker list names it, so a restart must keep it).
-fn serve_on(port: u16, args: &[&str]) -> Server {
-    let mut child = Command::new(server_exe())
-        .args(["--port", &port.to_string()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("listening on "), "{line:?}");
-    Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
-
 #[test]
 fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
     let redis = redis_server::Server::start(None);
@@ -298,7 +277,7 @@ fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
         "120",
     ];
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let mut servers: Vec<Server> = ports.iter().map(|&p| serve_on(p, &args)).collect();
+    let mut servers: Vec<Server> = ports.iter().map(|&p| start_on(p, &args)).collect();
     let router = router(&servers.iter().collect::<Vec<_>>());
     // The router routes once it has found its workers healthy.
     reply(&router.base, "warm-up", &[user("warm-up", 0)], 1);
@@ -338,7 +317,7 @@ fn real_model_a_rolling_restart_behind_vllm_s_router_fails_no_request() {
         // The router has let go of it: the second signal ends the grace.
         term();
         assert!(servers[i].child.wait().unwrap().success());
-        servers[i] = serve_on(port, &args);
+        servers[i] = start_on(port, &args);
         wait_for_health(&router, &servers[i].base, true);
     }
     stop.store(true, Ordering::Relaxed);

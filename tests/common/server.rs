@@ -38,17 +38,27 @@ pub fn start(extra: &[&str]) -> Server {
 
 /// [`start`] with these environment variables set for the server.
 pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    spawn(extra, env, Stdio::inherit())
+    spawn(0, extra, env, Stdio::inherit())
 }
 
 /// [`start`] with the server's log (stderr) written to `log`.
 pub fn start_logged(extra: &[&str], log: &std::path::Path) -> Server {
-    spawn(extra, &[], Stdio::from(std::fs::File::create(log).unwrap()))
+    spawn(
+        0,
+        extra,
+        &[],
+        Stdio::from(std::fs::File::create(log).unwrap()),
+    )
 }
 
-fn spawn(extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
+/// [`start`] on `port` (a router's worker list names it, so a restart must keep it).
+pub fn start_on(port: u16, extra: &[&str]) -> Server {
+    spawn(port, extra, &[], Stdio::null())
+}
+
+fn spawn(port: u16, extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
     let mut child = Command::new(server_exe())
-        .args(["--port", "0"])
+        .args(["--port", &port.to_string()])
         .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
