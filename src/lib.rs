@@ -41,6 +41,7 @@ pub mod kv;
 mod math;
 mod message;
 pub mod model;
+mod persist;
 mod scheduler;
 #[cfg(feature = "server")]
 pub mod server;

@@ -24,6 +24,7 @@ mod hints;
 mod overflow;
 mod persist;
 mod ready;
+mod resume;
 mod rewind;
 mod sampler;
 mod share;
@@ -38,20 +39,19 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use crate::persist::{Durability, Fetched, Registration, Removing, ResumeReader};
 pub use crate::scheduler::Speculation;
 pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,
     RedisConfig, StoreConfig, StoreLocation,
 };
-pub use persist::Removing;
-pub use persist::{Fetched, Registration, ResumeReader};
 pub use ready::{ReadyTurn, TurnPreparer};
 pub use turn::TurnSize;
 pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
     TurnStats,
 };
-pub use {encode::chat_tokens, handle::EngineHandle, persist::Durability};
+pub use {encode::chat_tokens, handle::EngineHandle};
 
 use crate::attention::KvPool;
 use crate::conversation::Conversations;
@@ -59,11 +59,11 @@ pub use crate::ids::{ConversationId, RequestId};
 pub use crate::kv::CostModel;
 use crate::kv::{CacheManager, EvictionPolicy, LruPolicy, ValuePolicy};
 use crate::model::{Message, Model};
+use crate::persist::Persistence;
 use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
 use crate::{Error, Result};
 use executor::Faults;
 use handle::Shared;
-use persist::Journal;
 use turn::{ActiveTurn, TurnLimits};
 
 /// The stateful inference engine. See the module documentation for the step loop.
@@ -81,8 +81,8 @@ pub struct Engine {
     backlog: Vec<Event>,
     stats: EngineStats,
     faults: Faults,
-    /// What is owed to the store and what was promised about it.
-    journal: Journal,
+    /// Stored conversations' manifests, and what is owed to the store and promised about it.
+    persist: Persistence,
 }
 
 impl Engine {
@@ -131,12 +131,15 @@ impl Engine {
         };
         let mut cache =
             CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
+        let mut manifests = None;
         if config.mode == CacheMode::Tiered {
             let value_bytes = dtype.size_in_bytes();
             if let Some(tier) = persist::open_store(&model, &config, shape, value_bytes, cost)? {
+                manifests = Some(tier.store.manifest_store());
                 cache.attach_store(tier);
             }
         }
+        let persist = Persistence::new(manifests, model.config().vocab_size, config.chunk_size);
         let frac = |f: f64| (f * blocks as f64).ceil() as usize;
         let window = config
             .max_context_tokens
@@ -176,7 +179,7 @@ impl Engine {
             backlog: Vec::new(),
             stats,
             faults: Faults::default(),
-            journal: Journal::new(),
+            persist,
         };
         engine.resume_stored(Instant::now());
         Ok(engine)
@@ -212,9 +215,7 @@ impl Engine {
         registration: Option<Registration>,
     ) -> Result<ConversationId> {
         match options.name.take() {
-            Some(name) if self.cache.store().is_some() => {
-                self.open_named(name, options, registration)
-            }
+            Some(name) if self.persist.active() => self.open_named(name, options, registration),
             _ => Ok(self.open_unnamed(options)),
         }
     }

@@ -1,12 +1,7 @@
-//! The engine's side of the store: opening the store for the loaded model, saving the KV
-//! of finished turns behind, and the conversation manifests that let a new engine over the same
-//! folder resume named conversations (warm restart).
-//!
-//! A manifest holds what the tiers cannot rebuild: the conversation's token ids, its chat
-//! transcript, how many tokens have KV, and the address of each chunk's file. It is rewritten
-//! (atomically, behind, after the chunk writes it names) whenever a turn of the conversation
-//! ends. On restart each listed file is checked against the tokens' own addresses and its
-//! header; what is missing or refused is recomputed by the next turn, never used.
+//! The engine's side of persistence (the component is [`crate::persist`]): opening the store
+//! for the loaded model, saving the KV of finished turns behind, naming, replacing, detaching
+//! and closing stored conversations, and resuming a folder's conversations at start-up (warm
+//! restart).
 //!
 //! A store shared by a fleet (Redis) is not resumed whole at start: [`Engine::resume`] fetches
 //! one conversation's manifest when a turn of it arrives, and replaces a copy held here when
@@ -15,112 +10,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use super::config::StoreLocation;
+use super::resume::unstored;
 use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
 use crate::attention::KvShape;
-use crate::conversation::Mark;
 use crate::ids::ConversationId;
-use crate::kv::{hex, BuildManifest, ChunkFormat, CostModel, Owner, Store, StoreError, StoreTier};
-use crate::model::{Message, Model};
+use crate::kv::{hex, ChunkFormat, CostModel, Owner, Store, StoreTier};
+use crate::model::Model;
+use crate::persist::{Durability, Registration, Removing};
 use crate::{Error, Result};
-
-mod fetch;
-mod journal;
-
-pub use fetch::Registration;
-pub use fetch::{Fetched, ResumeReader};
-pub(super) use journal::Journal;
-
-/// A stored conversation's removal that [`Engine::close_removing`] queued: its store job
-/// (`None`: it could not be queued).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Removing(Option<u64>);
-
-/// Whether a named conversation's latest state is stored; see [`Engine::durability`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Durability {
-    /// Not a named conversation in a store: nothing of it outlives the engine.
-    NotStored,
-    /// Its manifest write is queued or running.
-    Pending,
-    /// Its manifest (tokens, transcript, chunk list) is written and synced: a restart, even
-    /// after `kill -9`, resumes it as it is now. (Chunk files the manifest lists that could
-    /// not be written only cost a recompute.)
-    Durable,
-    /// The write failed (disk full, read-only folder, Redis unreachable past its deadline):
-    /// a restart resumes an older state. Says why.
-    Failed(StoreError),
-    /// Another engine stored a turn of this conversation since the state this copy continues
-    /// (two servers served it at once): this copy's turn was not stored, so as not to fork the
-    /// conversation. [`Engine::resume`] replaces the copy with the stored state.
-    Conflict(String),
-}
-
-/// Version of the manifest layout; manifests of another version are not resumed.
-const MANIFEST_VERSION: u32 = 1;
-
-/// A named conversation as stored.
-#[derive(Debug, Serialize, Deserialize)]
-struct Manifest {
-    version: u32,
-    /// `<writer>-<revision>`: which engine wrote this state. Serialized right after the
-    /// version, where the store's compare-and-set finds it.
-    #[serde(default)]
-    stamp: String,
-    name: String,
-    /// Tokens whose KV has been computed (the chunks cover them).
-    computed: usize,
-    tokens: Vec<u32>,
-    messages: Vec<Message>,
-    /// The tools its template lists.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<serde_json::Value>,
-    /// The variables its template reads.
-    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
-    template_vars: serde_json::Map<String, serde_json::Value>,
-    seen_text: String,
-    /// Where turns begin (cut points for context overflow).
-    #[serde(default)]
-    marks: Vec<Mark>,
-    /// Per chunk, the hex address of its file, if it has one.
-    chunks: Vec<Option<String>>,
-    /// Incremented by every write of this conversation's manifest, by whichever engine.
-    #[serde(default)]
-    revision: u64,
-}
-
-impl Manifest {
-    /// A manifest of this layout whose tokens fit `vocab`, or what is wrong with it.
-    fn parse(bytes: &[u8], vocab: usize) -> std::result::Result<Self, String> {
-        if bytes.is_empty() {
-            return Err("its manifest is empty".into());
-        }
-        let m = serde_json::from_slice::<Self>(bytes)
-            .map_err(|e| format!("its manifest is cut short or not a manifest ({e})"))?;
-        if m.version != MANIFEST_VERSION {
-            return Err(format!(
-                "its manifest has layout version {}, not {MANIFEST_VERSION}",
-                m.version
-            ));
-        }
-        if m.computed > m.tokens.len() {
-            return Err(format!(
-                "its manifest is inconsistent: KV of {} tokens over {} tokens",
-                m.computed,
-                m.tokens.len()
-            ));
-        }
-        if let Some(t) = m.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!(
-                "its manifest is inconsistent: token {t} is not in the vocabulary of {vocab}"
-            ));
-        }
-        Ok(m)
-    }
-}
 
 /// Opens the store `config` names for `model`'s KV of `shape` at `value_bytes` per value.
 ///
@@ -194,16 +92,11 @@ impl Engine {
     /// the files none of them needs. Not for a shared store, where every conversation of the
     /// fleet is stored: those are resumed one by one ([`Engine::resume`]).
     pub(super) fn resume_stored(&mut self, now: Instant) {
-        let Some(store) = self.cache.store().filter(|s| !s.shared()) else {
+        let Some(manifests) = self.persist.own_manifests() else {
             return;
         };
-        let vocab = self.model.config().vocab_size;
-        // A damaged manifest is left where it is: resuming its name reports the damage.
-        let manifests: Vec<Manifest> = (store.manifests().iter())
-            .filter_map(|bytes| Manifest::parse(bytes, vocab).ok())
-            .collect();
         for m in manifests {
-            if self.find(&m.name).is_none() {
+            if self.find(m.name()).is_none() {
                 self.restore(m, &[], now);
             }
         }
@@ -227,7 +120,7 @@ impl Engine {
         }
         self.cache.close(conv);
         self.convs.remove(&conv);
-        self.journal.forget(conv);
+        self.persist.forget(conv);
         Ok(())
     }
 
@@ -297,7 +190,7 @@ impl Engine {
                 reason: why.into(),
             })
         };
-        if self.cache.store().is_none() {
+        if !self.persist.active() {
             return bad("only an engine with a store keeps conversations by name");
         }
         if c.name().is_some() || self.sched.turn_of(conv).is_some() {
@@ -347,7 +240,7 @@ impl Engine {
         }
         let registration =
             registration.or_else(|| self.resume_reader().map(|r| r.registration(name)));
-        match fetch::unstored(name, registration) {
+        match unstored(name, registration) {
             Error::StoredElsewhere { name, owner } => Err(Error::StoredElsewhere { name, owner }),
             _ => Ok(()),
         }
@@ -363,16 +256,7 @@ impl Engine {
     /// (in a shared store, every engine's; writes still queued are not there yet, see
     /// [`Engine::flush`]). Empty without a store, or if it cannot be read.
     pub fn stored_conversations(&self) -> Vec<String> {
-        let Some(store) = self.cache.store() else {
-            return Vec::new();
-        };
-        let vocab = self.model.config().vocab_size;
-        let mut names: Vec<String> = (store.manifests().iter())
-            .filter_map(|bytes| Some(Manifest::parse(bytes, vocab).ok()?.name))
-            .collect();
-        names.sort();
-        names.dedup();
-        names
+        self.persist.stored_names()
     }
 
     /// Every named conversation, with its id: those a restart resumed and those opened since.
@@ -404,19 +288,19 @@ impl Engine {
     /// `None` without a store. A server of a fleet answers a turn's end once its mark is
     /// reached, so the next turn finds the conversation stored on whichever engine it lands.
     pub fn store_mark(&self) -> Option<u64> {
-        self.cache.store().map(Store::mark)
+        self.persist.mark()
     }
 
     /// Whether everything queued for the store before `mark` was taken is written (or failed:
     /// the next turn then recomputes).
     pub fn store_reached(&self, mark: u64) -> bool {
-        self.cache.store().is_none_or(|s| s.reached(mark))
+        self.persist.reached(mark)
     }
 
     /// Saves (behind) the chunks of conversations whose turn ended this step, and their
     /// manifests.
     pub(super) fn save_finished(&mut self, now: Instant) {
-        for id in self.journal.take_saves() {
+        for id in self.persist.take_saves() {
             let Some(conv) = self.convs.get(&id) else {
                 continue;
             };
@@ -438,42 +322,11 @@ impl Engine {
     /// Writes (behind) the manifest of `id` if it is named, as its next revision, over the
     /// state it continues (compare-and-set); it lists the chunks whose files are written.
     pub(super) fn write_manifest(&mut self, id: ConversationId) {
-        let (Some(conv), Some(store)) = (self.convs.get_mut(&id), self.cache.store()) else {
+        let Some(conv) = self.convs.get_mut(&id) else {
             return;
         };
-        let Some(name) = conv.name() else {
-            return;
-        };
-        let expect = conv.stamp().to_string();
-        let revision = conv.revision() + 1;
-        let stamp = self.journal.stamp(revision);
-        let chunks: Vec<Option<(String, Option<u64>)>> = (self.cache.saved(id).iter())
-            .map(|a| a.map(|a| (a.hex(), store.pending_write(&a))))
-            .collect();
-        let mut m = Manifest {
-            version: MANIFEST_VERSION,
-            stamp: stamp.clone(),
-            name: name.to_string(),
-            // A queued turn's shared chunks may run ahead of the history: not stored yet.
-            computed: (self.cache.table(id)).map_or(0, |t| t.computed().min(conv.tokens().len())),
-            tokens: conv.tokens().to_vec(),
-            messages: conv.messages().to_vec(),
-            tools: conv.tools().to_vec(),
-            template_vars: conv.template_vars().clone(),
-            seen_text: conv.seen_text().to_string(),
-            marks: conv.marks().to_vec(),
-            chunks: Vec::new(),
-            revision,
-        };
-        let build: BuildManifest = Box::new(move |written| {
-            m.chunks = (chunks.into_iter())
-                .map(|c| c.and_then(|(hex, write)| write.is_none_or(written).then_some(hex)))
-                .collect();
-            serde_json::to_vec(&m).map_err(|e| StoreError::Invalid(e.to_string()))
-        });
-        let write = store.write_manifest(name, expect, build);
-        conv.set_stored(revision, stamp);
-        self.journal.wrote(id, write);
+        let computed = self.cache.table(id).map_or(0, |t| t.computed());
+        (self.persist).write(id, conv, computed, self.cache.saved(id));
     }
 
     /// Whether the state of `conv` after its last finished turn is durable in the store: a
@@ -487,22 +340,7 @@ impl Engine {
             .convs
             .get(&conv)
             .ok_or(Error::UnknownConversation(conv))?;
-        let (Some(store), Some(_)) = (self.cache.store(), c.name()) else {
-            return Ok(Durability::NotStored);
-        };
-        Ok(self.journal.durability(conv, store))
-    }
-
-    /// Deletes the manifest of `id` if it is named (the conversation is closed for good); the
-    /// removal queued, if any, for [`Engine::removal_durability`].
-    pub(super) fn remove_manifest(&mut self, id: ConversationId) -> Option<Removing> {
-        let (Some(conv), Some(store)) = (self.convs.get(&id), self.cache.store()) else {
-            return None;
-        };
-        let name = conv.name()?;
-        let job = store.remove_manifest(name);
-        self.journal.removed(name, job, store);
-        Some(Removing(job))
+        Ok(self.persist.durability(conv, c))
     }
 
     /// [`Engine::close`], with the removal of a stored conversation's manifest it queued:
@@ -514,7 +352,7 @@ impl Engine {
         if !self.convs.contains_key(&conv) {
             return Err(Error::UnknownConversation(conv));
         }
-        let removal = self.remove_manifest(conv);
+        let removal = (self.convs.get(&conv)).and_then(|c| self.persist.remove(c));
         self.detach(conv)?;
         Ok(removal)
     }
@@ -523,9 +361,6 @@ impl Engine {
     /// holds the conversation, [`Durability::Failed`] if it could not be removed (the store
     /// still holds it: resuming it continues its stored state).
     pub fn removal_durability(&self, removal: Removing) -> Durability {
-        match self.cache.store() {
-            Some(store) => journal::outcome(removal.0, store),
-            None => Durability::NotStored,
-        }
+        self.persist.removal_durability(removal)
     }
 }

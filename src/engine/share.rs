@@ -18,9 +18,7 @@ impl Engine {
         if let (true, Some(conv)) = (self.sharing(), self.convs.get(&id)) {
             self.cache.index_chunks(id, conv.tokens());
         }
-        if self.cache.store().is_some() {
-            self.journal.save_after_step(id);
-        }
+        self.persist.save_after_step(id);
     }
 
     /// Rows that prefilled this step put their conversations' new full chunks in the prefix

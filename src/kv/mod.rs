@@ -23,7 +23,7 @@ pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 pub(crate) use store::format::hex;
 pub use store::{Address, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError, StoreStats};
 pub(crate) use store::{
-    BuildManifest, ChunkFormat, Owner, Refused, Saved, Store, StoreReader, Waker,
+    BuildManifest, ChunkFormat, ManifestStore, Owner, Refused, Saved, Store, StoreReader, Waker,
 };
 
 use crate::ids::ConversationId;

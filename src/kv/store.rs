@@ -3,7 +3,8 @@
 //!
 //! Layout under the store's folder: `<fingerprint>/chunks/<address>.kvc` (one file per chunk,
 //! format in [`format`]) and `<fingerprint>/conversations/<name>.json` (what a restarted engine
-//! needs to resume a conversation; written by the engine through [`Store::write_manifest`]).
+//! needs to resume a conversation; written through the [`ManifestStore`] handle, on the same
+//! writer as the chunks, so a manifest never overtakes the chunk writes it names).
 //! One folder per model fingerprint, so engines of different models can share a store folder.
 //! The bytes' keeper is a [`medium::Medium`]: files, or a Redis shared by a fleet of engines
 //! ([`redis`]); the bookkeeping, the format and the threads do not depend on it.
@@ -43,7 +44,7 @@ pub use error::{RedisFailure, StoreError};
 pub(crate) use format::ChunkFormat;
 pub use format::{Address, Fault};
 use format::{ChunkId, HEADER_BYTES};
-pub(crate) use manifests::StoreReader;
+pub(crate) use manifests::{ManifestStore, StoreReader};
 pub(crate) use medium::Owner;
 pub(crate) use medium::Refused;
 use medium::{Folder, Medium};
@@ -100,7 +101,8 @@ pub(crate) struct Store {
     lookups: BTreeSet<u64>,
     next_lookup: u64,
     stats: StoreStats,
-    worker: Worker,
+    /// The writer, shared with the [`ManifestStore`] handle.
+    worker: Arc<Worker>,
 }
 
 /// What [`Store::save`] did.
@@ -176,7 +178,7 @@ impl Store {
                 budget_bytes,
                 ..StoreStats::default()
             },
-            worker: Worker::start(medium)?,
+            worker: Arc::new(Worker::start(medium)?),
         };
         store.scan()?;
         Ok(store)
@@ -238,11 +240,6 @@ impl Store {
             conversations_expired: self.medium.expired(),
             ..self.stats
         }
-    }
-
-    /// Whether other engines share the store.
-    pub fn shared(&self) -> bool {
-        self.medium.shared().is_some()
     }
 
     /// The byte budget.
@@ -560,17 +557,6 @@ impl Store {
             }
         }
         failed
-    }
-
-    /// A mark of the writes (chunks, manifests, removals) queued so far, for
-    /// [`Store::reached`].
-    pub fn mark(&self) -> u64 {
-        self.worker.queued()
-    }
-
-    /// Whether every write queued before `mark` was taken is done (stored, or failed).
-    pub fn reached(&self, mark: u64) -> bool {
-        self.worker.ran() >= mark
     }
 
     /// Waits until every queued write has reached the disk, then takes the reports.

@@ -45,16 +45,16 @@ impl CacheManager {
         self.store.as_ref().map(|d| d.store.stats())
     }
 
-    /// The store, for the engine's conversation manifests.
-    pub fn store(&self) -> Option<&Store> {
-        self.store.as_ref().map(|d| &d.store)
-    }
-
-    /// The addresses of `id`'s saved chunks, in order (`None` where a chunk has no file).
-    pub fn saved(&self, id: ConversationId) -> Vec<Option<Address>> {
-        self.tables
-            .get(&id)
-            .map_or_else(Vec::new, |t| t.files().to_vec())
+    /// The addresses of `id`'s saved chunks, in order (`None` where a chunk has no file), each
+    /// with the number of its write if it is still queued (a manifest lists a chunk whose write
+    /// is queued only if that write succeeds).
+    pub fn saved(&self, id: ConversationId) -> Vec<Option<(Address, Option<u64>)>> {
+        let (Some(d), Some(t)) = (&self.store, self.tables.get(&id)) else {
+            return Vec::new();
+        };
+        (t.files().iter())
+            .map(|a| a.map(|a| (a, d.store.pending_write(&a))))
+            .collect()
     }
 
     /// Rebuilds the table of a conversation resumed from a manifest: `computed` tokens whose

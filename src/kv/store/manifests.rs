@@ -1,5 +1,6 @@
-//! The store's side of conversation manifests: written behind by compare-and-set, with the
-//! outcome kept for [`Store::manifest_outcome`]; read, listed and removed; and the
+//! The store's side of conversation manifests, as a handle of its own for the engine's
+//! persistence: written behind by compare-and-set on the chunks' writer (so a manifest follows
+//! the chunk writes it names), with the outcome kept; read, listed and removed; and the
 //! registrations that tell engines of other models a name is taken.
 
 use std::sync::Arc;
@@ -7,29 +8,10 @@ use std::sync::Arc;
 use super::error::StoreError;
 use super::format::Address;
 use super::medium::Medium;
-use super::worker::{BuildManifest, Job};
+use super::worker::{BuildManifest, Job, Worker};
 use super::{Owner, Refused, State, Store};
 
 impl Store {
-    /// Writes (behind, atomically) the manifest of the conversation `name`, if the stored
-    /// one is the state `expect` stamps (or none is stored): compare-and-set, so that two
-    /// engines writing one conversation never fork it. Its bytes are built once the chunk
-    /// writes queued before it are done (see [`BuildManifest`]). Returns the write's number
-    /// for [`Store::manifest_outcome`] (`None`: the writer thread is gone).
-    pub fn write_manifest(&self, name: &str, expect: String, build: BuildManifest) -> Option<u64> {
-        self.worker.send_numbered(Job::Manifest {
-            name: name.to_string(),
-            expect,
-            build,
-        })
-    }
-
-    /// What became of manifest write (or removal) `number`: `None` while queued, else done or
-    /// why not.
-    pub fn manifest_outcome(&self, number: u64) -> Option<Result<(), Refused>> {
-        self.worker.outcome(number)
-    }
-
     /// The number of the queued write of the chunk at `address`, if its write is queued (a
     /// manifest naming it lists it only if that write succeeds).
     pub fn pending_write(&self, address: &Address) -> Option<u64> {
@@ -39,17 +21,83 @@ impl Store {
         }
     }
 
+    /// The handle through which conversations' manifests are written, read and removed.
+    pub fn manifest_store(&self) -> ManifestStore {
+        ManifestStore {
+            reader: self.reader(),
+            writer: Arc::clone(&self.worker),
+        }
+    }
+
+    /// A reader of this store, for any thread.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader {
+            medium: Arc::clone(&self.medium),
+            owner: self.owner.clone(),
+        }
+    }
+}
+
+/// Conversations' manifests in the store: what the engine's persistence holds of the store.
+/// Its writes queue behind the chunk writes queued before them, on the same thread.
+#[derive(Clone, Debug)]
+pub(crate) struct ManifestStore {
+    reader: StoreReader,
+    writer: Arc<Worker>,
+}
+
+impl ManifestStore {
+    /// Writes (behind, atomically) the manifest of the conversation `name`, if the stored
+    /// one is the state `expect` stamps (or none is stored): compare-and-set, so that two
+    /// engines writing one conversation never fork it. Its bytes are built once the chunk
+    /// writes queued before it are done (see [`BuildManifest`]). Returns the write's number
+    /// for [`ManifestStore::outcome`] (`None`: the writer thread is gone).
+    pub fn write(&self, name: &str, expect: String, build: BuildManifest) -> Option<u64> {
+        self.writer.send_numbered(Job::Manifest {
+            name: name.to_string(),
+            expect,
+            build,
+        })
+    }
+
     /// Deletes (behind) the manifest of the conversation `name`; the job's number, for
-    /// [`Manifests::manifest_outcome`] (`None`: it could not be queued).
-    pub fn remove_manifest(&self, name: &str) -> Option<u64> {
-        self.worker
+    /// [`ManifestStore::outcome`] (`None`: it could not be queued).
+    pub fn remove(&self, name: &str) -> Option<u64> {
+        self.writer
             .send_numbered(Job::RemoveManifest(name.to_string()))
+    }
+
+    /// What became of manifest write (or removal) `number`: `None` while queued, else done or
+    /// why not.
+    pub fn outcome(&self, number: u64) -> Option<Result<(), Refused>> {
+        self.writer.outcome(number)
+    }
+
+    /// A mark of the writes (chunks, manifests, removals) queued so far, for
+    /// [`ManifestStore::reached`].
+    pub fn mark(&self) -> u64 {
+        self.writer.queued()
+    }
+
+    /// Whether every write queued before `mark` was taken is done (stored, or failed).
+    pub fn reached(&self, mark: u64) -> bool {
+        self.writer.ran() >= mark
     }
 
     /// Every stored manifest's bytes. Unreadable ones are skipped (the conversation is lost,
     /// never half-loaded).
-    pub fn manifests(&self) -> Vec<Vec<u8>> {
-        self.medium.manifests()
+    pub fn all(&self) -> Vec<Vec<u8>> {
+        self.reader.medium.manifests()
+    }
+
+    /// Whether other engines share the store.
+    pub fn shared(&self) -> bool {
+        self.reader.medium.shared().is_some()
+    }
+
+    /// A reader of the store, for any thread.
+    pub fn reader(&self) -> StoreReader {
+        self.reader.clone()
     }
 }
 
@@ -60,16 +108,6 @@ impl Store {
 pub(crate) struct StoreReader {
     medium: Arc<dyn Medium>,
     owner: Owner,
-}
-
-impl Store {
-    /// A reader of this store, for any thread.
-    pub fn reader(&self) -> StoreReader {
-        StoreReader {
-            medium: Arc::clone(&self.medium),
-            owner: self.owner.clone(),
-        }
-    }
 }
 
 impl StoreReader {

@@ -94,10 +94,11 @@ pub(super) enum Done {
 /// learns, without polling, that a write is done. It must not block.
 pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
 
-/// The thread and its queues.
+/// The thread and its queues. The store and its manifests' handle share the writer (so a
+/// manifest follows the chunk writes it names): jobs are numbered under the queue's lock.
 pub(super) struct Worker {
-    jobs: Option<Sender<Job>>,
-    done: Receiver<Done>,
+    jobs: Mutex<Option<Sender<Job>>>,
+    done: Mutex<Receiver<Done>>,
     thread: Option<JoinHandle<()>>,
     /// Jobs queued, and jobs run (in queue order, so the first `ran` of them).
     queued: AtomicU64,
@@ -139,8 +140,8 @@ impl Worker {
             .name("pensieve-store".into())
             .spawn(move || run(&*medium, &queue, &report, &counter, &failed, &wake))?;
         Ok(Self {
-            jobs: Some(jobs),
-            done,
+            jobs: Mutex::new(Some(jobs)),
+            done: Mutex::new(done),
             thread: Some(thread),
             queued: AtomicU64::new(0),
             ran,
@@ -161,10 +162,11 @@ impl Worker {
     }
 
     /// Queues a job and returns its number (the count of jobs queued with it), for
-    /// [`Worker::outcome`]; `None` if the thread is gone. Only the store's owner sends, so the
-    /// numbers follow the queue's order.
+    /// [`Worker::outcome`]; `None` if the thread is gone. Numbered under the queue's lock, so
+    /// the numbers follow the queue's order whoever sends.
     pub fn send_numbered(&self, job: Job) -> Option<u64> {
-        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
+        let jobs = self.jobs.lock();
+        let sent = jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
         sent.then(|| self.queued.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
@@ -193,7 +195,7 @@ impl Worker {
 
     /// Chunk writes finished since the last call.
     pub fn finished(&self) -> Vec<Done> {
-        self.done.try_iter().collect()
+        self.done.lock().try_iter().collect()
     }
 
     /// Waits until every job queued so far has run.
@@ -208,7 +210,7 @@ impl Worker {
 impl Drop for Worker {
     /// Finishes the queued writes, so a clean shutdown saves everything it promised.
     fn drop(&mut self) {
-        self.jobs.take();
+        self.jobs.lock().take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -1,119 +1,20 @@
-//! Resuming a stored conversation by name without waiting for the store on the engine's
-//! thread: a [`ResumeReader`] reads the manifest, the name's registration and which of the
-//! manifest's chunks a shared store holds, from any thread (the service does it before its
-//! command reaches the engine); [`Engine::resume_with`] and [`Engine::open_registered`] apply
-//! what it read. A host without the service keeps store reads off its step thread the same way.
+//! The engine's side of resuming a stored conversation by name: what a
+//! [`ResumeReader`](crate::persist::ResumeReader) read (on this thread or another) applied to the
+//! conversations and the cache, a copy held here replaced when the store has a later state.
 
 use std::time::Instant;
 
-use super::journal::Removal;
-use super::{Durability, Manifest};
-use crate::conversation::Conversation;
 use crate::engine::{ConversationOptions, Engine};
 use crate::ids::ConversationId;
-use crate::kv::{Address, StoreError, StoreReader};
+use crate::kv::Address;
+use crate::persist::{Durability, Fetched, Manifest, Registration, Removal, ResumeReader};
 use crate::{Error, Result};
-
-/// Who registered a name: its owner's label, and whether it is this engine's model.
-type Registrant = Option<(String, bool)>;
-
-/// Who registered a conversation name in the store, as a [`ResumeReader`] read it (or why it
-/// could not be read); given to [`Engine::open_registered`].
-#[derive(Debug)]
-pub struct Registration {
-    /// The name read.
-    name: String,
-    read: std::result::Result<Registrant, StoreError>,
-}
-
-/// What the store held of a conversation name when a [`ResumeReader`] read it; given to
-/// [`Engine::resume_with`].
-#[derive(Debug)]
-pub struct Fetched {
-    /// The name read.
-    name: String,
-    /// The manifest (parsed, or why it is damaged), if one is stored.
-    manifest: std::result::Result<Option<std::result::Result<Manifest, String>>, StoreError>,
-    /// Who registered the name, read when no manifest is stored.
-    registration: Option<Registration>,
-    /// The manifest's chunks the store holds (for a shared store: found by asking).
-    found: Vec<(Address, usize)>,
-}
-
-impl Fetched {
-    /// The conversation name read.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Registration {
-    /// The conversation name read.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-/// Reads what [`Engine::resume`] and [`Engine::open`] need from the store, on any thread: a
-/// store that stalls (a Redis past its deadline) then holds up the one request that waits for
-/// it, never the turns the step thread runs. From [`Engine::resume_reader`].
-#[derive(Clone, Debug)]
-pub struct ResumeReader {
-    store: StoreReader,
-    vocab: usize,
-    chunk: usize,
-}
-
-impl ResumeReader {
-    /// What the store holds of the conversation `name` now (blocks on the store).
-    pub fn fetch(&self, name: &str) -> Fetched {
-        let manifest =
-            (self.store.manifest(name)).map(|m| m.map(|bytes| Manifest::parse(&bytes, self.vocab)));
-        let registration = matches!(manifest, Ok(None)).then(|| self.registration(name));
-        let found = match &manifest {
-            Ok(Some(Ok(m))) => self.store.stored(&m.saved_chunks(self.chunk)),
-            _ => Vec::new(),
-        };
-        Fetched {
-            name: name.to_string(),
-            manifest,
-            registration,
-            found,
-        }
-    }
-}
-
-impl ResumeReader {
-    /// Who registered the conversation name `name` now (blocks on the store).
-    pub fn registration(&self, name: &str) -> Registration {
-        Registration {
-            name: name.to_string(),
-            read: (self.store.registration(name))
-                .map(|r| r.map(|(owner, ours)| (owner.label, ours))),
-        }
-    }
-}
-
-impl Manifest {
-    /// The chunks its list names whose address its tokens confirm, each with its KV-tokens.
-    fn saved_chunks(&self, chunk: usize) -> Vec<(Address, usize)> {
-        let want = Address::of_chunks(&self.tokens[..self.computed], chunk);
-        (self.chunks.iter().zip(want).enumerate())
-            .filter(|(_, (got, want))| got.as_deref().and_then(Address::from_hex) == Some(*want))
-            .map(|(i, (_, a))| (a, chunk.min(self.computed - i * chunk)))
-            .collect()
-    }
-}
 
 impl Engine {
     /// A reader of what [`Engine::resume`] and [`Engine::open`] need from the store, for any
     /// thread; `None` without a store.
     pub fn resume_reader(&self) -> Option<ResumeReader> {
-        Some(ResumeReader {
-            store: self.cache.store()?.reader(),
-            vocab: self.model.config().vocab_size,
-            chunk: self.config.chunk_size,
-        })
+        self.persist.reader()
     }
 
     /// Opens the conversation `m` describes, with the KV of its chunks that another
@@ -127,30 +28,15 @@ impl Engine {
     ) -> ConversationId {
         let id = self.next_id();
         let chunk = self.config.chunk_size;
-        // A file counts only if it is the one these tokens name: a manifest and files that
-        // disagree (edited, or from an interrupted save) cost a recompute, never wrong KV.
-        let want = Address::of_chunks(&m.tokens[..m.computed], self.config.chunk_size);
-        let saved: Vec<Option<Address>> = m
-            .chunks
-            .iter()
-            .zip(&want)
-            .map(|(got, want)| {
-                got.as_deref()
-                    .and_then(Address::from_hex)
-                    .filter(|a| a == want)
-            })
-            .collect();
+        let r = m.restore(chunk);
         self.cache.open(id, now);
         self.cache.index_found(found);
         if self.sharing() {
-            self.cache.adopt_resident(id, &want[..m.computed / chunk]);
+            self.cache
+                .adopt_resident(id, &r.addresses[..r.computed / chunk]);
         }
-        self.cache.adopt(id, m.computed, &saved, now);
-        let mut conv = Conversation::restore(m.name, m.tokens, m.messages, m.seen_text, m.marks)
-            .with_tools(m.tools)
-            .with_template_vars(m.template_vars);
-        conv.set_stored(m.revision, m.stamp);
-        self.convs.insert(id, conv);
+        self.cache.adopt(id, r.computed, &r.files, now);
+        self.convs.insert(id, r.conversation);
         id
     }
 
@@ -225,15 +111,15 @@ impl Engine {
         let mut fetched = fetched;
         // Closed here: gone while its removal is not written, whatever the store still says.
         // Once it is, a read made before it may still show the manifest: it is read again.
-        if let (None, Some(store)) = (held, self.cache.store()) {
-            match self.journal.removal(name, store) {
+        if held.is_none() {
+            match self.persist.removal(name) {
                 Removal::Pending => return Err(Error::NotStored(name.to_string())),
                 Removal::Written => fetched = None,
                 Removal::None => {}
             }
         }
         let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
-        let (Some(_), Some(fetched)) = (self.cache.store(), fetched) else {
+        let (true, Some(fetched)) = (self.persist.active(), fetched) else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
         let damaged = |cause: String| Error::StoreDamaged {
@@ -244,10 +130,10 @@ impl Engine {
             Ok(Some(m)) => {
                 let m = m.map_err(damaged)?;
                 // A digest-named manifest holds its name: another name's is not this one.
-                if m.name != name {
+                if m.name() != name {
                     return Err(damaged(format!(
                         "its manifest holds another conversation ({} bytes of name)",
-                        m.name.len()
+                        m.name().len()
                     )));
                 }
                 Some(m)
@@ -289,12 +175,11 @@ impl Engine {
         let Some(c) = self.convs.get(&id) else {
             return true;
         };
-        m.revision > c.revision()
-            || (m.stamp != c.stamp()
-                && matches!(
-                    self.durability(id),
-                    Ok(Durability::Failed(_) | Durability::Conflict(_))
-                ))
+        let refused = matches!(
+            self.persist.durability(id, c),
+            Durability::Failed(_) | Durability::Conflict(_)
+        );
+        m.newer_than(c, refused)
     }
 }
 
