@@ -334,7 +334,13 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     let t_copy = timed(None)?;
     let t_serial = timed(Some(false))?;
     let t_pipe = timed(Some(true))?;
-    let mib = (args.chunks * CHUNK * llama.config().kv_shape().token_bytes(2)) >> 20;
+    let mib = (args.chunks
+        * CHUNK
+        * llama
+            .config()
+            .kv_shape()
+            .token_bytes(candle_core::DType::F16))
+        >> 20;
     println!(
         "\nrestore, Transformer 3.2 1B shape, {SEQS} decode rows at context {CTX}, {} chunks ({mib} MiB) swapped in; median ms",
         args.chunks
@@ -378,7 +384,10 @@ fn step_against_bound(gpu: &Device, args: &Args) -> AnyResult<()> {
     let bandwidth = copy_bandwidth(gpu, args.repeats)?;
     let model = model_1b(gpu)?;
     let llama = model.transformer();
-    let token_bytes = llama.config().kv_shape().token_bytes(2);
+    let token_bytes = llama
+        .config()
+        .kv_shape()
+        .token_bytes(candle_core::DType::F16);
     println!(
         "\ndecode step, Llama 3.2 1B shape (f16 weights {:.0} MiB), context {CTX}, f16 KV; copy bandwidth {:.0} GB/s; median ms",
         llama.weight_bytes() as f64 / (1 << 20) as f64,

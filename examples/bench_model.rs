@@ -379,11 +379,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     {
         let step = decode_step(m, rows, ctx, args.repeats.max(3))?;
         let bytes = m.transformer().weight_bytes();
-        let kv = rows
-            * (ctx + 1)
-            * m.config()
-                .kv_shape()
-                .token_bytes(kv().dtype().size_in_bytes());
+        let kv = rows * (ctx + 1) * m.config().kv_shape().token_bytes(kv().dtype());
         // Streaming bytes once reads them: half the copy traffic per byte.
         let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
         println!(

@@ -63,10 +63,7 @@ fn run(
     pipelined: bool,
 ) -> Run {
     let model = gpu_model(gpu);
-    let token_bytes = model
-        .config()
-        .kv_shape()
-        .token_bytes(precision.dtype().size_in_bytes());
+    let token_bytes = model.config().kv_shape().token_bytes(precision.dtype());
     let config = EngineConfig::default()
         .budgets(
             Budgets::default()

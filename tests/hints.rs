@@ -19,7 +19,11 @@ const CHUNK: usize = 8;
 /// An engine of `device_chunks` chunks on the device and `host_chunks` chunks of host memory.
 fn engine(device_chunks: usize, host_chunks: usize) -> Engine {
     let model = Model::tiny(7).unwrap();
-    let chunk_bytes = model.config().kv_shape().token_bytes(2) * CHUNK;
+    let chunk_bytes = model
+        .config()
+        .kv_shape()
+        .token_bytes(candle_core::DType::F16)
+        * CHUNK;
     let config = EngineConfig::default()
         .budgets(
             Budgets::default()

@@ -42,7 +42,7 @@ fn gemma3_loads_in_about_its_file_size() {
     let weights = llama.weight_bytes();
     let tokens = 4096;
     let pool = KvPool::new(llama.config().kv_shape(), tokens, DType::F16, &Device::Cpu).unwrap();
-    let pool_bytes = tokens * llama.config().kv_shape().token_bytes(2);
+    let pool_bytes = tokens * llama.config().kv_shape().token_bytes(DType::F16);
     // A prefill touches every weight and some of the pool's slots (logits of its last row,
     // as the engine asks).
     let ids: Vec<u32> = (0..64).map(|i| 1000 + i * 13).collect();

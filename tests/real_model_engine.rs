@@ -1,7 +1,8 @@
 //! The core property on the real SmolLM2 weights under the default weight format: 64
 //! multi-turn conversations interleaved under `Tiered`, with budgets small enough that
 //! swap-out, swap-in, host drops and recompute all happen, give the same greedy outputs as
-//! `Stateless`.
+//! `Stateless`; with f16 KV and with KV in 8 bits (both modes quantize each token's K and V
+//! once, as it is written, so the host tier's bytes are the device's).
 //!
 //! The default weight path is batch-invariant (a row's logits do not depend on what shares its
 //! step, `tests/real_model_packed.rs`), so the rule is strict: every conversation's tokens are
@@ -13,7 +14,8 @@
 mod common;
 
 use pensieve::engine::{
-    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineStats, SamplingParams, Turn,
+    Budgets, CacheMode, ConversationOptions, CostProfile, Engine, EngineStats, KvPrecision,
+    SamplingParams, Turn,
 };
 use pensieve::model::{Model, WeightFormat};
 
@@ -34,9 +36,11 @@ fn run(
     model: &std::sync::Arc<Model>,
     mode: CacheMode,
     budgets: Budgets,
+    kv: KvPrecision,
 ) -> (Vec<Vec<u32>>, EngineStats) {
     let config = common::pressure_config(mode, budgets)
         .step_token_budget(256)
+        .kv_precision(kv)
         .cost_profile(CostProfile::Measure);
     let mut e = Engine::with_model(model.clone(), config).unwrap();
     let convs: Vec<_> = (0..CONVERSATIONS)
@@ -71,8 +75,17 @@ fn top2_margin(row: &[f32]) -> f32 {
 
 #[test]
 fn real_model_tiered_under_pressure_equals_stateless() {
+    tiered_equals_stateless(KvPrecision::default());
+}
+
+#[test]
+fn real_model_tiered_under_pressure_equals_stateless_with_8_bit_kv() {
+    tiered_equals_stateless(KvPrecision::Q8);
+}
+
+fn tiered_equals_stateless(kv: KvPrecision) {
     let model = std::sync::Arc::new(common::real_model(WeightFormat::default()));
-    let chunk_bytes = common::chunk_bytes(&model);
+    let chunk_bytes = 32 * model.config().kv_shape().token_bytes(kv.dtype());
     // 32 blocks of 32 on the device and 96 chunks on the host, for 64 x 2 chunks of history
     // after the first turn and 64 x 4 after the third: hits at first, then host drops.
     let (tiered, stats) = run(
@@ -81,6 +94,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
         Budgets::default()
             .device_tokens(1024)
             .host_bytes(96 * chunk_bytes),
+        kv,
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);
@@ -89,6 +103,7 @@ fn real_model_tiered_under_pressure_equals_stateless() {
         &model,
         CacheMode::Stateless,
         Budgets::default().device_tokens(16 * 1024).host_bytes(0),
+        kv,
     );
     let mut report = Vec::new();
     for (i, (t, s)) in tiered.iter().zip(&stateless).enumerate() {

@@ -25,8 +25,7 @@ use crate::math::exp;
 
 mod tiles;
 
-pub(crate) use tiles::KvElem;
-use tiles::{Simd, TileRows, QG};
+use tiles::{KvRows, Q8Rows, Simd, TileRows, Values, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -64,16 +63,28 @@ impl CustomOp3 for PagedAttention<'_> {
             candle_core::bail!("q must be f32 for the CPU attention kernel")
         };
         let q = contiguous(q, q_l, "q")?;
-        let out = match (k, v) {
-            (CpuStorage::F32(k), CpuStorage::F32(v)) => {
-                forward(q, contiguous(k, k_l, "k")?, contiguous(v, v_l, "v")?, self)
-            }
-            (CpuStorage::F16(k), CpuStorage::F16(v)) => {
-                forward(q, contiguous(k, k_l, "k")?, contiguous(v, v_l, "v")?, self)
-            }
-            _ => candle_core::bail!("the CPU attention kernel reads f32 or f16 KV pools"),
-        };
         let d = self.dims;
+        let out = match (k, v) {
+            (CpuStorage::F32(k), CpuStorage::F32(v)) => forward(
+                q,
+                Values::of(contiguous(k, k_l, "k")?, d),
+                Values::of(contiguous(v, v_l, "v")?, d),
+                self,
+            ),
+            (CpuStorage::F16(k), CpuStorage::F16(v)) => forward(
+                q,
+                Values::of(contiguous(k, k_l, "k")?, d),
+                Values::of(contiguous(v, v_l, "v")?, d),
+                self,
+            ),
+            (CpuStorage::U8(k), CpuStorage::U8(v)) => forward(
+                q,
+                Q8Rows::of(contiguous(k, k_l, "k")?, d),
+                Q8Rows::of(contiguous(v, v_l, "v")?, d),
+                self,
+            ),
+            _ => candle_core::bail!("the CPU attention kernel reads f32, f16 or q8_0 KV pools"),
+        };
         Ok((
             CpuStorage::F32(out),
             Shape::from((d.tokens, d.n_heads, d.head_dim)),
@@ -112,7 +123,7 @@ impl Item {
 /// A sequence's context is cut into segments of [`SEGMENT`] tiles by index in its context
 /// list, whatever the batch; each segment is its own work item with its own softmax state, and
 /// the segments are merged in order. A query's result depends on its own context only.
-pub(super) fn forward<T: KvElem>(q: &[f32], k: &[T], v: &[T], op: &PagedAttention) -> Vec<f32> {
+fn forward<P: KvRows>(q: &[f32], k: P, v: P, op: &PagedAttention) -> Vec<f32> {
     let PagedAttention {
         batch,
         dims,
@@ -238,15 +249,15 @@ impl Partial {
 }
 
 /// A block of query rows of one sequence with everything its attention reads.
-struct Block<'a, T> {
+struct Block<'a, P> {
     q_rows: &'a [f32],
     q_positions: &'a [u32],
     /// The sequence, for its context's block table.
     context: SequenceView<'a>,
     /// The context tiles (by index) this block reads.
     tiles: Range<usize>,
-    k: &'a [T],
-    v: &'a [T],
+    k: P,
+    v: P,
     /// The kv head whose query heads this block computes.
     g: usize,
     dims: Dims,
@@ -255,7 +266,7 @@ struct Block<'a, T> {
     window: u32,
 }
 
-impl<T: KvElem> Block<'_, T> {
+impl<P: KvRows> Block<'_, P> {
     /// The softmax state of the block's rows and the query heads of kv head `g` (query
     /// `r * group + j`) over its tiles: the build of [`Block::body`] for the widest vectors the
     /// CPU has (the matmuls' path, [`crate::cpu::Isa`]), the baseline build otherwise.
@@ -326,7 +337,6 @@ impl<T: KvElem> Block<'_, T> {
         let group = dims.n_heads / dims.n_kv_heads;
         let rows = q_positions.len();
         let nq = rows * group;
-        let kv_row = dims.n_kv_heads * d;
         let max_pos = q_positions.iter().copied().max().unwrap_or(0);
         let min_pos = q_positions.iter().copied().min().unwrap_or(0);
 
@@ -356,8 +366,7 @@ impl<T: KvElem> Block<'_, T> {
             let rows = |pool| TileRows {
                 pool,
                 slots: &slots[..n],
-                kv_row,
-                off: g * d,
+                g,
                 d,
             };
             rows(k).gather_keys_into(&mut kt, simd);

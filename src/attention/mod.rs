@@ -30,6 +30,7 @@ mod cpu;
 mod cuda;
 mod gather;
 mod pool;
+mod q8;
 #[cfg(feature = "internals")]
 mod reference;
 
@@ -229,7 +230,13 @@ impl Dims {
     ) -> Result<Self> {
         let (tokens, n_heads, head_dim) = q.dims3()?;
         let (n_slots, n_kv_heads, kd) = k_pool.dims3()?;
-        if v_pool.dims() != k_pool.dims() || kd != head_dim {
+        // A `U8` pool holds `q8_0` blocks: its rows are bytes, not values.
+        let row = match k_pool.dtype() {
+            DType::U8 if q8::fits(head_dim) => q8::row_bytes(head_dim),
+            DType::U8 => usize::MAX,
+            _ => head_dim,
+        };
+        if v_pool.dims() != k_pool.dims() || v_pool.dtype() != k_pool.dtype() || kd != row {
             return Err(Error::InvalidBatch(format!(
                 "q {:?}, k_pool {:?}, v_pool {:?} do not agree",
                 q.dims(),
@@ -325,9 +332,9 @@ pub fn attention_in_window(
         Device::Cpu => {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;
-            // The kernel reads f32 and f16 pools as they are; other types are converted.
+            // The kernel reads f32, f16 and q8_0 pools as they are; other types are converted.
             let kv = |pool: &Tensor| match pool.dtype() {
-                DType::F32 | DType::F16 => Ok(pool.clone()),
+                DType::F32 | DType::F16 | DType::U8 => Ok(pool.clone()),
                 _ => pool.to_dtype(DType::F32),
             };
             let (k, v) = (kv(k_pool)?, kv(v_pool)?);
@@ -359,8 +366,16 @@ pub fn attention_in_window(
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // Other devices run the device-agnostic gather path.
-        _ => gather::attention_gather(q, k_pool, v_pool, batch, scale, window, sinks),
+        // Other devices run the device-agnostic gather path (a q8_0 pool widened first).
+        _ => gather::attention_gather(
+            q,
+            &q8::readable(k_pool)?,
+            &q8::readable(v_pool)?,
+            batch,
+            scale,
+            window,
+            sinks,
+        ),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The device KV pool that attention reads: per layer, a K and a V tensor of
-//! `[n_slots, n_kv_heads, head_dim]`, and the copies of whole chunks to and from host memory.
+//! `[n_slots, n_kv_heads, head_dim]` values (f32, f16, bf16) or, in a `U8` pool, of
+//! `[n_slots, n_kv_heads, row bytes]` `q8_0` blocks (quantized as tokens are written, see
+//! [`super::q8`]), and the copies of whole chunks to and from host memory.
 //!
 //! Slot `s` addresses the same token in every layer. Writes go in place (candle's
 //! `scatter_set`, which every backend implements), so a step costs `O(new tokens)` copies, not
@@ -21,6 +23,7 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
+use super::q8;
 use crate::kv::ChunkBytes;
 use crate::{Error, Result};
 
@@ -36,9 +39,18 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Bytes of one KV-token (K and V of every layer) at `dtype_bytes` per value.
-    pub fn token_bytes(&self, dtype_bytes: usize) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    /// Bytes of one head's K (or V) row of one token in a pool of `dtype` (a `U8` pool holds
+    /// `q8_0` blocks: 34 bytes per 32 values).
+    pub fn head_row_bytes(&self, dtype: DType) -> usize {
+        match dtype {
+            DType::U8 => q8::row_bytes(self.head_dim),
+            _ => self.head_dim * dtype.size_in_bytes(),
+        }
+    }
+
+    /// Bytes of one KV-token (K and V of every layer) in a pool of `dtype`.
+    pub fn token_bytes(&self, dtype: DType) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_row_bytes(dtype)
     }
 }
 
@@ -72,19 +84,40 @@ pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     n_slots: usize,
+    /// Tensor elements per slot and layer (values; bytes in a `U8` pool).
     row: usize,
+    /// Values per slot and layer (`n_kv_heads * head_dim`).
+    values: usize,
     /// On the CPU: restores whose bytes arrive layer by layer from the store, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
 }
 
 impl KvPool {
-    /// A zeroed pool of `n_slots` slots of `shape`, in `dtype` on `device`.
+    /// A zeroed pool of `n_slots` slots of `shape`, in `dtype` on `device`; `DType::U8` keeps
+    /// KV in `q8_0` blocks (on the CPU, for head dimensions in blocks of 32).
     ///
     /// # Errors
-    /// [`Error::Candle`] when the device cannot allocate it.
+    /// [`Error::Candle`] when the device cannot allocate it; [`Error::Unsupported`] for a
+    /// `U8` pool of another head dimension or off the CPU.
     pub fn new(shape: KvShape, n_slots: usize, dtype: DType, device: &Device) -> Result<Self> {
-        let dims = (n_slots, shape.num_kv_heads, shape.head_dim);
+        let width = match dtype {
+            DType::U8 if !q8::fits(shape.head_dim) => {
+                return Err(Error::Unsupported(format!(
+                    "KV in 8 bits (q8_0) needs heads in blocks of {}; this model's heads hold {}",
+                    q8::QK,
+                    shape.head_dim
+                )))
+            }
+            DType::U8 if !device.is_cpu() => {
+                return Err(Error::Unsupported(
+                    "KV in 8 bits (q8_0) runs on the CPU only for now".into(),
+                ))
+            }
+            DType::U8 => q8::row_bytes(shape.head_dim),
+            _ => shape.head_dim,
+        };
+        let dims = (n_slots, shape.num_kv_heads, width);
         let mut k = Vec::with_capacity(shape.num_layers);
         let mut v = Vec::with_capacity(shape.num_layers);
         let copier: Option<Box<dyn Copier>> = match device {
@@ -113,7 +146,8 @@ impl KvPool {
             k,
             v,
             n_slots,
-            row: shape.num_kv_heads * shape.head_dim,
+            row: shape.num_kv_heads * width,
+            values: shape.num_kv_heads * shape.head_dim,
             restoring: Mutex::new(Restoring::default()),
         })
     }
@@ -177,10 +211,17 @@ impl KvPool {
         let (kp, vp) = self.layer(layer)?;
         let tokens = index.dim(0)?;
         let flat = |pool: &Tensor| pool.reshape((self.n_slots, self.row));
-        let k = k.to_dtype(kp.dtype())?.reshape((tokens, self.row))?;
-        let v = v.to_dtype(vp.dtype())?.reshape((tokens, self.row))?;
-        flat(kp)?.scatter_set(index, &k, 0)?;
-        flat(vp)?.scatter_set(index, &v, 0)?;
+        let rows = |x: &Tensor| -> Result<Tensor> {
+            if kp.dtype() != DType::U8 {
+                return Ok(x.to_dtype(kp.dtype())?.reshape((tokens, self.row))?);
+            }
+            let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut codes = Vec::with_capacity(tokens * self.row);
+            q8::quantize(&values, &mut codes);
+            Ok(Tensor::from_vec(codes, (tokens, self.row), kp.device())?)
+        };
+        flat(kp)?.scatter_set(index, &rows(k)?, 0)?;
+        flat(vp)?.scatter_set(index, &rows(v)?, 0)?;
         Ok(())
     }
 }
@@ -306,7 +347,7 @@ impl KvPool {
     ///
     /// # Errors
     /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32,
-    /// f16 and bf16; [`Error::Candle`] on device errors.
+    /// f16, bf16 and `q8_0`; [`Error::Candle`] on device errors.
     pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<u8>> {
         self.check_range(start, len)?;
         let width = self.dtype().size_in_bytes();
@@ -325,6 +366,7 @@ impl KvPool {
                     DType::BF16 => {
                         out.extend(rows.to_vec1::<bf16>()?.iter().flat_map(|x| x.to_le_bytes()))
                     }
+                    DType::U8 => out.extend(rows.to_vec1::<u8>()?),
                     other => return Err(unsupported(other)),
                 }
             }
@@ -376,6 +418,7 @@ impl KvPool {
                 DType::F32 => Tensor::from_vec(decode(part, f32::from_le_bytes), shape, device)?,
                 DType::F16 => Tensor::from_vec(decode(part, f16::from_le_bytes), shape, device)?,
                 DType::BF16 => Tensor::from_vec(decode(part, bf16::from_le_bytes), shape, device)?,
+                DType::U8 => Tensor::from_slice(part, shape, device)?,
                 other => return Err(unsupported(other)),
             };
             pool.reshape((self.n_slots, self.row))?
@@ -453,7 +496,7 @@ mod tests {
                 pool.write(layer, &index, &k, &v).unwrap();
             }
             let bytes = pool.read_slots(4, 3).unwrap();
-            assert_eq!(bytes.len(), 3 * SHAPE.token_bytes(dtype.size_in_bytes()));
+            assert_eq!(bytes.len(), 3 * SHAPE.token_bytes(dtype));
             // Into other slots, then out again: the same bytes, and the values written.
             pool.write_slots(0, &bytes).unwrap();
             assert_eq!(pool.read_slots(0, 3).unwrap(), bytes);

@@ -81,6 +81,8 @@ pub enum Kv {
     F32,
     /// bfloat16 (for GPUs; the CPU widens it on every read).
     Bf16,
+    /// 8 bits (llama.cpp's q8_0 blocks): 53% of f16's bytes in every tier; CPU only.
+    Q8,
 }
 
 /// What a turn that would pass the context window does.
@@ -171,6 +173,7 @@ impl EngineArgs {
             Kv::F16 => KvPrecision::F16,
             Kv::F32 => KvPrecision::F32,
             Kv::Bf16 => KvPrecision::Bf16,
+            Kv::Q8 => KvPrecision::Q8,
         }
     }
 

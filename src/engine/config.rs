@@ -76,15 +76,20 @@ pub enum KvPrecision {
     /// bfloat16: f32's range in 16 bits, for models trained in it (on the CPU attention
     /// widens the pool to f32 on each read, so prefer f16 there).
     Bf16,
+    /// 8 bits: llama.cpp's `q8_0` blocks (a scale per 32 values, 34 bytes where f16 takes 64),
+    /// quantized once as each token's K and V are written and kept so in every tier (host,
+    /// chunk files, Redis); attention reads the codes. CPU only for now, heads in blocks of 32.
+    Q8,
 }
 
 impl KvPrecision {
-    /// The pool's tensor type.
+    /// The pool's tensor type (`U8` for `q8_0` blocks).
     pub fn dtype(self) -> candle_core::DType {
         match self {
             KvPrecision::F16 => candle_core::DType::F16,
             KvPrecision::F32 => candle_core::DType::F32,
             KvPrecision::Bf16 => candle_core::DType::BF16,
+            KvPrecision::Q8 => candle_core::DType::U8,
         }
     }
 }

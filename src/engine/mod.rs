@@ -57,7 +57,7 @@ use crate::attention::KvPool;
 use crate::conversation::Conversations;
 pub use crate::ids::{ConversationId, RequestId};
 pub use crate::kv::CostModel;
-use crate::kv::{CacheManager, EvictionPolicy, LruPolicy, ValuePolicy};
+use crate::kv::{CacheManager, ChunkFormat, EvictionPolicy, LruPolicy, ValuePolicy};
 use crate::model::{Message, Model};
 use crate::persist::Persistence;
 use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
@@ -107,7 +107,7 @@ impl Engine {
         let model = model.into();
         let shape = model.config().kv_shape();
         let dtype = config.kv_precision.dtype();
-        let token_bytes = shape.token_bytes(dtype.size_in_bytes());
+        let token_bytes = shape.token_bytes(dtype);
         let blocks = config.num_blocks(token_bytes);
         if blocks == 0 {
             return Err(Error::InvalidConfig {
@@ -133,7 +133,10 @@ impl Engine {
             CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
         let mut manifests = None;
         if config.mode == CacheMode::Tiered {
-            let value_bytes = dtype.size_in_bytes();
+            let value_bytes = match config.kv_precision {
+                KvPrecision::Q8 => ChunkFormat::Q8_0,
+                _ => dtype.size_in_bytes() as u32,
+            };
             if let Some(tier) = persist::open_store(&model, &config, shape, value_bytes, cost)? {
                 manifests = Some(tier.store.manifest_store());
                 cache.attach_store(tier);

@@ -20,7 +20,8 @@ use crate::model::Model;
 use crate::persist::{Durability, Registration, Removing};
 use crate::{Error, Result};
 
-/// Opens the store `config` names for `model`'s KV of `shape` at `value_bytes` per value.
+/// Opens the store `config` names for `model`'s KV of `shape` at `value_bytes` per value
+/// (see [`ChunkFormat::value_bytes`]).
 ///
 /// # Errors
 /// [`Error::Io`] if the folder cannot be created or read; [`Error::Store`] if Redis cannot be
@@ -29,7 +30,7 @@ pub(super) fn open_store(
     model: &Model,
     config: &EngineConfig,
     shape: KvShape,
-    value_bytes: usize,
+    value_bytes: u32,
     cost: CostModel,
 ) -> Result<Option<StoreTier>> {
     let Some(wanted) = &config.store else {
@@ -57,7 +58,7 @@ pub(super) fn open_store(
         layers: shape.num_layers as u32,
         kv_heads: shape.num_kv_heads as u32,
         head_dim: shape.head_dim as u32,
-        value_bytes: value_bytes as u32,
+        value_bytes,
     };
     let store = match &wanted.location {
         StoreLocation::Folder(dir) => {

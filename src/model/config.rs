@@ -346,7 +346,10 @@ mod tests {
             (64, 3, RopeVariant::HalfSplit)
         );
         assert!(c.tie_word_embeddings);
-        assert_eq!(c.kv_shape().token_bytes(4), 2 * 30 * 3 * 64 * 4);
+        assert_eq!(
+            c.kv_shape().token_bytes(candle_core::DType::F32),
+            2 * 30 * 3 * 64 * 4
+        );
     }
 
     #[test]

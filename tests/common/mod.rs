@@ -77,9 +77,7 @@ pub fn greedy(
 /// Bytes of one 32-token chunk of `model`'s KV at the default precision: the unit the
 /// pressure tests size their host budgets in.
 pub fn chunk_bytes(model: &Model) -> usize {
-    let kv = pensieve::engine::KvPrecision::default()
-        .dtype()
-        .size_in_bytes();
+    let kv = pensieve::engine::KvPrecision::default().dtype();
     32 * model.config().kv_shape().token_bytes(kv)
 }
 

@@ -2,7 +2,8 @@
 
 use half::f16;
 
-use super::{Block, Dims, KvElem, SequenceView, Simd};
+use super::tiles::{KvElem, KvRows, Q8Rows, Values};
+use super::{Block, Dims, SequenceView, Simd};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, mut state: u64) -> Vec<f32> {
@@ -29,23 +30,42 @@ fn bits(p: &super::Partial) -> Vec<u32> {
 /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
 /// 7 prefill rows (21 queries: full and partial query groups) over 150 slots in shuffled
 /// blocks of 5 with a partial last tile, for head dims on and off the vector paths' chunk sizes (256:
-/// Gemma 3's), with and without a sliding window.
-fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
+/// Gemma 3's), with and without a sliding window. `pools` stores the keys and values as the
+/// kind of pool under test and runs `agree` on them (a head dim it cannot store is skipped).
+fn paths_agree(pools: fn(&Case, Vec<f32>, Vec<f32>)) {
     let cases = [256, 64, 40, 12]
         .into_iter()
         .flat_map(|d| [(d, u32::MAX), (d, 40)]);
     for (d, window) in cases {
-        let (n_heads, n_kv_heads, ctx, rows) = (6, 2, 150, 7);
+        let case = Case { d, window };
+        let (kv, ctx) = (case.dims().n_kv_heads, 150);
+        pools(&case, values(ctx * kv * d, 2), values(ctx * kv * d, 3));
+    }
+}
+
+/// One shape of [`paths_agree`].
+struct Case {
+    d: usize,
+    window: u32,
+}
+
+impl Case {
+    fn dims(&self) -> Dims {
+        Dims {
+            tokens: 7,
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: self.d,
+            n_slots: 150,
+        }
+    }
+
+    fn agree<P: KvRows>(&self, k: P, v: P) {
+        let (d, window, dims) = (self.d, self.window, self.dims());
+        let (ctx, rows) = (dims.n_slots, dims.tokens);
         let blocks: Vec<u32> = (0..30).map(|i| (i * 7) % 30).collect();
         let q_positions: Vec<u32> = (ctx as u32 - rows as u32..ctx as u32).collect();
-        let q = values(rows * n_heads * d, 1);
-        let kv = |seed| -> Vec<T> {
-            values(ctx * n_kv_heads * d, seed)
-                .into_iter()
-                .map(convert)
-                .collect()
-        };
-        let (k, v) = (kv(2), kv(3));
+        let q = values(rows * dims.n_heads * d, 1);
         let block = Block {
             q_rows: &q,
             q_positions: &q_positions,
@@ -57,16 +77,10 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
                 ctx_len: ctx,
             },
             tiles: 0..ctx.div_ceil(super::K_TILE),
-            k: &k,
-            v: &v,
+            k,
+            v,
             g: 1,
-            dims: Dims {
-                tokens: rows,
-                n_heads,
-                n_kv_heads,
-                head_dim: d,
-                n_slots: ctx,
-            },
+            dims,
             scale: 0.125,
             window,
         };
@@ -90,12 +104,36 @@ fn paths_agree<T: KvElem>(convert: fn(f32) -> T) {
     }
 }
 
+fn as_values<T: KvElem>(case: &Case, k: Vec<f32>, v: Vec<f32>, convert: fn(f32) -> T) {
+    let (k, v): (Vec<T>, Vec<T>) = (
+        k.into_iter().map(convert).collect(),
+        v.into_iter().map(convert).collect(),
+    );
+    case.agree(Values::of(&k, case.dims()), Values::of(&v, case.dims()));
+}
+
 #[test]
 fn every_build_gives_the_same_bits_f32() {
-    paths_agree::<f32>(|x| x);
+    paths_agree(|case, k, v| as_values(case, k, v, |x| x));
 }
 
 #[test]
 fn every_build_gives_the_same_bits_f16() {
-    paths_agree::<f16>(f16::from_f32);
+    paths_agree(|case, k, v| as_values(case, k, v, f16::from_f32));
+}
+
+#[test]
+fn every_build_gives_the_same_bits_q8() {
+    paths_agree(|case, k, v| {
+        if !crate::attention::q8::fits(case.d) {
+            return;
+        }
+        let quantized = |x: Vec<f32>| {
+            let mut out = Vec::new();
+            crate::attention::q8::quantize(&x, &mut out);
+            out
+        };
+        let (k, v) = (quantized(k), quantized(v));
+        case.agree(Q8Rows::of(&k, case.dims()), Q8Rows::of(&v, case.dims()));
+    });
 }

@@ -1,9 +1,10 @@
-//! One context tile of the pool loaded into f32 buffers (`[key][dim]`, from f32 or f16 pools;
-//! an f16 → f32 conversion is exact), and the scores of a query against it.
+//! One context tile of the pool loaded into f32 buffers (`[key][dim]`, from f32, f16 or `q8_0`
+//! pools; each widening is exact), and the scores of a query against it.
 
 use half::f16;
 
 use super::K_TILE;
+use crate::attention::Dims;
 
 /// The vector registers a build of the kernel enables. Every build gives the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +28,7 @@ impl Simd {
 }
 
 /// An element type the kernel reads KV pools of.
-pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+pub(super) trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
 
     /// Eight values from `p`, as f32.
@@ -69,45 +70,144 @@ impl KvElem for f16 {
     }
 }
 
-/// The rows of one context tile for one kv head: row `j` is `d` values of `pool` at
-/// `slots[j] * kv_row + off`.
-pub(super) struct TileRows<'a, T> {
-    pub pool: &'a [T],
+/// A layer's K (or V) pool as the kernel reads it: one head's row of a slot at a time, widened
+/// to f32.
+pub(super) trait KvRows: Copy + Send + Sync {
+    /// Writes head `g`'s row of `slot` into `dst` as f32, in chunks of 8 values: chunk `c` to
+    /// `dst[c * step..][..8]` (`step` 8: in order; 16: every other 8 floats, as
+    /// [`TileRows::gather_keys_into`] interleaves pairs of keys). A head dimension that is not
+    /// a multiple of 8 is only asked for in order. `false`, writing nothing, when the slot
+    /// lies outside the pool.
+    fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool;
+}
+
+/// A pool of values (f32 or f16), `[n_slots][n_kv_heads][d]`.
+#[derive(Clone, Copy)]
+pub(super) struct Values<'a, T> {
+    data: &'a [T],
+    /// Values per slot: `n_kv_heads * d`.
+    kv_row: usize,
+    d: usize,
+}
+
+impl<'a, T> Values<'a, T> {
+    /// The pool `data` of `dims`.
+    pub(super) fn of(data: &'a [T], dims: Dims) -> Self {
+        Self {
+            data,
+            kv_row: dims.n_kv_heads * dims.head_dim,
+            d: dims.head_dim,
+        }
+    }
+}
+
+impl<T: KvElem> KvRows for Values<'_, T> {
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool {
+        let (d, start) = (self.d, slot as usize * self.kv_row + g * self.d);
+        let Some(row) = self.data.get(start..start + d) else {
+            return false;
+        };
+        #[cfg(target_arch = "x86_64")]
+        if simd.avx2() && d.is_multiple_of(8) {
+            for (c, src) in row.chunks_exact(8).enumerate() {
+                // SAFETY: `simd` names the AVX2+F16C build (or a wider one); `src` holds 8
+                // values and the destination 8 floats (the caller's `step` layout).
+                unsafe { copy8(src, &mut dst[c * step..][..8]) };
+            }
+            return true;
+        }
+        for (o, &x) in dst.iter_mut().zip(row) {
+            *o = x.to_f32();
+        }
+        true
+    }
+}
+
+/// A pool of `q8_0` blocks ([`crate::attention::q8`]), `[n_slots][n_kv_heads][row bytes]`:
+/// each value widened as `d · code`, exact in f32 on every path.
+#[derive(Clone, Copy)]
+pub(super) struct Q8Rows<'a> {
+    data: &'a [u8],
+    /// Bytes per slot: `n_kv_heads * row_bytes(d)`.
+    kv_row: usize,
+    d: usize,
+}
+
+impl<'a> Q8Rows<'a> {
+    /// The pool `data` of `dims`.
+    pub(super) fn of(data: &'a [u8], dims: Dims) -> Self {
+        Self {
+            data,
+            kv_row: dims.n_kv_heads * crate::attention::q8::row_bytes(dims.head_dim),
+            d: dims.head_dim,
+        }
+    }
+}
+
+impl KvRows for Q8Rows<'_> {
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool {
+        use crate::attention::q8;
+        let bytes = q8::row_bytes(self.d);
+        let start = slot as usize * self.kv_row + g * bytes;
+        let Some(row) = self.data.get(start..start + bytes) else {
+            return false;
+        };
+        for (b, block) in row.chunks_exact(q8::BLOCK_BYTES).enumerate() {
+            let scale = q8::scale(block);
+            for (i, codes) in block[2..].chunks_exact(8).enumerate() {
+                let out = &mut dst[(b * q8::QK / 8 + i) * step..][..8];
+                #[cfg(target_arch = "x86_64")]
+                if simd.avx2() {
+                    // SAFETY: `simd` names the AVX2 build (or a wider one); `codes` holds 8
+                    // bytes and `out` 8 floats.
+                    unsafe { widen8(codes, scale, out) };
+                    continue;
+                }
+                for (o, &c) in out.iter_mut().zip(codes) {
+                    *o = f32::from(c as i8) * scale;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Eight signed codes times `scale` into `dst`: the same correctly rounded products as the
+/// portable loop.
+///
+/// # Safety
+/// The CPU has AVX2; `codes` holds 8 bytes and `dst` 8 floats.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn widen8(codes: &[u8], scale: f32, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    // SAFETY: as this function's contract.
+    unsafe {
+        let c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes.as_ptr().cast()));
+        let x = _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(scale));
+        _mm256_storeu_ps(dst.as_mut_ptr(), x);
+    }
+}
+
+/// The rows of one context tile for kv head `g`: row `j` is head `g`'s row of `slots[j]`.
+pub(super) struct TileRows<'a, P> {
+    pub pool: P,
     pub slots: &'a [u32],
-    pub kv_row: usize,
-    pub off: usize,
+    pub g: usize,
     pub d: usize,
 }
 
-impl<T: KvElem> TileRows<'_, T> {
-    /// Row `j`, or `None` when its slot lies outside the pool.
+impl<P: KvRows> TileRows<'_, P> {
+    /// Fills `vt[j * d..][..d]` with row `j`, as f32 (a row outside the pool is left as is).
     #[inline(always)]
-    fn row(&self, j: usize) -> Option<&[T]> {
-        let start = *self.slots.get(j)? as usize * self.kv_row + self.off;
-        self.pool.get(start..start + self.d)
-    }
-
-    /// Fills `vt[j * d..][..d]` with row `j`, as f32.
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub(super) fn gather_into(&self, vt: &mut [f32], simd: Simd) {
         let d = self.d;
-        for (j, dst) in vt.chunks_exact_mut(d).take(self.slots.len()).enumerate() {
-            let Some(row) = self.row(j) else {
-                continue;
-            };
-            #[cfg(target_arch = "x86_64")]
-            if simd.avx2() && d.is_multiple_of(8) {
-                for (dst, src) in dst.chunks_exact_mut(8).zip(row.chunks_exact(8)) {
-                    // SAFETY: `simd` names the AVX2+F16C build (or a wider one); `src` holds
-                    // 8 values and `dst` 8 floats.
-                    unsafe { copy8(src, dst) };
-                }
-                continue;
-            }
-            for (o, &x) in dst.iter_mut().zip(row) {
-                *o = x.to_f32();
-            }
+        for (dst, &slot) in vt.chunks_exact_mut(d).zip(self.slots) {
+            self.pool.load(slot, self.g, dst, 8, simd);
         }
     }
 
@@ -120,16 +220,11 @@ impl<T: KvElem> TileRows<'_, T> {
         #[cfg(target_arch = "x86_64")]
         if simd == Simd::Avx512 && self.d.is_multiple_of(8) {
             let d = self.d;
-            for j in 0..self.slots.len().min(K_TILE) {
-                let Some(row) = self.row(j) else {
-                    continue;
-                };
+            for (j, &slot) in self.slots.iter().enumerate().take(K_TILE) {
                 let pair = &mut kt[j / 2 * 2 * d..][..2 * d];
-                for (c, src) in row.chunks_exact(8).enumerate() {
-                    // SAFETY: the AVX-512 build has AVX2 and F16C; `src` holds 8 values and
-                    // the destination 8 floats (`16c + 8 + 8 <= 2d`).
-                    unsafe { copy8(src, &mut pair[16 * c + j % 2 * 8..][..8]) };
-                }
+                // Chunk `c` lands at `16c + 8(j % 2)`, 8 floats, within the pair's `2d`.
+                self.pool
+                    .load(slot, self.g, &mut pair[j % 2 * 8..], 16, simd);
             }
             return;
         }

@@ -10,7 +10,7 @@ use std::ops::Range;
 use candle_core::DType;
 use half::{bf16, f16};
 
-use super::{unsupported, KvPool};
+use super::{q8, unsupported, KvPool};
 use crate::Result;
 
 /// RoPE's rotation of a key by a fixed number of positions.
@@ -65,7 +65,7 @@ impl KvPool {
     /// moved. A new chunk is `None` when one of its tokens' old KV is gone.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16 and bf16, or
+    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16, bf16 and `q8_0`, or
     /// rotations of another head size or layer count than the pool's.
     pub fn shift_chunks(
         &self,
@@ -78,11 +78,13 @@ impl KvPool {
     ) -> Result<Vec<Option<Vec<u8>>>> {
         let dtype = self.dtype();
         let width = dtype.size_in_bytes();
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::U8) {
             return Err(unsupported(dtype));
         }
         let layers = self.k.len();
-        let fits = |r: &KeyRotation| r.head_dim() > 0 && self.row.is_multiple_of(r.head_dim());
+        // Rotations turn values: a q8_0 row's are widened, turned and quantized again.
+        let values = self.values;
+        let fits = |r: &KeyRotation| r.head_dim() > 0 && values.is_multiple_of(r.head_dim());
         if rotations.len() != layers || !rotations.iter().all(fits) {
             return Err(crate::Error::InvalidBatch(format!(
                 "{} rotations (heads of {:?}) do not fit {layers} layers of rows of {}",
@@ -94,7 +96,7 @@ impl KvPool {
         let row_bytes = self.row_bytes();
         let token_bytes = self.token_bytes();
         let old_len = |c: &[u8]| c.len() / token_bytes.max(1);
-        let mut scratch = vec![0f32; self.row];
+        let mut scratch = Vec::with_capacity(values);
         let mut out = Vec::new();
         for j in first..computed.div_ceil(chunk) {
             let len = (computed - j * chunk).min(chunk);
@@ -137,27 +139,31 @@ impl KvPool {
     }
 }
 
-/// Widens a row of little-endian values of `dtype` into `out`.
-fn load(bytes: &[u8], dtype: DType, out: &mut [f32]) {
+/// Widens a row of little-endian values of `dtype` (or `q8_0` blocks) into `out`, replacing
+/// what it held.
+fn load(bytes: &[u8], dtype: DType, out: &mut Vec<f32>) {
+    out.clear();
     match dtype {
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .zip(out)
-            .for_each(|(b, o)| *o = f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .zip(out)
-            .for_each(|(b, o)| *o = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        _ => bytes
-            .chunks_exact(4)
-            .zip(out)
-            .for_each(|(b, o)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::U8 => q8::dequantize(bytes, out),
+        DType::F16 => {
+            out.extend((bytes.chunks_exact(2)).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()))
+        }
+        DType::BF16 => {
+            out.extend((bytes.chunks_exact(2)).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()))
+        }
+        _ => out
+            .extend((bytes.chunks_exact(4)).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
     }
 }
 
-/// Narrows `values` back into a row of little-endian values of `dtype`.
+/// Narrows `values` back into a row of little-endian values of `dtype` (or `q8_0` blocks).
 fn store(values: &[f32], dtype: DType, bytes: &mut [u8]) {
     match dtype {
+        DType::U8 => {
+            let mut codes = Vec::with_capacity(bytes.len());
+            q8::quantize(values, &mut codes);
+            bytes.copy_from_slice(&codes);
+        }
         DType::F16 => bytes
             .chunks_exact_mut(2)
             .zip(values)

@@ -130,11 +130,25 @@ pub struct ChunkFormat {
     pub kv_heads: u32,
     /// Dimensions per head.
     pub head_dim: u32,
-    /// Bytes per stored KV value.
+    /// Bytes per stored KV value (2 or 4), or [`ChunkFormat::Q8_0`] for KV in llama.cpp's
+    /// `q8_0` blocks (34 bytes per 32 values).
     pub value_bytes: u32,
 }
 
 impl ChunkFormat {
+    /// [`ChunkFormat::value_bytes`] of KV in `q8_0` blocks: no float width, so files of any
+    /// other precision are told apart by their header.
+    pub const Q8_0: u32 = 0x5138;
+
+    /// Bytes of one head's K (or V) row of one token.
+    pub fn head_row_bytes(&self) -> usize {
+        let d = self.head_dim as usize;
+        match self.value_bytes {
+            Self::Q8_0 => d / 32 * 34,
+            width => d * width as usize,
+        }
+    }
+
     /// Bytes before the payload: the header and the layer table.
     pub fn head_bytes(&self) -> usize {
         HEADER_BYTES + 32 * self.layers as usize
@@ -147,11 +161,7 @@ impl ChunkFormat {
 
     /// Payload bytes of a chunk of `tokens` KV-tokens.
     pub fn payload_bytes(&self, tokens: usize) -> usize {
-        2 * tokens
-            * self.layers as usize
-            * self.kv_heads as usize
-            * self.head_dim as usize
-            * self.value_bytes as usize
+        2 * tokens * self.layers as usize * self.kv_heads as usize * self.head_row_bytes()
     }
 }
 
