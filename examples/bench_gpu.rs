@@ -290,7 +290,12 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
     // the same region supply the bytes.
     let restored = SEQS * CTX;
     let slots = restored + args.chunks * CHUNK + SEQS;
-    let pool = KvPool::new(llama.config().kv_shape(), slots, DType::F16, gpu)?;
+    let pool = KvPool::new(
+        llama.config().kv_shape(),
+        slots,
+        pensieve::engine::KvPrecision::F16,
+        gpu,
+    )?;
     let fb = decode_rows(SEQS, CTX)?;
     let outs: Vec<(usize, usize)> = (0..args.chunks).map(|i| (i * CHUNK, CHUNK)).collect();
     let fresh = || -> AnyResult<Vec<(usize, std::sync::Arc<pensieve::kv::ChunkBytes>)>> {
@@ -339,7 +344,7 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
         * llama
             .config()
             .kv_shape()
-            .token_bytes(candle_core::DType::F16))
+            .token_bytes(pensieve::engine::KvPrecision::F16))
         >> 20;
     println!(
         "\nrestore, Transformer 3.2 1B shape, {SEQS} decode rows at context {CTX}, {} chunks ({mib} MiB) swapped in; median ms",
@@ -387,7 +392,7 @@ fn step_against_bound(gpu: &Device, args: &Args) -> AnyResult<()> {
     let token_bytes = llama
         .config()
         .kv_shape()
-        .token_bytes(candle_core::DType::F16);
+        .token_bytes(pensieve::engine::KvPrecision::F16);
     println!(
         "\ndecode step, Llama 3.2 1B shape (f16 weights {:.0} MiB), context {CTX}, f16 KV; copy bandwidth {:.0} GB/s; median ms",
         llama.weight_bytes() as f64 / (1 << 20) as f64,
@@ -398,7 +403,12 @@ fn step_against_bound(gpu: &Device, args: &Args) -> AnyResult<()> {
         "rows", "step", "bound", "ratio", "issued", "unfused", "before"
     );
     for rows in [1usize, 8, 32, 64] {
-        let pool = KvPool::new(llama.config().kv_shape(), rows * CTX, DType::F16, gpu)?;
+        let pool = KvPool::new(
+            llama.config().kv_shape(),
+            rows * CTX,
+            pensieve::engine::KvPrecision::F16,
+            gpu,
+        )?;
         let fb = decode_rows(rows, CTX)?;
         let (t, issued) = time_step(gpu, args.repeats, llama, &fb, &pool)?;
         // The same step through candle's ops (`PENSIEVE_CUDA_FUSED=0`), then also with cudarc's

@@ -72,7 +72,7 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     let pool = KvPool::new(
         model.config().kv_shape(),
         n + DECODE_STEPS + 1,
-        kv().dtype(),
+        kv(),
         model.transformer().device(),
     )?;
     let pos: Vec<u32> = (0..n as u32).collect();
@@ -101,7 +101,7 @@ fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensie
     let pool = KvPool::new(
         model.config().kv_shape(),
         rows * (ctx + 1),
-        kv().dtype(),
+        kv(),
         model.transformer().device(),
     )?;
     let mut batch = ForwardBatch::new();
@@ -379,7 +379,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     {
         let step = decode_step(m, rows, ctx, args.repeats.max(3))?;
         let bytes = m.transformer().weight_bytes();
-        let kv = rows * (ctx + 1) * m.config().kv_shape().token_bytes(kv().dtype());
+        let kv = rows * (ctx + 1) * m.config().kv_shape().token_bytes(kv());
         // Streaming bytes once reads them: half the copy traffic per byte.
         let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
         println!(

@@ -30,7 +30,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let pool = KvPool::new(
         model.config().kv_shape(),
         slots,
-        pensieve::engine::KvPrecision::default().dtype(),
+        pensieve::engine::KvPrecision::default(),
         model.transformer().device(),
     )?;
     let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i * 7919 % 40_000).collect();

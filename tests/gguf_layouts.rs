@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, GgufHeader, ModelConfig, Transformer, WeightFormat};
 
@@ -37,7 +37,13 @@ fn prompt() -> Vec<u32> {
 /// The logits of every position of the prompt, and of `others` tokens of a second sequence
 /// in the same pass.
 fn logits(m: &Transformer, others: usize) -> Vec<f32> {
-    let pool = KvPool::new(m.config().kv_shape(), 2 * PROMPT, DType::F32, &Device::Cpu).unwrap();
+    let pool = KvPool::new(
+        m.config().kv_shape(),
+        2 * PROMPT,
+        pensieve::engine::KvPrecision::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     let mut batch = ForwardBatch::new();
     let idx: Vec<u32> = (0..PROMPT as u32).collect();
     batch

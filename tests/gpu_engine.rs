@@ -63,7 +63,7 @@ fn run(
     pipelined: bool,
 ) -> Run {
     let model = gpu_model(gpu);
-    let token_bytes = model.config().kv_shape().token_bytes(precision.dtype());
+    let token_bytes = model.config().kv_shape().token_bytes(precision);
     let config = EngineConfig::default()
         .budgets(
             Budgets::default()
@@ -157,13 +157,7 @@ fn run(
 fn scored(model: &Model, history: &[u32], precision: KvPrecision, piece: usize) -> Vec<Vec<f32>> {
     let llama = model.transformer();
     let n = history.len();
-    let pool = KvPool::new(
-        llama.config().kv_shape(),
-        n,
-        precision.dtype(),
-        llama.device(),
-    )
-    .unwrap();
+    let pool = KvPool::new(llama.config().kv_shape(), n, precision, llama.device()).unwrap();
     let idx: Vec<u32> = (0..n as u32).collect();
     let mut rows = Vec::with_capacity(n);
     for start in (0..n).step_by(piece.max(1)) {

@@ -22,7 +22,7 @@ fn engine(device_chunks: usize, host_chunks: usize) -> Engine {
     let chunk_bytes = model
         .config()
         .kv_shape()
-        .token_bytes(candle_core::DType::F16)
+        .token_bytes(pensieve::engine::KvPrecision::F16)
         * CHUNK;
     let config = EngineConfig::default()
         .budgets(

@@ -10,7 +10,7 @@
 
 mod common;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use common::llamacpp;
 use pensieve::attention::KvPool;
 use pensieve::model::{tokenizer_from_gguf, ForwardBatch, GgufHeader, Transformer, WeightFormat};
@@ -41,8 +41,18 @@ fn gemma3_loads_in_about_its_file_size() {
     let loaded = peak_rss();
     let weights = llama.weight_bytes();
     let tokens = 4096;
-    let pool = KvPool::new(llama.config().kv_shape(), tokens, DType::F16, &Device::Cpu).unwrap();
-    let pool_bytes = tokens * llama.config().kv_shape().token_bytes(DType::F16);
+    let pool = KvPool::new(
+        llama.config().kv_shape(),
+        tokens,
+        pensieve::engine::KvPrecision::F16,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let pool_bytes = tokens
+        * llama
+            .config()
+            .kv_shape()
+            .token_bytes(pensieve::engine::KvPrecision::F16);
     // A prefill touches every weight and some of the pool's slots (logits of its last row,
     // as the engine asks).
     let ids: Vec<u32> = (0..64).map(|i| 1000 + i * 13).collect();

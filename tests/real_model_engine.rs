@@ -1,8 +1,8 @@
 //! The core property on the real SmolLM2 weights under the default weight format: 64
 //! multi-turn conversations interleaved under `Tiered`, with budgets small enough that
 //! swap-out, swap-in, host drops and recompute all happen, give the same greedy outputs as
-//! `Stateless`; with f16 KV and with KV in 8 bits (both modes quantize each token's K and V
-//! once, as it is written, so the host tier's bytes are the device's).
+//! `Stateless`; with f16 KV and with KV in 8 and 4 bits (both modes quantize each token's K and
+//! V once, as it is written, so the host tier's bytes are the device's).
 //!
 //! The default weight path is batch-invariant (a row's logits do not depend on what shares its
 //! step, `tests/real_model_packed.rs`), so the rule is strict: every conversation's tokens are
@@ -83,9 +83,14 @@ fn real_model_tiered_under_pressure_equals_stateless_with_8_bit_kv() {
     tiered_equals_stateless(KvPrecision::Q8);
 }
 
+#[test]
+fn real_model_tiered_under_pressure_equals_stateless_with_4_bit_kv() {
+    tiered_equals_stateless(KvPrecision::Q4);
+}
+
 fn tiered_equals_stateless(kv: KvPrecision) {
     let model = std::sync::Arc::new(common::real_model(WeightFormat::default()));
-    let chunk_bytes = 32 * model.config().kv_shape().token_bytes(kv.dtype());
+    let chunk_bytes = 32 * model.config().kv_shape().token_bytes(kv);
     // 32 blocks of 32 on the device and 96 chunks on the host, for 64 x 2 chunks of history
     // after the first turn and 64 x 4 after the third: hits at first, then host drops.
     let (tiered, stats) = run(

@@ -10,7 +10,6 @@ mod common;
 
 use std::sync::OnceLock;
 
-use candle_core::DType;
 use common::llamacpp;
 use pensieve::attention::KvPool;
 use pensieve::model::{Architecture, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
@@ -34,7 +33,13 @@ fn model() -> &'static Model {
 /// An f32 KV pool of `slots` slots for `model`.
 fn pool(model: &Model, slots: usize) -> KvPool {
     let llama = model.transformer();
-    KvPool::new(llama.config().kv_shape(), slots, DType::F32, llama.device()).unwrap()
+    KvPool::new(
+        llama.config().kv_shape(),
+        slots,
+        pensieve::engine::KvPrecision::F32,
+        llama.device(),
+    )
+    .unwrap()
 }
 
 /// The logits after each prefix of `tokens` whose length is in `ends` (ascending), prefilling

@@ -59,7 +59,7 @@ fn real_model_a_row_is_bit_identical_alone_and_in_mixed_batches() {
     let pool = KvPool::new(
         model.config().kv_shape(),
         16 * 1024,
-        candle_core::DType::F32,
+        pensieve::engine::KvPrecision::F32,
         model.transformer().device(),
     )
     .unwrap();

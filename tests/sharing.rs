@@ -255,7 +255,7 @@ fn shared_chunks_move_between_tiers_under_pressure_and_outputs_stay_equal() {
     let kv = model
         .config()
         .kv_shape()
-        .token_bytes(EngineConfig::default().kv_precision.dtype());
+        .token_bytes(EngineConfig::default().kv_precision);
     let mut e = sized(&model, CacheMode::Tiered, None, 512, 8 * 32 * kv);
     let got = run(&mut e);
     assert_eq!(got, want);

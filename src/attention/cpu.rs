@@ -25,7 +25,7 @@ use crate::math::exp;
 
 mod tiles;
 
-use tiles::{KvRows, Q8Rows, Simd, TileRows, Values, QG};
+use tiles::{CodeRows, KvRows, Simd, TileRows, Values, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -77,13 +77,18 @@ impl CustomOp3 for PagedAttention<'_> {
                 Values::of(contiguous(v, v_l, "v")?, d),
                 self,
             ),
-            (CpuStorage::U8(k), CpuStorage::U8(v)) => forward(
-                q,
-                Q8Rows::of(contiguous(k, k_l, "k")?, d),
-                Q8Rows::of(contiguous(v, v_l, "v")?, d),
-                self,
-            ),
-            _ => candle_core::bail!("the CPU attention kernel reads f32, f16 or q8_0 KV pools"),
+            (CpuStorage::U8(k), CpuStorage::U8(v)) => {
+                let Some(codes) = d.codes else {
+                    candle_core::bail!("a U8 KV pool of no known blocks of codes")
+                };
+                forward(
+                    q,
+                    CodeRows::of(contiguous(k, k_l, "k")?, codes, d),
+                    CodeRows::of(contiguous(v, v_l, "v")?, codes, d),
+                    self,
+                )
+            }
+            _ => candle_core::bail!("the CPU attention kernel reads f32, f16 or code KV pools"),
         };
         Ok((
             CpuStorage::F32(out),

@@ -25,12 +25,13 @@
 //! `kernels/` replaces it on GPUs), and the naive [`attention_reference`] (f64 accumulation)
 //! that every fast path is tested against.
 
+mod codes;
 mod cpu;
 #[cfg(any(feature = "cuda", feature = "cuda-emulator", test))]
 mod cuda;
 mod gather;
 mod pool;
-mod q8;
+mod precision;
 #[cfg(feature = "internals")]
 mod reference;
 
@@ -39,6 +40,7 @@ use candle_core::{DType, Device, Tensor};
 #[cfg(feature = "internals")]
 pub use gather::attention_gather;
 pub use pool::{KeyRotation, KvPool, KvShape};
+pub use precision::KvPrecision;
 #[cfg(feature = "internals")]
 pub use reference::attention_reference;
 
@@ -219,6 +221,8 @@ pub(crate) struct Dims {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub n_slots: usize,
+    /// The blocks of codes a `U8` pool holds (told apart by their row's bytes).
+    pub codes: Option<codes::Codes>,
 }
 
 impl Dims {
@@ -230,13 +234,13 @@ impl Dims {
     ) -> Result<Self> {
         let (tokens, n_heads, head_dim) = q.dims3()?;
         let (n_slots, n_kv_heads, kd) = k_pool.dims3()?;
-        // A `U8` pool holds `q8_0` blocks: its rows are bytes, not values.
-        let row = match k_pool.dtype() {
-            DType::U8 if q8::fits(head_dim) => q8::row_bytes(head_dim),
-            DType::U8 => usize::MAX,
-            _ => head_dim,
+        // A `U8` pool holds blocks of codes: its rows are bytes, not values.
+        let codes = match k_pool.dtype() {
+            DType::U8 => codes::Codes::of_row(head_dim, kd),
+            _ => None,
         };
-        if v_pool.dims() != k_pool.dims() || v_pool.dtype() != k_pool.dtype() || kd != row {
+        let row_fits = codes.is_some() || (k_pool.dtype() != DType::U8 && kd == head_dim);
+        if v_pool.dims() != k_pool.dims() || v_pool.dtype() != k_pool.dtype() || !row_fits {
             return Err(Error::InvalidBatch(format!(
                 "q {:?}, k_pool {:?}, v_pool {:?} do not agree",
                 q.dims(),
@@ -266,6 +270,7 @@ impl Dims {
             n_kv_heads,
             head_dim,
             n_slots,
+            codes,
         })
     }
 }
@@ -332,7 +337,7 @@ pub fn attention_in_window(
         Device::Cpu => {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;
-            // The kernel reads f32, f16 and q8_0 pools as they are; other types are converted.
+            // The kernel reads f32, f16 and code pools as they are; other types are converted.
             let kv = |pool: &Tensor| match pool.dtype() {
                 DType::F32 | DType::F16 | DType::U8 => Ok(pool.clone()),
                 _ => pool.to_dtype(DType::F32),
@@ -366,11 +371,11 @@ pub fn attention_in_window(
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // Other devices run the device-agnostic gather path (a q8_0 pool widened first).
+        // Other devices run the device-agnostic gather path (a pool of codes widened first).
         _ => gather::attention_gather(
             q,
-            &q8::readable(k_pool)?,
-            &q8::readable(v_pool)?,
+            &codes::readable(k_pool, dims.codes, dims.head_dim)?,
+            &codes::readable(v_pool, dims.codes, dims.head_dim)?,
             batch,
             scale,
             window,

@@ -1,7 +1,7 @@
 //! The device KV pool that attention reads: per layer, a K and a V tensor of
-//! `[n_slots, n_kv_heads, head_dim]` values (f32, f16, bf16) or, in a `U8` pool, of
-//! `[n_slots, n_kv_heads, row bytes]` `q8_0` blocks (quantized as tokens are written, see
-//! [`super::q8`]), and the copies of whole chunks to and from host memory.
+//! `[n_slots, n_kv_heads, head_dim]` values (f32, f16, bf16) or, at 8 and 4 bits, a `U8`
+//! tensor of `[n_slots, n_kv_heads, row bytes]` blocks of codes (quantized as tokens are
+//! written, see `attention/codes.rs`), and the copies of whole chunks to and from host memory.
 //!
 //! Slot `s` addresses the same token in every layer. Writes go in place (candle's
 //! `scatter_set`, which every backend implements), so a step costs `O(new tokens)` copies, not
@@ -23,7 +23,8 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::q8;
+use super::codes::{Codes, QK};
+use super::KvPrecision;
 use crate::kv::ChunkBytes;
 use crate::{Error, Result};
 
@@ -39,18 +40,9 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Bytes of one head's K (or V) row of one token in a pool of `dtype` (a `U8` pool holds
-    /// `q8_0` blocks: 34 bytes per 32 values).
-    pub fn head_row_bytes(&self, dtype: DType) -> usize {
-        match dtype {
-            DType::U8 => q8::row_bytes(self.head_dim),
-            _ => self.head_dim * dtype.size_in_bytes(),
-        }
-    }
-
-    /// Bytes of one KV-token (K and V of every layer) in a pool of `dtype`.
-    pub fn token_bytes(&self, dtype: DType) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_row_bytes(dtype)
+    /// Bytes of one KV-token (K and V of every layer) at precision `kv`.
+    pub fn token_bytes(&self, kv: KvPrecision) -> usize {
+        2 * self.num_layers * self.num_kv_heads * kv.head_row_bytes(self.head_dim)
     }
 }
 
@@ -88,35 +80,34 @@ pub struct KvPool {
     row: usize,
     /// Values per slot and layer (`n_kv_heads * head_dim`).
     values: usize,
+    /// The blocks of codes it holds, if it quantizes.
+    codes: Option<Codes>,
     /// On the CPU: restores whose bytes arrive layer by layer from the store, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
 }
 
 impl KvPool {
-    /// A zeroed pool of `n_slots` slots of `shape`, in `dtype` on `device`; `DType::U8` keeps
-    /// KV in `q8_0` blocks (on the CPU, for head dimensions in blocks of 32).
+    /// A zeroed pool of `n_slots` slots of `shape` at precision `kv`, on `device` (8 and 4
+    /// bits: on the CPU, for head dimensions in blocks of 32).
     ///
     /// # Errors
-    /// [`Error::Candle`] when the device cannot allocate it; [`Error::Unsupported`] for a
-    /// `U8` pool of another head dimension or off the CPU.
-    pub fn new(shape: KvShape, n_slots: usize, dtype: DType, device: &Device) -> Result<Self> {
-        let width = match dtype {
-            DType::U8 if !q8::fits(shape.head_dim) => {
-                return Err(Error::Unsupported(format!(
-                    "KV in 8 bits (q8_0) needs heads in blocks of {}; this model's heads hold {}",
-                    q8::QK,
-                    shape.head_dim
-                )))
-            }
-            DType::U8 if !device.is_cpu() => {
-                return Err(Error::Unsupported(
-                    "KV in 8 bits (q8_0) runs on the CPU only for now".into(),
-                ))
-            }
-            DType::U8 => q8::row_bytes(shape.head_dim),
-            _ => shape.head_dim,
-        };
+    /// [`Error::Candle`] when the device cannot allocate it; [`Error::Unsupported`] for codes
+    /// of another head dimension or off the CPU.
+    pub fn new(shape: KvShape, n_slots: usize, kv: KvPrecision, device: &Device) -> Result<Self> {
+        if kv.codes().is_some() && !Codes::fits(shape.head_dim) {
+            return Err(Error::Unsupported(format!(
+                "KV in {kv:?} needs heads in blocks of {QK}; this model's heads hold {}",
+                shape.head_dim
+            )));
+        }
+        if kv.codes().is_some() && !device.is_cpu() {
+            return Err(Error::Unsupported(format!(
+                "KV in {kv:?} runs on the CPU only for now"
+            )));
+        }
+        let (dtype, width) = (kv.dtype(), kv.head_row_bytes(shape.head_dim));
+        let width = width / dtype.size_in_bytes();
         let dims = (n_slots, shape.num_kv_heads, width);
         let mut k = Vec::with_capacity(shape.num_layers);
         let mut v = Vec::with_capacity(shape.num_layers);
@@ -148,6 +139,7 @@ impl KvPool {
             n_slots,
             row: shape.num_kv_heads * width,
             values: shape.num_kv_heads * shape.head_dim,
+            codes: kv.codes(),
             restoring: Mutex::new(Restoring::default()),
         })
     }
@@ -212,12 +204,12 @@ impl KvPool {
         let tokens = index.dim(0)?;
         let flat = |pool: &Tensor| pool.reshape((self.n_slots, self.row));
         let rows = |x: &Tensor| -> Result<Tensor> {
-            if kp.dtype() != DType::U8 {
+            let Some(c) = self.codes else {
                 return Ok(x.to_dtype(kp.dtype())?.reshape((tokens, self.row))?);
-            }
+            };
             let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             let mut codes = Vec::with_capacity(tokens * self.row);
-            q8::quantize(&values, &mut codes);
+            c.quantize(&values, &mut codes);
             Ok(Tensor::from_vec(codes, (tokens, self.row), kp.device())?)
         };
         flat(kp)?.scatter_set(index, &rows(k)?, 0)?;
@@ -347,7 +339,7 @@ impl KvPool {
     ///
     /// # Errors
     /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32,
-    /// f16, bf16 and `q8_0`; [`Error::Candle`] on device errors.
+    /// f16, bf16 and codes; [`Error::Candle`] on device errors.
     pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<u8>> {
         self.check_range(start, len)?;
         let width = self.dtype().size_in_bytes();
@@ -485,8 +477,8 @@ mod tests {
 
     #[test]
     fn chunks_round_trip_through_bytes_in_both_precisions() {
-        for dtype in [DType::F32, DType::F16] {
-            let pool = KvPool::new(SHAPE, 10, dtype, &Device::Cpu).unwrap();
+        for kv in [KvPrecision::F32, KvPrecision::F16] {
+            let pool = KvPool::new(SHAPE, 10, kv, &Device::Cpu).unwrap();
             let row = 12;
             let k = Tensor::arange(0f32, (3 * row) as f32, &Device::Cpu).unwrap();
             let k = k.reshape((3, 3, 4)).unwrap();
@@ -496,7 +488,7 @@ mod tests {
                 pool.write(layer, &index, &k, &v).unwrap();
             }
             let bytes = pool.read_slots(4, 3).unwrap();
-            assert_eq!(bytes.len(), 3 * SHAPE.token_bytes(dtype));
+            assert_eq!(bytes.len(), 3 * SHAPE.token_bytes(kv));
             // Into other slots, then out again: the same bytes, and the values written.
             pool.write_slots(0, &bytes).unwrap();
             assert_eq!(pool.read_slots(0, 3).unwrap(), bytes);
@@ -515,8 +507,8 @@ mod tests {
     #[test]
     fn layered_restores_are_written_as_each_layer_is_asked_for_and_fail_alone() {
         use std::sync::OnceLock;
-        let pool = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
-        let source = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu).unwrap();
+        let pool = KvPool::new(SHAPE, 10, KvPrecision::F32, &Device::Cpu).unwrap();
+        let source = KvPool::new(SHAPE, 10, KvPrecision::F32, &Device::Cpu).unwrap();
         let k = Tensor::arange(0f32, 36.0, &Device::Cpu).unwrap();
         let k = k.reshape((3, 3, 4)).unwrap();
         let index = source.write_index(&[0, 1, 2], &Device::Cpu).unwrap();

@@ -22,8 +22,9 @@ pub fn attention_reference(
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     super::check_sinks(sinks, dims)?;
     let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    // A q8_0 pool is widened as the kernels widen it: `d · code`, exact in f32.
-    let (k_pool, v_pool) = (&super::q8::readable(k_pool)?, &super::q8::readable(v_pool)?);
+    // A pool of codes is widened as the kernels widen it: `d · q`, exact in f32.
+    let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
+    let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
     let kv = k_pool
         .to_dtype(DType::F32)?
         .flatten_all()?

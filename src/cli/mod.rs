@@ -83,6 +83,8 @@ pub enum Kv {
     Bf16,
     /// 8 bits (llama.cpp's q8_0 blocks): 53% of f16's bytes in every tier; CPU only.
     Q8,
+    /// 4 bits (llama.cpp's q4_0 blocks): 28% of f16's bytes in every tier; CPU only.
+    Q4,
 }
 
 /// What a turn that would pass the context window does.
@@ -174,6 +176,7 @@ impl EngineArgs {
             Kv::F32 => KvPrecision::F32,
             Kv::Bf16 => KvPrecision::Bf16,
             Kv::Q8 => KvPrecision::Q8,
+            Kv::Q4 => KvPrecision::Q4,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Typed engine configuration with validation.
 
+pub use crate::attention::KvPrecision;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -60,38 +61,6 @@ pub enum OverflowPolicy {
     /// evicted is recomputed. The kept KV was computed with the dropped turns in view, so the
     /// outputs approximate (closely) a fresh prefill of the shortened history.
     DropOldest,
-}
-
-/// How KV values are stored, in the device pool and in every tier below it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KvPrecision {
-    /// IEEE half precision: half the bytes of f32, so twice the conversations per byte of
-    /// every tier and half the bytes attention reads per step. The default (llama.cpp and
-    /// vLLM keep 16-bit KV too); the attention kernel widens values to f32 exactly.
-    #[default]
-    F16,
-    /// f32, as the model computes them.
-    F32,
-    /// bfloat16: f32's range in 16 bits, for models trained in it (on the CPU attention
-    /// widens the pool to f32 on each read, so prefer f16 there).
-    Bf16,
-    /// 8 bits: llama.cpp's `q8_0` blocks (a scale per 32 values, 34 bytes where f16 takes 64),
-    /// quantized once as each token's K and V are written and kept so in every tier (host,
-    /// chunk files, Redis); attention reads the codes. CPU only for now, heads in blocks of 32.
-    Q8,
-}
-
-impl KvPrecision {
-    /// The pool's tensor type (`U8` for `q8_0` blocks).
-    pub fn dtype(self) -> candle_core::DType {
-        match self {
-            KvPrecision::F16 => candle_core::DType::F16,
-            KvPrecision::F32 => candle_core::DType::F32,
-            KvPrecision::Bf16 => candle_core::DType::BF16,
-            KvPrecision::Q8 => candle_core::DType::U8,
-        }
-    }
 }
 
 /// Memory budgets.

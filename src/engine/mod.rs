@@ -106,8 +106,7 @@ impl Engine {
         config.validate()?;
         let model = model.into();
         let shape = model.config().kv_shape();
-        let dtype = config.kv_precision.dtype();
-        let token_bytes = shape.token_bytes(dtype);
+        let token_bytes = shape.token_bytes(config.kv_precision);
         let blocks = config.num_blocks(token_bytes);
         if blocks == 0 {
             return Err(Error::InvalidConfig {
@@ -116,7 +115,12 @@ impl Engine {
             });
         }
         let slots = blocks * config.chunk_size;
-        let pool = KvPool::new(shape, slots, dtype, model.transformer().device())?;
+        let pool = KvPool::new(
+            shape,
+            slots,
+            config.kv_precision,
+            model.transformer().device(),
+        )?;
         let cost = match config.cost_profile {
             CostProfile::Fixed(c) => c,
             CostProfile::Measure => executor::measure_cost(&model, &pool, config.chunk_size)?,
@@ -135,7 +139,8 @@ impl Engine {
         if config.mode == CacheMode::Tiered {
             let value_bytes = match config.kv_precision {
                 KvPrecision::Q8 => ChunkFormat::Q8_0,
-                _ => dtype.size_in_bytes() as u32,
+                KvPrecision::Q4 => ChunkFormat::Q4_0,
+                kv => kv.dtype().size_in_bytes() as u32,
             };
             if let Some(tier) = persist::open_store(&model, &config, shape, value_bytes, cost)? {
                 manifests = Some(tier.store.manifest_store());

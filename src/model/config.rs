@@ -347,7 +347,7 @@ mod tests {
         );
         assert!(c.tie_word_embeddings);
         assert_eq!(
-            c.kv_shape().token_bytes(candle_core::DType::F32),
+            c.kv_shape().token_bytes(crate::attention::KvPrecision::F32),
             2 * 30 * 3 * 64 * 4
         );
     }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use pensieve::attention::KvPool;
 use pensieve::model::{ForwardBatch, ModelConfig, Transformer, WeightFormat};
 
@@ -34,7 +34,13 @@ pub fn last_logits(dir: &Path, json: &str, prompt: &[u32]) -> Vec<f32> {
 /// `m`'s logits after `prompt`, in one pass.
 pub fn logits(m: &Transformer, prompt: &[u32]) -> Vec<f32> {
     let n = prompt.len();
-    let pool = KvPool::new(m.config().kv_shape(), n, DType::F32, &Device::Cpu).unwrap();
+    let pool = KvPool::new(
+        m.config().kv_shape(),
+        n,
+        pensieve::engine::KvPrecision::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     let idx: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::new();
     batch.push(prompt, &idx, &idx, &idx, n, true).unwrap();

@@ -37,7 +37,7 @@ pub fn greedy(
     let pool = KvPool::new(
         llama.config().kv_shape(),
         n_slots,
-        candle_core::DType::F32,
+        pensieve::engine::KvPrecision::F32,
         llama.device(),
     )
     .unwrap();
@@ -77,7 +77,7 @@ pub fn greedy(
 /// Bytes of one 32-token chunk of `model`'s KV at the default precision: the unit the
 /// pressure tests size their host budgets in.
 pub fn chunk_bytes(model: &Model) -> usize {
-    let kv = pensieve::engine::KvPrecision::default().dtype();
+    let kv = pensieve::engine::KvPrecision::default();
     32 * model.config().kv_shape().token_bytes(kv)
 }
 
@@ -184,13 +184,7 @@ pub fn score_all_with(
     kv: pensieve::engine::KvPrecision,
 ) -> Vec<Vec<f32>> {
     let llama = model.transformer();
-    let pool = KvPool::new(
-        llama.config().kv_shape(),
-        tokens.len(),
-        kv.dtype(),
-        llama.device(),
-    )
-    .unwrap();
+    let pool = KvPool::new(llama.config().kv_shape(), tokens.len(), kv, llama.device()).unwrap();
     let pos: Vec<u32> = (0..tokens.len() as u32).collect();
     let mut batch = ForwardBatch::new();
     batch

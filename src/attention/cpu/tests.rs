@@ -2,8 +2,9 @@
 
 use half::f16;
 
-use super::tiles::{KvElem, KvRows, Q8Rows, Values};
+use super::tiles::{CodeRows, KvElem, KvRows, Values};
 use super::{Block, Dims, SequenceView, Simd};
+use crate::attention::codes::Codes;
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, mut state: u64) -> Vec<f32> {
@@ -57,6 +58,7 @@ impl Case {
             n_kv_heads: 2,
             head_dim: self.d,
             n_slots: 150,
+            codes: None,
         }
     }
 
@@ -122,18 +124,26 @@ fn every_build_gives_the_same_bits_f16() {
     paths_agree(|case, k, v| as_values(case, k, v, f16::from_f32));
 }
 
+fn as_codes(case: &Case, k: Vec<f32>, v: Vec<f32>, codes: Codes) {
+    if !Codes::fits(case.d) {
+        return;
+    }
+    let quantized = |x: Vec<f32>| {
+        let mut out = Vec::new();
+        codes.quantize(&x, &mut out);
+        out
+    };
+    let (k, v) = (quantized(k), quantized(v));
+    let dims = case.dims();
+    case.agree(CodeRows::of(&k, codes, dims), CodeRows::of(&v, codes, dims));
+}
+
 #[test]
 fn every_build_gives_the_same_bits_q8() {
-    paths_agree(|case, k, v| {
-        if !crate::attention::q8::fits(case.d) {
-            return;
-        }
-        let quantized = |x: Vec<f32>| {
-            let mut out = Vec::new();
-            crate::attention::q8::quantize(&x, &mut out);
-            out
-        };
-        let (k, v) = (quantized(k), quantized(v));
-        case.agree(Q8Rows::of(&k, case.dims()), Q8Rows::of(&v, case.dims()));
-    });
+    paths_agree(|case, k, v| as_codes(case, k, v, Codes::Q8));
+}
+
+#[test]
+fn every_build_gives_the_same_bits_q4() {
+    paths_agree(|case, k, v| as_codes(case, k, v, Codes::Q4));
 }

@@ -1,9 +1,10 @@
-//! One context tile of the pool loaded into f32 buffers (`[key][dim]`, from f32, f16 or `q8_0`
-//! pools; each widening is exact), and the scores of a query against it.
+//! One context tile of the pool loaded into f32 buffers (`[key][dim]`, from f32, f16, `q8_0`
+//! or `q4_0` pools; each widening is exact), and the scores of a query against it.
 
 use half::f16;
 
 use super::K_TILE;
+use crate::attention::codes::{scale, Codes, QK};
 use crate::attention::Dims;
 
 /// The vector registers a build of the kernel enables. Every build gives the same bits.
@@ -125,50 +126,56 @@ impl<T: KvElem> KvRows for Values<'_, T> {
     }
 }
 
-/// A pool of `q8_0` blocks ([`crate::attention::q8`]), `[n_slots][n_kv_heads][row bytes]`:
-/// each value widened as `d · code`, exact in f32 on every path.
+/// A pool of blocks of codes (`attention/codes.rs`), `[n_slots][n_kv_heads][row bytes]`: each
+/// value widened as `d · q`, exact in f32 on every path.
 #[derive(Clone, Copy)]
-pub(super) struct Q8Rows<'a> {
+pub(super) struct CodeRows<'a> {
     data: &'a [u8],
-    /// Bytes per slot: `n_kv_heads * row_bytes(d)`.
+    codes: Codes,
+    /// Bytes per slot: `n_kv_heads * codes.row_bytes(d)`.
     kv_row: usize,
     d: usize,
 }
 
-impl<'a> Q8Rows<'a> {
-    /// The pool `data` of `dims`.
-    pub(super) fn of(data: &'a [u8], dims: Dims) -> Self {
+impl<'a> CodeRows<'a> {
+    /// The pool `data` of `codes` and `dims`.
+    pub(super) fn of(data: &'a [u8], codes: Codes, dims: Dims) -> Self {
         Self {
             data,
-            kv_row: dims.n_kv_heads * crate::attention::q8::row_bytes(dims.head_dim),
+            codes,
+            kv_row: dims.n_kv_heads * codes.row_bytes(dims.head_dim),
             d: dims.head_dim,
         }
     }
 }
 
-impl KvRows for Q8Rows<'_> {
+impl KvRows for CodeRows<'_> {
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool {
-        use crate::attention::q8;
-        let bytes = q8::row_bytes(self.d);
+        let bytes = self.codes.row_bytes(self.d);
         let start = slot as usize * self.kv_row + g * bytes;
         let Some(row) = self.data.get(start..start + bytes) else {
             return false;
         };
-        for (b, block) in row.chunks_exact(q8::BLOCK_BYTES).enumerate() {
-            let scale = q8::scale(block);
-            for (i, codes) in block[2..].chunks_exact(8).enumerate() {
-                let out = &mut dst[(b * q8::QK / 8 + i) * step..][..8];
+        for (b, block) in row.chunks_exact(self.codes.block_bytes()).enumerate() {
+            let d = scale(block);
+            // Chunk `i` of the block's 4: its 8 codes' bytes, and whether they are high nibbles.
+            for i in 0..QK / 8 {
+                let (codes, high) = match self.codes {
+                    Codes::Q8 => (&block[2 + 8 * i..][..8], false),
+                    Codes::Q4 => (&block[2 + 8 * (i % 2)..][..8], i >= 2),
+                };
+                let out = &mut dst[(b * QK / 8 + i) * step..][..8];
                 #[cfg(target_arch = "x86_64")]
                 if simd.avx2() {
                     // SAFETY: `simd` names the AVX2 build (or a wider one); `codes` holds 8
                     // bytes and `out` 8 floats.
-                    unsafe { widen8(codes, scale, out) };
+                    unsafe { widen8(self.codes, codes, high, d, out) };
                     continue;
                 }
                 for (o, &c) in out.iter_mut().zip(codes) {
-                    *o = f32::from(c as i8) * scale;
+                    *o = f32::from(code(self.codes, c, high)) * d;
                 }
             }
         }
@@ -176,19 +183,42 @@ impl KvRows for Q8Rows<'_> {
     }
 }
 
-/// Eight signed codes times `scale` into `dst`: the same correctly rounded products as the
+/// The signed code a byte holds: a `q8_0` byte, or a `q4_0` nibble less 8.
+#[inline(always)]
+fn code(codes: Codes, byte: u8, high: bool) -> i8 {
+    match (codes, high) {
+        (Codes::Q8, _) => byte as i8,
+        (Codes::Q4, false) => (byte & 15) as i8 - 8,
+        (Codes::Q4, true) => (byte >> 4) as i8 - 8,
+    }
+}
+
+/// Eight codes of `bytes` times `d` into `dst`: the same correctly rounded products as the
 /// portable loop.
 ///
 /// # Safety
-/// The CPU has AVX2; `codes` holds 8 bytes and `dst` 8 floats.
+/// The CPU has AVX2; `bytes` holds 8 bytes and `dst` 8 floats.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn widen8(codes: &[u8], scale: f32, dst: &mut [f32]) {
+unsafe fn widen8(codes: Codes, bytes: &[u8], high: bool, d: f32, dst: &mut [f32]) {
     use std::arch::x86_64::*;
     // SAFETY: as this function's contract.
     unsafe {
-        let c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes.as_ptr().cast()));
-        let x = _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(scale));
+        let raw = _mm_loadl_epi64(bytes.as_ptr().cast());
+        let q = match (codes, high) {
+            (Codes::Q8, _) => _mm256_cvtepi8_epi32(raw),
+            (Codes::Q4, high) => {
+                let wide = _mm256_cvtepu8_epi32(raw);
+                let wide = if high {
+                    _mm256_srli_epi32(wide, 4)
+                } else {
+                    wide
+                };
+                let nibble = _mm256_and_si256(wide, _mm256_set1_epi32(15));
+                _mm256_sub_epi32(nibble, _mm256_set1_epi32(8))
+            }
+        };
+        let x = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d));
         _mm256_storeu_ps(dst.as_mut_ptr(), x);
     }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use parking_lot::Mutex;
 
 use super::{Copier, KvPool, KvShape};
@@ -107,7 +107,7 @@ impl Copier for LateCopier {
 }
 
 fn late_pool() -> Result<KvPool> {
-    let mut pool = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu)?;
+    let mut pool = KvPool::new(SHAPE, 10, crate::attention::KvPrecision::F32, &Device::Cpu)?;
     pool.copier = Some(Box::new(LateCopier::default()));
     Ok(pool)
 }
@@ -126,7 +126,7 @@ fn write_tokens(pool: &KvPool, slots: &[u32], base: f32) -> Result<()> {
 
 /// The bytes of three tokens written from `base`, as a chunk holds them.
 fn token_bytes(base: f32) -> Result<Vec<u8>> {
-    let plain = KvPool::new(SHAPE, 10, DType::F32, &Device::Cpu)?;
+    let plain = KvPool::new(SHAPE, 10, crate::attention::KvPrecision::F32, &Device::Cpu)?;
     write_tokens(&plain, &[0, 1, 2], base)?;
     plain.read_slots(0, 3)
 }

@@ -10,7 +10,8 @@ use std::ops::Range;
 use candle_core::DType;
 use half::{bf16, f16};
 
-use super::{q8, unsupported, KvPool};
+use super::{unsupported, KvPool};
+use crate::attention::codes::Codes;
 use crate::Result;
 
 /// RoPE's rotation of a key by a fixed number of positions.
@@ -65,7 +66,7 @@ impl KvPool {
     /// moved. A new chunk is `None` when one of its tokens' old KV is gone.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16, bf16 and `q8_0`, or
+    /// [`crate::Error::InvalidBatch`] for a pool type other than f32, f16, bf16 and codes, or
     /// rotations of another head size or layer count than the pool's.
     pub fn shift_chunks(
         &self,
@@ -123,11 +124,11 @@ impl KvPool {
                         let to = &mut bytes[at(len, o)..at(len, o) + row_bytes];
                         to.copy_from_slice(from);
                         if part == 0 && q != p {
-                            load(to, dtype, &mut scratch);
+                            load(to, dtype, self.codes, &mut scratch);
                             scratch
                                 .chunks_exact_mut(head)
                                 .for_each(|h| rotation.apply(h));
-                            store(&scratch, dtype, to);
+                            store(&scratch, dtype, self.codes, to);
                         }
                     }
                 }
@@ -139,12 +140,14 @@ impl KvPool {
     }
 }
 
-/// Widens a row of little-endian values of `dtype` (or `q8_0` blocks) into `out`, replacing
-/// what it held.
-fn load(bytes: &[u8], dtype: DType, out: &mut Vec<f32>) {
+/// Widens a row of little-endian values of `dtype` (or blocks of `codes`) into `out`,
+/// replacing what it held.
+fn load(bytes: &[u8], dtype: DType, codes: Option<Codes>, out: &mut Vec<f32>) {
     out.clear();
+    if let Some(c) = codes {
+        return c.dequantize(bytes, out);
+    }
     match dtype {
-        DType::U8 => q8::dequantize(bytes, out),
         DType::F16 => {
             out.extend((bytes.chunks_exact(2)).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()))
         }
@@ -156,14 +159,14 @@ fn load(bytes: &[u8], dtype: DType, out: &mut Vec<f32>) {
     }
 }
 
-/// Narrows `values` back into a row of little-endian values of `dtype` (or `q8_0` blocks).
-fn store(values: &[f32], dtype: DType, bytes: &mut [u8]) {
+/// Narrows `values` back into a row of little-endian values of `dtype` (or blocks of `codes`).
+fn store(values: &[f32], dtype: DType, codes: Option<Codes>, bytes: &mut [u8]) {
+    if let Some(c) = codes {
+        let mut out = Vec::with_capacity(bytes.len());
+        c.quantize(values, &mut out);
+        return bytes.copy_from_slice(&out);
+    }
     match dtype {
-        DType::U8 => {
-            let mut codes = Vec::with_capacity(bytes.len());
-            q8::quantize(values, &mut codes);
-            bytes.copy_from_slice(&codes);
-        }
         DType::F16 => bytes
             .chunks_exact_mut(2)
             .zip(values)
@@ -224,7 +227,8 @@ mod tests {
     fn moved_keys_equal_keys_embedded_at_their_new_positions() {
         let (chunk, n, cut) = (4usize, 13usize, 3..9usize);
         for interleaved in [false, true] {
-            let pool = KvPool::new(SHAPE, 32, DType::F32, &Device::Cpu).unwrap();
+            let pool =
+                KvPool::new(SHAPE, 32, crate::attention::KvPrecision::F32, &Device::Cpu).unwrap();
             let content = Tensor::randn(0f32, 1.0, (n, 16), &Device::Cpu).unwrap();
             let value = Tensor::randn(0f32, 1.0, (n, 2, 8), &Device::Cpu).unwrap();
             let old_pos: Vec<u32> = (0..n as u32).collect();
@@ -249,7 +253,8 @@ mod tests {
                 .shift_chunks(0, chunk, &old, cut.clone(), kept, &rotation)
                 .unwrap();
             assert_eq!(new.len(), kept.div_ceil(chunk));
-            let target = KvPool::new(SHAPE, 32, DType::F32, &Device::Cpu).unwrap();
+            let target =
+                KvPool::new(SHAPE, 32, crate::attention::KvPrecision::F32, &Device::Cpu).unwrap();
             for (c, bytes) in new.iter().enumerate() {
                 target
                     .write_slots(c * chunk, bytes.as_ref().unwrap())

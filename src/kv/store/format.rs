@@ -130,8 +130,8 @@ pub struct ChunkFormat {
     pub kv_heads: u32,
     /// Dimensions per head.
     pub head_dim: u32,
-    /// Bytes per stored KV value (2 or 4), or [`ChunkFormat::Q8_0`] for KV in llama.cpp's
-    /// `q8_0` blocks (34 bytes per 32 values).
+    /// Bytes per stored KV value (2 or 4), or [`ChunkFormat::Q8_0`] and [`ChunkFormat::Q4_0`]
+    /// for KV in llama.cpp's `q8_0` and `q4_0` blocks (34 and 18 bytes per 32 values).
     pub value_bytes: u32,
 }
 
@@ -139,12 +139,15 @@ impl ChunkFormat {
     /// [`ChunkFormat::value_bytes`] of KV in `q8_0` blocks: no float width, so files of any
     /// other precision are told apart by their header.
     pub const Q8_0: u32 = 0x5138;
+    /// [`ChunkFormat::value_bytes`] of KV in `q4_0` blocks.
+    pub const Q4_0: u32 = 0x5134;
 
     /// Bytes of one head's K (or V) row of one token.
     pub fn head_row_bytes(&self) -> usize {
         let d = self.head_dim as usize;
         match self.value_bytes {
             Self::Q8_0 => d / 32 * 34,
+            Self::Q4_0 => d / 32 * 18,
             width => d * width as usize,
         }
     }

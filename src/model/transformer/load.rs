@@ -557,7 +557,13 @@ mod tests {
         let tokens: Vec<u32> = (0..n).map(|i| (i * 37 + 5) % 300).collect();
         let idx: Vec<u32> = (0..n).collect();
         let logits = |m: &Transformer| {
-            let pool = KvPool::new(m.config().kv_shape(), n as usize, DType::F16, &cpu).unwrap();
+            let pool = KvPool::new(
+                m.config().kv_shape(),
+                n as usize,
+                crate::attention::KvPrecision::F16,
+                &cpu,
+            )
+            .unwrap();
             let mut batch = ForwardBatch::new();
             batch
                 .push_scored(&tokens, &idx, &idx, &idx, idx.len())

@@ -1,0 +1,168 @@
+//! KV in 8 and 4 bits: llama.cpp's `q8_0` and `q4_0` blocks. Each head's row of `head_dim`
+//! values is cut into blocks of [`QK`]; a block is its scale `d` (f16, little-endian) and its
+//! codes: `q8_0`, 32 signed bytes, value = `d · q` (34 bytes where f16 takes 64); `q4_0`, 16
+//! bytes of two 4-bit codes each (values `j` and `j + 16` of the block in byte `j`'s low and
+//! high nibble), value = `d · (q - 8)` (18 bytes). A pool of either is a `U8` tensor
+//! `[n_slots, n_kv_heads, row bytes]`, and the bytes a tier holds (host, chunk files, Redis)
+//! are those bytes.
+//!
+//! Quantizing is done once, when a token's K and V are written; the kernel reads the codes
+//! and widens `d · q` in f32 (exact: one correctly rounded product of exact operands), so every
+//! path, and the reference that widens the whole pool first, sees the same values.
+
+use candle_core::{DType, Tensor};
+use half::f16;
+
+use crate::Result;
+
+/// Values per block.
+pub(crate) const QK: usize = 32;
+
+/// A layout of KV codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Codes {
+    /// llama.cpp's `q8_0`.
+    Q8,
+    /// llama.cpp's `q4_0`.
+    Q4,
+}
+
+impl Codes {
+    /// Bytes per block: the f16 scale, then the codes.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Codes::Q8 => 2 + QK,
+            Codes::Q4 => 2 + QK / 2,
+        }
+    }
+
+    /// Bytes of one head's row of `head_dim` values.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        head_dim / QK * self.block_bytes()
+    }
+
+    /// Whether heads of `head_dim` values cut into whole blocks.
+    pub fn fits(head_dim: usize) -> bool {
+        head_dim > 0 && head_dim.is_multiple_of(QK)
+    }
+
+    /// The layout whose rows for heads of `head_dim` take `row_bytes` bytes.
+    pub fn of_row(head_dim: usize, row_bytes: usize) -> Option<Codes> {
+        let fits = |c: Codes| Self::fits(head_dim) && c.row_bytes(head_dim) == row_bytes;
+        [Codes::Q8, Codes::Q4].into_iter().find(|&c| fits(c))
+    }
+
+    /// Appends `x` (whole blocks) as blocks, as llama.cpp's reference quantizers do. `q8_0`:
+    /// `d = max|x| / 127`, codes `round(x / d)`. `q4_0`: `d = m / -8` for `m` the value of
+    /// largest magnitude, codes `min(15, trunc(x / d + 8.5))`. Both divide by the unrounded `d`
+    /// and keep it as f16.
+    pub fn quantize(self, x: &[f32], out: &mut Vec<u8>) {
+        for block in x.chunks_exact(QK) {
+            match self {
+                Codes::Q8 => {
+                    let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                    out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
+                }
+                Codes::Q4 => {
+                    let max = block.iter().fold(0f32, |m, &v| match v.abs() > m.abs() {
+                        true => v,
+                        false => m,
+                    });
+                    let d = max / -8.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                    let code = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+                    let (lo, hi) = block.split_at(QK / 2);
+                    out.extend(lo.iter().zip(hi).map(|(&a, &b)| code(a) | code(b) << 4));
+                }
+            }
+        }
+    }
+
+    /// Appends the values of `bytes` (whole blocks).
+    pub fn dequantize(self, bytes: &[u8], out: &mut Vec<f32>) {
+        for block in bytes.chunks_exact(self.block_bytes()) {
+            let d = scale(block);
+            let codes = &block[2..];
+            match self {
+                Codes::Q8 => out.extend(codes.iter().map(|&c| f32::from(c as i8) * d)),
+                Codes::Q4 => {
+                    let nibble = |q: u8| f32::from(q as i8 - 8) * d;
+                    out.extend(codes.iter().map(|&c| nibble(c & 15)));
+                    out.extend(codes.iter().map(|&c| nibble(c >> 4)));
+                }
+            }
+        }
+    }
+
+    /// A `U8` pool of these codes for heads of `head_dim` widened to f32 `[n_slots,
+    /// n_kv_heads, head_dim]`: how the paths without a reader of their own (the gather path,
+    /// the reference) read it.
+    ///
+    /// # Errors
+    /// [`crate::Error::Candle`] on device errors.
+    pub fn widen(self, pool: &Tensor, head_dim: usize) -> Result<Tensor> {
+        let (slots, heads, _) = pool.dims3()?;
+        let codes = pool.flatten_all()?.to_vec1::<u8>()?;
+        let mut values = Vec::with_capacity(slots * heads * head_dim);
+        self.dequantize(&codes, &mut values);
+        Ok(Tensor::from_vec(
+            values,
+            (slots, heads, head_dim),
+            pool.device(),
+        )?)
+    }
+}
+
+/// The scale of the block at the start of `block`.
+#[inline(always)]
+pub(crate) fn scale(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+/// `pool` as the paths without a reader of codes take it: widened to f32 if it holds
+/// `codes` (heads of `head_dim`).
+pub(crate) fn readable(pool: &Tensor, codes: Option<Codes>, head_dim: usize) -> Result<Tensor> {
+    match (codes, pool.dtype()) {
+        (Some(c), DType::U8) => c.widen(pool, head_dim),
+        _ => Ok(pool.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_trip_within_half_a_step_and_zeros_stay_zero() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37)
+            .collect();
+        // The most a value moves, in steps of the block's scale: half a step and the scale's
+        // f16 rounding; `q4_0` clips the side opposite its largest value at 7 steps (one more).
+        for (codes, steps, most) in [(Codes::Q8, 127.0, 0.57), (Codes::Q4, 8.0, 1.07)] {
+            let mut bytes = Vec::new();
+            codes.quantize(&x, &mut bytes);
+            assert_eq!(bytes.len(), codes.row_bytes(64));
+            assert_eq!(Codes::of_row(64, bytes.len()), Some(codes));
+            let mut back = Vec::new();
+            codes.dequantize(&bytes, &mut back);
+            for (b, xs) in back.chunks(QK).zip(x.chunks(QK)) {
+                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+                for (y, v) in b.iter().zip(xs) {
+                    assert!((y - v).abs() <= amax / steps * most, "{codes:?}: {y} {v}");
+                }
+            }
+            let mut zeros = Vec::new();
+            codes.quantize(&[0.0; QK], &mut zeros);
+            let mut z = Vec::new();
+            codes.dequantize(&zeros, &mut z);
+            assert!(z.iter().all(|&v| v == 0.0));
+        }
+        assert!(Codes::fits(64) && Codes::fits(256) && !Codes::fits(48) && !Codes::fits(0));
+        assert_eq!(Codes::of_row(64, 128), None);
+    }
+}
