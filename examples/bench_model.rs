@@ -47,6 +47,13 @@ struct Args {
     /// Only the decode-step table (skip prefill and single-sequence decode).
     #[arg(long)]
     steps_only: bool,
+    /// KV precisions of the decode-step table (f16, f32, q8, q4), measured one after another
+    /// for each shape.
+    #[arg(long, value_delimiter = ',', default_value = "f16")]
+    kv: Vec<String>,
+    /// Decode-step shapes, `ROWSxCONTEXT`.
+    #[arg(long, value_delimiter = ',', default_value = "1x64,8x64,8x512")]
+    steps: Vec<String>,
 }
 
 const DECODE_STEPS: usize = 16;
@@ -95,13 +102,18 @@ fn ours(model: &Model, prompt: &[u32], decode: bool) -> pensieve::Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-/// Seconds of one decode step of `rows` sequences, each with `ctx` tokens of history (median of
-/// `repeats`), after one warm-up step.
-fn decode_step(model: &Model, rows: usize, ctx: usize, repeats: usize) -> pensieve::Result<f64> {
+/// Seconds of one decode step of `rows` sequences, each with `ctx` tokens of history with KV
+/// at `kv` (median of `repeats`), after one warm-up step.
+fn decode_step(
+    model: &Model,
+    (rows, ctx): (usize, usize),
+    kv: KvPrecision,
+    repeats: usize,
+) -> pensieve::Result<f64> {
     let pool = KvPool::new(
         model.config().kv_shape(),
         rows * (ctx + 1),
-        kv(),
+        kv,
         model.transformer().device(),
     )?;
     let mut batch = ForwardBatch::new();
@@ -370,27 +382,43 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.repeats.max(3),
         isa_name()
     );
-    println!("| model | rows | context | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let shapes = [(1, 64), (8, 64), (8, 512)];
-    for ((name, m), (rows, ctx)) in ours_models
-        .iter()
-        .flat_map(|m| shapes.iter().map(move |&s| (m, s)))
-    {
-        let step = decode_step(m, rows, ctx, args.repeats.max(3))?;
-        let bytes = m.transformer().weight_bytes();
-        let kv = rows * (ctx + 1) * m.config().kv_shape().token_bytes(kv());
-        // Streaming bytes once reads them: half the copy traffic per byte.
-        let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
-        println!(
-            "| {name} | {rows} | {ctx} | {:.2} | {:.0} MB | {:.2} | {:.2} | {:.1} MB | {:.2} |",
-            step * 1e3,
-            bytes as f64 / 1e6,
-            ms(bytes),
-            step * 1e3 / ms(bytes),
-            kv as f64 / 1e6,
-            ms(bytes + kv),
-        );
+    println!("| model | rows | context | KV | step ms | weight bytes | bytes / bandwidth ms | ratio | KV bytes read | weights + KV / bandwidth ms | ratio to weights + KV |");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let shapes = (args.steps.iter())
+        .map(|s| {
+            let (rows, ctx) = s.split_once('x').ok_or("a step shape is ROWSxCONTEXT")?;
+            Ok((rows.parse()?, ctx.parse()?))
+        })
+        .collect::<Result<Vec<(usize, usize)>, Box<dyn std::error::Error>>>()?;
+    let precisions = (args.kv.iter())
+        .map(|k| match k.as_str() {
+            "f16" => Ok(KvPrecision::F16),
+            "f32" => Ok(KvPrecision::F32),
+            "q8" => Ok(KvPrecision::Q8),
+            "q4" => Ok(KvPrecision::Q4),
+            other => Err(format!("no KV precision {other:?} (f16, f32, q8, q4)")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (name, m) in &ours_models {
+        for &(rows, ctx) in &shapes {
+            for &kv in &precisions {
+                let step = decode_step(m, (rows, ctx), kv, args.repeats.max(3))?;
+                let bytes = m.transformer().weight_bytes();
+                let kv_bytes = rows * (ctx + 1) * m.config().kv_shape().token_bytes(kv);
+                // Streaming bytes once reads them: half the copy traffic per byte.
+                let ms = |b: usize| b as f64 / (gbps / 2.0 * 1e9) * 1e3;
+                println!(
+                    "| {name} | {rows} | {ctx} | {kv:?} | {:.2} | {:.0} MB | {:.2} | {:.2} | {:.1} MB | {:.2} | {:.2} |",
+                    step * 1e3,
+                    bytes as f64 / 1e6,
+                    ms(bytes),
+                    step * 1e3 / ms(bytes),
+                    kv_bytes as f64 / 1e6,
+                    ms(bytes + kv_bytes),
+                    step * 1e3 / ms(bytes + kv_bytes),
+                );
+            }
+        }
     }
     println!();
     println!(

@@ -11,8 +11,10 @@ use common::attention_cases::{build, case, long_case, max_rel_err, values, Case,
 
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::{
-    attention, attention_gather, attention_in_window, attention_reference, AttentionBatch,
+    attention, attention_gather, attention_in_window, attention_reference, AttentionBatch, KvPool,
+    KvShape,
 };
+use pensieve::engine::KvPrecision;
 use proptest::prelude::*;
 
 /// The fast CPU kernel's error against the reference, with the pools stored as `dtype` (the
@@ -24,6 +26,23 @@ fn fast_error(c: &Case, dtype: DType) -> f32 {
     let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
     let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window, None).unwrap();
     max_rel_err(&fast, &reference)
+}
+
+/// The case's K and V written into a pool at `kv` (quantized, in rotated heads, as the engine
+/// writes them): the layer's pool tensors.
+fn stored(c: &Case, k: &Tensor, v: &Tensor, kv: KvPrecision) -> (Tensor, Tensor) {
+    let shape = KvShape {
+        num_layers: 1,
+        num_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+    };
+    let n = k.dim(0).unwrap();
+    let pool = KvPool::new(shape, n, kv, &Device::Cpu).unwrap();
+    let slots: Vec<u32> = (0..n as u32).collect();
+    let index = pool.write_index(&slots, &Device::Cpu).unwrap();
+    pool.write(0, &index, k, v).unwrap();
+    let (kp, vp) = pool.layer(0).unwrap();
+    (kp.clone(), vp.clone())
 }
 
 /// The fast CPU kernel's tolerance against the f64 reference (relative, floored at `REL_FLOOR`).
@@ -56,6 +75,34 @@ proptest! {
         let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window, None).unwrap();
         let err = max_rel_err(&gathered, &reference);
         prop_assert!(err < GATHER_TOL, "err {}", err);
+    }
+}
+
+proptest! {
+    // Each case writes two pools and runs three paths over each: fewer cases.
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pools_in_8_and_4_bits_are_read_as_the_reference_reads_them(c in case()) {
+        // Heads in blocks of 32 only; 64 and its multiples are stored rotated.
+        prop_assume!(c.head_dim % 32 == 0);
+        let (q, k, v, batch) = build(&c);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let exact = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+        // Values in [-2, 2]: a step of q8_0 is up to 4/254 (measured errors up to 0.03
+        // against the floor of 0.1: 0.3), of q4_0 4/16 and clipped (up to 0.45); a query
+        // turned otherwise than its keys misses by the output's whole size (up to 40).
+        for (kv, lossy) in [(KvPrecision::Q8, 0.6), (KvPrecision::Q4, 8.0)] {
+            let (kp, vp) = stored(&c, &k, &v, kv);
+            let reference = attention_reference(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
+            let fast = attention_in_window(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
+            let gathered = attention_gather(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
+            prop_assert!(max_rel_err(&fast, &reference) < FAST_TOL, "{:?}", kv);
+            prop_assert!(max_rel_err(&gathered, &reference) < GATHER_TOL, "{:?}", kv);
+            // Against the values before they were stored: what the codes lose, and no more.
+            let err = max_rel_err(&reference, &exact);
+            prop_assert!(err < lossy, "{:?}: {}", kv, err);
+        }
     }
 }
 

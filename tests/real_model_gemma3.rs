@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use common::llamacpp;
 use pensieve::attention::KvPool;
+use pensieve::engine::KvPrecision;
 use pensieve::model::{Architecture, ForwardBatch, LoadOptions, Model, ModelSource, WeightFormat};
 
 /// Our logits may differ from llama.cpp's by this much: llama.cpp multiplies every weight with
@@ -158,54 +159,6 @@ fn gemma3_logits_match_llama_cpp() {
     assert!(worst < MAX_LOGIT_DIFF, "logits differ by {worst}");
 }
 
-/// The negative log-likelihood of each of the fixture's held-back replies under `model`, after
-/// its context, with the reply's token count. The context (all but its last token) is prefilled
-/// without logits, then the rest is scored: the output layer (Gemma's is 262k rows) runs only
-/// for the rows that predict a reply token.
-fn reply_nlls(model: &Model, replies: &[serde_json::Value]) -> Vec<(f64, usize)> {
-    let llama = model.transformer();
-    replies
-        .iter()
-        .map(|r| {
-            let (context, reply) = (llamacpp::ids(&r["context"]), llamacpp::ids(&r["reply"]));
-            let tokens: Vec<u32> = context.iter().chain(&reply).copied().collect();
-            let idx: Vec<u32> = (0..tokens.len() as u32).collect();
-            let pool = pool(model, tokens.len());
-            let (first, last) = (context.len() - 1, tokens.len() - 1);
-            if first > 0 {
-                let mut batch = ForwardBatch::new();
-                let prefix = &idx[..first];
-                batch
-                    .push(&tokens[..first], prefix, prefix, prefix, first, false)
-                    .unwrap();
-                llama.forward(&batch, &pool).unwrap();
-            }
-            let mut batch = ForwardBatch::new();
-            let scored = &idx[first..last];
-            batch
-                .push_scored(&tokens[first..last], scored, scored, &idx[..last], last)
-                .unwrap();
-            let logits = llama.forward(&batch, &pool).unwrap();
-            let mut nll = 0f64;
-            for (i, &t) in reply.iter().enumerate() {
-                let row = logits.get(i).unwrap().to_vec1::<f32>().unwrap();
-                let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
-                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-                nll -= row[t as usize] as f64 - max - sum.ln();
-            }
-            (nll, reply.len())
-        })
-        .collect()
-}
-
-/// The perplexity of replies' negative log-likelihoods and token counts.
-fn perplexity(nlls: &[(f64, usize)]) -> f64 {
-    let (nll, count) = nlls
-        .iter()
-        .fold((0f64, 0usize), |(a, n), &(x, c)| (a + x, n + c));
-    (nll / count as f64).exp()
-}
-
 /// Replies the dequantized f32 model scores: a quarter of them (its output layer alone is
 /// 671 MB of f32, and this test was the suite's slowest but one).
 const F32_REPLIES: usize = 25;
@@ -219,13 +172,20 @@ fn gemma3_perplexity_matches_llama_cpp() {
     let ppl = &fx["perplexity"];
     let replies = ppl["replies"].as_array().unwrap();
     assert!(replies.len() >= 100);
-    let ours = reply_nlls(model(), replies);
+    let ours = llamacpp::reply_nlls(model(), replies, KvPrecision::F32);
     let count: usize = ours.iter().map(|x| x.1).sum();
     let theirs = ppl["perplexity"].as_f64().unwrap();
     let options = LoadOptions::default().format(WeightFormat::F32);
     let f32_model = Model::load(&ModelSource::Gguf(llamacpp::gemma_path()), &options).unwrap();
-    let dequantized = perplexity(&reply_nlls(&f32_model, &replies[..F32_REPLIES]));
-    let (ours_all, ours_f32_set) = (perplexity(&ours), perplexity(&ours[..F32_REPLIES]));
+    let dequantized = llamacpp::perplexity(&llamacpp::reply_nlls(
+        &f32_model,
+        &replies[..F32_REPLIES],
+        KvPrecision::F32,
+    ));
+    let (ours_all, ours_f32_set) = (
+        llamacpp::perplexity(&ours),
+        llamacpp::perplexity(&ours[..F32_REPLIES]),
+    );
     println!(
         "perplexity over {count} reply tokens: ours {ours_all:.4}, llama.cpp {theirs:.4}; over \
          the first {F32_REPLIES} replies: ours {ours_f32_set:.4}, dequantized f32 {dequantized:.4}"

@@ -26,6 +26,17 @@ def test_a_multi_turn_chat_reuses_its_history_and_answers_as_stateless_does(engi
     assert chat.messages()[-1]["content"] == replies[-1].text
 
 
+@pytest.mark.parametrize("kv", ["q8", "q4"])
+def test_kv_in_8_and_4_bits_is_an_option_and_keeps_the_core_property(kv):
+    # The engine's options are pensieve-server's flags: `kv="q8"` is `--kv q8`.
+    runs = []
+    for mode in ("tiered", "stateless"):
+        with pensieve.Engine(kv=kv, mode=mode) as e:
+            chat = e.open(system="Be brief.")
+            runs.append([chat.ask(q, max_tokens=12).tokens for q in QUESTIONS])
+    assert runs[0] == runs[1]
+
+
 def test_a_streamed_turn_gives_its_text_in_pieces_then_how_it_ended(engine):
     chat = engine.open()
     stream = chat.send("Name three colors.", max_tokens=12)

@@ -80,6 +80,38 @@ def log_softmax(row):
     return row - (m + np.log(np.exp(row - m).sum()))
 
 
+def held_back_replies(llm, records):
+    """The first REPLIES ShareGPT replies from record 2,000 on (one per conversation: its first
+    user turn and the answer), as token ids after BOS (context cut to CONTEXT_TOKENS, reply to
+    REPLY_TOKENS), each with its negative log-likelihood under `llm`."""
+    bos = llm.token_bos()
+    replies = []
+    for r in records[2000:]:
+        conv = r.get("conversations", [])
+        for user, reply in zip(conv, conv[1:]):
+            if user.get("from") != "human" or reply.get("from") != "gpt":
+                continue
+            context = [bos] + llm.tokenize(user["value"].encode(), add_bos=False, special=False)
+            target = llm.tokenize(reply["value"].encode(), add_bos=False, special=False)
+            if len(context) < 4 or len(target) < 8:
+                continue
+            context, target = context[:CONTEXT_TOKENS], target[:REPLY_TOKENS]
+            replies.append({"context": context, "reply": target,
+                            "nll": reply_nll(llm, context, target)})
+            break
+        if len(replies) == REPLIES:
+            break
+    return replies
+
+
+def reply_nll(llm, context, target):
+    """The negative log-likelihood of `target` after `context` (token ids) under `llm`."""
+    llm.reset()
+    llm.eval(context + target)
+    return float(-sum(log_softmax(np.array(llm.scores[len(context) + i - 1]))[t]
+                      for i, t in enumerate(target)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gemma", required=True, help="gemma-3-270m-q4_k_m.gguf")
@@ -130,28 +162,9 @@ def main():
                            "top_logits": [float(row[i]) for i in top]})
         print("logits of a document", flush=True)
 
-    replies, total_nll, total_tokens = [], 0.0, 0
-    for r in records[2000:]:
-        conv = r.get("conversations", [])
-        for user, reply in zip(conv, conv[1:]):
-            if user.get("from") != "human" or reply.get("from") != "gpt":
-                continue
-            context = [bos] + llm.tokenize(user["value"].encode(), add_bos=False, special=False)
-            target = llm.tokenize(reply["value"].encode(), add_bos=False, special=False)
-            if len(context) < 4 or len(target) < 8:
-                continue
-            context, target = context[:CONTEXT_TOKENS], target[:REPLY_TOKENS]
-            llm.reset()
-            llm.eval(context + target)
-            nll = 0.0
-            for i, t in enumerate(target):
-                nll -= log_softmax(np.array(llm.scores[len(context) + i - 1]))[t]
-            replies.append({"context": context, "reply": target, "nll": nll})
-            total_nll += nll
-            total_tokens += len(target)
-            break
-        if len(replies) == REPLIES:
-            break
+    replies = held_back_replies(llm, records)
+    total_nll = sum(r["nll"] for r in replies)
+    total_tokens = sum(len(r["reply"]) for r in replies)
     print("perplexity", float(np.exp(total_nll / total_tokens)), flush=True)
 
     greedy = []

@@ -23,6 +23,23 @@ pub fn attention_gather(
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     super::check_sinks(sinks, dims)?;
+    // A pool of codes widened, its heads rotated as the kernels' are.
+    let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
+    let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
+    super::codes::rotated(q, dims, |q| {
+        gathered(q, k_pool, v_pool, batch, (dims, scale, window, sinks))
+    })
+}
+
+/// The gather path over pools of values: `how` is the dims, scale, window and sinks.
+fn gathered(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    how: (Dims, f32, Option<u32>, Option<&[f32]>),
+) -> Result<Tensor> {
+    let (dims, scale, window, sinks) = how;
     let device = q.device();
     let group = dims.n_heads / dims.n_kv_heads;
     let mut outs = Vec::with_capacity(batch.num_sequences());

@@ -321,7 +321,8 @@ pub fn attention_in_window(
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     check_sinks(sinks, dims)?;
-    match q.device() {
+    // Codes in rotated heads: the queries turned the keys' way, the output turned back.
+    codes::rotated(q, dims, |q| match q.device() {
         #[cfg(feature = "cuda-emulator")]
         Device::Cpu
             if sinks.is_none() && emulator::replaces_the_cpu_op(dims.head_dim, k_pool.dtype()) =>
@@ -381,7 +382,7 @@ pub fn attention_in_window(
             window,
             sinks,
         ),
-    }
+    })
 }
 
 /// Refuses a sink list that is not one value per query head.

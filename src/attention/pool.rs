@@ -23,7 +23,7 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::codes::{Codes, QK};
+use super::codes::{hadamard, turned, Codes, QK, TURN};
 use super::KvPrecision;
 use crate::kv::ChunkBytes;
 use crate::{Error, Result};
@@ -82,6 +82,8 @@ pub struct KvPool {
     values: usize,
     /// The blocks of codes it holds, if it quantizes.
     codes: Option<Codes>,
+    /// Whether its heads are stored turned (codes of heads of a multiple of 64 values).
+    turned: bool,
     /// On the CPU: restores whose bytes arrive layer by layer from the store, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
@@ -140,6 +142,7 @@ impl KvPool {
             row: shape.num_kv_heads * width,
             values: shape.num_kv_heads * shape.head_dim,
             codes: kv.codes(),
+            turned: kv.codes().is_some() && turned(shape.head_dim),
             restoring: Mutex::new(Restoring::default()),
         })
     }
@@ -203,11 +206,15 @@ impl KvPool {
         let (kp, vp) = self.layer(layer)?;
         let tokens = index.dim(0)?;
         let flat = |pool: &Tensor| pool.reshape((self.n_slots, self.row));
+        // Codes are of the turned heads.
         let rows = |x: &Tensor| -> Result<Tensor> {
             let Some(c) = self.codes else {
                 return Ok(x.to_dtype(kp.dtype())?.reshape((tokens, self.row))?);
             };
-            let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            if self.turned {
+                values.chunks_exact_mut(TURN).for_each(hadamard);
+            }
             let mut codes = Vec::with_capacity(tokens * self.row);
             c.quantize(&values, &mut codes);
             Ok(Tensor::from_vec(codes, (tokens, self.row), kp.device())?)

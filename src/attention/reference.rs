@@ -21,10 +21,25 @@ pub fn attention_reference(
 ) -> Result<Tensor> {
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     super::check_sinks(sinks, dims)?;
-    let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    // A pool of codes is widened as the kernels widen it: `d · q`, exact in f32.
+    // A pool of codes is widened as the kernels widen it (`d · q`, exact in f32), its heads
+    // rotated as the kernels' are.
     let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
     let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
+    super::codes::rotated(q, dims, |q| {
+        naive(q, k_pool, v_pool, batch, (dims, scale, window, sinks))
+    })
+}
+
+/// The reference over pools of values: `how` is the dims, scale, window and sinks.
+fn naive(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    batch: &AttentionBatch,
+    how: (Dims, f32, Option<u32>, Option<&[f32]>),
+) -> Result<Tensor> {
+    let (dims, scale, window, sinks) = how;
+    let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let kv = k_pool
         .to_dtype(DType::F32)?
         .flatten_all()?

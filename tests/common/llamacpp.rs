@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use pensieve::model::default_cache_dir;
+use pensieve::attention::KvPool;
+use pensieve::engine::KvPrecision;
+use pensieve::model::{default_cache_dir, ForwardBatch, Model};
 use serde_json::Value;
 
 /// A fixture file, parsed.
@@ -50,4 +52,53 @@ pub fn gemma_path() -> PathBuf {
 /// `ids` as a vector of token ids.
 pub fn ids(v: &Value) -> Vec<u32> {
     serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The negative log-likelihood of each of a fixture's held-back replies under `model` with KV
+/// at `kv`, after its context, with the reply's token count. The context (all but its last
+/// token) is prefilled without logits, then the rest is scored: the output layer (Gemma's is
+/// 262k rows) runs only for the rows that predict a reply token.
+pub fn reply_nlls(model: &Model, replies: &[Value], kv: KvPrecision) -> Vec<(f64, usize)> {
+    let llama = model.transformer();
+    replies
+        .iter()
+        .map(|r| {
+            let (context, reply) = (ids(&r["context"]), ids(&r["reply"]));
+            let tokens: Vec<u32> = context.iter().chain(&reply).copied().collect();
+            let idx: Vec<u32> = (0..tokens.len() as u32).collect();
+            let pool =
+                KvPool::new(llama.config().kv_shape(), tokens.len(), kv, llama.device()).unwrap();
+            let (first, last) = (context.len() - 1, tokens.len() - 1);
+            if first > 0 {
+                let mut batch = ForwardBatch::new();
+                let prefix = &idx[..first];
+                batch
+                    .push(&tokens[..first], prefix, prefix, prefix, first, false)
+                    .unwrap();
+                llama.forward(&batch, &pool).unwrap();
+            }
+            let mut batch = ForwardBatch::new();
+            let scored = &idx[first..last];
+            batch
+                .push_scored(&tokens[first..last], scored, scored, &idx[..last], last)
+                .unwrap();
+            let logits = llama.forward(&batch, &pool).unwrap();
+            let mut nll = 0f64;
+            for (i, &t) in reply.iter().enumerate() {
+                let row = logits.get(i).unwrap().to_vec1::<f32>().unwrap();
+                let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                nll -= row[t as usize] as f64 - max - sum.ln();
+            }
+            (nll, reply.len())
+        })
+        .collect()
+}
+
+/// The perplexity of replies' negative log-likelihoods and token counts.
+pub fn perplexity(nlls: &[(f64, usize)]) -> f64 {
+    let (nll, count) = nlls
+        .iter()
+        .fold((0f64, 0usize), |(a, n), &(x, c)| (a + x, n + c));
+    (nll / count as f64).exp()
 }

@@ -11,7 +11,7 @@ use candle_core::DType;
 use half::{bf16, f16};
 
 use super::{unsupported, KvPool};
-use crate::attention::codes::Codes;
+use crate::attention::codes::{hadamard, Codes, TURN};
 use crate::Result;
 
 /// RoPE's rotation of a key by a fixed number of positions.
@@ -125,9 +125,17 @@ impl KvPool {
                         to.copy_from_slice(from);
                         if part == 0 && q != p {
                             load(to, dtype, self.codes, &mut scratch);
+                            // Keys stored turned (codes) are turned back for RoPE, then again.
+                            let turn = |s: &mut Vec<f32>| {
+                                if self.turned {
+                                    s.chunks_exact_mut(TURN).for_each(hadamard);
+                                }
+                            };
+                            turn(&mut scratch);
                             scratch
                                 .chunks_exact_mut(head)
                                 .for_each(|h| rotation.apply(h));
+                            turn(&mut scratch);
                             store(&scratch, dtype, self.codes, to);
                         }
                     }
@@ -295,6 +303,59 @@ mod tests {
                 .unwrap();
             assert!(new[0].is_some());
             assert!(new[1].is_none());
+        }
+    }
+
+    #[test]
+    fn moved_keys_stored_in_8_bits_are_turned_back_for_rope_and_again() {
+        let shape = KvShape {
+            num_layers: 1,
+            num_kv_heads: 1,
+            head_dim: 64,
+        };
+        let inv: Vec<f32> = (0..32)
+            .map(|i| 1.0 / 10_000f32.powf(i as f32 / 32.0))
+            .collect();
+        let (chunk, n, cut) = (4usize, 12usize, 2..6usize);
+        let content: Vec<f32> = (0..n * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+        // A key of content row `row` embedded at position `p`.
+        let at = |row: usize, p: usize| {
+            let mut k = content[row * 64..][..64].to_vec();
+            KeyRotation::new(&inv, false, p as i64).apply(&mut k);
+            k
+        };
+        let keys: Vec<f32> = (0..n).flat_map(|p| at(p, p)).collect();
+        let keys = Tensor::from_vec(keys, (n, 1, 64), &Device::Cpu).unwrap();
+        let kv = crate::attention::KvPrecision::Q8;
+        let pool = KvPool::new(shape, 16, kv, &Device::Cpu).unwrap();
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let index = pool.write_index(&slots, &Device::Cpu).unwrap();
+        pool.write(0, &index, &keys, &keys).unwrap();
+        let chunks: Vec<Vec<u8>> = (0..n.div_ceil(chunk))
+            .map(|c| pool.read_slots(c * chunk, chunk).unwrap())
+            .collect();
+        let old: Vec<Option<&[u8]>> = chunks.iter().map(|c| Some(c.as_slice())).collect();
+        let kept = n - cut.len();
+        let back = [KeyRotation::new(&inv, false, -(cut.len() as i64))];
+        let new = (pool.shift_chunks(0, chunk, &old, cut.clone(), kept, &back)).unwrap();
+        let row = kv.head_row_bytes(64);
+        for (c, bytes) in new.iter().enumerate() {
+            let bytes = bytes.as_ref().unwrap();
+            let len = bytes.len() / (2 * row);
+            for (o, k) in bytes[..len * row].chunks_exact(row).enumerate() {
+                let p = c * chunk + o;
+                let q = if p < cut.start { p } else { p + cut.len() };
+                let mut got = Vec::new();
+                Codes::Q8.dequantize(k, &mut got);
+                got.chunks_exact_mut(TURN).for_each(hadamard);
+                let want = at(q, p);
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                // Quantized twice, each within half a step of 1/127 of the turned key.
+                assert!(err < 0.03, "token {p} (was {q}): {err}");
+            }
         }
     }
 }
