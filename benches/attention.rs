@@ -15,7 +15,7 @@
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pensieve::attention::{attention, attention_gather, AttentionBatch};
+use pensieve::attention::{attention, attention_gather, Attend, AttentionBatch};
 
 /// SmolLM2's attention shape: 9 query heads over 3 kv heads of 64.
 const HEADS: usize = 9;
@@ -106,7 +106,7 @@ fn figure10(c: &mut Criterion) {
             b.iter(|| attention(&ideal.q, &ideal.k, &ideal.v, &ideal.batch, scale()))
         });
         group.bench_with_input(BenchmarkId::new("gather_then_attend", ctx), &ctx, |b, _| {
-            b.iter(|| attention_gather(q, k, v, batch, scale(), None, None))
+            b.iter(|| attention_gather(q, k, v, Attend::new(batch, scale())))
         });
         group.bench_with_input(
             BenchmarkId::new("one_query_at_a_time", ctx),
@@ -142,7 +142,7 @@ fn engine_batches(c: &mut Criterion) {
             });
             let id = format!("{name}/gather_then_attend");
             group.bench_with_input(BenchmarkId::new(id, ctx), &ctx, |b, _| {
-                b.iter(|| attention_gather(&q, &k, &v, &batch, scale(), None, None))
+                b.iter(|| attention_gather(&q, &k, &v, Attend::new(&batch, scale())))
             });
         }
     }

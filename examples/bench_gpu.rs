@@ -31,7 +31,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use pensieve::attention::{attention, attention_gather, AttentionBatch, KvPool};
+use pensieve::attention::{attention, attention_gather, Attend, AttentionBatch, KvPool};
 use pensieve::model::{ForwardBatch, Model, ModelConfig, Transformer, WeightFormat};
 
 type AnyResult<T> = Result<T, Box<dyn Error>>;
@@ -191,7 +191,7 @@ fn attention_table(gpu: &Device, args: &Args) -> AnyResult<()> {
                 Ok(())
             })?;
             let t_gather = median(gpu, args.repeats, || {
-                attention_gather(&q, &kd, &vd, &ours, scale as f32, None, None)?;
+                attention_gather(&q, &kd, &vd, Attend::new(&ours, scale as f32))?;
                 Ok(())
             })?;
             let qc = q

@@ -12,6 +12,8 @@
 //! (`transfer_time`) and the time the pipelined pass still waited for reads
 //! (`restore_wait_time`): the overlap is the share of the read the pipeline hid.
 //!
+//! `--kv q8|q4` keeps the KV in 8 or 4 bits (the bytes stored per turn are reported).
+//!
 //! With `--redis URL` the store is that Redis instead (the fleet's shared tier): the same
 //! resumes read the history's chunks over the network, and the report adds what one chunk
 //! costs to fetch and check (the serial read divided by the chunks) and to store (the time
@@ -25,8 +27,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pensieve::engine::{
-    Budgets, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, RedisConfig,
-    SamplingParams, StoreConfig, Turn,
+    Budgets, ConversationOptions, CostModel, CostProfile, Engine, EngineConfig, KvPrecision,
+    RedisConfig, SamplingParams, StoreConfig, Turn,
 };
 use pensieve::model::{LoadOptions, Model, ModelSource};
 
@@ -44,6 +46,9 @@ struct Args {
     /// Store in this Redis instead of a folder.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// The KV's precision in every tier.
+    #[arg(long, value_enum, default_value = "f16")]
+    kv: pensieve::cli::Kv,
 }
 
 /// Where one repeat stores its chunks: a folder of its own, or its own key prefix in Redis.
@@ -56,8 +61,9 @@ fn store(dir: &Path, redis: Option<&str>) -> StoreConfig {
     }
 }
 
-fn config(store: StoreConfig, pipelined: bool) -> EngineConfig {
+fn config(store: StoreConfig, pipelined: bool, kv: KvPrecision) -> EngineConfig {
     EngineConfig::default()
+        .kv_precision(kv)
         .budgets(Budgets::default().device_tokens(8192))
         .step_token_budget(4096)
         // Every chunk is worth saving: recomputing costs more than reading it back.
@@ -91,8 +97,9 @@ fn resume(
     store: StoreConfig,
     pipelined: bool,
     turn: &[u32],
+    kv: KvPrecision,
 ) -> Result<(Duration, Duration, Duration), Box<dyn Error>> {
-    let mut engine = Engine::with_model(model.clone(), config(store, pipelined))?;
+    let mut engine = Engine::with_model(model.clone(), config(store, pipelined, kv))?;
     let conv = engine.resume("bench")?;
     let params = SamplingParams::greedy().max_tokens(1);
     let (_, stats) = engine.run_turn(conv, Turn::Tokens(turn.to_vec()), params, |_| {})?;
@@ -132,30 +139,33 @@ fn run() -> Result<(), Box<dyn Error>> {
             Some(line.split(':').nth(1)?.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    println!("{cpu}; history {} tokens", args.history);
+    let kv = KvPrecision::from(args.kv);
+    println!("{cpu}; history {} tokens, KV {kv:?}", args.history);
     let bar = ProgressBar::new(2 * args.repeats as u64).with_style(ProgressStyle::with_template(
         "{bar:30} {pos}/{len} resumes",
     )?);
     let mut serial = (Vec::new(), Vec::new());
     let mut pipelined = (Vec::new(), Vec::new());
     let mut writes = Vec::new();
+    let mut stored = 0;
     for _ in 0..args.repeats {
         for pipe in [false, true] {
             // A fresh store each time: every resume reads the same files, once.
             let dir = root.path().join(format!("store-{}", bar.position()));
             let store = store(&dir, args.redis.as_deref());
-            let mut engine = Engine::with_model(model.clone(), config(store.clone(), pipe))?;
+            let mut engine = Engine::with_model(model.clone(), config(store.clone(), pipe, kv))?;
             let conv = engine.open(ConversationOptions::default().name("bench"))?;
             let params = SamplingParams::greedy().max_tokens(1);
             engine.run_turn(conv, Turn::Tokens(history.clone()), params, |_| {})?;
             let start = Instant::now();
             engine.flush();
             writes.push(start.elapsed());
+            stored = engine.stats().store.map_or(0, |s| s.bytes_written);
             drop(engine);
             if !args.warm_cache && args.redis.is_none() {
                 evict_page_cache(&dir)?;
             }
-            let (ttft, transfer, waited) = resume(&model, store, pipe, &turn)?;
+            let (ttft, transfer, waited) = resume(&model, store, pipe, &turn, kv)?;
             let out = if pipe { &mut pipelined } else { &mut serial };
             out.0.push(ttft);
             out.1.push(if pipe { waited } else { transfer });
@@ -182,6 +192,10 @@ fn run() -> Result<(), Box<dyn Error>> {
         "TTFT ratio pipelined/serial {:.2}; share of the read hidden {:.0}%",
         pt.as_secs_f64() / st.as_secs_f64(),
         100.0 * (1.0 - pw.as_secs_f64() / sr.as_secs_f64().max(1e-9))
+    );
+    println!(
+        "stored: {stored} bytes of KV for the turn's {} tokens",
+        args.history
     );
     let chunks = args.history.div_ceil(EngineConfig::default().chunk_size) as f64;
     println!(

@@ -11,8 +11,8 @@ use common::attention_cases::{build, case, long_case, max_rel_err, values, Case,
 
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::{
-    attention, attention_gather, attention_in_window, attention_reference, AttentionBatch, KvPool,
-    KvShape,
+    attention, attention_gather, attention_in_window, attention_reference, Attend, AttentionBatch,
+    KvPool, KvShape,
 };
 use pensieve::engine::KvPrecision;
 use proptest::prelude::*;
@@ -23,8 +23,10 @@ fn fast_error(c: &Case, dtype: DType) -> f32 {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
-    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+    let reference =
+        attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
+    let fast =
+        attention_in_window(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
     max_rel_err(&fast, &reference)
 }
 
@@ -71,8 +73,8 @@ proptest! {
     fn gather_equals_reference(c in case()) {
         let (q, k, v, batch) = build(&c);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
-        let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+        let reference = attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
+        let gathered = attention_gather(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
         let err = max_rel_err(&gathered, &reference);
         prop_assert!(err < GATHER_TOL, "err {}", err);
     }
@@ -88,15 +90,15 @@ proptest! {
         prop_assume!(c.head_dim % 32 == 0);
         let (q, k, v, batch) = build(&c);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let exact = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+        let exact = attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
         // Values in [-2, 2]: a step of q8_0 is up to 4/254 (measured errors up to 0.03
         // against the floor of 0.1: 0.3), of q4_0 4/16 and clipped (up to 0.45); a query
         // turned otherwise than its keys misses by the output's whole size (up to 40).
         for (kv, lossy) in [(KvPrecision::Q8, 0.6), (KvPrecision::Q4, 8.0)] {
             let (kp, vp) = stored(&c, &k, &v, kv);
-            let reference = attention_reference(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
-            let fast = attention_in_window(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
-            let gathered = attention_gather(&q, &kp, &vp, &batch, scale, c.window, None).unwrap();
+            let reference = attention_reference(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
+            let fast = attention_in_window(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
+            let gathered = attention_gather(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
             prop_assert!(max_rel_err(&fast, &reference) < FAST_TOL, "{:?}", kv);
             prop_assert!(max_rel_err(&gathered, &reference) < GATHER_TOL, "{:?}", kv);
             // Against the values before they were stored: what the codes lose, and no more.
@@ -117,10 +119,27 @@ fn sink_errors(c: &Case) -> (f32, f32) {
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let s = sinks(c);
     let s = Some(s.as_slice());
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, s);
+    let reference = attention_reference(
+        &q,
+        &k,
+        &v,
+        Attend::new(&batch, scale).window(c.window).sinks(s),
+    );
     let reference = reference.unwrap();
-    let fast = attention_in_window(&q, &k, &v, &batch, scale, c.window, s).unwrap();
-    let gathered = attention_gather(&q, &k, &v, &batch, scale, c.window, s).unwrap();
+    let fast = attention_in_window(
+        &q,
+        &k,
+        &v,
+        Attend::new(&batch, scale).window(c.window).sinks(s),
+    )
+    .unwrap();
+    let gathered = attention_gather(
+        &q,
+        &k,
+        &v,
+        Attend::new(&batch, scale).window(c.window).sinks(s),
+    )
+    .unwrap();
     (
         max_rel_err(&fast, &reference),
         max_rel_err(&gathered, &reference),
@@ -141,7 +160,7 @@ fn a_large_sink_takes_the_attention_and_a_small_one_leaves_it() {
         window: None,
     });
     let scale = 0.125;
-    let plain = attention_in_window(&q, &k, &v, &batch, scale, None, None).unwrap();
+    let plain = attention_in_window(&q, &k, &v, Attend::new(&batch, scale)).unwrap();
     let norm = |t: &Tensor| {
         t.sqr()
             .unwrap()
@@ -150,11 +169,18 @@ fn a_large_sink_takes_the_attention_and_a_small_one_leaves_it() {
             .to_scalar::<f32>()
             .unwrap()
     };
-    let with = |s: f32| attention_in_window(&q, &k, &v, &batch, scale, None, Some(&[s; 4]));
+    let with =
+        |s: f32| attention_in_window(&q, &k, &v, Attend::new(&batch, scale).sinks(Some(&[s; 4])));
     assert!(norm(&with(40.0).unwrap()) < 1e-6 * norm(&plain));
     assert!(max_rel_err(&with(-40.0).unwrap(), &plain) < FAST_TOL);
     // One value per query head.
-    assert!(attention_in_window(&q, &k, &v, &batch, scale, None, Some(&[0.0; 3])).is_err());
+    assert!(attention_in_window(
+        &q,
+        &k,
+        &v,
+        Attend::new(&batch, scale).sinks(Some(&[0.0; 3]))
+    )
+    .is_err());
 }
 
 proptest! {
@@ -290,16 +316,14 @@ fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+    let reference =
+        attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
     let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
     let out = attention_in_window(
         &on_gpu(&q),
         &on_gpu(&k),
         &on_gpu(&v),
-        &batch,
-        scale,
-        c.window,
-        None,
+        Attend::new(&batch, scale).window(c.window),
     )
     .unwrap();
     Some(max_rel_err(

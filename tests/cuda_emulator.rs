@@ -10,7 +10,7 @@ mod common;
 use candle_core::{DType, Tensor};
 use common::attention_cases::{build, kernel_case, long_case, max_rel_err, Case, SeqCase};
 use pensieve::attention::emulator::{self, Emulation, EmulationError, Schedule};
-use pensieve::attention::{attention_reference, AttentionBatch};
+use pensieve::attention::{attention_reference, Attend, AttentionBatch};
 use proptest::prelude::*;
 
 /// The kernel's error against the f64 reference: f32 sums in another order, with scores up to
@@ -41,7 +41,8 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome
     let (q, k, v, batch) = build(c);
     let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = attention_reference(&q, &k, &v, &batch, scale, c.window, None).unwrap();
+    let reference =
+        attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
     let mut first: Option<(Schedule, Tensor)> = None;
     for schedule in Schedule::ALL {
         let how = Emulation {
@@ -50,11 +51,13 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome
             sms,
             mma,
         };
-        let out = match emulator::attention(&q, &k, &v, &batch, scale, c.window, how) {
-            Ok(out) => out,
-            Err(EmulationError::Divergence(why)) => return Outcome::Stopped(why),
-            Err(e) => panic!("{e}"),
-        };
+        let out =
+            match emulator::attention(&q, &k, &v, Attend::new(&batch, scale).window(c.window), how)
+            {
+                Ok(out) => out,
+                Err(EmulationError::Divergence(why)) => return Outcome::Stopped(why),
+                Err(e) => panic!("{e}"),
+            };
         match &first {
             None => first = Some((schedule, out)),
             Some((s0, o0)) if bits(o0) != bits(&out) => return Outcome::Differed(*s0, schedule),
@@ -140,7 +143,8 @@ fn edge_cases_match_the_reference() {
     let k = Tensor::ones((2, 2, 64), DType::F16, &candle_core::Device::Cpu).unwrap();
     let mut batch = AttentionBatch::new(16);
     batch.push_sequence(&[5], &[], 0).unwrap();
-    let out = emulator::attention(&q, &k, &k, &batch, 0.1, None, Emulation::default()).unwrap();
+    let out =
+        emulator::attention(&q, &k, &k, Attend::new(&batch, 0.1), Emulation::default()).unwrap();
     assert!(out
         .flatten_all()
         .unwrap()

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{visible, AttentionBatch, Dims};
+use super::{visible, Attend, Dims};
 use crate::Result;
 
 /// Same contract as [`super::attention_in_window`], for any candle device.
@@ -16,30 +16,30 @@ pub fn attention_gather(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    scale: f32,
-    window: Option<u32>,
-    sinks: Option<&[f32]>,
+    how: Attend<'_>,
 ) -> Result<Tensor> {
-    let dims = Dims::check(q, k_pool, v_pool, batch)?;
-    super::check_sinks(sinks, dims)?;
+    let dims = Dims::check(q, k_pool, v_pool, how.batch)?;
+    super::check_sinks(how.sinks, dims)?;
     // A pool of codes widened, its heads rotated as the kernels' are.
     let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
     let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
-    super::codes::rotated(q, dims, |q| {
-        gathered(q, k_pool, v_pool, batch, (dims, scale, window, sinks))
-    })
+    super::codes::rotated(q, dims, |q| gathered(q, k_pool, v_pool, how, dims))
 }
 
-/// The gather path over pools of values: `how` is the dims, scale, window and sinks.
+/// The gather path over pools of values.
 fn gathered(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    how: (Dims, f32, Option<u32>, Option<&[f32]>),
+    how: Attend<'_>,
+    dims: Dims,
 ) -> Result<Tensor> {
-    let (dims, scale, window, sinks) = how;
+    let Attend {
+        batch,
+        scale,
+        window,
+        sinks,
+    } = how;
     let device = q.device();
     let group = dims.n_heads / dims.n_kv_heads;
     let mut outs = Vec::with_capacity(batch.num_sequences());

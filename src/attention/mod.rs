@@ -299,26 +299,66 @@ pub fn attention(
     batch: &AttentionBatch,
     scale: f32,
 ) -> Result<Tensor> {
-    attention_in_window(q, k_pool, v_pool, batch, scale, None, None)
+    attention_in_window(q, k_pool, v_pool, Attend::new(batch, scale))
 }
 
-/// [`attention`] on a layer whose queries see only the last `window` positions (a sliding
-/// window; `None`: the whole causal context), with attention sinks where the model has them
-/// (gpt-oss's): per query head, a learned score that joins the softmax's sum and attends to
-/// no value, so a head may attend to little. `sinks` has one value per query head. On CUDA,
-/// sinks take the gather path for now.
+/// What one call of the op attends with beside its tensors: the batch, the scale of the
+/// scores, the window and the sinks. Every entry of the op ([`attention_in_window`], the
+/// gather path, the reference, the CUDA kernel's emulation) takes one.
+#[derive(Clone, Copy, Debug)]
+pub struct Attend<'a> {
+    /// Which rows belong to which sequence, and each sequence's context.
+    pub batch: &'a AttentionBatch,
+    /// Multiplies the scores (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// Positions a query sees back from its own, its own included (a sliding window, as
+    /// Gemma 3's local layers); `None`: the whole causal context.
+    pub window: Option<u32>,
+    /// Per query head, a learned score that joins the softmax's sum and attends to no value
+    /// (gpt-oss's attention sinks), so a head may attend to little; `None`: no sinks.
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl<'a> Attend<'a> {
+    /// The whole causal context of `batch`, scores scaled by `scale`, no sinks.
+    pub fn new(batch: &'a AttentionBatch, scale: f32) -> Self {
+        Self {
+            batch,
+            scale,
+            window: None,
+            sinks: None,
+        }
+    }
+
+    /// The same within a sliding window of `window` positions (`None`: none).
+    pub fn window(self, window: Option<u32>) -> Self {
+        Self { window, ..self }
+    }
+
+    /// The same with attention sinks, one per query head (`None`: none).
+    pub fn sinks(self, sinks: Option<&'a [f32]>) -> Self {
+        Self { sinks, ..self }
+    }
+}
+
+/// [`attention`] as `how` describes it: a sliding window, attention sinks (on CUDA, sinks
+/// take the gather path for now).
 ///
 /// # Errors
-/// As [`attention`]; [`Error::InvalidBatch`] for a sink list of another length.
+/// As [`attention`]; [`Error::InvalidBatch`] for a sink list of another length than the
+/// query heads.
 pub fn attention_in_window(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    scale: f32,
-    window: Option<u32>,
-    sinks: Option<&[f32]>,
+    how: Attend<'_>,
 ) -> Result<Tensor> {
+    let Attend {
+        batch,
+        scale,
+        window,
+        sinks,
+    } = how;
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     check_sinks(sinks, dims)?;
     // Codes in rotated heads: the queries turned the keys' way, the output turned back.
@@ -327,11 +367,11 @@ pub fn attention_in_window(
         Device::Cpu
             if sinks.is_none() && emulator::replaces_the_cpu_op(dims.head_dim, k_pool.dtype()) =>
         {
-            let how = emulator::Emulation {
+            let emulation = emulator::Emulation {
                 sms: 1,
                 ..Default::default()
             };
-            let out = emulator::attention(q, k_pool, v_pool, batch, scale, window, how)
+            let out = emulator::attention(q, k_pool, v_pool, how, emulation)
                 .map_err(|e| Error::Candle(candle_core::Error::Msg(e.to_string())))?;
             Ok(out.to_dtype(q.dtype())?)
         }
@@ -377,10 +417,7 @@ pub fn attention_in_window(
             q,
             &codes::readable(k_pool, dims.codes, dims.head_dim)?,
             &codes::readable(v_pool, dims.codes, dims.head_dim)?,
-            batch,
-            scale,
-            window,
-            sinks,
+            how,
         ),
     })
 }

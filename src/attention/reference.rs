@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{visible, AttentionBatch, Dims};
+use super::{visible, Attend, Dims};
 use crate::Result;
 
 /// Same contract as [`super::attention_in_window`], computed the obvious way on the host.
@@ -14,31 +14,31 @@ pub fn attention_reference(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    scale: f32,
-    window: Option<u32>,
-    sinks: Option<&[f32]>,
+    how: Attend<'_>,
 ) -> Result<Tensor> {
-    let dims = Dims::check(q, k_pool, v_pool, batch)?;
-    super::check_sinks(sinks, dims)?;
+    let dims = Dims::check(q, k_pool, v_pool, how.batch)?;
+    super::check_sinks(how.sinks, dims)?;
     // A pool of codes is widened as the kernels widen it (`d · q`, exact in f32), its heads
     // rotated as the kernels' are.
     let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
     let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
-    super::codes::rotated(q, dims, |q| {
-        naive(q, k_pool, v_pool, batch, (dims, scale, window, sinks))
-    })
+    super::codes::rotated(q, dims, |q| naive(q, k_pool, v_pool, how, dims))
 }
 
-/// The reference over pools of values: `how` is the dims, scale, window and sinks.
+/// The reference over pools of values.
 fn naive(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    how: (Dims, f32, Option<u32>, Option<&[f32]>),
+    how: Attend<'_>,
+    dims: Dims,
 ) -> Result<Tensor> {
-    let (dims, scale, window, sinks) = how;
+    let Attend {
+        batch,
+        scale,
+        window,
+        sinks,
+    } = how;
     let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let kv = k_pool
         .to_dtype(DType::F32)?

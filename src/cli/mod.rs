@@ -87,6 +87,18 @@ pub enum Kv {
     Q4,
 }
 
+impl From<Kv> for KvPrecision {
+    fn from(kv: Kv) -> Self {
+        match kv {
+            Kv::F16 => KvPrecision::F16,
+            Kv::F32 => KvPrecision::F32,
+            Kv::Bf16 => KvPrecision::Bf16,
+            Kv::Q8 => KvPrecision::Q8,
+            Kv::Q4 => KvPrecision::Q4,
+        }
+    }
+}
+
 /// What a turn that would pass the context window does.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Overflow {
@@ -171,13 +183,7 @@ impl EngineArgs {
 
     /// The KV precision of `--kv`.
     pub fn kv_precision(&self) -> KvPrecision {
-        match self.kv {
-            Kv::F16 => KvPrecision::F16,
-            Kv::F32 => KvPrecision::F32,
-            Kv::Bf16 => KvPrecision::Bf16,
-            Kv::Q8 => KvPrecision::Q8,
-            Kv::Q4 => KvPrecision::Q4,
-        }
+        self.kv.into()
     }
 
     /// The overflow policy of `--overflow`.

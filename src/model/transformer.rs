@@ -19,7 +19,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{ModelConfig, RopeVariant};
 use super::packed::{Isa, PackedLinear};
-use crate::attention::{attention_in_window, AttentionBatch, KvPool};
+use crate::attention::{attention_in_window, Attend, AttentionBatch, KvPool};
 use crate::{Error, Result};
 
 mod awake;
@@ -540,8 +540,14 @@ impl Transformer {
             pool.write(i, &write_index, &k, &v)?;
             let (k_pool, v_pool) = pool.layer(i)?;
             let (window, sinks) = (layer.window, layer.sinks.as_deref());
-            let a =
-                attention_in_window(&q, k_pool, v_pool, &batch.attention, scale, window, sinks)?;
+            let a = attention_in_window(
+                &q,
+                k_pool,
+                v_pool,
+                Attend::new(&batch.attention, scale)
+                    .window(window)
+                    .sinks(sinks),
+            )?;
             let a = a.reshape((t, c.num_heads * c.head_dim))?;
             x = match &layer.post_attn_norm {
                 Some(n) => (&x + candle_nn::ops::rms_norm(&layer.wo.forward(&a)?, n, eps)?)?,

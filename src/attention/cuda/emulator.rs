@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void};
 use candle_core::{DType, Device, Tensor};
 
 use super::plan::{mma_shared_bytes, Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
-use crate::attention::{AttentionBatch, Dims};
+use crate::attention::{Attend, Dims};
 
 /// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
 const ATTEND_THREADS: u32 = 128;
@@ -187,11 +187,15 @@ pub fn attention(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    batch: &AttentionBatch,
-    scale: f32,
-    window: Option<u32>,
+    attend: Attend<'_>,
     how: Emulation,
 ) -> Result<Tensor, EmulationError> {
+    let Attend {
+        batch,
+        scale,
+        window,
+        ..
+    } = attend;
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     let dtype = k_pool.dtype();
     let (t, d) = kernel_index(dtype, dims.head_dim)?;

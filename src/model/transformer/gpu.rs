@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ffn::Ffn;
 use super::{ForwardBatch, Linear, RopeVariant, Transformer};
-use crate::attention::{attention_in_window, KvPool};
+use crate::attention::{attention_in_window, Attend, KvPool};
 use crate::model::fused::{self, add_rms_norm, RopeWrite};
 use crate::Result;
 
@@ -82,10 +82,7 @@ impl Transformer {
                 &q,
                 k_pool,
                 v_pool,
-                &batch.attention,
-                scale,
-                layer.window,
-                None,
+                Attend::new(&batch.attention, scale).window(layer.window),
             )?;
             let a = a
                 .reshape((t, c.num_heads * c.head_dim))?
