@@ -23,9 +23,11 @@ use rayon::prelude::*;
 use super::{AttentionBatch, Dims, SequenceView};
 use crate::math::exp;
 
+mod rows;
 mod tiles;
 
-use tiles::{CodeRows, KvRows, Simd, TileRows, Values, QG};
+use rows::{CodeRows, KvRows, Values};
+use tiles::{Simd, TileRows, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;

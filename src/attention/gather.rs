@@ -18,12 +18,7 @@ pub fn attention_gather(
     v_pool: &Tensor,
     how: Attend<'_>,
 ) -> Result<Tensor> {
-    let dims = Dims::check(q, k_pool, v_pool, how.batch)?;
-    super::check_sinks(how.sinks, dims)?;
-    // A pool of codes widened, its heads rotated as the kernels' are.
-    let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
-    let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
-    super::codes::rotated(q, dims, |q| gathered(q, k_pool, v_pool, how, dims))
+    super::over_values(q, k_pool, v_pool, how, gathered)
 }
 
 /// The gather path over pools of values.
@@ -34,12 +29,7 @@ fn gathered(
     how: Attend<'_>,
     dims: Dims,
 ) -> Result<Tensor> {
-    let Attend {
-        batch,
-        scale,
-        window,
-        sinks,
-    } = how;
+    let (batch, scale, window, sinks) = (how.batch, how.scale, how.window, how.sinks);
     let device = q.device();
     let group = dims.n_heads / dims.n_kv_heads;
     let mut outs = Vec::with_capacity(batch.num_sequences());

@@ -353,12 +353,7 @@ pub fn attention_in_window(
     v_pool: &Tensor,
     how: Attend<'_>,
 ) -> Result<Tensor> {
-    let Attend {
-        batch,
-        scale,
-        window,
-        sinks,
-    } = how;
+    let (batch, scale, window, sinks) = (how.batch, how.scale, how.window, how.sinks);
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     check_sinks(sinks, dims)?;
     // Codes in rotated heads: the queries turned the keys' way, the output turned back.
@@ -420,6 +415,24 @@ pub fn attention_in_window(
             how,
         ),
     })
+}
+
+/// The entry of the paths that read pools of values (the gather path, the reference): `how`
+/// checked against the tensors, a pool of codes widened (`d · q`, exact in f32, as the
+/// kernels widen it), and `attend` run on the queries turned as its keys are stored, its
+/// output turned back.
+fn over_values(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    how: Attend<'_>,
+    attend: fn(&Tensor, &Tensor, &Tensor, Attend<'_>, Dims) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let dims = Dims::check(q, k_pool, v_pool, how.batch)?;
+    check_sinks(how.sinks, dims)?;
+    let widen = |pool| codes::readable(pool, dims.codes, dims.head_dim);
+    let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
+    codes::rotated(q, dims, |q| attend(q, k_pool, v_pool, how, dims))
 }
 
 /// Refuses a sink list that is not one value per query head.

@@ -16,13 +16,7 @@ pub fn attention_reference(
     v_pool: &Tensor,
     how: Attend<'_>,
 ) -> Result<Tensor> {
-    let dims = Dims::check(q, k_pool, v_pool, how.batch)?;
-    super::check_sinks(how.sinks, dims)?;
-    // A pool of codes is widened as the kernels widen it (`d · q`, exact in f32), its heads
-    // rotated as the kernels' are.
-    let widen = |pool| super::codes::readable(pool, dims.codes, dims.head_dim);
-    let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
-    super::codes::rotated(q, dims, |q| naive(q, k_pool, v_pool, how, dims))
+    super::over_values(q, k_pool, v_pool, how, naive)
 }
 
 /// The reference over pools of values.
@@ -33,12 +27,7 @@ fn naive(
     how: Attend<'_>,
     dims: Dims,
 ) -> Result<Tensor> {
-    let Attend {
-        batch,
-        scale,
-        window,
-        sinks,
-    } = how;
+    let (batch, scale, window, sinks) = (how.batch, how.scale, how.window, how.sinks);
     let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let kv = k_pool
         .to_dtype(DType::F32)?

@@ -540,14 +540,8 @@ impl Transformer {
             pool.write(i, &write_index, &k, &v)?;
             let (k_pool, v_pool) = pool.layer(i)?;
             let (window, sinks) = (layer.window, layer.sinks.as_deref());
-            let a = attention_in_window(
-                &q,
-                k_pool,
-                v_pool,
-                Attend::new(&batch.attention, scale)
-                    .window(window)
-                    .sinks(sinks),
-            )?;
+            let how = Attend::new(&batch.attention, scale).window(window);
+            let a = attention_in_window(&q, k_pool, v_pool, how.sinks(sinks))?;
             let a = a.reshape((t, c.num_heads * c.head_dim))?;
             x = match &layer.post_attn_norm {
                 Some(n) => (&x + candle_nn::ops::rms_norm(&layer.wo.forward(&a)?, n, eps)?)?,

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::tiles::{CodeRows, KvElem, KvRows, Values};
+use super::rows::{CodeRows, KvElem, KvRows, Values};
 use super::{Block, Dims, SequenceView, Simd};
 use crate::attention::codes::Codes;
 
