@@ -103,3 +103,19 @@ fn a_failed_swap_out_is_counted_and_recomputed() {
     assert_eq!(faulty, stateless);
     assert_eq!(stats.swap_out_failures, 3, "{stats:?}");
 }
+
+/// KV in 8 or 4 bits needs heads in blocks of 32 values; the tiny model's hold 8, and the
+/// engine refuses to start with a typed error naming why.
+#[test]
+fn kv_codes_on_heads_they_do_not_fit_are_refused_with_a_typed_error() {
+    for kv in [KvPrecision::Q8, KvPrecision::Q4] {
+        let config = EngineConfig {
+            kv_precision: kv,
+            ..EngineConfig::default()
+        };
+        match Engine::with_model(Model::tiny(7).unwrap(), config) {
+            Err(Error::Unsupported(why)) => assert!(why.contains("blocks of 32"), "{why}"),
+            other => panic!("{kv:?}: {:?}", other.map(|_| ())),
+        }
+    }
+}
