@@ -1,5 +1,6 @@
 //! Failed tier copies on the tiny model: the turns involved still produce the outputs of a
 //! stateless run, by recomputing what the failed copy lost, and the stats count the failures.
+//! And a KV precision the model's heads cannot take, refused.
 
 use super::*;
 
