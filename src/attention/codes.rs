@@ -141,7 +141,7 @@ pub(crate) fn turned(head_dim: usize) -> bool {
 /// [`crate::Error::Candle`] on device errors.
 fn turn(t: &Tensor) -> Result<Tensor> {
     let mut values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    values.chunks_exact_mut(TURN).for_each(hadamard);
+    turn_heads(&mut values);
     Ok(Tensor::from_vec(values, t.shape(), t.device())?.to_dtype(t.dtype())?)
 }
 
@@ -162,10 +162,16 @@ pub(crate) fn rotated(
     }
 }
 
+/// Turns every block of [`TURN`] values of `values` (whole heads) by the Hadamard matrix, in
+/// place: how a pool's rows are stored, and turned back (the matrix is its own inverse).
+pub(crate) fn turn_heads(values: &mut [f32]) {
+    values.chunks_exact_mut(TURN).for_each(hadamard);
+}
+
 /// Turns `x` (a power of two of values) by the orthonormal Walsh-Hadamard matrix of its size
 /// (Sylvester's: entries `±1/sqrt(n)`, its own inverse), in place: the fast transform's
 /// butterflies in a fixed order, then the scale.
-pub(crate) fn hadamard(x: &mut [f32]) {
+fn hadamard(x: &mut [f32]) {
     let n = x.len();
     let mut h = 1;
     while h < n {

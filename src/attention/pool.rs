@@ -23,7 +23,7 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::codes::{hadamard, turned, Codes, QK, TURN};
+use super::codes::{turn_heads, turned, Codes, QK};
 use super::KvPrecision;
 use crate::kv::ChunkBytes;
 use crate::{Error, Result};
@@ -213,7 +213,7 @@ impl KvPool {
             };
             let mut values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             if self.turned {
-                values.chunks_exact_mut(TURN).for_each(hadamard);
+                turn_heads(&mut values);
             }
             let mut codes = Vec::with_capacity(tokens * self.row);
             c.quantize(&values, &mut codes);

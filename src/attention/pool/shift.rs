@@ -11,7 +11,7 @@ use candle_core::DType;
 use half::{bf16, f16};
 
 use super::{unsupported, KvPool};
-use crate::attention::codes::{hadamard, Codes, TURN};
+use crate::attention::codes::{turn_heads, Codes};
 use crate::Result;
 
 /// RoPE's rotation of a key by a fixed number of positions.
@@ -128,7 +128,7 @@ impl KvPool {
                             // Keys stored turned (codes) are turned back for RoPE, then again.
                             let turn = |s: &mut Vec<f32>| {
                                 if self.turned {
-                                    s.chunks_exact_mut(TURN).for_each(hadamard);
+                                    turn_heads(s);
                                 }
                             };
                             turn(&mut scratch);
@@ -347,7 +347,7 @@ mod tests {
                 let q = if p < cut.start { p } else { p + cut.len() };
                 let mut got = Vec::new();
                 Codes::Q8.dequantize(k, &mut got);
-                got.chunks_exact_mut(TURN).for_each(hadamard);
+                turn_heads(&mut got);
                 let want = at(q, p);
                 let err = got
                     .iter()
