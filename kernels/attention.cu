@@ -89,6 +89,58 @@ __device__ __forceinline__ void widen(const T* __restrict__ p, float* __restrict
     for (int u = 0; u < N; ++u) out[u] = to_f32(tmp[u]);
 }
 
+// llama.cpp's blocks of 32 codes (`src/attention/codes.rs`): an f16 scale `d`, then the codes.
+// q8_0: 32 signed bytes, value `d * q`. q4_0: 16 bytes of two 4-bit codes (values j and j + 16
+// of the block in byte j's low and high nibble), value `d * (q - 8)`.
+struct q8_0 {
+    static constexpr int BLOCK = 34;
+    __device__ static float code(const unsigned char* b, int i) { return (float)(int8_t)b[2 + i]; }
+};
+struct q4_0 {
+    static constexpr int BLOCK = 18;
+    __device__ static float code(const unsigned char* b, int i) {
+        const int x = b[2 + i % 16];
+        return (float)((i < 16 ? x & 15 : x >> 4) - 8);
+    }
+};
+
+// How a pool of T keeps a head's row of D values: its bytes, the asynchronous copies that
+// stage it (16 bytes, or as many as the row's alignment allows), how many values one read
+// widens, and the bytes per value the tiles are cut by.
+template <typename T, int D>
+struct Row {
+    static constexpr int BYTES = D * (int)sizeof(T);
+    static constexpr int COPY = 16;
+    static constexpr int VEC = 16 / (int)sizeof(T);
+    static constexpr int VALUE_BYTES = (int)sizeof(T);
+    // N values from value c of the row at `row`, as f32.
+    template <int N>
+    __device__ static void read(const unsigned char* __restrict__ row, int c, float* __restrict__ out) {
+        widen<T, N>(reinterpret_cast<const T*>(row) + c, out);
+    }
+};
+
+// Rows of codes: `d * q` is exact in f32 (an 11-bit scale times a code of at most 8 bits), as
+// the CPU kernel and the reference widen it. A row's bytes (34 or 18 per block) align it to 4
+// bytes at head dim 64, 8 at 128, 16 at 256: its copies are as wide as that.
+template <typename C, int D>
+struct CodeRow {
+    static constexpr int BYTES = D / 32 * C::BLOCK;
+    static constexpr int COPY = BYTES % 16 == 0 ? 16 : BYTES % 8 == 0 ? 8 : 4;
+    static constexpr int VEC = 16;
+    static constexpr int VALUE_BYTES = 1;
+    template <int N>
+    __device__ static void read(const unsigned char* __restrict__ row, int c, float* __restrict__ out) {
+        static_assert(32 % N == 0, "a read stays within its block");
+        const unsigned char* b = row + c / 32 * C::BLOCK;
+        const float d = __half2float(*reinterpret_cast<const __half*>(b));
+#pragma unroll
+        for (int u = 0; u < N; ++u) out[u] = d * C::code(b, c % 32 + u);
+    }
+};
+template <int D> struct Row<q8_0, D> : CodeRow<q8_0, D> {};
+template <int D> struct Row<q4_0, D> : CodeRow<q4_0, D> {};
+
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
@@ -103,9 +155,10 @@ __device__ __forceinline__ bool visible(uint32_t key, uint32_t query, uint32_t w
     return key <= query && query - key < window;
 }
 
-// Context entries per tile for head dim D and storage type T (the host cuts tiles alike).
+// Context entries per tile for head dim D and storage type T (the host cuts tiles alike, by
+// the pool's bytes per value: 1 for codes).
 template <typename T, int D>
-__host__ __device__ constexpr int k_tile() { return TILE_BYTES / (D * (int)sizeof(T)); }
+__host__ __device__ constexpr int k_tile() { return TILE_BYTES / (D * Row<T, D>::VALUE_BYTES); }
 
 // One block's item (see the file's comment) and where its sequence lies in the batch.
 struct Item {
@@ -150,30 +203,34 @@ struct Item {
     }
 };
 
-// One item: see the file's comment. q: [tokens, n_heads, D] f32; k, v: [n_slots, n_kv_heads, D]
-// of T; out: [tokens, n_heads, D]; part_acc: [parts, MAX_Q, D]; part_ml: [parts, MAX_Q, 2].
+// One item: see the file's comment. q: [tokens, n_heads, D] f32; k, v: [n_slots, n_kv_heads]
+// rows of T (`Row<T, D>::BYTES` each); out: [tokens, n_heads, D]; part_acc: [parts, MAX_Q, D];
+// part_ml: [parts, MAX_Q, 2].
 template <typename T, int D>
-__device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
-                       const T* __restrict__ v, const uint32_t* __restrict__ plan,
+__device__ void attend(const float* __restrict__ q, const void* __restrict__ k_rows,
+                       const void* __restrict__ v_rows, const uint32_t* __restrict__ plan,
                        float* __restrict__ out, float* __restrict__ part_acc,
                        float* __restrict__ part_ml, const Params& p) {
+    using R = Row<T, D>;
     constexpr int K_TILE = k_tile<T, D>();
     constexpr int KPL = (K_TILE + 31) / 32;  // keys per lane in the scores
     constexpr int DL = D / 32;               // dimensions per lane in P.V
-    constexpr int VEC = 16 / (int)sizeof(T);  // values per 16-byte load
-    constexpr int VPR = D / VEC;              // 16-byte loads per row
+    constexpr int VEC = R::VEC;              // values per read in the scores
+    constexpr int CPR = R::BYTES / R::COPY;  // copies per row
     // A K row is padded by 16 bytes: the 8 lanes of a quarter warp, each reading 16 bytes of
     // its own key, then hit 8 different groups of 4 banks.
-    constexpr int KSTRIDE = D + VEC;
-    __shared__ __align__(16) T ks[K_TILE * KSTRIDE];
-    __shared__ __align__(16) T vs[K_TILE * D];
+    constexpr int KSTRIDE = R::BYTES + 16;
+    __shared__ __align__(16) unsigned char ks[K_TILE * KSTRIDE];
+    __shared__ __align__(16) unsigned char vs[K_TILE * R::BYTES];
+    const unsigned char* const k = static_cast<const unsigned char*>(k_rows);
+    const unsigned char* const v = static_cast<const unsigned char*>(v_rows);
     __shared__ uint32_t pos[K_TILE];
     __shared__ __align__(16) float qs[WARPS][D];  // the query a warp is scoring, scaled
     __shared__ float ps[WARPS][K_TILE];           // its probabilities over the tile
 
     const Item it(plan, p, p.items, blockIdx.x);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t kv_row = (size_t)p.n_kv_heads * D;
+    const size_t kv_row = (size_t)p.n_kv_heads * R::BYTES;
 
     // The warp's s-th query is the item's query `warp + s * WARPS`.
     float acc[Q_PER_WARP][DL];
@@ -200,11 +257,11 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
         // in flight at once, straight into shared memory, where loads through registers kept
         // a few per thread in flight. A decode row's item does little work per byte, so the
         // bytes in flight per SM are what bounds it.
-        for (int e = threadIdx.x; e < n * VPR; e += THREADS) {
-            const int j = e / VPR, c = (e % VPR) * VEC;
-            const size_t at = it.slot(base + j) * kv_row + (size_t)it.g * D + c;
-            __pipeline_memcpy_async(ks + j * KSTRIDE + c, k + at, 16);
-            __pipeline_memcpy_async(vs + j * D + c, v + at, 16);
+        for (int e = threadIdx.x; e < n * CPR; e += THREADS) {
+            const int j = e / CPR, c = (e % CPR) * R::COPY;
+            const size_t at = it.slot(base + j) * kv_row + (size_t)it.g * R::BYTES + c;
+            __pipeline_memcpy_async(ks + j * KSTRIDE + c, k + at, R::COPY);
+            __pipeline_memcpy_async(vs + j * R::BYTES + c, v + at, R::COPY);
         }
         __pipeline_commit();
         for (int j = threadIdx.x; j < K_TILE; j += THREADS)
@@ -229,7 +286,7 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
 #pragma unroll 4
                     for (int c = 0; c < D; c += VEC) {
                         float kf[VEC];
-                        widen<T, VEC>(ks + j * KSTRIDE + c, kf);
+                        R::template read<VEC>(ks + j * KSTRIDE, c, kf);
 #pragma unroll
                         for (int u = 0; u < VEC; ++u) dot = fmaf(qs[warp][c + u], kf[u], dot);
                     }
@@ -260,7 +317,7 @@ __device__ void attend(const float* __restrict__ q, const T* __restrict__ k,
             for (int j = 0; j < n; ++j) {
                 const float pj = ps[warp][j];
                 float vf[DL];
-                widen<T, DL>(vs + j * D + lane * DL, vf);
+                R::template read<DL>(vs + j * R::BYTES, lane * DL, vf);
 #pragma unroll
                 for (int c = 0; c < DL; ++c) acc[s][c] = fmaf(pj, vf[c], acc[s][c]);
             }
@@ -372,11 +429,13 @@ struct MmaLayout {
 };
 
 template <typename T, int D>
-__device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
-                           const T* __restrict__ v, const uint32_t* __restrict__ plan,
+__device__ void attend_mma(const float* __restrict__ q, const void* __restrict__ k_values,
+                           const void* __restrict__ v_values, const uint32_t* __restrict__ plan,
                            float* __restrict__ out, float* __restrict__ part_acc,
                            float* __restrict__ part_ml, const Params& p) {
     namespace wmma = nvcuda::wmma;
+    const T* const k = static_cast<const T*>(k_values);
+    const T* const v = static_cast<const T*>(v_values);
     using L = MmaLayout<T, D>;
     constexpr int HOST_TILE = k_tile<T, D>();
     constexpr int KT = L::KT, QP = L::QP, KS = L::KS, SS = L::SS, OS = L::OS, QS = L::QS;
@@ -573,7 +632,7 @@ __device__ void attend_mma(const float* __restrict__ q, const T* __restrict__ k,
 // The entry points: `BODY` (attend or attend_mma) for storage type T and head dim D.
 #define ATTEND(NAME, BODY, T, D)                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS)                                     \
-        NAME(const float* q, const T* k, const T* v, const uint32_t* plan, float* out,        \
+        NAME(const float* q, const void* k, const void* v, const uint32_t* plan, float* out,  \
              float* part_acc, float* part_ml, Params p) {                                     \
         BODY<T, D>(q, k, v, plan, out, part_acc, part_ml, p);                                 \
     }
@@ -587,6 +646,12 @@ ATTEND(pensieve_attention_f16_d256, attend, __half, 256)
 ATTEND(pensieve_attention_bf16_d64, attend, __nv_bfloat16, 64)
 ATTEND(pensieve_attention_bf16_d128, attend, __nv_bfloat16, 128)
 ATTEND(pensieve_attention_bf16_d256, attend, __nv_bfloat16, 256)
+ATTEND(pensieve_attention_q8_d64, attend, q8_0, 64)
+ATTEND(pensieve_attention_q8_d128, attend, q8_0, 128)
+ATTEND(pensieve_attention_q8_d256, attend, q8_0, 256)
+ATTEND(pensieve_attention_q4_d64, attend, q4_0, 64)
+ATTEND(pensieve_attention_q4_d128, attend, q4_0, 128)
+ATTEND(pensieve_attention_q4_d256, attend, q4_0, 256)
 ATTEND(pensieve_attention_mma_f16_d64, attend_mma, __half, 64)
 ATTEND(pensieve_attention_mma_f16_d128, attend_mma, __half, 128)
 ATTEND(pensieve_attention_mma_f16_d256, attend_mma, __half, 256)

@@ -5,14 +5,13 @@
 
 mod common;
 
+use common::attention_cases::{build, case, long_case, max_rel_err, stored, values, Case, SeqCase};
 #[cfg(feature = "cuda")]
-use common::attention_cases::kernel_case;
-use common::attention_cases::{build, case, long_case, max_rel_err, values, Case, SeqCase};
+use common::attention_cases::{kernel_case, pool, Pool};
 
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::{
     attention, attention_gather, attention_in_window, attention_reference, Attend, AttentionBatch,
-    KvPool, KvShape,
 };
 use pensieve::engine::KvPrecision;
 use proptest::prelude::*;
@@ -28,23 +27,6 @@ fn fast_error(c: &Case, dtype: DType) -> f32 {
     let fast =
         attention_in_window(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
     max_rel_err(&fast, &reference)
-}
-
-/// The case's K and V written into a pool at `kv` (quantized, in rotated heads, as the engine
-/// writes them): the layer's pool tensors.
-fn stored(c: &Case, k: &Tensor, v: &Tensor, kv: KvPrecision) -> (Tensor, Tensor) {
-    let shape = KvShape {
-        num_layers: 1,
-        num_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-    };
-    let n = k.dim(0).unwrap();
-    let pool = KvPool::new(shape, n, kv, &Device::Cpu).unwrap();
-    let slots: Vec<u32> = (0..n as u32).collect();
-    let index = pool.write_index(&slots, &Device::Cpu).unwrap();
-    pool.write(0, &index, k, v).unwrap();
-    let (kp, vp) = pool.layer(0).unwrap();
-    (kp.clone(), vp.clone())
 }
 
 /// The fast CPU kernel's tolerance against the f64 reference (relative, floored at `REL_FLOOR`).
@@ -95,7 +77,7 @@ proptest! {
         // against the floor of 0.1: 0.3), of q4_0 4/16 and clipped (up to 0.45); a query
         // turned otherwise than its keys misses by the output's whole size (up to 40).
         for (kv, lossy) in [(KvPrecision::Q8, 0.6), (KvPrecision::Q4, 8.0)] {
-            let (kp, vp) = stored(&c, &k, &v, kv);
+            let (kp, vp) = stored(&c, &k, &v, kv, &Device::Cpu);
             let reference = attention_reference(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
             let fast = attention_in_window(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
             let gathered = attention_gather(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
@@ -308,28 +290,31 @@ fn odd_head_dim_is_a_typed_error() {
     ));
 }
 
-/// The CUDA op's error against the reference, the pools stored as `dtype` on the GPU and the
-/// reference reading the same stored values; `None` without a GPU.
+/// The CUDA op's error against the reference, the pools kept as `pool` on the GPU (codes written
+/// there by the pool, as the engine writes them) and the reference reading the same stored
+/// values; `None` without a GPU.
 #[cfg(feature = "cuda")]
-fn cuda_error(c: &Case, dtype: DType) -> Option<f32> {
+fn cuda_error(c: &Case, pool: Pool) -> Option<f32> {
     let gpu = common::cuda_device("CUDA attention tests")?;
     let (q, k, v, batch) = build(c);
-    let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+    let (k, v) = pool.keep(c, &k, &v, &gpu);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference =
-        attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
-    let on_gpu = |t: &Tensor| t.to_device(&gpu).unwrap();
-    let out = attention_in_window(
-        &on_gpu(&q),
-        &on_gpu(&k),
-        &on_gpu(&v),
+    let on_cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+    let reference = attention_reference(
+        &q,
+        &on_cpu(&k),
+        &on_cpu(&v),
         Attend::new(&batch, scale).window(c.window),
     )
     .unwrap();
-    Some(max_rel_err(
-        &out.to_device(&Device::Cpu).unwrap(),
-        &reference,
-    ))
+    let out = attention_in_window(
+        &q.to_device(&gpu).unwrap(),
+        &k,
+        &v,
+        Attend::new(&batch, scale).window(c.window),
+    )
+    .unwrap();
+    Some(max_rel_err(&on_cpu(&out), &reference))
 }
 
 /// The CUDA kernel's tolerance, for every pool dtype (the reference reads the same stored
@@ -343,18 +328,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     #[test]
-    fn cuda_kernel_equals_reference(
-        c in kernel_case(),
-        dtype in prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)],
-    ) {
-        if let Some(err) = cuda_error(&c, dtype) {
-            prop_assert!(err < CUDA_TOL, "{:?}: err {}", dtype, err);
+    fn cuda_kernel_equals_reference(c in kernel_case(), pool in pool()) {
+        if let Some(err) = cuda_error(&c, pool) {
+            prop_assert!(err < CUDA_TOL, "{:?}: err {}", pool, err);
         }
     }
 
     #[test]
     fn cuda_long_contexts_merge_their_segments(c in long_case()) {
-        if let Some(err) = cuda_error(&c, DType::F16) {
+        if let Some(err) = cuda_error(&c, Pool::Values(DType::F16)) {
             prop_assert!(err < CUDA_TOL, "err {}", err);
         }
     }

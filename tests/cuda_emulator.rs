@@ -8,19 +8,18 @@
 mod common;
 
 use candle_core::{DType, Tensor};
-use common::attention_cases::{build, kernel_case, long_case, max_rel_err, Case, SeqCase};
+use common::attention_cases::{
+    build, kernel_case, long_case, max_rel_err, pool, Case, Pool, SeqCase,
+};
 use pensieve::attention::emulator::{self, Emulation, EmulationError, Schedule};
 use pensieve::attention::{attention_reference, Attend, AttentionBatch};
+use pensieve::engine::KvPrecision;
 use proptest::prelude::*;
 
 /// The kernel's error against the f64 reference: f32 sums in another order, with scores up to
 /// ~60 at head dim 256 (measured: up to 2.3e-5; a wrong mask, slot or scale moves outputs by
 /// 1e-2 or more).
 const EMU_TOL: f32 = 5e-5;
-
-fn dtype() -> impl Strategy<Value = DType> {
-    prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
-}
 
 fn bits(t: &Tensor) -> Vec<u32> {
     let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -37,9 +36,9 @@ enum Outcome {
     Stopped(String),
 }
 
-fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome {
+fn run(c: &Case, pool: Pool, sms: usize, variant: usize, mma: bool) -> Outcome {
     let (q, k, v, batch) = build(c);
-    let (k, v) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+    let (k, v) = pool.keep(c, &k, &v, &candle_core::Device::Cpu);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let reference =
         attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
@@ -70,10 +69,10 @@ fn run(c: &Case, dtype: DType, sms: usize, variant: usize, mma: bool) -> Outcome
     Outcome::Agreed(if err.is_nan() { f32::INFINITY } else { err })
 }
 
-fn check(c: &Case, dtype: DType, sms: usize) -> Result<(), TestCaseError> {
-    match run(c, dtype, sms, 0, true) {
+fn check(c: &Case, pool: Pool, sms: usize) -> Result<(), TestCaseError> {
+    match run(c, pool, sms, 0, true) {
         Outcome::Agreed(err) => {
-            prop_assert!(err < EMU_TOL, "{:?}: err {}", dtype, err);
+            prop_assert!(err < EMU_TOL, "{:?}: err {}", pool, err);
             Ok(())
         }
         Outcome::Differed(a, b) => Err(TestCaseError::fail(format!("{a:?} and {b:?} differ"))),
@@ -94,21 +93,21 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn emulated_kernel_equals_reference(c in kernel_case(), dtype in dtype()) {
-        check(&c, dtype, 132)?;
+    fn emulated_kernel_equals_reference(c in kernel_case(), pool in pool()) {
+        check(&c, pool, 132)?;
     }
 
     #[test]
     fn emulated_long_contexts_split_and_merge(
         c in long_case(),
-        dtype in dtype(),
+        pool in pool(),
         sms in prop_oneof![Just(1usize), Just(4), Just(132)],
     ) {
-        check(&c, dtype, sms)?;
+        check(&c, pool, sms)?;
     }
 }
 
-/// The shapes a reviewer would try first, every pool type and head dim: a sequence with no
+/// The shapes a reviewer would try first, every pool kind and head dim: a sequence with no
 /// context, a window that hides the whole first tile, recompute rows beside new ones, and more
 /// than 32 query heads per kv head (40 and 48, the shapes that broke the first kernel).
 #[test]
@@ -133,8 +132,8 @@ fn edge_cases_match_the_reference() {
                 seed: head_dim as u64 + group as u64,
                 window,
             };
-            for dtype in [DType::F32, DType::F16, DType::BF16] {
-                check(&c, dtype, 4).unwrap();
+            for pool in Pool::ALL {
+                check(&c, pool, 4).unwrap();
             }
         }
     }
@@ -187,7 +186,7 @@ fn broken_kernels_are_caught() {
                 ],
                 None,
             ),
-            DType::F16,
+            Pool::Values(DType::F16),
             132,
         ),
         // A long decode row split over segments and merged.
@@ -202,7 +201,7 @@ fn broken_kernels_are_caught() {
                 }],
                 None,
             ),
-            DType::F16,
+            Pool::Values(DType::F16),
             8,
         ),
         // Prefill rows in bf16 at head dim 128 under a window, a context shorter than a tile,
@@ -228,7 +227,7 @@ fn broken_kernels_are_caught() {
                 ],
                 Some(100),
             ),
-            DType::BF16,
+            Pool::Values(DType::BF16),
             132,
         ),
         // Prefill rows at head dim 256 (the tensor-core kernel's 96 KiB of dynamic shared
@@ -244,7 +243,7 @@ fn broken_kernels_are_caught() {
                 }],
                 None,
             ),
-            DType::BF16,
+            Pool::Values(DType::BF16),
             132,
         ),
         // A window whose oldest visible entry is the newest of a tile.
@@ -259,7 +258,44 @@ fn broken_kernels_are_caught() {
                 }],
                 Some(65),
             ),
-            DType::F32,
+            Pool::Values(DType::F32),
+            132,
+        ),
+        // Codes of 8 bits at head dim 128 (four blocks a row, copies of 8 bytes): prefill rows
+        // past a tile and a decode row.
+        (
+            case(
+                2,
+                2,
+                128,
+                vec![
+                    SeqCase {
+                        ctx_len: 160,
+                        queries: (140..160).collect(),
+                    },
+                    SeqCase {
+                        ctx_len: 40,
+                        queries: vec![39],
+                    },
+                ],
+                None,
+            ),
+            Pool::Codes(KvPrecision::Q8),
+            132,
+        ),
+        // Codes of 4 bits at head dim 64 (rows of 36 bytes, copies of 4).
+        (
+            case(
+                1,
+                4,
+                64,
+                vec![SeqCase {
+                    ctx_len: 70,
+                    queries: (60..70).collect(),
+                }],
+                None,
+            ),
+            Pool::Codes(KvPrecision::Q4),
             132,
         ),
     ];
@@ -267,13 +303,13 @@ fn broken_kernels_are_caught() {
     assert!(variants.len() >= 11, "{variants:?}");
     for (i, (name, why)) in variants.iter().enumerate() {
         let mut verdicts = Vec::new();
-        for (c, dtype, sms) in &cases {
-            let kernels: &[bool] = match dtype {
-                DType::F32 => &[true],
-                _ => &[true, false],
+        for (c, pool, sms) in &cases {
+            let kernels: &[bool] = match pool {
+                Pool::Values(DType::F16 | DType::BF16) => &[true, false],
+                _ => &[true],
             };
             for &mma in kernels {
-                verdicts.push(match run(c, *dtype, *sms, i, mma) {
+                verdicts.push(match run(c, *pool, *sms, i, mma) {
                     Outcome::Agreed(err) if err < EMU_TOL => None,
                     Outcome::Agreed(err) => Some(format!("error {err}")),
                     Outcome::Differed(a, b) => Some(format!("{a:?} and {b:?} differ")),
@@ -298,8 +334,8 @@ fn broken_kernels_are_caught() {
 
 /// The engine's own batches (mixed prefill and decode, swaps, drops and recompute under a
 /// tight budget) through the emulated kernel in place of the CPU op, on the shape of
-/// `tests/gpu_engine.rs` (head dim 64, two query heads per kv head): the tiered engine's tokens
-/// are the stateless recompute's, exactly. No context here is long enough to be split, so each
+/// `tests/gpu_engine.rs` (head dim 64, two query heads per kv head), with KV in f16 and in 8
+/// bits: the tiered engine's tokens are the stateless recompute's, exactly. No context here is long enough to be split, so each
 /// query's output depends only on which kernel took it: decode rows the one of a query per
 /// warp, prefill runs of 16 queries or more the tensor-core one, whose results differ in the
 /// last bits.
@@ -313,7 +349,7 @@ fn the_engine_runs_on_the_emulated_kernel() {
     // locks it against this write; the emulator's C++ runtime never reads it.
     unsafe { std::env::set_var("PENSIEVE_EMULATE_CUDA", "1") };
     assert!(emulator::replaces_the_cpu_op(64, DType::F16));
-    let run = |mode: CacheMode, device_tokens: usize, host_bytes: usize| {
+    let run = |mode: CacheMode, kv: KvPrecision, device_tokens: usize, host_tokens: usize| {
         let config = ModelConfig::from_hf_json(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":259,"hidden_size":256,
                 "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,
@@ -323,10 +359,16 @@ fn the_engine_runs_on_the_emulated_kernel() {
         .unwrap();
         let llama = Transformer::random(config, 11, WeightFormat::F32, &Device::Cpu).unwrap();
         let model = Model::tiny(7).unwrap().with_transformer(llama);
+        let shape = pensieve::attention::KvShape {
+            num_layers: 2,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
         let budgets = Budgets::default()
             .device_tokens(device_tokens)
-            .host_bytes(host_bytes);
+            .host_bytes(host_tokens * shape.token_bytes(kv));
         let mut config = common::pressure_config(mode, budgets);
+        config.kv_precision = kv;
         config.chunk_size = 8;
         config.step_token_budget = 64;
         let mut e = Engine::with_model(model, config).unwrap();
@@ -349,9 +391,10 @@ fn the_engine_runs_on_the_emulated_kernel() {
             .collect();
         (histories, e.stats())
     };
-    let token_bytes = 2 * 2 * 2 * 64 * 2; // layers x (k, v) x kv heads x head dim x f16
-    let (tiered, stats) = run(CacheMode::Tiered, 160, 24 * 8 * token_bytes);
-    common::assert_pressure_exercised(&stats);
-    let (stateless, _) = run(CacheMode::Stateless, 4096, 0);
-    assert_eq!(tiered, stateless);
+    for kv in [KvPrecision::F16, KvPrecision::Q8] {
+        let (tiered, stats) = run(CacheMode::Tiered, kv, 160, 24 * 8);
+        common::assert_pressure_exercised(&stats);
+        let (stateless, _) = run(CacheMode::Stateless, kv, 4096, 0);
+        assert_eq!(tiered, stateless, "{kv:?}");
+    }
 }

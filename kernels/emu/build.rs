@@ -250,7 +250,7 @@ fn rust_table(variants: &[Variant], by_file: &BTreeMap<String, BTreeSet<String>>
             "    Variant {{ name: {:?}, why: {:?}, merge: {p}pensieve_attention_merge, attend: [",
             v.name, v.why
         );
-        for dtype in ["f32", "f16", "bf16"] {
+        for dtype in ["f32", "f16", "bf16", "q8", "q4"] {
             let _ = write!(s, "        [");
             for d in [64, 128, 256] {
                 let _ = write!(s, "{p}pensieve_attention_{dtype}_d{d}, ");

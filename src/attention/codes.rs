@@ -151,13 +151,13 @@ fn turn(t: &Tensor) -> Result<Tensor> {
 ///
 /// # Errors
 /// `attend`'s; [`crate::Error::Candle`] on device errors.
-pub(crate) fn rotated(
+pub(crate) fn rotated<E: From<crate::Error>>(
     q: &Tensor,
     dims: Dims,
-    attend: impl FnOnce(&Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
+    attend: impl FnOnce(&Tensor) -> std::result::Result<Tensor, E>,
+) -> std::result::Result<Tensor, E> {
     match dims.codes.is_some() && turned(dims.head_dim) {
-        true => turn(&attend(&turn(q)?)?),
+        true => Ok(turn(&attend(&turn(q)?)?)?),
         false => attend(q),
     }
 }

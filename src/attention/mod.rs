@@ -366,7 +366,7 @@ pub fn attention_in_window(
                 sms: 1,
                 ..Default::default()
             };
-            let out = emulator::attention(q, k_pool, v_pool, how, emulation)
+            let out = emulator::kernel(q, k_pool, v_pool, how, emulation)
                 .map_err(|e| Error::Candle(candle_core::Error::Msg(e.to_string())))?;
             Ok(out.to_dtype(q.dtype())?)
         }
@@ -388,13 +388,16 @@ pub fn attention_in_window(
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
-        // The kernel is built for head dims 64, 128 and 256 and f32, f16 and bf16 pools; the
-        // rest take the gather path.
+        // The kernel is built for head dims 64, 128 and 256 and f32, f16, bf16 and code pools;
+        // the rest take the gather path.
         #[cfg(feature = "cuda")]
         Device::Cuda(_)
             if sinks.is_none()
                 && matches!(dims.head_dim, 64 | 128 | 256)
-                && matches!(k_pool.dtype(), DType::F32 | DType::F16 | DType::BF16) =>
+                && matches!(
+                    k_pool.dtype(),
+                    DType::F32 | DType::F16 | DType::BF16 | DType::U8
+                ) =>
         {
             let in_dtype = q.dtype();
             let q = q.to_dtype(DType::F32)?.contiguous()?;

@@ -91,21 +91,16 @@ pub struct KvPool {
 
 impl KvPool {
     /// A zeroed pool of `n_slots` slots of `shape` at precision `kv`, on `device` (8 and 4
-    /// bits: on the CPU, for head dimensions in blocks of 32).
+    /// bits: for head dimensions in blocks of 32).
     ///
     /// # Errors
     /// [`Error::Candle`] when the device cannot allocate it; [`Error::Unsupported`] for codes
-    /// of another head dimension or off the CPU.
+    /// of another head dimension.
     pub fn new(shape: KvShape, n_slots: usize, kv: KvPrecision, device: &Device) -> Result<Self> {
         if kv.codes().is_some() && !Codes::fits(shape.head_dim) {
             return Err(Error::Unsupported(format!(
                 "KV in {kv:?} needs heads in blocks of {QK}; this model's heads hold {}",
                 shape.head_dim
-            )));
-        }
-        if kv.codes().is_some() && !device.is_cpu() {
-            return Err(Error::Unsupported(format!(
-                "KV in {kv:?} runs on the CPU only for now"
             )));
         }
         let (dtype, width) = (kv.dtype(), kv.head_row_bytes(shape.head_dim));

@@ -81,9 +81,9 @@ pub enum Kv {
     F32,
     /// bfloat16 (for GPUs; the CPU widens it on every read).
     Bf16,
-    /// 8 bits (llama.cpp's q8_0 blocks): 53% of f16's bytes in every tier; CPU only.
+    /// 8 bits (llama.cpp's q8_0 blocks): 53% of f16's bytes in every tier.
     Q8,
-    /// 4 bits (llama.cpp's q4_0 blocks): 28% of f16's bytes in every tier; CPU only.
+    /// 4 bits (llama.cpp's q4_0 blocks): 28% of f16's bytes in every tier.
     Q4,
 }
 

@@ -2,8 +2,9 @@
 //! under the emulator): shapes, GQA ratios, block tables of shuffled blocks of several sizes, disjoint query runs in one
 //! sequence, decode and prefill mixed, sliding windows.
 
-use candle_core::{Device, Tensor};
-use pensieve::attention::AttentionBatch;
+use candle_core::{DType, Device, Tensor};
+use pensieve::attention::{AttentionBatch, KvPool, KvShape};
+use pensieve::engine::KvPrecision;
 use proptest::prelude::*;
 
 /// One generated sequence: its context length and which of its positions are queried.
@@ -123,6 +124,64 @@ pub fn build(c: &Case) -> (Tensor, Tensor, Tensor, AttentionBatch) {
     )
     .unwrap();
     (q, k, v, batch)
+}
+
+/// The case's K and V written into a pool at `kv` on `device` (quantized, in turned heads, as
+/// the engine writes them): the layer's pool tensors.
+pub fn stored(
+    c: &Case,
+    k: &Tensor,
+    v: &Tensor,
+    kv: KvPrecision,
+    device: &Device,
+) -> (Tensor, Tensor) {
+    let shape = KvShape {
+        num_layers: 1,
+        num_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+    };
+    let n = k.dim(0).unwrap();
+    let pool = KvPool::new(shape, n, kv, device).unwrap();
+    let slots: Vec<u32> = (0..n as u32).collect();
+    let index = pool.write_index(&slots, device).unwrap();
+    let on = |t: &Tensor| t.to_device(device).unwrap();
+    pool.write(0, &index, &on(k), &on(v)).unwrap();
+    let (kp, vp) = pool.layer(0).unwrap();
+    (kp.clone(), vp.clone())
+}
+
+/// How a test's pools keep their values: converted to a type, or written as codes.
+#[derive(Clone, Copy, Debug)]
+pub enum Pool {
+    Values(DType),
+    Codes(KvPrecision),
+}
+
+impl Pool {
+    /// Every kind the kernels read: f32, f16, bf16, 8- and 4-bit codes.
+    pub const ALL: [Pool; 5] = [
+        Pool::Values(DType::F32),
+        Pool::Values(DType::F16),
+        Pool::Values(DType::BF16),
+        Pool::Codes(KvPrecision::Q8),
+        Pool::Codes(KvPrecision::Q4),
+    ];
+
+    /// The case's K and V kept this way on `device`.
+    pub fn keep(self, c: &Case, k: &Tensor, v: &Tensor, device: &Device) -> (Tensor, Tensor) {
+        match self {
+            Pool::Values(dtype) => {
+                let kept = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(device).unwrap();
+                (kept(k), kept(v))
+            }
+            Pool::Codes(kv) => stored(c, k, v, kv, device),
+        }
+    }
+}
+
+/// One of [`Pool::ALL`].
+pub fn pool() -> impl Strategy<Value = Pool> {
+    proptest::sample::select(Pool::ALL.to_vec())
 }
 
 /// Outputs are weighted means of values in [-2, 2]; one near zero is a cancellation whose

@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_int, c_void};
 use candle_core::{DType, Device, Tensor};
 
 use super::plan::{mma_shared_bytes, Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use crate::attention::codes::{self, Codes};
 use crate::attention::{Attend, Dims};
 
 /// Threads per block of the attention kernel (`THREADS` in the kernel) and of the merge.
@@ -31,8 +32,8 @@ type MergeFn = unsafe extern "C" fn(*const u32, *const f32, *const f32, *mut f32
 pub(super) struct Variant {
     name: &'static str,
     why: &'static str,
-    /// By pool type (f32, f16, bf16), then head dim (64, 128, 256).
-    attend: [[AttendFn; 3]; 3],
+    /// By pool type (f32, f16, bf16, `q8_0` and `q4_0` codes), then head dim (64, 128, 256).
+    attend: [[AttendFn; 3]; 5],
     /// The tensor-core kernel, by pool type (f16, bf16), then head dim (64, 128, 256).
     mma: [[AttendFn; 3]; 2],
     merge: MergeFn,
@@ -147,13 +148,14 @@ impl Default for Emulation {
 }
 
 /// Whether the CPU device runs attention through the emulated CUDA kernel instead of the CPU
-/// op: with `PENSIEVE_EMULATE_CUDA=1` in the environment, for the shapes the kernel takes. It
-/// lets the engine's own batches (swaps, drops, recompute) run through the kernel in a test.
+/// op: with `PENSIEVE_EMULATE_CUDA=1` in the environment, for the shapes the kernel takes
+/// (pools of codes are `U8`). It lets the engine's own batches (swaps, drops, recompute) run
+/// through the kernel in a test.
 pub fn replaces_the_cpu_op(head_dim: usize, dtype: DType) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("PENSIEVE_EMULATE_CUDA").is_ok_and(|v| v == "1"))
         && matches!(head_dim, 64 | 128 | 256)
-        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        && matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::U8)
 }
 
 /// Names and descriptions of the compiled kernel copies, in [`Emulation::variant`] order.
@@ -178,12 +180,28 @@ fn candle(e: candle_core::Error) -> EmulationError {
 
 /// [`crate::attention::attention_in_window`] computed by the CUDA kernel under the emulator:
 /// CPU tensors in (q `[tokens, n_heads, head_dim]`, pools `[n_slots, n_kv_heads, head_dim]` of
-/// f32, f16 or bf16, head dims 64, 128 or 256), f32 out.
+/// f32, f16 or bf16, or of 8- and 4-bit codes as [`crate::attention::KvPool`] writes them;
+/// head dims 64, 128 or 256), f32 out.
 ///
 /// # Errors
 /// [`EmulationError::Divergence`] when the kernel's threads disagree about a sync point;
 /// [`EmulationError::Call`] for shapes the kernel does not take.
 pub fn attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    attend: Attend<'_>,
+    how: Emulation,
+) -> Result<Tensor, EmulationError> {
+    let dims = Dims::check(q, k_pool, v_pool, attend.batch)?;
+    // The kernel reads codes of turned heads as they are: the queries turned alike, the output
+    // turned back, as `attention_in_window` does around it.
+    codes::rotated(q, dims, |q| kernel(q, k_pool, v_pool, attend, how))
+}
+
+/// [`attention`] over the pools as they are stored (codes of turned heads met by queries
+/// the caller turned).
+pub(crate) fn kernel(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
@@ -198,7 +216,7 @@ pub fn attention(
     } = attend;
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     let dtype = k_pool.dtype();
-    let (t, d) = kernel_index(dtype, dims.head_dim)?;
+    let (t, d) = kernel_index(dims, dtype)?;
     let variant = VARIANTS
         .get(how.variant)
         .ok_or_else(|| crate::Error::InvalidBatch(format!("no kernel variant {}", how.variant)))?;
@@ -262,17 +280,22 @@ pub fn attention(
     Tensor::from_vec(out, shape, &Device::Cpu).map_err(candle)
 }
 
-/// Which build of the kernel takes pools of `dtype` at `head_dim`: the indices into a
-/// variant's `attend` table.
-fn kernel_index(dtype: DType, head_dim: usize) -> Result<(usize, usize), EmulationError> {
-    let t = [DType::F32, DType::F16, DType::BF16]
-        .iter()
-        .position(|&x| x == dtype);
-    let d = [64, 128, 256].iter().position(|&x| x == head_dim);
+/// Which build of the kernel takes the pools `dims` describes: the indices into a variant's
+/// `attend` table.
+fn kernel_index(dims: Dims, dtype: DType) -> Result<(usize, usize), EmulationError> {
+    let t = match dims.codes {
+        Some(Codes::Q8) => Some(3),
+        Some(Codes::Q4) => Some(4),
+        None => [DType::F32, DType::F16, DType::BF16]
+            .iter()
+            .position(|&x| x == dtype),
+    };
+    let d = [64, 128, 256].iter().position(|&x| x == dims.head_dim);
     match (t, d) {
         (Some(t), Some(d)) => Ok((t, d)),
         _ => Err(crate::Error::InvalidBatch(format!(
-            "the CUDA kernel takes f32, f16 or bf16 pools of head dim 64, 128 or 256, not {dtype:?} of {head_dim}"
+            "the CUDA kernel takes f32, f16, bf16 or 8- and 4-bit pools of head dim 64, 128 or 256, not {dtype:?} of {}",
+            dims.head_dim
         ))
         .into()),
     }
@@ -288,10 +311,11 @@ fn pool_bytes(pool: &Tensor) -> Result<Vec<u128>, EmulationError> {
             &flat.to_vec1::<half::f16>().map_err(candle)?,
             half::f16::to_ne_bytes,
         ),
-        _ => aligned(
+        DType::BF16 => aligned(
             &flat.to_vec1::<half::bf16>().map_err(candle)?,
             half::bf16::to_ne_bytes,
         ),
+        _ => aligned(&flat.to_vec1::<u8>().map_err(candle)?, |b: u8| [b]),
     })
 }
 

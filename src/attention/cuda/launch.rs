@@ -11,6 +11,7 @@ use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, Layout, Shape}
 use parking_lot::Mutex;
 
 use super::plan::{mma_shared_bytes, Params, Plan, PlanShape, MAX_Q, NO_WINDOW};
+use crate::attention::codes::Codes;
 use crate::attention::{AttentionBatch, Dims};
 use crate::kernels::{function, ATTENTION};
 
@@ -132,11 +133,15 @@ impl CustomOp3 for CudaAttention<'_> {
             candle_core::bail!("q must be f32 for the CUDA attention kernel")
         };
         let q = view(q_s, q_l, "q", 4)?;
-        let (dtype, bytes) = match (&k.slice, &v.slice) {
-            (CudaStorageSlice::F32(_), CudaStorageSlice::F32(_)) => ("f32", 4),
-            (CudaStorageSlice::F16(_), CudaStorageSlice::F16(_)) => ("f16", 2),
-            (CudaStorageSlice::BF16(_), CudaStorageSlice::BF16(_)) => ("bf16", 2),
-            _ => candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools"),
+        let (dtype, bytes) = match (&k.slice, &v.slice, d.codes) {
+            (CudaStorageSlice::F32(_), CudaStorageSlice::F32(_), _) => ("f32", 4),
+            (CudaStorageSlice::F16(_), CudaStorageSlice::F16(_), _) => ("f16", 2),
+            (CudaStorageSlice::BF16(_), CudaStorageSlice::BF16(_), _) => ("bf16", 2),
+            (CudaStorageSlice::U8(_), CudaStorageSlice::U8(_), Some(Codes::Q8)) => ("q8", 1),
+            (CudaStorageSlice::U8(_), CudaStorageSlice::U8(_), Some(Codes::Q4)) => ("q4", 1),
+            _ => candle_core::bail!(
+                "the CUDA attention kernel reads two f32, f16, bf16 or 8- and 4-bit pools"
+            ),
         };
         if !matches!(d.head_dim, 64 | 128 | 256) {
             candle_core::bail!(
@@ -222,7 +227,11 @@ impl Launch<'_> {
             (CudaStorageSlice::BF16(ks), CudaStorageSlice::BF16(vs)) => {
                 self.attend(launch, view(ks, k_l, "k", 2)?, view(vs, v_l, "v", 2)?)
             }
-            _ => candle_core::bail!("the CUDA attention kernel reads two f32, f16 or bf16 pools"),
+            // Codes: rows of bytes, whose copies are as wide as their alignment allows.
+            (CudaStorageSlice::U8(ks), CudaStorageSlice::U8(vs)) => {
+                self.attend(launch, view(ks, k_l, "k", 1)?, view(vs, v_l, "v", 1)?)
+            }
+            _ => candle_core::bail!("the CUDA attention kernel reads two pools of one type"),
         }
     }
 

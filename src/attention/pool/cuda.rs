@@ -254,6 +254,10 @@ fn with_device_ptr(
             let (ptr, _recorded_on_drop) = s.device_ptr(stream);
             f(ptr + offset)
         }
+        CudaStorageSlice::U8(s) => {
+            let (ptr, _recorded_on_drop) = s.device_ptr(stream);
+            f(ptr + offset)
+        }
         _ => Err(Error::Unsupported(format!(
             "GPU copies of a {:?} pool",
             pool.dtype()
