@@ -7,6 +7,8 @@
 // - `gated`: the FFN's activation times up (two launches).
 // - `rope_write`: RoPE on Q and K, Q widened to f32 for the attention kernel, K and V
 //   converted to the pool's type and written to each token's slot (five launches).
+// - `write_codes`: K and V written to their slots of a pool of 8- or 4-bit codes, turned
+//   and quantized as the CPU writes them (the host's quantization and a copy each way).
 //
 // Every kernel works row by row, so a row's result does not depend on the rest of the batch
 // (the engine's batch invariance). Arithmetic is f32; values are rounded once, when stored.
@@ -138,6 +140,87 @@ __device__ void rope_write(const T* __restrict__ q, const T* __restrict__ k,
     }
 }
 
+// Writes `d` as f16, little-endian, at `out` (a block's bytes are not aligned).
+__device__ __forceinline__ void store_scale(float d, unsigned char* out) {
+    const uint16_t bits = __half_as_ushort(__float2half_rn(d));
+    out[0] = (unsigned char)(bits & 0xff);
+    out[1] = (unsigned char)(bits >> 8);
+}
+
+// llama.cpp's blocks of 32 codes (`src/attention/codes.rs`), quantized from 32 values as its
+// reference quantizers (and `Codes::quantize`) do: the scale `d` kept as f16, the codes formed
+// with the unrounded `d`. Every operation is rounded alone (`__f*_rn`: no fused multiply-add),
+// so the bytes are the CPU's.
+struct q8_0 {
+    static constexpr int BLOCK = 34;
+    __device__ static void quantize(const float* x, unsigned char* out) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = __fdiv_rn(amax, 127.f);
+        const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+        store_scale(d, out);
+        for (int i = 0; i < 32; ++i) out[2 + i] = (unsigned char)(int8_t)roundf(__fmul_rn(x[i], id));
+    }
+};
+struct q4_0 {
+    static constexpr int BLOCK = 18;
+    __device__ static void quantize(const float* x, unsigned char* out) {
+        float max = 0.f;  // the value of largest magnitude, the first of equals
+        for (int i = 0; i < 32; ++i) max = fabsf(x[i]) > fabsf(max) ? x[i] : max;
+        const float d = __fdiv_rn(max, -8.f);
+        const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+        store_scale(d, out);
+        for (int j = 0; j < 16; ++j) out[2 + j] = (unsigned char)(code(x[j], id) | code(x[j + 16], id) << 4);
+    }
+    __device__ static int code(float x, float id) {
+        const int c = (int)__fadd_rn(__fmul_rn(x, id), 8.5f);  // truncated, as Rust's `as`
+        return c < 15 ? c : 15;
+    }
+};
+
+// Heads of at most this many values are written as codes on the GPU (the attention kernel's
+// largest).
+constexpr int CODES_MAX_DIM = 256;
+
+// Block (r, h, z): row r's kv head h of K (z = 0) or V (z = 1) written to slot `slots[r *
+// slot_stride]` of its pool as blocks of C (`KvPool::write` on the CPU: the same bytes). In
+// f32, turned first when `turned` (heads of a multiple of 64: the Walsh-Hadamard transform of
+// each 64 values, its butterflies in `codes::hadamard`'s order, then its scale 1/8); one
+// thread per 64 values for the turn and per block of 32 for the codes. k, v: [rows, n_kv_heads
+// * head_dim] at k_stride and v_stride per row; pools: [n_slots, n_kv_heads, head_dim / 32 *
+// C::BLOCK] bytes.
+template <typename T, typename C>
+__device__ void write_codes(const T* __restrict__ k, const T* __restrict__ v, int k_stride,
+                            int v_stride, const uint32_t* __restrict__ slots, int slot_stride,
+                            unsigned char* __restrict__ k_pool, unsigned char* __restrict__ v_pool,
+                            int n_kv_heads, int head_dim, int turned) {
+    __shared__ float x[CODES_MAX_DIM];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const bool is_v = blockIdx.z == 1;
+    const T* src = (is_v ? v + (size_t)r * v_stride : k + (size_t)r * k_stride) + (size_t)h * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) x[i] = to_f32(src[i]);
+    __syncthreads();  // the row is in x
+    if (turned && (int)threadIdx.x < head_dim / 64) {
+        float* b = x + 64 * threadIdx.x;
+        for (int w = 1; w < 64; w *= 2)
+            for (int s = 0; s < 64; s += 2 * w)
+                for (int i = s; i < s + w; ++i) {
+                    const float lo = b[i], hi = b[i + w];
+                    b[i] = __fadd_rn(lo, hi);
+                    b[i + w] = __fsub_rn(lo, hi);
+                }
+        for (int i = 0; i < 64; ++i) b[i] = __fmul_rn(b[i], 0.125f);
+    }
+    __syncthreads();  // the row is turned
+    const int block = threadIdx.x;
+    if (block < head_dim / 32) {
+        const size_t row = (size_t)head_dim / 32 * C::BLOCK;
+        const size_t slot = slots[(size_t)r * slot_stride];
+        unsigned char* dst = (is_v ? v_pool : k_pool) + (slot * n_kv_heads + h) * row;
+        C::quantize(x + 32 * block, dst + block * C::BLOCK);
+    }
+}
+
 }  // namespace
 
 // Entry points named in full where they are instantiated (the emulator's build finds them
@@ -174,3 +257,19 @@ PENSIEVE_STEP_ROPE(pensieve_step_rope_write_f16_bf16, __half, __nv_bfloat16)
 PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_f32, __nv_bfloat16, float)
 PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_f16, __nv_bfloat16, __half)
 PENSIEVE_STEP_ROPE(pensieve_step_rope_write_bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+
+#define PENSIEVE_STEP_CODES(name, T, C)                                                         \
+    extern "C" __global__ void name(const T* k, const T* v, int k_stride, int v_stride,        \
+                                    const uint32_t* slots, int slot_stride,                    \
+                                    unsigned char* k_pool, unsigned char* v_pool,              \
+                                    int n_kv_heads, int head_dim, int turned) {                \
+        write_codes<T, C>(k, v, k_stride, v_stride, slots, slot_stride, k_pool, v_pool,        \
+                          n_kv_heads, head_dim, turned);                                       \
+    }
+
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_f32_q8, float, q8_0)
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_f16_q8, __half, q8_0)
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_bf16_q8, __nv_bfloat16, q8_0)
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_f32_q4, float, q4_0)
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_f16_q4, __half, q4_0)
+PENSIEVE_STEP_CODES(pensieve_step_write_codes_bf16_q4, __nv_bfloat16, q4_0)

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, DevicePtr};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
-use candle_core::cuda_backend::WrapErr;
-use candle_core::CudaDevice;
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Storage, Tensor};
 use parking_lot::Mutex;
 
 /// `kernels/attention.cu`: the multi-query attention over the pool's slots.
@@ -67,4 +68,36 @@ pub(crate) fn own_stream(dev: &CudaDevice) -> bool {
     /// `CU_STREAM_PER_THREAD`, the handle of the calling thread's default stream.
     const PER_THREAD: usize = 0x2;
     dev.cuda_stream().cu_stream() as usize != PER_THREAD
+}
+
+/// The device address of the first value `l` covers in `s` (contiguous), and the kernels' name
+/// of its type. Kernels launched through raw addresses record none of cudarc's events: they
+/// run only where [`own_stream`] holds.
+pub(crate) fn address(
+    s: &CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> candle_core::Result<(u64, &'static str)> {
+    let Some((start, _)) = l.contiguous_offsets() else {
+        bail!("{what} must be contiguous for the fused kernels")
+    };
+    let stream = s.device.cuda_stream();
+    let (base, name, width) = match &s.slice {
+        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, "f32", 4),
+        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, "f16", 2),
+        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, "bf16", 2),
+        CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, "u32", 4),
+        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, "u8", 1),
+        _ => bail!("{what}: the fused kernels do not take {:?}", s.dtype()),
+    };
+    Ok((base + (start * width) as u64, name))
+}
+
+/// [`address`] of a tensor a kernel reads or writes beside a custom op's operands.
+pub(crate) fn tensor_address(t: &Tensor, what: &str) -> candle_core::Result<(u64, &'static str)> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cuda(s) => address(s, layout, what),
+        _ => bail!("{what} is not on the GPU"),
+    }
 }

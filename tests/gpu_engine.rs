@@ -235,7 +235,16 @@ fn difference(a: &[Vec<f32>], b: &[Vec<f32>], tolerance: f32) -> (f32, Option<us
     (worst, first)
 }
 
-const PRECISIONS: [KvPrecision; 3] = [KvPrecision::F16, KvPrecision::Bf16, KvPrecision::F32];
+/// Q8: codes written by the GPU's kernel and read by its attention kernel. Q4 differs from it
+/// only in its blocks' layout, which the emulator checks; here a 4-bit code one step apart
+/// (from keys the two devices' matmuls formed a little apart) would move logits past
+/// `LOGIT_TOL`.
+const PRECISIONS: [KvPrecision; 4] = [
+    KvPrecision::F16,
+    KvPrecision::Bf16,
+    KvPrecision::F32,
+    KvPrecision::Q8,
+];
 
 /// Logits relative error allowed between the GPU and the CPU, and between one pass and
 /// several: f16/bf16 KV rounds values that different matmul shapes computed a little apart.

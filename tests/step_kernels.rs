@@ -1,6 +1,7 @@
 //! The step's fused kernels (`kernels/step.cu`: the GPU pass's add + norm, activation, and
-//! RoPE with the KV write) run by the emulator, against what they replace computed in f64 from
-//! the same inputs, under every schedule; and their deliberately broken copies
+//! RoPE with the KV write; the write of 8- and 4-bit codes) run by the emulator, against what
+//! they replace computed in f64 from the same inputs (the codes: the CPU's bytes), under every
+//! schedule; and their deliberately broken copies
 //! (`kernels/emu/mutants`) caught. No GPU needed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -8,6 +9,8 @@
 use candle_core::{DType, Device, Tensor};
 use pensieve::attention::emulator::step::{self, RopeWriteCall};
 use pensieve::attention::emulator::Schedule;
+use pensieve::attention::{KvPool, KvShape};
+use pensieve::engine::KvPrecision;
 use pensieve::model::Activation;
 
 const TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -238,6 +241,51 @@ fn check_rope_write(variant: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The writes of codes against the CPU pool's own write (`KvPool::write`): the same bytes, for
+/// every activation type, both layouts, heads turned (64, 128, 256) and not (96), into a pool
+/// whose other slots stay as they were.
+fn check_write_codes(variant: usize) -> Result<(), String> {
+    let (kv_heads, tokens, n_slots) = (2, 3, 8);
+    let slots = [5u32, 1, 6];
+    for dtype in TYPES {
+        for head_dim in [64, 96, 128, 256] {
+            for kv in [KvPrecision::Q8, KvPrecision::Q4] {
+                let shape = KvShape {
+                    num_layers: 1,
+                    num_kv_heads: kv_heads,
+                    head_dim,
+                };
+                let pool = KvPool::new(shape, n_slots, kv, &Device::Cpu).unwrap();
+                // Values up to 3, the scale of each block its own (a few heads' blocks small).
+                let k = values(&[tokens, kv_heads * head_dim], 11, 3.0, dtype);
+                let v = values(&[tokens, kv_heads * head_dim], 12, 0.05, dtype);
+                let (k_pool, v_pool) = pool.layer(0).unwrap();
+                let (k_pool, v_pool) = (k_pool.clone(), v_pool.clone());
+                let heads = |t: &Tensor| t.reshape((tokens, kv_heads, head_dim)).unwrap();
+                let index = pool.write_index(&slots, &Device::Cpu).unwrap();
+                pool.write(0, &index, &heads(&k), &heads(&v)).unwrap();
+                let (k_want, v_want) = pool.layer(0).unwrap();
+                let bytes = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                for schedule in Schedule::ALL {
+                    let (k_got, v_got) =
+                        step::write_codes((&k, &v), &slots, (&k_pool, &v_pool), variant, schedule)
+                            .map_err(|e| e.to_string())?;
+                    let what = format!("{dtype:?} d{head_dim} {kv:?} {schedule:?}");
+                    if bytes(&k_got) != bytes(k_want) || bytes(&v_got) != bytes(v_want) {
+                        return Err(format!("codes written otherwise than the CPU's: {what}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_writes_of_codes_are_the_cpu_pool_s() {
+    check_write_codes(0).unwrap();
+}
+
 #[test]
 fn the_fused_add_and_norm_match_the_reference() {
     check_add_rms_norm(0).unwrap();
@@ -261,9 +309,14 @@ fn broken_step_kernels_are_caught() {
         "no mutants of the step kernels were built"
     );
     for (i, (name, why)) in variants.iter().enumerate().skip(1) {
-        let caught = [check_add_rms_norm(i), check_gated(i), check_rope_write(i)]
-            .into_iter()
-            .find_map(Result::err);
+        let caught = [
+            check_add_rms_norm(i),
+            check_gated(i),
+            check_rope_write(i),
+            check_write_codes(i),
+        ]
+        .into_iter()
+        .find_map(Result::err);
         assert!(caught.is_some(), "mutant {name} ({why}) passed every check");
         eprintln!("{name}: caught ({})", caught.unwrap_or_default());
     }

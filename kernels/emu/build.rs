@@ -204,6 +204,10 @@ fn signature(name: &str) -> &'static str {
     } else if name.starts_with("pensieve_step_gated") {
         "(g: *const c_void, u: *const c_void, out: *mut c_void, total: i64, n: i32, \
          g_stride: i32, u_stride: i32, act: i32)"
+    } else if name.starts_with("pensieve_step_write_codes") {
+        "(k: *const c_void, v: *const c_void, k_stride: i32, v_stride: i32, slots: *const u32, \
+         slot_stride: i32, k_pool: *mut u8, v_pool: *mut u8, n_kv_heads: i32, head_dim: i32, \
+         turned: i32)"
     } else if name.starts_with("pensieve_step_rope_write") {
         "(q: *const c_void, k: *const c_void, v: *const c_void, q_stride: i32, k_stride: i32, \
          v_stride: i32, cos: *const c_void, sin: *const c_void, slots: *const u32, \
@@ -237,6 +241,11 @@ fn rust_table(variants: &[Variant], by_file: &BTreeMap<String, BTreeSet<String>>
             let pools = each(&|pool| format!("{p}pensieve_step_rope_write_{t}_{pool}"));
             format!("[{pools}]")
         });
+        let codes = ["q8", "q4"].map(|c| {
+            let types = each(&|t| format!("{p}pensieve_step_write_codes_{t}_{c}"));
+            format!("[{types}]")
+        });
+        let _ = writeln!(s, "        write_codes: [{}],", codes.join(", "));
         let _ = writeln!(s, "        add_rms_norm: [{norm}],");
         let _ = writeln!(s, "        gated: [{gated}],");
         let _ = writeln!(s, "        rope_write: [{rope}] }},");

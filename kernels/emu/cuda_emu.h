@@ -134,6 +134,11 @@ inline void __pensieve_syncwarp(const char* file, int line, unsigned mask = 0xff
 // lists.
 inline float __expf(float x) { return expf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Single operations rounded alone (the GPU never fuses them into a multiply-add).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

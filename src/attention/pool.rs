@@ -199,6 +199,12 @@ impl KvPool {
     /// [`Error::Candle`] on shape or device mismatch.
     pub fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
         let (kp, vp) = self.layer(layer)?;
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.codes
+            && cuda::write_codes((k, v), index, (kp, vp), c, self.turned)?
+        {
+            return Ok(());
+        }
         let tokens = index.dim(0)?;
         let flat = |pool: &Tensor| pool.reshape((self.n_slots, self.row));
         // Codes are of the turned heads.

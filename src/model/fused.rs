@@ -7,11 +7,11 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{
-    bail, CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor,
+    bail, CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor,
 };
 
 use super::arch::Activation;
-use crate::kernels::{function, own_stream, STEP};
+use crate::kernels::{address, function, own_stream, tensor_address, STEP};
 
 /// Whether the fused kernels run on `dev`: where it issues every op on one stream
 /// ([`own_stream`]: they leave cudarc's events unrecorded), unless `PENSIEVE_CUDA_FUSED=0` in
@@ -24,23 +24,6 @@ pub(super) fn runs_on(dev: &CudaDevice) -> bool {
 /// Threads per block of the norm (`NORM_THREADS` in the kernel) and of the elementwise ops.
 const NORM_THREADS: u32 = 256;
 const ELEMENT_THREADS: u32 = 256;
-
-/// The device address of the first value `l` covers in `s` (contiguous), and the kernels' name
-/// of its type.
-fn address(s: &CudaStorage, l: &Layout, what: &str) -> candle_core::Result<(u64, &'static str)> {
-    let Some((start, _)) = l.contiguous_offsets() else {
-        bail!("{what} must be contiguous for the fused kernels")
-    };
-    let stream = s.device.cuda_stream();
-    let (base, name, width) = match &s.slice {
-        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, "f32", 4),
-        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, "f16", 2),
-        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, "bf16", 2),
-        CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, "u32", 4),
-        _ => bail!("{what}: the fused kernels do not take {:?}", s.dtype()),
-    };
-    Ok((base + (start * width) as u64, name))
-}
 
 /// `n` values of `dtype` on `dev`, left for a kernel to write, and their address.
 fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> candle_core::Result<(CudaStorage, u64)> {
@@ -218,15 +201,6 @@ pub(super) struct RopeWrite<'a> {
     pub head_dim: usize,
     /// Pairs `(2i, 2i + 1)` turn (`rope_i`) rather than `(i, i + head_dim / 2)`.
     pub interleaved: bool,
-}
-
-/// The address and type name of a tensor the op reads or writes beside its operands.
-fn tensor_address(t: &Tensor, what: &str) -> candle_core::Result<(u64, &'static str)> {
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cuda(s) => address(s, layout, what),
-        _ => bail!("{what} is not on the GPU"),
-    }
 }
 
 impl CustomOp3 for RopeWrite<'_> {

@@ -48,5 +48,6 @@ inline __half __float2half(float f) {
 }
 
 inline __half __float2half_rn(float f) { return __float2half(f); }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 
 inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }

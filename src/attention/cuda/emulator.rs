@@ -62,11 +62,27 @@ type RopeWriteFn = unsafe extern "C" fn(
     i32,
 );
 
+type WriteCodesFn = unsafe extern "C" fn(
+    *const c_void,
+    *const c_void,
+    i32,
+    i32,
+    *const u32,
+    i32,
+    *mut u8,
+    *mut u8,
+    i32,
+    i32,
+    i32,
+);
+
 /// One compiled copy of the step's fused kernels (`kernels/step.cu`), by activation type
-/// (f32, f16, bf16), then for RoPE by pool type.
+/// (f32, f16, bf16), then for RoPE by pool type; the writes of codes by layout (`q8_0`,
+/// `q4_0`), then activation type.
 pub(super) struct StepVariant {
     name: &'static str,
     why: &'static str,
+    write_codes: [[WriteCodesFn; 3]; 2],
     add_rms_norm: [AddRmsNormFn; 3],
     gated: [GatedFn; 3],
     rope_write: [[RopeWriteFn; 3]; 3],

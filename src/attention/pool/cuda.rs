@@ -28,6 +28,7 @@ use candle_core::{Storage, Tensor};
 use parking_lot::Mutex;
 
 use super::Copier;
+use crate::attention::codes::Codes;
 use crate::kv::{ChunkBytes, ChunkUnavailable, HostBuffer};
 use crate::{Error, Result};
 
@@ -322,4 +323,75 @@ impl Drop for Pinned {
             spare.push(buf);
         }
     }
+}
+
+/// Threads per block of `pensieve_step_write_codes_*` (its emulation launches as many).
+const CODES_THREADS: u32 = 32;
+/// The longest heads the GPU writes as codes (`CODES_MAX_DIM` in the kernel).
+const CODES_MAX_DIM: usize = 256;
+
+/// New tokens' `k` and `v` (`[tokens, n_kv_heads, head_dim]`) written to their slots of a
+/// layer's pools of `codes` by the GPU (`kernels/step.cu`'s `write_codes`: the bytes
+/// [`super::KvPool::write`] forms on the host, checked under the emulator), with `index` from
+/// [`super::KvPool::write_index`] (row `r` starts with token `r`'s slot). `Ok(false)`, writing
+/// nothing, where the GPU does not: heads longer than the kernel takes, or a device whose ops
+/// are ordered by cudarc's events (the kernel records none).
+pub(super) fn write_codes(
+    (k, v): (&Tensor, &Tensor),
+    index: &Tensor,
+    (k_pool, v_pool): (&Tensor, &Tensor),
+    codes: Codes,
+    turned: bool,
+) -> Result<bool> {
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+
+    use crate::kernels::{function, own_stream, tensor_address, STEP};
+
+    let (tokens, kv_heads, head_dim) = k.dims3()?;
+    let candle_core::Device::Cuda(dev) = k.device() else {
+        return Ok(false);
+    };
+    if head_dim > CODES_MAX_DIM || !own_stream(dev) || tokens == 0 {
+        return Ok(false);
+    }
+    let (k, v) = (k.contiguous()?, v.contiguous()?);
+    let (ka, t) = tensor_address(&k, "k")?;
+    let (va, tv) = tensor_address(&v, "v")?;
+    let (ia, ti) = tensor_address(index, "slots")?;
+    let (kpa, _) = tensor_address(k_pool, "k pool")?;
+    let (vpa, _) = tensor_address(v_pool, "v pool")?;
+    if t != tv || ti != "u32" || t == "u8" || t == "u32" {
+        return Err(Error::InvalidBatch(format!(
+            "codes written from k {t}, v {tv} through slots of {ti}"
+        )));
+    }
+    let layout = match codes {
+        Codes::Q8 => "q8",
+        Codes::Q4 => "q4",
+    };
+    let func = function(
+        dev,
+        STEP,
+        &format!("pensieve_step_write_codes_{t}_{layout}"),
+    )?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&func);
+    let width = (kv_heads * head_dim) as i32;
+    let slot_stride = index.dim(1)? as i32;
+    let ints = [kv_heads, head_dim].map(|x| x as i32);
+    let turned = i32::from(turned);
+    b.arg(&ka).arg(&va).arg(&width).arg(&width);
+    b.arg(&ia).arg(&slot_stride).arg(&kpa).arg(&vpa);
+    b.arg(&ints[0]).arg(&ints[1]).arg(&turned);
+    let config = LaunchConfig {
+        grid_dim: (tokens as u32, kv_heads as u32, 2),
+        block_dim: (CODES_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's parameters in order and type; k and v are
+    // contiguous `[tokens, kv_heads * head_dim]`, the index's rows start with slots the pool
+    // checked, so block (r, h, z) reads row r's head h and writes head h of its slot's row.
+    unsafe { b.launch(config) }.w()?;
+    Ok(true)
 }

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::{
     candle, launch_grid, pool_bytes, EmulationError, Schedule, StepVariant, STEP_VARIANTS,
 };
+use crate::attention::codes::{turned, Codes};
 use crate::math::Activation;
 
 /// Threads per block of the norm (`NORM_THREADS` in the kernel) and of the elementwise ops, as
@@ -43,7 +44,7 @@ fn unwritten(n: usize, dtype: DType) -> Vec<u128> {
     vec![u128::MAX; (n * dtype.size_in_bytes()).div_ceil(16)]
 }
 
-/// The first values of `words` as a `dtype` tensor of `shape`.
+/// The first values of `words` as a `dtype` tensor of `shape` (f32, f16, bf16, or bytes).
 fn tensor(words: &[u128], dtype: DType, shape: &[usize]) -> Result<Tensor, EmulationError> {
     let n: usize = shape.iter().product();
     // SAFETY: the u128s are initialized bytes, and u8 has no alignment requirement.
@@ -61,11 +62,12 @@ fn tensor(words: &[u128], dtype: DType, shape: &[usize]) -> Result<Tensor, Emula
             let v = v.map(|c| half::f16::from_ne_bytes([c[0], c[1]]));
             Tensor::from_vec(v.collect(), shape, cpu)
         }
-        _ => {
+        DType::BF16 => {
             let v = bytes.chunks_exact(2).take(n);
             let v = v.map(|c| half::bf16::from_ne_bytes([c[0], c[1]]));
             Tensor::from_vec(v.collect(), shape, cpu)
         }
+        _ => Tensor::from_vec(bytes[..n].to_vec(), shape, cpu),
     };
     t.map_err(candle)
 }
@@ -240,5 +242,71 @@ pub fn rope_write(
         tensor(&q_out, DType::F32, &[tokens, call.n_heads, head_dim])?,
         tensor(&kp, pool_dtype, &pool_shape)?,
         tensor(&vp, pool_dtype, &pool_shape)?,
+    ))
+}
+
+/// Threads per block of the writes of codes, as the GPU's launch uses them (`pool/cuda.rs`).
+const CODES_THREADS: u32 = 32;
+
+/// New tokens' `k` and `v` (`[tokens, n_kv_heads * head_dim]`, one activation type) written
+/// to `slots` of two pools of codes (`U8`, `[n_slots, n_kv_heads, row bytes]`, as
+/// [`crate::attention::KvPool`] keeps them), as `pensieve_step_write_codes_*` writes them on a
+/// GPU: the two pools after the write.
+///
+/// # Errors
+/// As [`add_rms_norm`]; a slot outside the pools, rows of no known codes.
+pub fn write_codes(
+    (k, v): (&Tensor, &Tensor),
+    slots: &[u32],
+    (k_pool, v_pool): (&Tensor, &Tensor),
+    variant_index: usize,
+    schedule: Schedule,
+) -> Result<(Tensor, Tensor), EmulationError> {
+    let (tokens, width) = k.dims2().map_err(candle)?;
+    let (n_slots, n_kv_heads, row) = k_pool.dims3().map_err(candle)?;
+    let head_dim = width / n_kv_heads.max(1);
+    let codes = Codes::of_row(head_dim, row).filter(|_| head_dim <= 256);
+    let (Some(codes), true) = (
+        codes,
+        slots.len() == tokens && slots.iter().all(|&s| (s as usize) < n_slots),
+    ) else {
+        return Err(crate::Error::InvalidBatch(format!(
+            "slots {slots:?} for {tokens} tokens in a pool of {n_slots} rows of {row} bytes"
+        ))
+        .into());
+    };
+    let c = match codes {
+        Codes::Q8 => 0,
+        Codes::Q4 => 1,
+    };
+    let f = variant(variant_index)?.write_codes[c][type_index(k.dtype())?];
+    let (kw, vw) = (pool_bytes(k)?, pool_bytes(v)?);
+    let (mut kp, mut vp) = (pool_bytes(k_pool)?, pool_bytes(v_pool)?);
+    let (kin, vin) = (kw.as_ptr(), vw.as_ptr());
+    let (kout, vout) = (kp.as_mut_ptr(), vp.as_mut_ptr());
+    let ints = [width, n_kv_heads, head_dim].map(|x| x as i32);
+    let turned = i32::from(turned(head_dim));
+    let grid = [tokens as u32, n_kv_heads as u32, 2];
+    // SAFETY: as above; block (r, h, z) reads row r's head h of k or v and writes head h of
+    // slot `slots[r]` (checked above) of a pool.
+    launch_grid(grid, CODES_THREADS, 0, schedule, &|| unsafe {
+        f(
+            kin.cast(),
+            vin.cast(),
+            ints[0],
+            ints[0],
+            slots.as_ptr(),
+            1,
+            kout.cast(),
+            vout.cast(),
+            ints[1],
+            ints[2],
+            turned,
+        )
+    })?;
+    let shape = [n_slots, n_kv_heads, row];
+    Ok((
+        tensor(&kp, DType::U8, &shape)?,
+        tensor(&vp, DType::U8, &shape)?,
     ))
 }
