@@ -2,6 +2,10 @@
 //! (the model's matmuls, the attention op) take on this machine. Below both, so neither reaches
 //! into the other for it.
 
+mod quantize;
+
+pub(crate) use quantize::{quantize_block, QK};
+
 /// Which instructions run the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {

@@ -14,7 +14,7 @@
 use candle_core::{DType, Tensor};
 use half::f16;
 
-use super::Dims;
+use super::{Attend, Dims};
 use crate::Result;
 
 /// Values per block.
@@ -160,6 +160,40 @@ pub(crate) fn rotated<E: From<crate::Error>>(
         true => Ok(turn(&attend(&turn(q)?)?)?),
         false => attend(q),
     }
+}
+
+/// The queries and the call the paths that read values (the gather path, the reference, the
+/// CUDA kernel) take over a pool of `q8_0` codes, so that they score as the CPU kernel scores
+/// in integers (`cpu/codes.rs`, llama.cpp's CPU path for a quantized K cache): `q` times the
+/// call's scale, in blocks of 32 quantized to 8 bits as the matmuls quantize activations
+/// ([`crate::cpu::quantize_block`]) and widened back (`a · s`, in f32), under a scale of 1.
+/// Over other pools (`q4_0` included: its keys meet f32 queries), `q` and `how` as they are.
+///
+/// # Errors
+/// [`crate::Error::Candle`] on device errors.
+pub(crate) fn scored_as_codes<'a>(
+    q: &Tensor,
+    dims: Dims,
+    how: Attend<'a>,
+) -> Result<(Tensor, Attend<'a>)> {
+    if dims.codes != Some(Codes::Q8) {
+        return Ok((q.clone(), how));
+    }
+    let mut values = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let isa = crate::cpu::Isa::detect();
+    let mut codes = [0i8; QK];
+    for block in values.chunks_exact_mut(QK) {
+        block.iter_mut().for_each(|v| *v *= how.scale);
+        let Ok(x) = <&[f32; QK]>::try_from(&*block) else {
+            continue;
+        };
+        let (s, _) = crate::cpu::quantize_block(isa, x, &mut codes);
+        for (v, &a) in block.iter_mut().zip(&codes) {
+            *v = f32::from(a) * s;
+        }
+    }
+    let q = Tensor::from_vec(values, q.shape(), q.device())?.to_dtype(q.dtype())?;
+    Ok((q, Attend { scale: 1.0, ..how }))
 }
 
 /// Turns every block of [`TURN`] values of `values` (whole heads) by the Hadamard matrix, in

@@ -23,9 +23,11 @@ use rayon::prelude::*;
 use super::{AttentionBatch, Dims, SequenceView};
 use crate::math::exp;
 
+mod codes;
 mod rows;
 mod tiles;
 
+use codes::{CodeTile, QueryCodes};
 use rows::{CodeRows, KvRows, Values};
 use tiles::{Simd, TileRows, QG};
 
@@ -348,6 +350,10 @@ impl<P: KvRows> Block<'_, P> {
         let min_pos = q_positions.iter().copied().min().unwrap_or(0);
 
         let (qv, qpos) = self.queries();
+        // Keys in 8-bit codes are scored in integers (`codes.rs`), against the queries in codes.
+        let mut in_codes = k
+            .q8_rows()
+            .map(|pool| (pool, QueryCodes::of(&qv, d, simd), CodeTile::new(d)));
         let mut m = vec![f32::NEG_INFINITY; nq];
         let mut l = vec![0f32; nq];
         let mut acc = vec![0f32; nq * d];
@@ -355,7 +361,7 @@ impl<P: KvRows> Block<'_, P> {
         // The tile's keys and values gathered as f32, `[key][dim]`. Every query takes this one
         // path, whatever shares its block: a row's result does not depend on how the batch
         // was cut (batch invariance).
-        let mut kt = vec![0f32; K_TILE * d];
+        let mut kt = vec![0f32; if in_codes.is_some() { 0 } else { K_TILE * d }];
         let mut vt = vec![0f32; K_TILE * d];
 
         let mut slots = [0u32; K_TILE];
@@ -376,19 +382,29 @@ impl<P: KvRows> Block<'_, P> {
                 g,
                 d,
             };
-            rows(k).gather_keys_into(&mut kt, simd);
+            let keys = match &mut in_codes {
+                Some((pool, queries, tile)) => {
+                    tile.gather(pool, &slots[..n], g);
+                    Keys::Codes { tile, queries }
+                }
+                None => {
+                    rows(k).gather_keys_into(&mut kt, simd);
+                    Keys::Values(&kt)
+                }
+            };
             rows(v).gather_into(&mut vt, simd);
             let tile = Tile {
                 simd,
                 len: n,
                 window,
                 positions: &positions,
-                kt: &kt,
+                keys,
                 vt: &vt,
             };
             for i0 in (0..nq).step_by(QG) {
                 let i1 = (i0 + QG).min(nq);
                 let queries = Queries {
+                    first: i0,
                     q: &qv[i0 * d..i1 * d],
                     positions: &qpos[i0..i1],
                     acc: &mut acc[i0 * d..i1 * d],
@@ -434,16 +450,28 @@ struct Tile<'a> {
     window: u32,
     /// Each entry's position; `u32::MAX` past the tile's end.
     positions: &'a [u32; K_TILE],
-    /// The tile's keys, `[K_TILE][head_dim]` (in [`Simd::Avx512`]'s builds, pairs of keys
-    /// interleaved by 8 dimensions: see [`tiles::TileRows::gather_keys_into`]).
-    kt: &'a [f32],
+    keys: Keys<'a>,
     /// The tile's values, `[K_TILE][head_dim]`.
     vt: &'a [f32],
 }
 
-/// Up to [`QG`] queries of a block with their softmax state: query `i` is `q[i * d..][..d]`
-/// at `positions[i]`, its state `m[i]`, `l[i]`, `acc[i * d..][..d]`.
+/// A tile's keys as its scores read them.
+enum Keys<'a> {
+    /// As f32, `[K_TILE][head_dim]` (in [`Simd::Avx512`]'s builds, pairs of keys interleaved
+    /// by 8 dimensions: see [`tiles::TileRows::gather_keys_into`]).
+    Values(&'a [f32]),
+    /// In codes, with the block's queries in codes.
+    Codes {
+        tile: &'a CodeTile,
+        queries: &'a QueryCodes,
+    },
+}
+
+/// Up to [`QG`] queries of a block with their softmax state: query `i` (the block's query
+/// `first + i`) is `q[i * d..][..d]` at `positions[i]`, its state `m[i]`, `l[i]`,
+/// `acc[i * d..][..d]`.
 struct Queries<'a> {
+    first: usize,
     q: &'a [f32],
     positions: &'a [u32],
     acc: &'a mut [f32],
@@ -460,6 +488,7 @@ fn tile_step<const Q: usize>(
     scores: &mut [[f32; K_TILE]; QG],
 ) {
     let Queries {
+        first,
         q,
         positions,
         acc,
@@ -468,7 +497,13 @@ fn tile_step<const Q: usize>(
     } = queries;
     let d = q.len() / Q;
     let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[i * d..(i + 1) * d]);
-    tiles::scores(qs, tile.kt, tile.len, scores, tile.simd);
+    match tile.keys {
+        Keys::Values(kt) => tiles::scores(qs, kt, tile.len, scores, tile.simd),
+        Keys::Codes { tile: t, queries } => {
+            let qs: [_; Q] = std::array::from_fn(|i| queries.query(first + i));
+            codes::scores(qs, t, tile.len, scores, tile.simd);
+        }
+    }
     for (i, s) in scores.iter_mut().enumerate().take(Q) {
         softmax_step(
             s,

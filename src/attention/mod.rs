@@ -356,7 +356,8 @@ pub fn attention_in_window(
     let (batch, scale, window, sinks) = (how.batch, how.scale, how.window, how.sinks);
     let dims = Dims::check(q, k_pool, v_pool, batch)?;
     check_sinks(sinks, dims)?;
-    // Codes in rotated heads: the queries turned the keys' way, the output turned back.
+    // Codes in rotated heads: the queries turned the keys' way, the output turned back. The
+    // CPU kernel quantizes the queries itself; the other paths read them so quantized.
     codes::rotated(q, dims, |q| match q.device() {
         #[cfg(feature = "cuda-emulator")]
         Device::Cpu
@@ -366,7 +367,8 @@ pub fn attention_in_window(
                 sms: 1,
                 ..Default::default()
             };
-            let out = emulator::kernel(q, k_pool, v_pool, how, emulation)
+            let (q, how) = codes::scored_as_codes(q, dims, how)?;
+            let out = emulator::kernel(&q, k_pool, v_pool, how, emulation)
                 .map_err(|e| Error::Candle(candle_core::Error::Msg(e.to_string())))?;
             Ok(out.to_dtype(q.dtype())?)
         }
@@ -400,30 +402,35 @@ pub fn attention_in_window(
                 ) =>
         {
             let in_dtype = q.dtype();
+            let (q, how) = codes::scored_as_codes(q, dims, how)?;
             let q = q.to_dtype(DType::F32)?.contiguous()?;
             let (k, v) = (k_pool.contiguous()?, v_pool.contiguous()?);
             let op = cuda::CudaAttention {
                 batch,
                 dims,
-                scale,
+                scale: how.scale,
                 window,
             };
             Ok(q.apply_op3_no_bwd(&k, &v, &op)?.to_dtype(in_dtype)?)
         }
         // Other devices run the device-agnostic gather path (a pool of codes widened first).
-        _ => gather::attention_gather(
-            q,
-            &codes::readable(k_pool, dims.codes, dims.head_dim)?,
-            &codes::readable(v_pool, dims.codes, dims.head_dim)?,
-            how,
-        ),
+        _ => {
+            let (q, how) = codes::scored_as_codes(q, dims, how)?;
+            gather::attention_gather(
+                &q,
+                &codes::readable(k_pool, dims.codes, dims.head_dim)?,
+                &codes::readable(v_pool, dims.codes, dims.head_dim)?,
+                how,
+            )
+        }
     })
 }
 
 /// The entry of the paths that read pools of values (the gather path, the reference): `how`
 /// checked against the tensors, a pool of codes widened (`d · q`, exact in f32, as the
-/// kernels widen it), and `attend` run on the queries turned as its keys are stored, its
-/// output turned back.
+/// kernels widen it), and `attend` run on the queries turned as its keys are stored and
+/// quantized as the CPU kernel quantizes them ([`codes::scored_as_codes`]), its output turned
+/// back.
 fn over_values(
     q: &Tensor,
     k_pool: &Tensor,
@@ -435,7 +442,10 @@ fn over_values(
     check_sinks(how.sinks, dims)?;
     let widen = |pool| codes::readable(pool, dims.codes, dims.head_dim);
     let (k_pool, v_pool) = (&widen(k_pool)?, &widen(v_pool)?);
-    codes::rotated(q, dims, |q| attend(q, k_pool, v_pool, how, dims))
+    codes::rotated(q, dims, |q| {
+        let (q, how) = codes::scored_as_codes(q, dims, how)?;
+        attend(&q, k_pool, v_pool, how, dims)
+    })
 }
 
 /// Refuses a sink list that is not one value per query head.

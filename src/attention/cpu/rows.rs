@@ -61,6 +61,14 @@ pub(super) trait KvRows: Copy + Send + Sync {
     /// a multiple of 8 is only asked for in order. `false`, writing nothing, when the slot
     /// lies outside the pool.
     fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool;
+
+    /// The pool as blocks of `q8_0` codes, if it holds them: its keys are then scored in
+    /// integers (`codes.rs`). `q4_0` keys are widened to f32 and scored against f32 queries:
+    /// scored in integers they lost 0.5 points of perplexity more on Gemma 3 270M, for no
+    /// speed (docs/BENCHMARKS.md).
+    fn q8_rows(&self) -> Option<CodeRows<'_>> {
+        None
+    }
 }
 
 /// A pool of values (f32 or f16), `[n_slots][n_kv_heads][d]`.
@@ -128,15 +136,21 @@ impl<'a> CodeRows<'a> {
             d: dims.head_dim,
         }
     }
+
+    /// Head `g`'s row of `slot`, if the slot lies in the pool.
+    #[inline(always)]
+    pub(super) fn row(&self, slot: u32, g: usize) -> Option<&'a [u8]> {
+        let bytes = self.codes.row_bytes(self.d);
+        let start = slot as usize * self.kv_row + g * bytes;
+        self.data.get(start..start + bytes)
+    }
 }
 
 impl KvRows for CodeRows<'_> {
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool {
-        let bytes = self.codes.row_bytes(self.d);
-        let start = slot as usize * self.kv_row + g * bytes;
-        let Some(row) = self.data.get(start..start + bytes) else {
+        let Some(row) = self.row(slot, g) else {
             return false;
         };
         for (b, block) in row.chunks_exact(self.codes.block_bytes()).enumerate() {
@@ -161,6 +175,10 @@ impl KvRows for CodeRows<'_> {
             }
         }
         true
+    }
+
+    fn q8_rows(&self) -> Option<CodeRows<'_>> {
+        (self.codes == Codes::Q8).then_some(*self)
     }
 }
 

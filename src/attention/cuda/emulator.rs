@@ -210,13 +210,16 @@ pub fn attention(
     how: Emulation,
 ) -> Result<Tensor, EmulationError> {
     let dims = Dims::check(q, k_pool, v_pool, attend.batch)?;
-    // The kernel reads codes of turned heads as they are: the queries turned alike, the output
-    // turned back, as `attention_in_window` does around it.
-    codes::rotated(q, dims, |q| kernel(q, k_pool, v_pool, attend, how))
+    // The kernel reads codes of turned heads as they are: the queries turned alike (and in
+    // codes), the output turned back, as `attention_in_window` does around it.
+    codes::rotated(q, dims, |q| {
+        let (q, attend) = codes::scored_as_codes(q, dims, attend)?;
+        kernel(&q, k_pool, v_pool, attend, how)
+    })
 }
 
 /// [`attention`] over the pools as they are stored (codes of turned heads met by queries
-/// the caller turned).
+/// the caller turned and quantized).
 pub(crate) fn kernel(
     q: &Tensor,
     k_pool: &Tensor,

@@ -443,7 +443,7 @@ impl QuantRows {
                 let (Ok(codes), Ok(x)) = (<&mut [i8; QK]>::try_from(codes), x.try_into()) else {
                     return;
                 };
-                let (s, total) = quantize_block(isa, x, codes);
+                let (s, total) = crate::cpu::quantize_block(isa, x, codes);
                 *scale = s;
                 *sum = total;
                 *scaled_sum = s * total as f32;
@@ -458,31 +458,6 @@ impl QuantRows {
     fn blocks(&self) -> usize {
         self.k / QK
     }
-}
-
-/// Quantizes 32 values: returns the scale `max|x| / 127` and the codes' sum. The codes are
-/// `round_ties_even(x · (127 / max|x|))`: the scalar and vector paths do the same exact
-/// operations, so they give the same codes.
-fn quantize_block(isa: Isa, x: &[f32; QK], codes: &mut [i8; QK]) -> (f32, i32) {
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    let sum = match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the x86-64 vector paths are only chosen when the CPU has AVX2 (`Isa::detect`).
-        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { avx2::quantize(x, inv, codes) },
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: every aarch64 CPU has NEON.
-        Isa::Neon => unsafe { neon::quantize(x, inv, codes) },
-        Isa::Scalar => x
-            .iter()
-            .zip(codes.iter_mut())
-            .map(|(&v, q)| {
-                *q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-                *q as i32
-            })
-            .sum(),
-    };
-    (amax / 127.0, sum)
 }
 
 /// Where a kernel call works: panels `panel..panel + panels`, rows `row..row + rows`.

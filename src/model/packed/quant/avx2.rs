@@ -7,39 +7,6 @@ use super::{
     prefetch_ahead, Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER,
 };
 
-/// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantize(x: &[f32; QK], inv: f32, codes: &mut [i8; QK]) -> i32 {
-    let scale = _mm256_set1_ps(inv);
-    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-    // SAFETY: `x` holds 32 floats and `codes` 32 bytes.
-    unsafe {
-        let q: [__m256i; 4] = std::array::from_fn(|i| {
-            let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * i)), scale);
-            // Rounds to nearest even (the default MXCSR mode), as `round_ties_even`.
-            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
-        });
-        let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let sum = _mm_add_epi32(
-            _mm256_castsi256_si128(sum),
-            _mm256_extracti128_si256::<1>(sum),
-        );
-        let sum = _mm_hadd_epi32(sum, sum);
-        let sum = _mm_cvtsi128_si32(_mm_hadd_epi32(sum, sum));
-        // The packs interleave 128-bit lanes; the permutation puts the dwords back in order.
-        let bytes = _mm256_packs_epi16(
-            _mm256_packs_epi32(q[0], q[1]),
-            _mm256_packs_epi32(q[2], q[3]),
-        );
-        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(codes.as_mut_ptr().cast(), bytes);
-        sum
-    }
-}
-
 kernel_entry!("avx2,fma,f16c", "AVX2, FMA and F16C");
 
 /// Group `g`'s high code bits in the half block at `block`, moved above the nibbles.

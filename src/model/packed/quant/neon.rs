@@ -14,32 +14,6 @@ use half::f16;
 
 use super::{Bits, Factors, Out, QuantRows, QuantWeights, Spot, FP4, GROUP, NR, QK, SUPER};
 
-/// Quantizes 32 values with `inv = 127 / max|x|` into `codes`; returns their sum.
-///
-/// # Safety
-/// The CPU has NEON (every aarch64 CPU does).
-#[target_feature(enable = "neon")]
-pub(super) unsafe fn quantize(x: &[f32; QK], inv: f32, codes: &mut [i8; QK]) -> i32 {
-    let scale = vdupq_n_f32(inv);
-    let (lo, hi) = (vdupq_n_f32(-127.0), vdupq_n_f32(127.0));
-    // SAFETY: `x` holds 32 floats and `codes` 32 bytes.
-    unsafe {
-        let q: [int32x4_t; 8] = std::array::from_fn(|i| {
-            let v = vmulq_f32(vld1q_f32(x.as_ptr().add(4 * i)), scale);
-            // `fcvtns` rounds to nearest, ties to even, as `round_ties_even`.
-            vcvtnq_s32_f32(vminq_f32(vmaxq_f32(v, lo), hi))
-        });
-        let sum = q.iter().fold(vdupq_n_s32(0), |s, &v| vaddq_s32(s, v));
-        for (i, q) in q.chunks_exact(4).enumerate() {
-            let h0 = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
-            let h1 = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
-            let bytes = vcombine_s8(vqmovn_s16(h0), vqmovn_s16(h1));
-            vst1q_s8(codes.as_mut_ptr().add(16 * i), bytes);
-        }
-        vaddvq_s32(sum)
-    }
-}
-
 kernel_entry!("neon,dotprod", "NEON and the dot-product extension");
 
 /// `acc + ` the dot of each 4-byte lane of `w` with the same lane of `x`, per lane.
