@@ -7,7 +7,8 @@
 //!   would have to run a multi-token turn.
 //!
 //! Plus the batches the engine runs: decode-only (32 sequences x 1 query) and mixed (one
-//! 512-token prefill with 31 decodes).
+//! 512-token prefill with 31 decodes); and by KV precision, pools written as the engine writes
+//! them (8 decode rows, and a 512-token prefill, over 2,048 tokens).
 //!
 //! ```text
 //! cargo bench --bench attention
@@ -15,7 +16,10 @@
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pensieve::attention::{attention, attention_gather, Attend, AttentionBatch};
+use pensieve::attention::{
+    attention, attention_gather, attention_in_window, Attend, AttentionBatch, KvPool, KvShape,
+};
+use pensieve::engine::KvPrecision;
 
 /// SmolLM2's attention shape: 9 query heads over 3 kv heads of 64.
 const HEADS: usize = 9;
@@ -149,5 +153,41 @@ fn engine_batches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, figure10, engine_batches);
+/// `k` and `v` written into a pool of `kv` (quantized, turned, as the engine writes them).
+fn stored(k: &Tensor, v: &Tensor, kv: KvPrecision) -> pensieve::Result<(Tensor, Tensor)> {
+    let shape = KvShape {
+        num_layers: 1,
+        num_kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+    };
+    let n = k.dim(0)?;
+    let pool = KvPool::new(shape, n, kv, &Device::Cpu)?;
+    let slots: Vec<u32> = (0..n as u32).collect();
+    pool.write(0, &pool.write_index(&slots, &Device::Cpu)?, k, v)?;
+    let (k, v) = pool.layer(0)?;
+    Ok((k.clone(), v.clone()))
+}
+
+fn precisions(c: &mut Criterion) {
+    let mut group = c.benchmark_group("attention_by_kv_precision");
+    group.sample_size(10);
+    let ctx = 2048;
+    for (name, queries) in [("decode_8x1", vec![1; 8]), ("prefill_512", vec![512])] {
+        let Ok(Case { q, k, v, batch }) = case(ctx, &queries, Layout::Interleaved) else {
+            continue;
+        };
+        for kv in [KvPrecision::F16, KvPrecision::Q8, KvPrecision::Q4] {
+            let Ok((k, v)) = stored(&k, &v, kv) else {
+                continue;
+            };
+            let id = format!("{name}/{kv:?}");
+            group.bench_with_input(BenchmarkId::new(id, ctx), &ctx, |b, _| {
+                b.iter(|| attention_in_window(&q, &k, &v, Attend::new(&batch, scale())))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, figure10, engine_batches, precisions);
 criterion_main!(benches);

@@ -68,12 +68,16 @@ impl QueryCodes {
 pub(super) struct Query<'a> {
     codes: &'a [i8],
     scales: &'a [f32],
+    /// Read by the VNNI path only (its bias on the keys' codes).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     sums: &'a [i32],
 }
 
 impl Query<'_> {
-    /// Its codes of dimensions `4c..4c + 4` as one little-endian word.
+    /// Its codes of dimensions `4c..4c + 4` as one little-endian word (the vector paths'
+    /// broadcast).
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn word(&self, c: usize) -> i32 {
         let q = &self.codes[4 * c..][..4];
         i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
