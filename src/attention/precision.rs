@@ -21,8 +21,8 @@ pub enum KvPrecision {
     /// 8 bits: llama.cpp's `q8_0` blocks (a scale per 32 values: 34 bytes where f16 takes 64),
     /// quantized once as each token's K and V are written and kept so in every tier (host,
     /// chunk files, Redis); attention reads the codes (the CPU kernel and the CUDA kernel).
-    /// Heads in blocks of 32. On a GPU the codes are formed on the host as tokens are written,
-    /// which costs a copy each way per layer: measured on the CPU only so far.
+    /// Heads in blocks of 32. On a GPU the codes are formed there as tokens are written (the
+    /// host's bytes); the GPU path has run under the emulator only so far.
     Q8,
     /// 4 bits: llama.cpp's `q4_0` blocks (18 bytes per 32 values, 28% of f16), as
     /// [`KvPrecision::Q8`] otherwise.
