@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::attention_cases::{build, case, long_case, max_rel_err, stored, values, Case, SeqCase};
+use common::attention_cases::{
+    build, case, long_case, max_rel_err, rms_rel_err, stored, values, Case, SeqCase,
+};
 #[cfg(feature = "cuda")]
 use common::attention_cases::{kernel_case, pool, Pool};
 
@@ -67,16 +69,20 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn pools_in_8_and_4_bits_are_read_as_the_reference_reads_them(c in case()) {
-        // Heads in blocks of 32 only; 64 and its multiples are stored rotated.
-        prop_assume!(c.head_dim % 32 == 0);
+    fn pools_in_8_and_4_bits_are_read_as_the_reference_reads_them(
+        // Heads in blocks of 32 only; 64 and its multiples are stored rotated. A filter, not
+        // `prop_assume!`: the cases it passes over count against a limit of their own.
+        c in case().prop_filter("heads in blocks of 32", |c| c.head_dim % 32 == 0)
+    ) {
         let (q, k, v, batch) = build(&c);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let exact = attention_reference(&q, &k, &v, Attend::new(&batch, scale).window(c.window)).unwrap();
-        // Values in [-2, 2]: a step of q8_0 is up to 4/254 (measured errors up to 0.03
-        // against the floor of 0.1: 0.3), of q4_0 4/16 and clipped (up to 0.45); a query
-        // turned otherwise than its keys misses by the output's whole size (up to 40).
-        for (kv, lossy) in [(KvPrecision::Q8, 0.6), (KvPrecision::Q4, 8.0)] {
+        // Values in [-2, 2], queries quantized as the keys are scored: over 3,000 cases the
+        // outputs missed by 0.005-0.013 of their norm at q8_0 and 0.08-0.19 at q4_0 (the
+        // largest error of a single entry, floored at 0.1, reached 0.52 and 6.3: a long tail
+        // that a bound on it fails by chance); a query turned otherwise than its keys misses
+        // by tenths (0.37 on the case proptest shrank that mutant to).
+        for (kv, lossy) in [(KvPrecision::Q8, 0.03), (KvPrecision::Q4, 0.35)] {
             let (kp, vp) = stored(&c, &k, &v, kv, &Device::Cpu);
             let reference = attention_reference(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
             let fast = attention_in_window(&q, &kp, &vp, Attend::new(&batch, scale).window(c.window)).unwrap();
@@ -84,7 +90,7 @@ proptest! {
             prop_assert!(max_rel_err(&fast, &reference) < FAST_TOL, "{:?}", kv);
             prop_assert!(max_rel_err(&gathered, &reference) < GATHER_TOL, "{:?}", kv);
             // Against the values before they were stored: what the codes lose, and no more.
-            let err = max_rel_err(&reference, &exact);
+            let err = rms_rel_err(&reference, &exact);
             prop_assert!(err < lossy, "{:?}: {}", kv, err);
         }
     }

@@ -205,6 +205,25 @@ pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The error of `a` against `b` as a whole: the norm of their difference over `b`'s. Where a
+/// lossy store is measured: its largest relative error is one entry's, and over thousands of
+/// entries that tail is long.
+pub fn rms_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| f64::from(x - y).powi(2))
+        .sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    match a.iter().all(|x| x.is_finite()) {
+        true => (diff / norm.max(f64::MIN_POSITIVE)).sqrt() as f32,
+        false => f32::INFINITY,
+    }
+}
+
 /// Contexts of several segments (512 entries each): decode rows, prefill runs, recompute.
 pub fn long_case() -> impl Strategy<Value = Case> {
     // Contexts of several segments (512 entries each): decode rows, prefill runs, recompute.
