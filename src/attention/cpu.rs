@@ -376,6 +376,14 @@ impl<P: KvRows> Block<'_, P> {
             }
             let n = hi - lo;
             fill_tile(&context, lo..hi, &mut slots, &mut positions);
+            // The next tile's rows are on their way while this one is computed.
+            if t + 1 < tiles.end {
+                for p in hi..((t + 2) * K_TILE).min(context.ctx_len) {
+                    let slot = context.slot(p);
+                    k.prefetch(slot, g);
+                    v.prefetch(slot, g);
+                }
+            }
             let rows = |pool| TileRows {
                 pool,
                 slots: &slots[..n],
@@ -384,7 +392,7 @@ impl<P: KvRows> Block<'_, P> {
             };
             let keys = match &mut in_codes {
                 Some((pool, queries, tile)) => {
-                    tile.gather(pool, &slots[..n], g);
+                    tile.gather(pool, &slots[..n], g, simd);
                     Keys::Codes { tile, queries }
                 }
                 None => {

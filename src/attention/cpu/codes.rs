@@ -104,8 +104,16 @@ impl CodeTile {
     }
 
     /// Loads head `g`'s rows of `slots` (at most [`K_TILE`]) from `pool` (of `q8_0` codes), a
-    /// word of 4 codes at a time (a row outside the pool is left as it was).
-    pub(super) fn gather(&mut self, pool: &CodeRows<'_>, slots: &[u32], g: usize) {
+    /// word of 4 codes at a time (a row outside the pool is left as it was); `simd`: the
+    /// caller's build. Every build fills the tile with the same bits.
+    #[inline(always)]
+    pub(super) fn gather(&mut self, pool: &CodeRows<'_>, slots: &[u32], g: usize, simd: Simd) {
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx512 {
+            // SAFETY: the AVX-512 build (F and F16C among its features).
+            return unsafe { x86::gather_avx512(self, pool, slots, g) };
+        }
+        let _ = simd;
         for (j, &slot) in slots.iter().enumerate().take(K_TILE) {
             let Some(row) = pool.row(slot, g) else {
                 continue;
@@ -171,7 +179,75 @@ pub(super) fn scores<const Q: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{CodeTile, Query, K_TILE, QG, QK};
+    use super::{CodeRows, CodeTile, Query, K_TILE, QG, QK};
+    use crate::attention::codes::Codes;
+
+    /// [`CodeTile::gather`] 16 keys at a time: each word of a block (and its scale, the f16 in
+    /// the low half of the word before the codes) gathered from the 16 rows by 64-bit offsets
+    /// into the pool, stored where the tile keeps it (lanes of keys outside the pool or past
+    /// `slots` neither read nor written).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and F16C.
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn gather_avx512(
+        tile: &mut CodeTile,
+        pool: &CodeRows<'_>,
+        slots: &[u32],
+        g: usize,
+    ) {
+        let slots = &slots[..slots.len().min(K_TILE)];
+        let base = pool.bytes().as_ptr();
+        let block = Codes::Q8.block_bytes();
+        for (j0, slots) in (0..).step_by(16).zip(slots.chunks(16)) {
+            let (mut at, mut mask) = ([0i64; 16], 0u16);
+            for (j, &slot) in slots.iter().enumerate() {
+                if let Some(start) = pool.start(slot, g) {
+                    at[j] = start as i64;
+                    mask |= 1 << j;
+                }
+            }
+            // SAFETY: every gathered lane (those `mask` keeps) reads 4 bytes at an offset of at
+            // most `row_bytes - 4` into a row that `start` found within the pool; the stores
+            // write 16 lanes at `j0 + (0..16)` of a row of `K_TILE` entries (`j0 + 16 <=
+            // K_TILE`: `K_TILE` is a multiple of 16), masked likewise.
+            unsafe {
+                let (lo, hi) = (
+                    _mm512_loadu_si512(at.as_ptr().cast()),
+                    _mm512_loadu_si512(at.as_ptr().add(8).cast()),
+                );
+                let (mlo, mhi) = (mask as u8, (mask >> 8) as u8);
+                let word = |offset: i64| {
+                    let off = _mm512_set1_epi64(offset);
+                    let zero = _mm256_setzero_si256();
+                    let a = _mm512_mask_i64gather_epi32::<1>(
+                        zero,
+                        mlo,
+                        _mm512_add_epi64(lo, off),
+                        base.cast(),
+                    );
+                    let b = _mm512_mask_i64gather_epi32::<1>(
+                        zero,
+                        mhi,
+                        _mm512_add_epi64(hi, off),
+                        base.cast(),
+                    );
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+                };
+                for b in 0..tile.d / QK {
+                    let first = (b * block) as i64;
+                    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(word(first)));
+                    let scales = tile.scales.as_mut_ptr().add(b * K_TILE + j0);
+                    _mm512_mask_storeu_ps(scales, mask, d);
+                    for w in 0..QK / 4 {
+                        let words = tile.words.as_mut_ptr().add((b * QK / 4 + w) * K_TILE + j0);
+                        let codes = word(first + 2 + 4 * w as i64);
+                        _mm512_mask_storeu_epi32(words.cast(), mask, codes);
+                    }
+                }
+            }
+        }
+    }
 
     /// [`super::scores`] with `vpdpbusd`, 16 keys a register. It multiplies unsigned bytes by
     /// signed ones: the keys' codes are taken as `k + 128` (their sign bit flipped) and

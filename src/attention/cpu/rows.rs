@@ -62,6 +62,10 @@ pub(super) trait KvRows: Copy + Send + Sync {
     /// lies outside the pool.
     fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool;
 
+    /// Asks the CPU to bring head `g`'s row of `slot` into its cache, for a [`KvRows::load`]
+    /// soon after (a slot outside the pool is passed over).
+    fn prefetch(&self, slot: u32, g: usize);
+
     /// The pool as blocks of `q8_0` codes, if it holds them: its keys are then scored in
     /// integers (`codes.rs`). `q4_0` keys are widened to f32 and scored against f32 queries:
     /// scored in integers they lost 0.5 points of perplexity more on Gemma 3 270M, for no
@@ -113,6 +117,14 @@ impl<T: KvElem> KvRows for Values<'_, T> {
         }
         true
     }
+
+    #[inline(always)]
+    fn prefetch(&self, slot: u32, g: usize) {
+        let start = slot as usize * self.kv_row + g * self.d;
+        if let Some(row) = self.data.get(start..start + self.d) {
+            prefetch(row);
+        }
+    }
 }
 
 /// A pool of blocks of codes (`attention/codes.rs`), `[n_slots][n_kv_heads][row bytes]`: each
@@ -140,9 +152,23 @@ impl<'a> CodeRows<'a> {
     /// Head `g`'s row of `slot`, if the slot lies in the pool.
     #[inline(always)]
     pub(super) fn row(&self, slot: u32, g: usize) -> Option<&'a [u8]> {
+        let start = self.start(slot, g)?;
+        self.data.get(start..start + self.codes.row_bytes(self.d))
+    }
+
+    /// Where head `g`'s row of `slot` starts in [`CodeRows::bytes`], if the slot lies in the
+    /// pool.
+    #[inline(always)]
+    pub(super) fn start(&self, slot: u32, g: usize) -> Option<usize> {
         let bytes = self.codes.row_bytes(self.d);
         let start = slot as usize * self.kv_row + g * bytes;
-        self.data.get(start..start + bytes)
+        (start + bytes <= self.data.len()).then_some(start)
+    }
+
+    /// The whole pool's bytes.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn bytes(&self) -> &'a [u8] {
+        self.data
     }
 }
 
@@ -153,8 +179,14 @@ impl KvRows for CodeRows<'_> {
         let Some(row) = self.row(slot, g) else {
             return false;
         };
+        #[cfg(target_arch = "x86_64")]
+        if simd == Simd::Avx512 && step == 8 && self.codes == Codes::Q8 {
+            // SAFETY: the AVX-512 build (F and F16C among its features).
+            unsafe { widen_q8_avx512(row, dst) };
+            return true;
+        }
         for (b, block) in row.chunks_exact(self.codes.block_bytes()).enumerate() {
-            let d = scale(block);
+            let d = scale_of(block, simd);
             // Chunk `i` of the block's 4: its 8 codes' bytes, and whether they are high nibbles.
             for i in 0..QK / 8 {
                 let (codes, high) = match self.codes {
@@ -177,8 +209,87 @@ impl KvRows for CodeRows<'_> {
         true
     }
 
+    #[inline(always)]
+    fn prefetch(&self, slot: u32, g: usize) {
+        if let Some(row) = self.row(slot, g) {
+            prefetch(row);
+        }
+    }
+
     fn q8_rows(&self) -> Option<CodeRows<'_>> {
         (self.codes == Codes::Q8).then_some(*self)
+    }
+}
+
+/// Asks the CPU to bring the cache lines of `row` into L1. A tile's rows lie wherever their
+/// slots put them (a slot's neighbours in a pool are other sequences' tokens), where the
+/// hardware's prefetchers find no stride to follow.
+#[inline(always)]
+fn prefetch<T>(row: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (p, n) = (row.as_ptr().cast::<i8>(), std::mem::size_of_val(row));
+        // Each line the row touches, once: from the line of its first byte.
+        let first = p.wrapping_sub(p as usize % 64);
+        let lines = (p as usize % 64 + n).div_ceil(64);
+        for line in 0..lines {
+            // SAFETY: a prefetch reads nothing the program sees and never faults; its
+            // addresses lie in lines that hold bytes of `row`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// A block's scale, by F16C's conversion where `simd` has it (the same value as [`scale`]'s;
+/// the portable conversion is a call, once per block of every row of a tile).
+#[inline(always)]
+fn scale_of(block: &[u8], simd: Simd) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd.avx2() {
+        // SAFETY: `simd` names the AVX2 build (or a wider one), which has F16C.
+        return unsafe { scale_f16c(block) };
+    }
+    let _ = simd;
+    scale(block)
+}
+
+/// [`scale`] by F16C.
+///
+/// # Safety
+/// The CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn scale_f16c(block: &[u8]) -> f32 {
+    use std::arch::x86_64::*;
+    let bits = i32::from(u16::from_le_bytes([block[0], block[1]]));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
+/// A row of `q8_0` blocks widened into `dst` in order, 16 values a register: the same correctly
+/// rounded products `d · q` as the portable loop.
+///
+/// # Safety
+/// The CPU has AVX-512 F and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn widen_q8_avx512(row: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks = row.chunks_exact(Codes::Q8.block_bytes());
+    for (block, out) in blocks.zip(dst.chunks_exact_mut(QK)) {
+        // SAFETY: F16C, as this function's contract.
+        let d = _mm512_set1_ps(unsafe { scale_f16c(block) });
+        for (codes, out) in block[2..].chunks_exact(16).zip(out.chunks_exact_mut(16)) {
+            // SAFETY: `codes` holds 16 bytes and `out` 16 floats.
+            unsafe {
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(codes.as_ptr().cast()));
+                let x = _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+                _mm512_storeu_ps(out.as_mut_ptr(), x);
+            }
+        }
     }
 }
 
