@@ -7,8 +7,9 @@
 //! processed together against tiles of [`K_TILE`] context entries, so a K/V row read from the
 //! pool is reused by every query of the block while it is in L1.
 //!
-//! The pools hold f32 or f16; each tile is loaded once into f32 buffers (keys transposed,
-//! values gathered, `tiles`) shared by every query of the block. The inner loops use `mul_add`:
+//! The pools hold f32, f16 or blocks of codes; each tile is loaded once (keys as f32 or as
+//! 8-bit codes, values widened to f32: `tiles`, `codes`) and shared by every query of the
+//! block, while the next tile's rows are prefetched. The inner loops use `mul_add`:
 //! one fused instruction in the AVX2+FMA+F16C build selected at run time on x86-64 (the
 //! portable build is correct but slow on CPUs without FMA).
 //!
