@@ -93,14 +93,21 @@ impl<'a, T> Values<'a, T> {
             d: dims.head_dim,
         }
     }
+
+    /// Head `g`'s row of `slot`, if the slot lies in the pool.
+    #[inline(always)]
+    fn row(&self, slot: u32, g: usize) -> Option<&'a [T]> {
+        let start = slot as usize * self.kv_row + g * self.d;
+        self.data.get(start..start + self.d)
+    }
 }
 
 impl<T: KvElem> KvRows for Values<'_, T> {
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn load(&self, slot: u32, g: usize, dst: &mut [f32], step: usize, simd: Simd) -> bool {
-        let (d, start) = (self.d, slot as usize * self.kv_row + g * self.d);
-        let Some(row) = self.data.get(start..start + d) else {
+        let d = self.d;
+        let Some(row) = self.row(slot, g) else {
             return false;
         };
         #[cfg(target_arch = "x86_64")]
@@ -120,8 +127,7 @@ impl<T: KvElem> KvRows for Values<'_, T> {
 
     #[inline(always)]
     fn prefetch(&self, slot: u32, g: usize) {
-        let start = slot as usize * self.kv_row + g * self.d;
-        if let Some(row) = self.data.get(start..start + self.d) {
+        if let Some(row) = self.row(slot, g) {
             prefetch(row);
         }
     }
