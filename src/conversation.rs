@@ -121,6 +121,8 @@ pub(crate) struct Conversation {
     tools: Vec<serde_json::Value>,
     /// The variables its template reads beside the standard ones, fixed for its life.
     template_vars: serde_json::Map<String, serde_json::Value>,
+    /// The host's own data kept with it (stored with it; never rendered).
+    attributes: serde_json::Map<String, serde_json::Value>,
     /// The text the model has seen, for the template's continuation of the next turn.
     seen_text: String,
     /// Where the recorded turns begin, in order.
@@ -197,6 +199,20 @@ impl Conversation {
         &self.template_vars
     }
 
+    /// The same, with the host's data `attributes`.
+    pub fn with_attributes(self, attributes: serde_json::Map<String, serde_json::Value>) -> Self {
+        Self { attributes, ..self }
+    }
+
+    pub fn attributes(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.attributes
+    }
+
+    /// Replaces the host's data.
+    pub fn set_attributes(&mut self, attributes: serde_json::Map<String, serde_json::Value>) {
+        self.attributes = attributes;
+    }
+
     /// The revision of its stored manifest this copy holds.
     pub fn revision(&self) -> u64 {
         self.revision
@@ -251,6 +267,7 @@ impl Conversation {
             messages: self.messages[..m.messages].to_vec(),
             tools: self.tools.clone(),
             template_vars: self.template_vars.clone(),
+            attributes: self.attributes.clone(),
             seen_text: self.seen_text[..m.text].to_string(),
             marks: self.marks[..k].to_vec(),
             reply_start: None,

@@ -29,6 +29,13 @@ use crate::kv::{Address, ManifestStore, Refused, StoreError};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Removing(Option<u64>);
 
+/// A named conversation's manifest write, as [`Engine::writing`](crate::Engine::writing)
+/// reported it: its store job (`None`: it could not be queued). Waiting on this write, not on
+/// the conversation's latest, tells a caller whether the state it wrote was stored even after
+/// a later edit replaced the conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writing(Option<u64>);
+
 /// Whether a named conversation's latest state is stored; see
 /// [`Engine::durability`](crate::Engine::durability).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,6 +176,19 @@ impl Persistence {
         let write = store.write(name, conv.stamp().to_string(), manifest.build(chunks));
         conv.set_stored(revision, stamp);
         self.manifest_writes.insert(id, write);
+    }
+
+    /// The latest manifest write queued for `id`, if any since it was resumed or opened.
+    pub fn writing(&self, id: ConversationId) -> Option<Writing> {
+        self.manifest_writes.get(&id).map(|&job| Writing(job))
+    }
+
+    /// How durable the manifest write `write` is.
+    pub fn write_durability(&self, write: Writing) -> Durability {
+        match &self.store {
+            Some(store) => outcome(write.0, store),
+            None => Durability::NotStored,
+        }
     }
 
     /// This engine no longer holds `id`: what it wrote is the store's to tell.

@@ -39,7 +39,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use crate::persist::{Durability, Fetched, Registration, Removing, ResumeReader};
+pub use crate::persist::{Durability, Fetched, Registration, Removing, ResumeReader, Writing};
 pub use crate::scheduler::Speculation;
 pub use config::{
     Budgets, CacheMode, CostProfile, EngineConfig, EvictionKind, KvPrecision, OverflowPolicy,

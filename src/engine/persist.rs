@@ -17,7 +17,7 @@ use crate::attention::KvShape;
 use crate::ids::ConversationId;
 use crate::kv::{hex, ChunkFormat, CostModel, Owner, Store, StoreTier};
 use crate::model::Model;
-use crate::persist::{Durability, Registration, Removing};
+use crate::persist::{Durability, Registration, Removing, Writing};
 use crate::{Error, Result};
 
 /// Opens the store `config` names for `model`'s KV of `shape` at `value_bytes` per value
@@ -122,6 +122,40 @@ impl Engine {
         self.cache.close(conv);
         self.convs.remove(&conv);
         self.persist.forget(conv);
+        Ok(())
+    }
+
+    /// The host's data kept with a conversation ([`ConversationOptions::attributes`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn attributes(
+        &self,
+        conv: ConversationId,
+    ) -> Result<&serde_json::Map<String, serde_json::Value>> {
+        self.convs
+            .get(&conv)
+            .map(|c| c.attributes())
+            .ok_or(Error::UnknownConversation(conv))
+    }
+
+    /// Replaces the host's data kept with a conversation; a named one's manifest is written
+    /// again (behind, as after a turn: [`Engine::durability`] says when it is stored).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`]; [`Error::ConversationBusy`] while a turn of it runs
+    /// (its end writes the manifest, from the state it began with).
+    pub fn set_attributes(
+        &mut self,
+        conv: ConversationId,
+        attributes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<()> {
+        if self.sched.turn_of(conv).is_some() {
+            return Err(Error::ConversationBusy(conv));
+        }
+        let c = (self.convs.get_mut(&conv)).ok_or(Error::UnknownConversation(conv))?;
+        c.set_attributes(attributes);
+        self.write_manifest(conv);
         Ok(())
     }
 
@@ -342,6 +376,26 @@ impl Engine {
             .get(&conv)
             .ok_or(Error::UnknownConversation(conv))?;
         Ok(self.persist.durability(conv, c))
+    }
+
+    /// The latest write of a named conversation's manifest (after a turn's end, a rename or
+    /// [`Engine::set_attributes`]), to wait on with [`Engine::write_durability`]; `None` when
+    /// none was queued since it was opened or resumed (see [`Engine::durability`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownConversation`].
+    pub fn writing(&self, conv: ConversationId) -> Result<Option<Writing>> {
+        if !self.convs.contains_key(&conv) {
+            return Err(Error::UnknownConversation(conv));
+        }
+        Ok(self.persist.writing(conv))
+    }
+
+    /// How durable the manifest write `write` is: [`Durability::Durable`] once stored,
+    /// [`Durability::Failed`] or [`Durability::Conflict`] if it was not, whatever became of the
+    /// conversation since.
+    pub fn write_durability(&self, write: Writing) -> Durability {
+        self.persist.write_durability(write)
     }
 
     /// [`Engine::close`], with the removal of a stored conversation's manifest it queued:

@@ -15,7 +15,7 @@ use crate::model::{Message, Model};
 use crate::Result;
 
 /// A conversation as [`Engine::open`] opens it from `options`: the system prompt, then the
-/// history, with its tools and template variables.
+/// history, with its tools, template variables and the host's attributes.
 pub(super) fn opened(options: ConversationOptions) -> Conversation {
     let mut messages: Vec<Message> = options
         .system
@@ -25,6 +25,7 @@ pub(super) fn opened(options: ConversationOptions) -> Conversation {
     Conversation::new(messages)
         .with_tools(options.tools)
         .with_template_vars(options.template_vars)
+        .with_attributes(options.attributes)
 }
 
 /// Prepares first turns on any thread ([`Engine::turn_preparer`]): the engine's model and

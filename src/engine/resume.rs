@@ -118,7 +118,15 @@ impl Engine {
                 Removal::None => {}
             }
         }
-        let fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
+        let mut fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
+        // A copy stored once that the read says is gone: read again, after this engine's own
+        // last write of it (a read made before that write would not show it).
+        let absent = fetched
+            .as_ref()
+            .is_some_and(|f| matches!(f.manifest, Ok(None)));
+        if absent && held.is_some_and(|id| self.stored_once(id)) {
+            fetched = self.resume_reader().map(|r| r.fetch(name));
+        }
         let (true, Some(fetched)) = (self.persist.active(), fetched) else {
             return held.ok_or_else(|| Error::NotStored(name.to_string()));
         };
@@ -138,9 +146,21 @@ impl Engine {
                 }
                 Some(m)
             }
-            // The one held here is being written, or the name is free, or was lost.
-            Ok(None) if held.is_some() => None,
-            Ok(None) => return Err(unstored(name, fetched.registration)),
+            Ok(None) => match held {
+                // Stored, and gone from the store since: another engine of a fleet removed it
+                // (or the store's expiry did). This copy goes too, so that no engine serves, or
+                // writes back, a conversation a client was told is deleted.
+                Some(id) if self.stored_once(id) => {
+                    if self.sched.turn_of(id).is_some() {
+                        return Err(Error::ConversationBusy(id));
+                    }
+                    self.detach(id)?;
+                    return Err(Error::NotStored(name.to_string()));
+                }
+                // The one held here is being written, or the name is free, or was lost.
+                Some(_) => None,
+                None => return Err(unstored(name, fetched.registration)),
+            },
             // Unreadable now: what is held is the best known.
             Err(source) => match held {
                 Some(id) => return Ok(id),
@@ -167,6 +187,15 @@ impl Engine {
             (None, Some(m)) => Ok(self.restore(m, &fetched.found, now)),
             (None, None) => Err(Error::NotStored(name.to_string())),
         }
+    }
+
+    /// Whether the copy `id` is in the store as this engine last wrote it (or resumed it): its
+    /// state was stored, and no write of it is queued or refused since.
+    fn stored_once(&self, id: ConversationId) -> bool {
+        self.convs.get(&id).is_some_and(|c| {
+            (c.revision() > 0 || !c.stamp().is_empty())
+                && self.persist.durability(id, c) == Durability::Durable
+        })
     }
 
     /// Whether the copy `id` holds an older state than the stored `m`: a later revision, or

@@ -53,6 +53,12 @@ pub struct ConversationOptions {
     /// `chat_template_kwargs`: Qwen3's `enable_thinking`, gpt-oss's `reasoning_effort`),
     /// fixed for the conversation's life: a fork keeps them, and a store keeps them.
     pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// The host's own data about the conversation (a creation time, tags, its items' ids):
+    /// never rendered or read by the engine, kept with the conversation as its history is (a
+    /// store writes it in every manifest, a resume brings it back, a fork copies it), so it
+    /// needs no table of the host's beside the store. Read with
+    /// [`super::Engine::attributes`], changed with [`super::Engine::set_attributes`].
+    pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
 setters!(ConversationOptions {
@@ -61,6 +67,7 @@ setters!(ConversationOptions {
     value history: Vec<Message>,
     value tools: Vec<serde_json::Value>,
     value template_vars: serde_json::Map<String, serde_json::Value>,
+    value attributes: serde_json::Map<String, serde_json::Value>,
 });
 
 /// How to pick each generated token and when to stop.

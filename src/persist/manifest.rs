@@ -29,6 +29,9 @@ pub(crate) struct Manifest {
     /// The variables its template reads.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     template_vars: serde_json::Map<String, serde_json::Value>,
+    /// The host's own data kept with it.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    attributes: serde_json::Map<String, serde_json::Value>,
     seen_text: String,
     /// Where turns begin (cut points for context overflow).
     #[serde(default)]
@@ -93,6 +96,7 @@ impl Manifest {
             messages: conv.messages().to_vec(),
             tools: conv.tools().to_vec(),
             template_vars: conv.template_vars().clone(),
+            attributes: conv.attributes().clone(),
             seen_text: conv.seen_text().to_string(),
             marks: conv.marks().to_vec(),
             chunks: Vec::new(),
@@ -156,7 +160,8 @@ impl Manifest {
             self.marks,
         )
         .with_tools(self.tools)
-        .with_template_vars(self.template_vars);
+        .with_template_vars(self.template_vars)
+        .with_attributes(self.attributes);
         conversation.set_stored(self.revision, self.stamp);
         Restored {
             conversation,

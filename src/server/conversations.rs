@@ -4,53 +4,41 @@
 //!
 //! A conversation is the named chat conversation of its id (`conv_` and 128 random bits), so
 //! it keeps its KV across turns, restarts and a fleet as any named conversation does: its
-//! items are that conversation's transcript, read back as items. Adding or deleting items
-//! gives the conversation a new history ([`crate::service::Service::rewrite`]): its next turn
-//! is what a stateless server computes on the new items, with the KV of the prefix the two
-//! histories share reused by content. An item's id is a digest of the conversation's id, the
-//! item and how many equal items come before it, so ids stay put when other items are added
-//! or deleted. Metadata and the creation time live in this server's memory: after a restart
-//! (or on another server of a fleet) a conversation answers with empty metadata.
+//! items are that conversation's transcript, read back as items. Its creation time, metadata
+//! and items' ids are kept with it in the engine's attributes ([`items::Kept`]), so they are
+//! stored, resumed and evicted with it: the server holds no table of its own, and an empty
+//! conversation is stored as one.
+//!
+//! Every route is one [`crate::service::Service::edit`] of the conversation: read, change and
+//! write on the engine thread under the same ownership as a turn, so concurrent edits all land
+//! in some order (a turn running on it makes them a 409 to retry), a deletion that answered 200
+//! is final, and a change is answered once the store has it (a 503 while it cannot take it,
+//! nothing changed). Adding or deleting items gives the conversation a new history: its next
+//! turn is what a stateless server computes on the new items, with the KV of the prefix the
+//! two histories share reused by content.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+mod items;
 
-use crate::model::Message;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::Tenant;
 use super::error::ApiError;
+use super::metadata;
 use super::random_id::random_id;
 use super::responses::input::Input;
 use super::{now_s, AppState};
+use crate::model::Message;
+use crate::service::{Change, Record};
+use items::{append, remove, Kept};
 
-/// What the server keeps of a conversation beside its transcript.
-#[derive(Clone, Debug)]
-struct Meta {
-    created_at: u64,
-    metadata: Value,
-}
-
-/// The conversations this server made or served: their metadata and creation times.
-#[derive(Clone, Default)]
-pub struct Registry(Arc<Mutex<HashMap<String, Meta>>>);
-
-impl Registry {
-    fn get(&self, id: &str) -> Option<Meta> {
-        self.0.lock().get(id).cloned()
-    }
-}
-
-/// Most items one request may add, and most metadata keys (OpenAI's limits).
+/// Most items one request may add (OpenAI's limit).
 const MAX_ITEMS: usize = 20;
-const MAX_METADATA_KEYS: usize = 16;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,89 +83,70 @@ fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
 }
 
-fn missing(id: &str) -> ApiError {
+/// The 404 of a conversation `id` that does not exist.
+pub(super) fn missing(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("no conversation {id:?}"))
 }
 
-fn check_metadata(metadata: &Value) -> Result<(), ApiError> {
-    match metadata {
-        Value::Null => Ok(()),
-        Value::Object(o) if o.len() <= MAX_METADATA_KEYS && o.values().all(Value::is_string) => {
-            Ok(())
-        }
-        _ => Err(ApiError::bad(format!(
-            "metadata must be an object of at most {MAX_METADATA_KEYS} string values"
-        ))),
-    }
+fn no_item(item: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no item {item:?}"))
 }
 
 /// Items (as `/v1/responses` takes them as input) as messages.
 fn messages_of(items: Vec<Value>) -> Result<Vec<Message>, ApiError> {
     if items.len() > MAX_ITEMS {
-        return Err(ApiError::bad(format!(
-            "at most {MAX_ITEMS} items may be added at once"
-        )));
+        return Err(
+            ApiError::bad(format!("items: at most {MAX_ITEMS} may be added at once"))
+                .with_param("items"),
+        );
     }
     let input: Input = serde_json::from_value(Value::Array(items))
-        .map_err(|e| ApiError::bad(format!("invalid items: {e}")))?;
+        .map_err(|e| ApiError::bad(format!("items: {e}")).with_param("items"))?;
     let mut messages = Vec::new();
     input.append_to(&mut messages)?;
     Ok(messages)
 }
 
-/// The transcript of `tenant`'s conversation `id`: the named conversation's, or none yet for one made
-/// here without items. A 404 when neither holds it.
-async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Message>, ApiError> {
+/// A conversation as an edit reads it: its record and what the server keeps with it.
+struct Read<'a> {
+    record: &'a Record,
+    kept: Kept,
+}
+
+/// The edit of `tenant`'s conversation `id` that `decide` makes of it as it is read (a 404
+/// when there is none), as one operation ([`crate::service::Service::edit`]); what `decide`
+/// answers.
+async fn edit<T, F>(s: &AppState, tenant: &Tenant, id: &str, decide: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: Fn(Read<'_>) -> Result<(Change, T), ApiError> + Send + Sync + 'static,
+{
     if !id.starts_with("conv_") {
         return Err(missing(id));
     }
-    match s.service.resume(&tenant.name(id)).await {
-        Ok(conv) => s.service.messages(conv).await.map_err(|_| missing(id)),
-        Err(_) if s.conversations.get(&tenant.name(id)).is_some() => Ok(Vec::new()),
-        Err(e) if matches!(e.kind(), crate::ErrorKind::Unavailable) => {
-            Err(ApiError::from_engine(&e))
-        }
-        Err(_) => Err(missing(id)),
+    let name = tenant.name(id);
+    let shown = id.to_string();
+    let edited = s.service.edit(&name, move |record| {
+        let record = record.ok_or_else(|| missing(&shown))?;
+        let kept = Kept::read(&record.attributes, now_s());
+        decide(Read { record, kept })
+    });
+    match edited.await {
+        Ok(answer) => answer,
+        Err(e) if e.kind() == crate::ErrorKind::NotFound => Err(missing(id)),
+        Err(e) => Err(ApiError::from_engine(&e)),
     }
 }
 
-/// The conversation object of `tenant`'s `id`.
-fn object(s: &AppState, tenant: &Tenant, id: &str) -> Value {
-    let meta = s.conversations.get(&tenant.name(id));
-    let created = meta.as_ref().map_or_else(now_s, |m| m.created_at);
-    let metadata = meta.map_or(json!({}), |m| m.metadata);
-    json!({"id": id, "object": "conversation", "created_at": created, "metadata": metadata})
+/// The conversation object of `id`.
+fn object(id: &str, kept: &Kept) -> Value {
+    json!({"id": id, "object": "conversation", "created_at": kept.created_at,
+        "metadata": kept.metadata})
 }
 
-/// `POST /v1/conversations`.
-pub async fn create(State(s): State<AppState>, tenant: Tenant, bytes: Bytes) -> Response {
-    let made = async {
-        let b: CreateBody = body(&bytes)?;
-        let metadata = b.metadata.unwrap_or(json!({}));
-        check_metadata(&metadata)?;
-        let messages = messages_of(b.items.unwrap_or_default())?;
-        let id = random_id("conv_")?;
-        if !messages.is_empty() {
-            rewrite(&s, &tenant, &id, messages).await?;
-        }
-        let meta = Meta {
-            created_at: now_s(),
-            metadata,
-        };
-        s.conversations.0.lock().insert(tenant.name(&id), meta);
-        Ok::<_, ApiError>(object(&s, &tenant, &id))
-    };
-    answer(made.await)
-}
-
-/// Gives `tenant`'s conversation `id` the history `messages`.
-async fn rewrite(
-    s: &AppState,
-    tenant: &Tenant,
-    id: &str,
-    messages: Vec<Message>,
-) -> Result<(), ApiError> {
-    (s.service.rewrite(&tenant.name(id), messages).await).map_err(|e| ApiError::from_engine(&e))
+/// `id`'s history `messages` with `kept`, as a change.
+fn rewrite(messages: Vec<Message>, kept: &Kept) -> Change {
+    Change::Rewrite(Record::new(messages, kept.attributes()))
 }
 
 fn answer(r: Result<Value, ApiError>) -> Response {
@@ -187,17 +156,40 @@ fn answer(r: Result<Value, ApiError>) -> Response {
     }
 }
 
+/// `POST /v1/conversations`: stored at once, items or none.
+pub async fn create(State(s): State<AppState>, tenant: Tenant, bytes: Bytes) -> Response {
+    let made = async {
+        let b: CreateBody = body(&bytes)?;
+        let metadata = b.metadata.unwrap_or(json!({}));
+        metadata::check(&metadata)?;
+        let messages = messages_of(b.items.unwrap_or_default())?;
+        let id = random_id("conv_")?;
+        let kept = Kept::new(now_s(), json!(metadata)).settled(&id, &messages);
+        let made = object(&id, &kept);
+        let new = Record::new(messages, kept.attributes());
+        // 128 random bits: nothing holds the name yet.
+        let conflict = || ApiError::new(StatusCode::CONFLICT, "the new id is taken; retry");
+        let name = tenant.name(&id);
+        let edited = s.service.edit(&name, move |held| match held {
+            None => Ok((Change::Rewrite(new.clone()), made.clone())),
+            Some(_) => Err(conflict()),
+        });
+        edited.await.map_err(|e| ApiError::from_engine(&e))?
+    };
+    answer(made.await)
+}
+
 /// `GET /v1/conversations/{id}`.
 pub async fn retrieve(
     State(s): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    answer(
-        transcript(&s, &tenant, &id)
-            .await
-            .map(|_| object(&s, &tenant, &id)),
-    )
+    let shown = id.clone();
+    let read = edit(&s, &tenant, &id, move |r| {
+        Ok((Change::Keep, object(&shown, &r.kept)))
+    });
+    answer(read.await)
 }
 
 /// `POST /v1/conversations/{id}`: new metadata.
@@ -209,90 +201,30 @@ pub async fn update(
 ) -> Response {
     let updated = async {
         let b: UpdateBody = body(&bytes)?;
-        check_metadata(&b.metadata)?;
-        transcript(&s, &tenant, &id).await?;
-        let mut registry = s.conversations.0.lock();
-        let meta = registry.entry(tenant.name(&id)).or_insert_with(|| Meta {
-            created_at: now_s(),
-            metadata: json!({}),
-        });
-        meta.metadata = b.metadata;
-        drop(registry);
-        Ok(object(&s, &tenant, &id))
+        metadata::check(&b.metadata)?;
+        let metadata = match b.metadata {
+            Value::Null => json!({}),
+            m => m,
+        };
+        let shown = id.clone();
+        edit(&s, &tenant, &id, move |r| {
+            let kept = r.kept.with_metadata(metadata.clone());
+            Ok((Change::Attributes(kept.attributes()), object(&shown, &kept)))
+        })
+        .await
     };
     answer(updated.await)
 }
 
 /// `DELETE /v1/conversations/{id}`: the named conversation is closed and removed from the
-/// store.
+/// store, answered once the removal is written.
 pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
-    let deleted = async {
-        transcript(&s, &tenant, &id).await?;
-        match s.service.resume(&tenant.name(&id)).await {
-            Ok(conv) => (s.service.close(conv).await).map_err(|e| ApiError::from_engine(&e))?,
-            // Created and never continued: nothing stored.
-            Err(e) if e.kind() == crate::ErrorKind::NotFound => {}
-            Err(e) => return Err(ApiError::from_engine(&e)),
-        }
-        s.conversations.0.lock().remove(&tenant.name(&id));
-        Ok(json!({"id": id, "object": "conversation.deleted", "deleted": true}))
-    };
+    let shown = id.clone();
+    let deleted = edit(&s, &tenant, &id, move |_| {
+        let gone = json!({"id": shown, "object": "conversation.deleted", "deleted": true});
+        Ok((Change::Remove, gone))
+    });
     answer(deleted.await)
-}
-
-/// Where an item lies in the transcript: a message's text, or one of its calls.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Part {
-    Text,
-    Call(usize),
-}
-
-/// The items of a transcript, each with the message and part it is, in order.
-fn items(id: &str, messages: &[Message]) -> Vec<(usize, Part, Value)> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut item_id = |prefix: &str, key: String| {
-        let n = seen.entry(key.clone()).or_insert(0);
-        *n += 1;
-        let mut h = blake3::Hasher::new();
-        for part in [id, prefix, &key, &n.to_string()] {
-            h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        format!("{prefix}_{}", &h.finalize().to_hex()[..32])
-    };
-    let mut out = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
-        if m.role == "tool" {
-            let call = m.tool_call_id.clone().unwrap_or_default();
-            let key = format!("{call}\u{0}{}", m.content);
-            let item = json!({"id": item_id("fco", key), "type": "function_call_output",
-                "call_id": call, "output": m.content, "status": "completed"});
-            out.push((i, Part::Text, item));
-            continue;
-        }
-        if !m.content.is_empty() || m.tool_calls.is_empty() {
-            let kind = match m.role.as_str() {
-                "assistant" => "output_text",
-                _ => "input_text",
-            };
-            let mut text = json!({"type": kind, "text": m.content});
-            if kind == "output_text" {
-                text["annotations"] = json!([]);
-            }
-            let key = format!("{}\u{0}{}", m.role, m.content);
-            let item = json!({"id": item_id("msg", key), "type": "message", "role": m.role,
-                "content": [text], "status": "completed"});
-            out.push((i, Part::Text, item));
-        }
-        for (k, c) in m.tool_calls.iter().enumerate() {
-            let key = format!("{}\u{0}{}\u{0}{}", c.id, c.name, c.arguments);
-            let item = json!({"id": item_id("fc", key), "type": "function_call",
-                "call_id": c.id, "name": c.name, "arguments": c.arguments,
-                "status": "completed"});
-            out.push((i, Part::Call(k), item));
-        }
-    }
-    out
 }
 
 /// A page of items as OpenAI lists them.
@@ -313,19 +245,32 @@ pub async fn list_items(
     let listed = async {
         let limit = q.limit.unwrap_or(20);
         if !(1..=100).contains(&limit) {
-            return Err(ApiError::bad("limit must be in [1, 100]"));
+            return Err(ApiError::bad("limit must be in [1, 100]").with_param("limit"));
         }
-        let messages = transcript(&s, &tenant, &id).await?;
-        let mut all: Vec<Value> = items(&id, &messages).into_iter().map(|(.., v)| v).collect();
-        match q.order.as_deref() {
-            None | Some("desc") => all.reverse(),
-            Some("asc") => {}
-            Some(o) => return Err(ApiError::bad(format!("order {o:?}: asc or desc"))),
+        let descending = match q.order.as_deref() {
+            None | Some("desc") => true,
+            Some("asc") => false,
+            Some(o) => {
+                let e = ApiError::bad(format!("order {o:?}: asc or desc"));
+                return Err(e.with_param("order"));
+            }
+        };
+        let shown = id.clone();
+        let mut all: Vec<Value> = edit(&s, &tenant, &id, move |r| {
+            let all = r.kept.items(&shown, &r.record.messages);
+            Ok((Change::Keep, all.into_iter().map(|(.., v)| v).collect()))
+        })
+        .await?;
+        if descending {
+            all.reverse();
         }
         let start = match &q.after {
             Some(after) => match all.iter().position(|i| i["id"] == after.as_str()) {
                 Some(p) => p + 1,
-                None => return Err(ApiError::bad(format!("after: no item {after:?}"))),
+                None => {
+                    let e = ApiError::bad(format!("after: no item {after:?}"));
+                    return Err(e.with_param("after"));
+                }
             },
             None => 0,
         };
@@ -346,35 +291,19 @@ pub async fn add_items(
     let added = async {
         let b: ItemsBody = body(&bytes)?;
         let new = messages_of(b.items)?;
-        let mut messages = transcript(&s, &tenant, &id).await?;
-        let before = items(&id, &messages).len();
-        append(&mut messages, new);
-        rewrite(&s, &tenant, &id, messages.clone()).await?;
-        let all = items(&id, &messages);
-        Ok(list(
-            all.into_iter().skip(before).map(|(.., v)| v).collect(),
-            false,
-        ))
+        let shown = id.clone();
+        edit(&s, &tenant, &id, move |r| {
+            let mut messages = r.record.messages.clone();
+            let before = r.kept.items(&shown, &messages).len();
+            append(&mut messages, new.clone());
+            let kept = r.kept.settled(&shown, &messages);
+            let all = kept.items(&shown, &messages);
+            let added = all.into_iter().skip(before).map(|(.., v)| v).collect();
+            Ok((rewrite(messages, &kept), list(added, false)))
+        })
+        .await
     };
     answer(added.await)
-}
-
-/// Appends `new` to `messages`, a call joining the assistant message before it as input
-/// items do.
-fn append(messages: &mut Vec<Message>, new: Vec<Message>) {
-    for m in new {
-        match messages.last_mut() {
-            Some(last)
-                if last.role == "assistant"
-                    && m.role == "assistant"
-                    && m.content.is_empty()
-                    && !m.tool_calls.is_empty() =>
-            {
-                last.tool_calls.extend(m.tool_calls)
-            }
-            _ => messages.push(m),
-        }
-    }
 }
 
 /// `GET /v1/conversations/{id}/items/{item_id}`.
@@ -383,17 +312,14 @@ pub async fn retrieve_item(
     tenant: Tenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
-    let found = async {
-        let messages = transcript(&s, &tenant, &id).await?;
-        let all = items(&id, &messages);
+    let shown = id.clone();
+    let found = edit(&s, &tenant, &id, move |r| {
+        let all = r.kept.items(&shown, &r.record.messages);
         let hit = all.into_iter().find(|(.., v)| v["id"] == item.as_str());
-        hit.map(|(.., v)| v).ok_or_else(|| no_item(&item))
-    };
+        let found = hit.map(|(.., v)| v).ok_or_else(|| no_item(&item))?;
+        Ok((Change::Keep, found))
+    });
     answer(found.await)
-}
-
-fn no_item(item: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, format!("no item {item:?}"))
 }
 
 /// `DELETE /v1/conversations/{id}/items/{item_id}`: the conversation without that item
@@ -403,28 +329,17 @@ pub async fn delete_item(
     tenant: Tenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
-    let deleted = async {
-        let mut messages = transcript(&s, &tenant, &id).await?;
-        let all = items(&id, &messages);
-        let (at, part) = all
-            .iter()
-            .find(|(.., v)| v["id"] == item.as_str())
-            .map(|&(i, p, _)| (i, p))
-            .ok_or_else(|| no_item(&item))?;
-        let m = &mut messages[at];
-        match part {
-            Part::Call(k) => {
-                m.tool_calls.remove(k);
-            }
-            Part::Text => m.content.clear(),
-        }
-        let empty = m.content.is_empty() && m.tool_calls.is_empty();
-        if empty || m.role == "tool" {
-            messages.remove(at);
-        }
-        rewrite(&s, &tenant, &id, messages).await?;
-        Ok(object(&s, &tenant, &id))
-    };
+    let shown = id.clone();
+    let deleted = edit(&s, &tenant, &id, move |r| {
+        let mut messages = r.record.messages.clone();
+        let all = r.kept.items(&shown, &messages);
+        let found = all.iter().position(|(.., v)| v["id"] == item.as_str());
+        let i = found.ok_or_else(|| no_item(&item))?;
+        let (at, part, _) = all[i];
+        let kept = r.kept.settled(&shown, &messages).without(i);
+        remove(&mut messages, at, part);
+        Ok((rewrite(messages, &kept), object(&shown, &kept)))
+    });
     answer(deleted.await)
 }
 
@@ -435,62 +350,21 @@ pub async fn continued(
     tenant: &Tenant,
     conversation: &Value,
 ) -> Result<(String, Vec<Message>), ApiError> {
+    let bad = || {
+        let e = ApiError::bad("conversation must be an id or {\"id\": ...}");
+        Err(e.with_param("conversation"))
+    };
     let id = match conversation {
         Value::String(id) => id.clone(),
         Value::Object(o) => match o.get("id") {
             Some(Value::String(id)) => id.clone(),
-            _ => return Err(ApiError::bad("conversation must be an id or {\"id\": ...}")),
+            _ => return bad(),
         },
-        _ => return Err(ApiError::bad("conversation must be an id or {\"id\": ...}")),
+        _ => return bad(),
     };
-    let messages = transcript(s, tenant, &id).await?;
+    let messages = edit(s, tenant, &id, |r| {
+        Ok((Change::Keep, r.record.messages.clone()))
+    })
+    .await?;
     Ok((id, messages))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::ToolCall;
-
-    fn transcript() -> Vec<Message> {
-        vec![
-            Message::new("user", "Hi"),
-            Message::new("assistant", "Looking.")
-                .with_tool_calls(vec![ToolCall::new("c1", "f", "{}")]),
-            Message::new("tool", "42").answering("c1"),
-            Message::new("user", "Hi"),
-        ]
-    }
-
-    #[test]
-    fn every_text_and_call_is_an_item_with_a_stable_distinct_id() {
-        let m = transcript();
-        let all = items("conv_a", &m);
-        let kinds: Vec<&str> = all
-            .iter()
-            .map(|(.., v)| v["type"].as_str().unwrap_or(""))
-            .collect();
-        assert_eq!(
-            kinds,
-            [
-                "message",
-                "message",
-                "function_call",
-                "function_call_output",
-                "message"
-            ]
-        );
-        let ids: std::collections::HashSet<&str> = all
-            .iter()
-            .map(|(.., v)| v["id"].as_str().unwrap_or(""))
-            .collect();
-        assert_eq!(ids.len(), 5, "two equal user messages still differ");
-        // Deleting the first message leaves the others' ids as they were, but for the equal
-        // message after it, which is now the first of its kind.
-        let fewer = items("conv_a", &m[1..]);
-        for id in fewer.iter().take(3).map(|(.., v)| &v["id"]) {
-            assert!(all.iter().any(|(.., v)| &v["id"] == id));
-        }
-        assert_ne!(items("conv_b", &m)[0].2["id"], all[0].2["id"]);
-    }
 }

@@ -46,6 +46,14 @@ impl ApiError {
         }
     }
 
+    /// The same, naming the request field at fault.
+    pub fn with_param(self, param: &'static str) -> Self {
+        Self {
+            param: Some(param),
+            ..self
+        }
+    }
+
     /// A refusal for lack of capacity, to retry after `seconds`.
     pub fn busy(status: StatusCode, message: impl Into<String>, seconds: u64) -> Self {
         Self {

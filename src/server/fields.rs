@@ -498,6 +498,7 @@ impl Endpoint {
                 Some((Kind::DefaultOnly(takes), note)) if !takes(v) => {
                     return Err(ApiError::bad(format!("unsupported value of {k:?}: {note}")))
                 }
+                Some(_) if k == "metadata" => super::metadata::check(v)?,
                 Some(_) => {}
             }
         }

@@ -67,6 +67,7 @@ mod fields;
 mod info;
 mod listen;
 mod logprobs;
+mod metadata;
 mod metrics;
 mod ops;
 mod random_id;
@@ -141,10 +142,10 @@ struct Args {
     #[arg(long, env = "PENSIEVE_MAX_CONNECTIONS_PER_CLIENT", value_parser = positive)]
     max_connections_per_client: Option<usize>,
     /// Clients must send `Authorization: Bearer KEY` to the `/v1` routes, `/tokenize` and
-    /// `/detokenize` (`/health` and `/metrics` stay open). Repeatable (or comma-separated):
-    /// with several keys, each key is a tenant whose conversations and responses no other
-    /// key reaches.
-    #[arg(long, env = "PENSIEVE_API_KEY", value_delimiter = ',')]
+    /// `/detokenize` (`/health` and `/metrics` stay open). Each is taken whole, commas
+    /// included; repeat the flag (or use --api-key-file) for several: each key is then a
+    /// tenant whose conversations and responses no other key reaches.
+    #[arg(long, env = "PENSIEVE_API_KEY")]
     api_key: Vec<String>,
     /// A file of API keys, a line each: `KEY`, or `TENANT KEY` to name the key's tenant (its
     /// namespace, kept when the key is rotated); `#` starts a comment.
@@ -194,8 +195,6 @@ struct AppState {
     reasoning: Option<ReasoningParser>,
     /// Request fields no schema has are ignored rather than refused (`--ignore-unknown-fields`).
     ignore_unknown_fields: bool,
-    /// The Conversations API's metadata of the conversations made here.
-    conversations: conversations::Registry,
     /// The responses running in the background, and the latest ended.
     background: responses::Background,
     /// Set for the grace period after a signal: `/health` answers 503.
@@ -281,7 +280,6 @@ fn run_parsed(args: Args) -> Result<(), ServeError> {
         prompt_bound,
         reasoning,
         ignore_unknown_fields: args.ignore_unknown_fields,
-        conversations: conversations::Registry::default(),
         background: responses::Background::default(),
         leaving: shutdown::Leaving::default(),
     };

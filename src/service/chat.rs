@@ -44,6 +44,10 @@ pub struct Chat {
     /// ([`ConversationOptions::template_vars`]); a conversation continues only with the
     /// variables it began with.
     pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// The named conversation must exist (held, or in the store): a chat that would make it
+    /// anew, because it was deleted since the client last read it, is refused with
+    /// [`Error::NotStored`] rather than bringing it back.
+    pub existing: bool,
 }
 
 impl Chat {
@@ -55,6 +59,7 @@ impl Chat {
             hints: Hints::default(),
             tools: Vec::new(),
             template_vars: serde_json::Map::new(),
+            existing: false,
         }
     }
 
@@ -73,6 +78,12 @@ impl Chat {
     /// Sets the chat template's variables.
     pub fn with_template_vars(mut self, vars: serde_json::Map<String, serde_json::Value>) -> Self {
         self.template_vars = vars;
+        self
+    }
+
+    /// Continues only a conversation that exists ([`Chat::existing`]).
+    pub fn existing(mut self) -> Self {
+        self.existing = true;
         self
     }
 
@@ -120,7 +131,7 @@ pub(super) fn opening(chat: &Chat) -> Result<(ConversationOptions, Turn)> {
         tools: chat.tools.clone(),
         vars: chat.template_vars.clone(),
     };
-    Ok((setup.options(system, rest), turn))
+    Ok((setup.options(system, rest, serde_json::Map::new()), turn))
 }
 
 /// A history's system prompt and the messages after it: the system (or developer) messages it

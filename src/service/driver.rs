@@ -21,8 +21,8 @@ use super::stream::settled;
 use super::{Chat, Hints, Observer, ServiceConfig, ServiceStats, Slot, TurnEnd, TurnEvent};
 use crate::chat::ToolStream;
 use crate::engine::{
-    ConversationId, Engine, Event, Fetched, FinishReason, ReadyTurn, Removing, RequestId,
-    SamplingParams, StoreLocation, Turn,
+    ConversationId, Durability, Engine, Event, Fetched, FinishReason, ReadyTurn, Removing,
+    RequestId, SamplingParams, StoreLocation, Turn,
 };
 use crate::model::Message;
 use crate::{Error, Result};
@@ -149,15 +149,35 @@ impl Driver {
         self.sessions.resume(&mut self.engine, name, fetched)
     }
 
-    /// Gives the conversation `name` the history `messages` ([`Sessions::rewrite`]).
+    /// Gives the conversation `name` the history `messages` and the host's `attributes`
+    /// ([`Sessions::rewrite`]): the conversation that now holds the name. Sessions past the
+    /// service's limit close (the store keeps named ones).
     pub(super) fn rewrite(
         &mut self,
         name: &str,
         messages: Vec<Message>,
-        fetched: Option<Fetched>,
-    ) -> Result<()> {
-        self.sessions
-            .rewrite(&mut self.engine, name, messages, fetched)
+        attributes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<ConversationId> {
+        let conv = (self.sessions).rewrite(&mut self.engine, name, messages, attributes)?;
+        self.sessions.close_old(&mut self.engine);
+        Ok(conv)
+    }
+
+    /// An answer to hold until the state of `conv` is durable in the store; `None` when it is
+    /// not stored (nothing to wait for).
+    pub(super) fn hold_durable(
+        &mut self,
+        conv: ConversationId,
+    ) -> Option<oneshot::Receiver<Result<()>>> {
+        if !(self.stored && named(&self.engine, conv)) {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        self.held.push(Held {
+            wait: self.durable(conv),
+            answer: Answer::Done(reply),
+        });
+        Some(answer)
     }
 
     /// Whether `chat` would continue a conversation held now ([`Sessions::would_continue`]).
@@ -177,12 +197,32 @@ impl Driver {
         match self.sessions.close(&mut self.engine, conv, true) {
             Ok(Some(removing)) => self.held.push(Held {
                 wait: Wait::Removed(removing),
-                answer: Answer::Closed(reply),
+                answer: Answer::Done(reply),
             }),
             closed => {
                 let _ = reply.send(closed.map(drop));
             }
         }
+    }
+
+    /// An answer to hold until the latest manifest write of `conv` is done (stored or not);
+    /// `None` when none is queued.
+    pub(super) fn behind(&mut self, conv: ConversationId) -> Option<oneshot::Receiver<Result<()>>> {
+        let write = self.engine.writing(conv).ok().flatten()?;
+        if self.engine.write_durability(write) != Durability::Pending {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        self.held.push(Held {
+            wait: Wait::Settled(write),
+            answer: Answer::Done(reply),
+        });
+        Some(answer)
+    }
+
+    /// What waits for the state of `conv` as its latest manifest write stores it.
+    fn durable(&self, conv: ConversationId) -> Wait {
+        Wait::Durable(conv, self.engine.writing(conv).ok().flatten())
     }
 
     pub(super) fn run(&mut self, rx: &Receiver<Command>) {
@@ -472,7 +512,7 @@ impl Driver {
                 // written: a client told it is forgotten is not resumed after a crash.
                 let wait = match (named, self.engine.store_mark()) {
                     _ if removing.is_some() => removing.map(Wait::Removed),
-                    (true, _) if settled => Some(Wait::Durable(r.conv)),
+                    (true, _) if settled => Some(self.durable(r.conv)),
                     (_, Some(mark)) if self.fleet => Some(Wait::Mark(mark)),
                     _ => None,
                 };

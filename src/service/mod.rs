@@ -46,6 +46,7 @@
 mod calls;
 mod chat;
 mod driver;
+mod edit;
 mod fetch;
 mod prepare;
 mod sessions;
@@ -64,12 +65,13 @@ use crate::engine::{
     ConversationId, ConversationOptions, Engine, EngineStats, FinishReason, ResumeReader,
     SamplingParams, Turn, TurnPreparer, TurnStats,
 };
-use crate::model::{Message, Model};
+use crate::model::Model;
 use crate::setters::setters;
 use crate::{Error, Result};
 
 pub use chat::{Chat, Hints};
 use driver::{Command, Driver, Submission, What};
+pub use edit::{Change, Record};
 pub use stream::{Reply, TurnEnd, TurnEvent, TurnStream};
 
 /// How a [`Service`] runs.
@@ -320,21 +322,6 @@ impl Service {
         let name = name.to_string();
         let fetched = self.fetched(Some(&name)).await;
         self.call(move |d| d.resume(&name, fetched)).await?
-    }
-
-    /// Gives the conversation named `name` (a chat's [`Chat::name`]) the history `messages`
-    /// without running a turn, as a client that edits a conversation's items does: its next
-    /// turn continues the new history, with the KV of what it shares with the old one
-    /// reused. A name nothing holds yet is taken.
-    ///
-    /// # Errors
-    /// [`Error::ConversationBusy`] while a turn of it runs; [`Error::InvalidRequest`] for a
-    /// system message past the first; the store's refusal; [`Error::ServiceStopped`].
-    pub async fn rewrite(&self, name: &str, messages: Vec<Message>) -> Result<()> {
-        let name = name.to_string();
-        let fetched = self.fetched(Some(&name)).await;
-        self.call(move |d| d.rewrite(&name, messages, fetched))
-            .await?
     }
 
     /// Closes a conversation ([`Engine::close`]): its KV is freed and a stored one deleted,

@@ -58,11 +58,12 @@ pub(super) struct Setup {
 
 impl Setup {
     /// The options of a new unnamed conversation of this setup: the system prompt, then
-    /// `history`.
+    /// `history`, with the host's `attributes`.
     pub(super) fn options(
         &self,
         system: Option<String>,
         history: &[Message],
+        attributes: serde_json::Map<String, serde_json::Value>,
     ) -> ConversationOptions {
         ConversationOptions {
             system,
@@ -70,6 +71,7 @@ impl Setup {
             name: None,
             tools: self.tools.clone(),
             template_vars: self.vars.clone(),
+            attributes,
         }
     }
 }
@@ -138,6 +140,7 @@ impl Sessions {
             name,
             tools,
             template_vars,
+            existing,
             ..
         } = chat;
         let setup = Setup {
@@ -151,6 +154,9 @@ impl Sessions {
             self.sync_named(engine, n, fetched)?;
         }
         let found = self.found(name.as_deref(), &sent, &setup);
+        if let (None, Some(n), true) = (found, &name, existing) {
+            return Err(Error::NotStored(n.clone()));
+        }
         let mut replaces = None;
         let mut claimed = false;
         if let Some(conv) = found {
@@ -175,7 +181,11 @@ impl Sessions {
         if let (Some(n), false, true) = (&name, claimed, self.stored) {
             engine.check_name(n)?;
         }
-        let conv = engine.open(setup.options(system, rest))?;
+        // What the host keeps with a name stays with it when a turn rewrites its history.
+        let attributes = (replaces.and_then(|o| engine.attributes(o).ok()))
+            .cloned()
+            .unwrap_or_default();
+        let conv = engine.open(setup.options(system, rest, attributes))?;
         let mut sent = sent;
         sent.extend_from_slice(last);
         self.add_session(conv, Some(sent), None, setup);
@@ -258,11 +268,13 @@ impl Sessions {
         Ok(())
     }
 
-    /// Gives the conversation named `name` the history `messages` without a turn (a client
-    /// edited its items): a new conversation of that history takes the name, and the place
-    /// of the one that held it, whose tools and template variables it keeps. Its KV is computed at its next turn,
+    /// Gives the conversation named `name` the history `messages` and the host's data
+    /// `attributes` without a turn (a client edited its items): a new conversation of that
+    /// history takes the name, and the place of the one that held it, whose tools and
+    /// template variables it keeps; it is returned. Its KV is computed at its next turn,
     /// shared by content with the old one's up to where the two differ, so that turn is what
-    /// a stateless server computes on the new history.
+    /// a stateless server computes on the new history. The caller has brought the name up to
+    /// date with the store ([`Sessions::resume`]).
     ///
     /// # Errors
     /// [`Error::ConversationBusy`] while a turn of `name` runs; a system message past the
@@ -272,11 +284,8 @@ impl Sessions {
         engine: &mut Engine,
         name: &str,
         messages: Vec<Message>,
-        fetched: Option<Fetched>,
-    ) -> Result<()> {
-        if self.stored {
-            self.sync_named(engine, name, fetched)?;
-        }
+        attributes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<ConversationId> {
         let old = self.by_name.get(name).copied();
         let session = old.and_then(|o| self.map.get(&o));
         if let (Some(o), Some(true)) = (old, session.map(|s| s.busy)) {
@@ -287,7 +296,7 @@ impl Sessions {
         if let (None, true) = (old, self.stored) {
             engine.check_name(name)?;
         }
-        let conv = engine.open(setup.options(system, rest))?;
+        let conv = engine.open(setup.options(system, rest, attributes))?;
         let thinks = engine.model().template().is_some_and(|t| t.thinks());
         let sent = messages.into_iter().map(|m| as_sent(thinks, m)).collect();
         self.add_session(conv, Some(sent), None, setup);
@@ -295,7 +304,8 @@ impl Sessions {
             name: name.to_string(),
             replaces: old,
         };
-        self.finish_naming(engine, conv, naming, true)
+        self.finish_naming(engine, conv, naming, true)?;
+        Ok(conv)
     }
 
     /// The idle completion conversation whose tokens are the longest proper prefix of
@@ -415,9 +425,19 @@ impl Sessions {
         if let (false, Some(conv)) = (self.stored, held) {
             return Ok(conv);
         }
-        let conv = match fetched {
-            Some(f) => engine.resume_with(name, f)?,
-            None => engine.resume(name)?,
+        let resumed = match fetched {
+            Some(f) => engine.resume_with(name, f),
+            None => engine.resume(name),
+        };
+        let conv = match resumed {
+            Ok(conv) => conv,
+            Err(e) => {
+                // Removed from the store by another engine: the engine dropped its copy.
+                if let Some(old) = held.filter(|&c| engine.tokens(c).is_err()) {
+                    self.unlink(old);
+                }
+                return Err(e);
+            }
         };
         if Some(conv) != held {
             // The engine replaced (or never had) this service's copy.

@@ -45,6 +45,9 @@ impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refused::Failed(why) => write!(f, "{why}"),
+            Refused::Conflict(stamp) if stamp.is_empty() => {
+                f.write_str("the conversation was removed from the store meanwhile")
+            }
             Refused::Conflict(stamp) => write!(
                 f,
                 "another writer stored this conversation meanwhile (stored state {stamp:?})"
@@ -112,12 +115,14 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     fn remove_chunk(&self, address: &Address);
 
     /// Stores the manifest of the conversation named `name`, atomically, if the one stored
-    /// now carries the stamp `expect` (the state this one continues) or none is stored; and
-    /// registers the name as this store's [`Owner`]'s.
+    /// now carries the stamp `expect` (the state this one continues), or if none is stored
+    /// and `expect` is empty (a new conversation); and registers the name as this store's
+    /// [`Owner`]'s.
     ///
     /// # Errors
-    /// [`Refused::Conflict`] if another stamp is stored; [`Refused::Failed`] if the medium
-    /// cannot write.
+    /// [`Refused::Conflict`] if another stamp is stored, or none while `expect` names one (the
+    /// conversation was removed since: a write continuing it must not bring it back);
+    /// [`Refused::Failed`] if the medium cannot write.
     fn put_manifest(&self, name: &str, contents: &[u8], expect: &str) -> Result<(), Refused>;
 
     /// Removes the manifest of `name` if it is stored, and its registration if it is this
@@ -366,7 +371,11 @@ impl Medium for Folder {
                         return Err(Refused::Conflict(stored));
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && expect.is_empty() => {}
+                // Removed since the state this one continues was stored: not brought back.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Refused::Conflict(String::new()))
+                }
                 Err(e) => return Err(Refused::Failed(StoreError::io(&path, e))),
             }
             let registration = self.registration_path(name);
@@ -537,6 +546,14 @@ mod tests {
             Err(Refused::Conflict("e1-2".into()))
         );
         assert_eq!(a.manifest("alice"), Ok(Some(v2.to_vec())));
+        // A write continuing a state that was removed since does not bring it back.
+        let gone = tempfile::tempdir().unwrap();
+        let c = Folder::open(gone.path(), owner("a"), None).unwrap();
+        assert_eq!(
+            c.put_manifest("alice", v2, "e1-1"),
+            Err(Refused::Conflict(String::new()))
+        );
+        assert_eq!(c.manifest("alice"), Ok(None));
         // The other model's store sees the name taken, by whom; removal frees it.
         assert_eq!(b.manifest("alice"), Ok(None));
         assert_eq!(b.registration("alice"), Ok(Some(owner("a"))));

@@ -121,13 +121,16 @@ const LONGEST_DELAY: Duration = Duration::from_secs(2);
 
 /// Stores a manifest (`KEYS[1]`, `ARGV[2]`) and the name's registration (`KEYS[2]`, `ARGV[3]`)
 /// if the stored manifest's stamp (within its first 256 bytes, where the engine writes it) is
-/// `ARGV[1]` or none is stored; `ARGV[4]`: time to live in seconds, 0 for none. Answers nil,
-/// or the stored stamp that refused the write.
+/// `ARGV[1]`, or if none is stored and `ARGV[1]` is empty (a new conversation: one removed
+/// since the state a write continues is not brought back); `ARGV[4]`: time to live in
+/// seconds, 0 for none. Answers nil, or the stored stamp that refused the write (empty: none).
 const PUT_MANIFEST: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local stamp = string.match(string.sub(cur, 1, 256), '"stamp":"([^"]*)"') or ''
   if stamp ~= ARGV[1] then return stamp end
+elseif ARGV[1] ~= '' then
+  return ''
 end
 if ARGV[4] == '0' then
   redis.call('SET', KEYS[1], ARGV[2])

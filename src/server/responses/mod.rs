@@ -329,7 +329,16 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
         Some(c) => Some(tenant.name(c)),
         None => request.store.then(|| tenant.name(&id)),
     };
-    let turn = (s.service.chat(chat, params).await).map_err(|e| ApiError::from_engine(&e))?;
+    // A conversation deleted since it was read is not made anew by its turn.
+    chat.existing = conversation.is_some();
+    let turn = s
+        .service
+        .chat(chat, params)
+        .await
+        .map_err(|e| match &conversation {
+            Some(c) if e.kind() == ErrorKind::NotFound => conversations::missing(c),
+            _ => ApiError::from_engine(&e),
+        })?;
     let parallel = request.parallel_tool_calls.unwrap_or(true);
     let echo = json!({"previous_response_id": request.previous_response_id,
         "instructions": request.instructions, "store": request.store,

@@ -1,6 +1,6 @@
-//! Answers held until the store has what they promise: a named conversation's turn end until
-//! its state is durable, a fleet's until its chunks are written, a close (or a turn that ended
-//! its conversation) until the removal is.
+//! Answers held until the store has what they promise: a named conversation's turn end (or
+//! edit) until its state is durable, a fleet's until its chunks are written, a close (or a turn
+//! that ended its conversation) until the removal is.
 
 use std::sync::Arc;
 
@@ -8,14 +8,19 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 use super::Driver;
-use crate::engine::{ConversationId, Durability, FinishReason, Removing};
+use crate::engine::{ConversationId, Durability, FinishReason, Removing, Writing};
 use crate::service::{Slot, TurnEnd, TurnEvent};
 use crate::{Error, Result};
 
 /// What an answer waits for.
 pub(super) enum Wait {
-    /// The named conversation's state to be durable in the store.
-    Durable(ConversationId),
+    /// The named conversation's state, as written by this manifest write (`None`: its latest),
+    /// to be durable in the store. The write's own outcome, not the conversation's latest: a
+    /// later edit may have replaced the conversation while this write was queued.
+    Durable(ConversationId, Option<Writing>),
+    /// A manifest write to be done, stored or not (its own waiter judges it): an edit that
+    /// must not decide on a state the store may still refuse.
+    Settled(Writing),
     /// The store to have written what was queued before this mark (a fleet's shared chunks).
     Mark(u64),
     /// A stored conversation's removal to be written (a close, or a turn that ended it).
@@ -30,8 +35,8 @@ pub(super) enum Answer {
         end: Box<TurnEnd>,
         _slot: Slot,
     },
-    /// A close: the conversation is gone from the store, or why not.
-    Closed(oneshot::Sender<Result<()>>),
+    /// A close or an edit: the store has what it wrote, or why not.
+    Done(oneshot::Sender<Result<()>>),
 }
 
 /// An answer held until the store has what it wrote.
@@ -52,10 +57,18 @@ impl Driver {
                     .engine
                     .store_reached(mark)
                     .then_some(Durability::Durable),
-                Wait::Durable(conv) => match self.engine.durability(conv) {
+                Wait::Settled(write) => match self.engine.write_durability(write) {
+                    Durability::Pending => None,
+                    _ => Some(Durability::NotStored),
+                },
+                Wait::Durable(_, Some(write)) => match self.engine.write_durability(write) {
+                    Durability::Pending => None,
+                    d => Some(d),
+                },
+                Wait::Durable(conv, None) => match self.engine.durability(conv) {
                     Ok(Durability::Pending) => None,
                     Ok(d) => Some(d),
-                    // Closed or replaced meanwhile: what it wrote is not this turn's to judge.
+                    // Closed meanwhile: what it wrote is not this turn's to judge.
                     Err(_) => Some(Durability::NotStored),
                 },
                 Wait::Removed(removing) => match self.engine.removal_durability(removing) {
@@ -69,13 +82,13 @@ impl Driver {
             };
             let held = self.held.swap_remove(i);
             let failure = match (outcome, &held.wait) {
-                (Durability::Failed(why), &Wait::Durable(conv)) => {
+                (Durability::Failed(why), &Wait::Durable(conv, _)) => {
                     tracing::warn!(%why, "a named conversation's turn could not be stored");
                     self.stats.lock().store_failures += 1;
                     self.sessions.forget(&mut self.engine, conv, false);
                     Some(Error::NotDurable(why))
                 }
-                (Durability::Conflict(why), &Wait::Durable(conv)) => {
+                (Durability::Conflict(why), &Wait::Durable(conv, _)) => {
                     tracing::warn!(%why, "a named conversation's turn was not stored");
                     self.stats.lock().store_conflicts += 1;
                     self.sessions.forget(&mut self.engine, conv, false);
@@ -98,7 +111,7 @@ impl Driver {
                     }
                     let _ = events.send(TurnEvent::Finished(*end));
                 }
-                Answer::Closed(reply) => {
+                Answer::Done(reply) => {
                     let _ = reply.send(failure.map_or(Ok(()), Err));
                 }
             }
