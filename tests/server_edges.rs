@@ -522,3 +522,76 @@ fn real_model_a_history_resent_past_the_context_drops_its_oldest_exchanges_on_an
         .expect("the kept exchanges");
     assert_eq!(reply(&kept.1), reply(&whole));
 }
+
+#[test]
+fn errors_name_the_field_at_fault_and_are_json_everywhere() {
+    let server = start(&["--model", "tiny"]);
+    let base = &server.base;
+    // A field of the wrong type, a nested field no API has, a prediction part without text.
+    let cases = [
+        (
+            "/v1/responses",
+            json!({"input": "Hi", "truncation": true}),
+            "truncation",
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "Hi", "reasoning": {"effort": "low", "bogus": 1}}),
+            "reasoning.bogus",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}],
+                   "prediction": {"type": "content", "content": [{"type": "image_url"}]}}),
+            "prediction.content",
+        ),
+    ];
+    for (path, body, param) in cases {
+        let (status, e) = post(base, path, &body.to_string());
+        assert_eq!(status, 400, "{path} {body}: {e}");
+        assert_eq!(e["error"]["param"], param, "{path} {body}: {e}");
+    }
+    // Paging errors too are OpenAI's JSON, not text.
+    let (status, c) = post(base, "/v1/conversations", "{}");
+    assert_eq!(status, 200, "{c}");
+    let id = c["id"].as_str().unwrap();
+    let path = format!("/v1/conversations/{id}/items?limit=many");
+    let (status, e) = common::server::request("GET", base, &path, "");
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].is_string(), "{e}");
+}
+
+#[test]
+fn background_responses_answer_404_when_unknown_and_a_running_one_is_deleted() {
+    let server = start(&["--model", "tiny"]);
+    let base = &server.base;
+    let request = common::server::request;
+    for (method, path) in [
+        ("POST", "/v1/responses/resp_0123/cancel"),
+        ("GET", "/v1/responses/resp_0123"),
+        ("DELETE", "/v1/responses/resp_0123"),
+    ] {
+        let (status, e) = request(method, base, path, "");
+        assert_eq!(status, 404, "{method} {path}: {e}");
+    }
+    let body = json!({"input": "Count to a thousand.", "background": true,
+        "max_output_tokens": 4000});
+    let (status, r) = post(base, "/v1/responses", &body.to_string());
+    assert_eq!(status, 200, "{r}");
+    let id = r["id"].as_str().unwrap();
+    // Running or just ended, it is deleted; then it is gone.
+    let (status, d) = request("DELETE", base, &format!("/v1/responses/{id}"), "");
+    assert_eq!((status, &d["deleted"]), (200, &json!(true)), "{d}");
+    let (status, e) = request("GET", base, &format!("/v1/responses/{id}"), "");
+    assert_eq!(status, 404, "{e}");
+}
+
+#[test]
+fn two_authorization_headers_are_refused() {
+    let server = start(&["--model", "tiny", "--api-key", "k1"]);
+    let head =
+        "GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k1\r\nauthorization: Bearer k2";
+    let (status, answer) = raw(&server.base, head, b"");
+    assert!(answer.contains("Authorization"), "{answer}");
+    assert_eq!(status, 400);
+}

@@ -402,3 +402,85 @@ fn real_model_half_sent_heads_and_idle_connections_are_cut_off_and_connections_a
         serves(&server.base);
     }
 }
+
+/// A connection from `ip` (a loopback address of its own) to `base`.
+fn connect_from(base: &str, ip: &str) -> TcpStream {
+    let addr: std::net::SocketAddr = host_port(base).parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        socket.connect(addr).await.unwrap().into_std().unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+}
+
+/// `GET /health` on `stream` (kept alive): the answer's status line.
+fn health(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => return format!("closed ({other:?}) after {head:?}"),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let length = (head.lines())
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_string)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    head.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn connections_that_never_send_a_request_cannot_keep_a_client_waiting() {
+    // Every place held by connections from as many addresses (each within its share), none of
+    // which sends a byte: a client that sends a request takes the oldest one's place, where it
+    // used to wait for their header deadline (here ten minutes).
+    let server = start(&[
+        "--model",
+        "tiny",
+        "--max-connections",
+        "4",
+        "--header-timeout-s",
+        "600",
+    ]);
+    let mut silent: Vec<TcpStream> = (2..6)
+        .map(|i| connect_from(&server.base, &format!("127.0.0.{i}")))
+        .collect();
+    for round in 0..3 {
+        let mut client = connect_from(&server.base, "127.0.0.9");
+        assert_eq!(health(&mut client), "HTTP/1.1 200 OK", "round {round}");
+        drop(client);
+        // The silent ones come back for the place.
+        silent.push(connect_from(
+            &server.base,
+            &format!("127.0.0.{}", 10 + round),
+        ));
+    }
+    // A connection that sent a request is never closed for another: more silent ones arrive,
+    // and it is served again.
+    let mut kept = connect_from(&server.base, "127.0.0.20");
+    assert_eq!(health(&mut kept), "HTTP/1.1 200 OK");
+    for i in 0..8 {
+        silent.push(connect_from(&server.base, &format!("127.0.1.{i}")));
+    }
+    assert_eq!(health(&mut kept), "HTTP/1.1 200 OK");
+}

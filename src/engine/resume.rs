@@ -119,12 +119,10 @@ impl Engine {
             }
         }
         let mut fetched = fetched.or_else(|| self.resume_reader().map(|r| r.fetch(name)));
-        // A copy stored once that the read says is gone: read again, after this engine's own
-        // last write of it (a read made before that write would not show it).
-        let absent = fetched
-            .as_ref()
-            .is_some_and(|f| matches!(f.manifest, Ok(None)));
-        if absent && held.is_some_and(|id| self.stored_once(id)) {
+        // A copy stored once that the read says was removed: read again, after this engine's
+        // own last write of it (a read made before that write would not show it).
+        let removed = fetched.as_ref().is_some_and(|f| f.removed);
+        if removed && held.is_some_and(|id| self.stored_once(id)) {
             fetched = self.resume_reader().map(|r| r.fetch(name));
         }
         let (true, Some(fetched)) = (self.persist.active(), fetched) else {
@@ -147,10 +145,11 @@ impl Engine {
                 Some(m)
             }
             Ok(None) => match held {
-                // Stored, and gone from the store since: another engine of a fleet removed it
-                // (or the store's expiry did). This copy goes too, so that no engine serves, or
-                // writes back, a conversation a client was told is deleted.
-                Some(id) if self.stored_once(id) => {
+                // Stored, and removed from the store since (its tombstone): another engine of
+                // a fleet closed it. This copy goes too, so that no engine serves, or writes
+                // back, a conversation a client was told is deleted. (A manifest merely
+                // missing, a store restarted empty, is given back by the copy's next write.)
+                Some(id) if fetched.removed && self.stored_once(id) => {
                     if self.sched.turn_of(id).is_some() {
                         return Err(Error::ConversationBusy(id));
                     }

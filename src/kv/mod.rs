@@ -21,6 +21,7 @@ pub use host::{ChunkBytes, ChunkUnavailable};
 pub use policy::CostModel;
 pub(crate) use policy::{EvictionPolicy, LruPolicy, ValuePolicy};
 pub(crate) use store::format::hex;
+pub(crate) use store::is_tombstone;
 pub use store::{Address, Fault, FaultCounts, RedisConfig, RedisFailure, StoreError, StoreStats};
 pub(crate) use store::{
     BuildManifest, ChunkFormat, ManifestStore, Owner, Refused, Saved, Store, StoreReader, Waker,

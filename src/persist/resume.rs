@@ -6,7 +6,7 @@
 //! without the service keeps store reads off its step thread the same way.
 
 use super::Manifest;
-use crate::kv::{Address, StoreError, StoreReader};
+use crate::kv::{is_tombstone, Address, StoreError, StoreReader};
 
 /// Who registered a name: its owner's label, and whether it is this engine's model.
 type Registrant = Option<(String, bool)>;
@@ -33,6 +33,9 @@ pub struct Fetched {
     pub(crate) registration: Option<Registration>,
     /// The manifest's chunks the store holds (for a shared store: found by asking).
     pub(crate) found: Vec<(Address, usize)>,
+    /// No manifest because the conversation was removed (a tombstone), rather than none ever
+    /// stored or one the store lost.
+    pub(crate) removed: bool,
 }
 
 impl Fetched {
@@ -71,8 +74,10 @@ impl ResumeReader {
 
     /// What the store holds of the conversation `name` now (blocks on the store).
     pub fn fetch(&self, name: &str) -> Fetched {
+        let read = self.store.manifest(name);
+        let removed = matches!(&read, Ok(Some(bytes)) if is_tombstone(bytes));
         let manifest =
-            (self.store.manifest(name)).map(|m| m.map(|bytes| Manifest::parse(&bytes, self.vocab)));
+            read.map(|m| (m.filter(|_| !removed)).map(|bytes| Manifest::parse(&bytes, self.vocab)));
         let registration = matches!(manifest, Ok(None)).then(|| self.registration(name));
         let found = match &manifest {
             Ok(Some(Ok(m))) => self.store.stored(&m.saved_chunks(self.chunk)),
@@ -83,6 +88,7 @@ impl ResumeReader {
             manifest,
             registration,
             found,
+            removed,
         }
     }
 

@@ -186,7 +186,13 @@ impl Prediction {
         }
         Ok(match &self.content {
             Content::Text(t) => t.clone(),
-            Content::Parts(parts) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+            Content::Parts(parts) => {
+                let texts: Option<String> = (parts.iter())
+                    .map(|p| p.text.as_deref().filter(|_| p.kind == "text"))
+                    .collect();
+                let e = ApiError::bad("prediction: every part of its content is text");
+                texts.ok_or(e.with_param("prediction.content"))?
+            }
         })
     }
 }
@@ -250,7 +256,7 @@ pub fn parse<T: for<'de> Deserialize<'de>>(
     if let Some(object) = value.as_object() {
         endpoint.check(object, ignore_unknown)?;
     }
-    serde_json::from_value(value).map_err(invalid)
+    serde_path_to_error::deserialize(value).map_err(|e| ApiError::body_type(&e))
 }
 
 impl ChatMessage {

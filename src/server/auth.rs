@@ -111,6 +111,17 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Response {
+    // Two credentials are one too many: which one a proxy or this server would read differs.
+    if request
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .count()
+        > 1
+    {
+        let e = ApiError::bad("send one Authorization header, not several");
+        return e.with_param("Authorization").into_response();
+    }
     let sent = request
         .headers()
         .get(header::AUTHORIZATION)

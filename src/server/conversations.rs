@@ -20,6 +20,7 @@
 mod items;
 
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -80,7 +81,9 @@ fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         bytes
     };
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))?;
+    serde_path_to_error::deserialize(value).map_err(|e| ApiError::body_type(&e))
 }
 
 /// The 404 of a conversation `id` that does not exist.
@@ -240,9 +243,12 @@ pub async fn list_items(
     State(s): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
     let listed = async {
+        // A query that does not parse is a 400 in OpenAI's JSON shape, as every other error.
+        let Query(q) =
+            query.map_err(|e| ApiError::bad(format!("invalid query: {}", e.body_text())))?;
         let limit = q.limit.unwrap_or(20);
         if !(1..=100).contains(&limit) {
             return Err(ApiError::bad("limit must be in [1, 100]").with_param("limit"));

@@ -2,6 +2,8 @@
 //! for capacity refusals, and the body `{"error": {"message", "type", "param", "code"}}`. The
 //! engine's errors map to statuses by their kind; a server-side failure says only its kind.
 
+use std::borrow::Cow;
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,8 +16,9 @@ pub struct ApiError {
     pub message: String,
     /// Seconds after which a capacity refusal (429, 503) may be retried (`Retry-After`).
     pub retry_after: Option<u64>,
-    /// The request field at fault, where the engine names one (OpenAI's `param`).
-    pub param: Option<&'static str>,
+    /// The request field at fault, where one is known (OpenAI's `param`): a name, or a path
+    /// into the body (`reasoning.effort`, `input[2].content`).
+    pub param: Option<Cow<'static, str>>,
 }
 
 /// Longest error message answered: errors may quote what a request sent (a name, a field),
@@ -47,10 +50,19 @@ impl ApiError {
     }
 
     /// The same, naming the request field at fault.
-    pub fn with_param(self, param: &'static str) -> Self {
+    pub fn with_param(self, param: impl Into<Cow<'static, str>>) -> Self {
         Self {
-            param: Some(param),
+            param: Some(param.into()),
             ..self
+        }
+    }
+
+    /// A body that does not parse as `T`: a 400 naming the field at fault by its path.
+    pub fn body_type(e: &serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." => Self::bad(format!("invalid request body: {}", e.inner())),
+            _ => Self::bad(format!("invalid request body: {path}: {}", e.inner())).with_param(path),
         }
     }
 
@@ -81,7 +93,7 @@ impl ApiError {
             _ if status.is_server_error() => Self::internal(e, status),
             _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
             _ => Self {
-                param: param_of(e),
+                param: param_of(e).map(Cow::Borrowed),
                 ..Self::new(status, e.to_string())
             },
         }

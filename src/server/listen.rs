@@ -4,16 +4,21 @@
 //! a client leaves unread (`deadline::WriteDeadline`), a bound on open connections (past it,
 //! new ones wait in the listen backlog until one closes) and a share of them per client
 //! address (past it, that client's new connections are answered 429 unless one of its others
-//! closes within a second). Request bodies have their own deadline (`body`). HTTP/1.1 only:
+//! closes within a second). With every place taken, a new connection closes the oldest one
+//! that has not sent a request yet ([`Fresh`]), so connections that open and say nothing (from
+//! however many addresses) cannot keep a client that sends requests waiting for their header
+//! deadline. Request bodies have their own deadline (`body`). HTTP/1.1 only:
 //! HTTP/2's streams and flow-control windows would need deadlines of their own, and a
 //! connection is told apart before hyper's header deadline applies (an idle one, or one that
 //! sent a preface, held its place).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -108,6 +113,78 @@ impl Drop for Share {
     }
 }
 
+/// The open connections that have not sent a request yet, oldest first: those a new
+/// connection may close when every place is taken.
+#[derive(Default)]
+struct Fresh(Mutex<VecDeque<Opened>>);
+
+/// A connection in [`Fresh`]: whether it has sent a request, and how to close it (gone once the
+/// connection is).
+struct Opened {
+    served: Arc<AtomicBool>,
+    close: Weak<Notify>,
+}
+
+impl Opened {
+    fn idle(&self) -> bool {
+        !self.served.load(Ordering::Relaxed) && self.close.strong_count() > 0
+    }
+}
+
+impl Fresh {
+    /// Registers a new connection: `served` turns true at its first request, `close` asks it
+    /// to close. Entries of connections that were served or are gone are dropped as they come
+    /// to the front, and all at once when the list outgrows `bound` (so it stays within a few
+    /// times the connections open).
+    fn push(&self, served: Arc<AtomicBool>, close: &Arc<Notify>, bound: usize) {
+        let mut q = self.0.lock();
+        while q.front().is_some_and(|o| !o.idle()) {
+            q.pop_front();
+        }
+        if q.len() > 2 * bound {
+            q.retain(Opened::idle);
+        }
+        q.push_back(Opened {
+            served,
+            close: Arc::downgrade(close),
+        });
+    }
+
+    /// Asks the oldest connection that has not sent a request to close; whether there was one.
+    fn close_oldest(&self) -> bool {
+        let mut q = self.0.lock();
+        while let Some(o) = q.pop_front() {
+            if let (true, Some(close)) = (o.idle(), o.close.upgrade()) {
+                close.notify_one();
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A connection's service that notes its first request (see [`Fresh`]).
+#[derive(Clone)]
+struct Noting<S> {
+    inner: S,
+    served: Arc<AtomicBool>,
+}
+
+impl<S: tower_service::Service<R>, R> tower_service::Service<R> for Noting<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.served.store(true, Ordering::Relaxed);
+        self.inner.call(request)
+    }
+}
+
 /// Answers a connection past its client's share with a 429 and closes it (within a second:
 /// a client that does not read the refusal gets nothing more).
 async fn refuse(mut stream: TcpStream, limit: usize) {
@@ -152,15 +229,12 @@ pub async fn serve(
         .header_read_timeout(limits.header_timeout);
     let places = Arc::new(Semaphore::new(limits.max_connections));
     let shares = Arc::new(Shares::default());
+    let fresh = Fresh::default();
     let (closing, closed) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut stop = pin!(stop);
     loop {
         while connections.try_join_next().is_some() {}
-        let place = tokio::select! {
-            place = places.clone().acquire_owned() => place.map_err(std::io::Error::other)?,
-            () = &mut stop => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -173,7 +247,28 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
-        let (shares, service) = (Arc::clone(&shares), TowerToHyperService::new(app.clone()));
+        // Every place taken: the oldest connection that never sent a request makes room, or
+        // this one waits (and the listener with it) until one closes.
+        let place = match places.clone().try_acquire_owned() {
+            Ok(place) => place,
+            Err(_) => {
+                fresh.close_oldest();
+                tokio::select! {
+                    place = places.clone().acquire_owned() => {
+                        place.map_err(std::io::Error::other)?
+                    }
+                    () = &mut stop => break,
+                }
+            }
+        };
+        let served = Arc::new(AtomicBool::new(false));
+        let close = Arc::new(Notify::new());
+        fresh.push(served.clone(), &close, limits.max_connections);
+        let service = TowerToHyperService::new(Noting {
+            inner: app.clone(),
+            served,
+        });
+        let shares = Arc::clone(&shares);
         let (builder, mut closed) = (builder.clone(), closed.clone());
         connections.spawn(async move {
             let limit = limits.per_client;
@@ -189,6 +284,8 @@ pub async fn serve(
             let mut conn = pin!(builder.serve_connection(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,
+                // Another connection took its place before it sent a request.
+                () = close.notified() => return,
                 _ = closed.changed() => conn.as_mut().graceful_shutdown(),
             }
             let _ = conn.await;

@@ -76,7 +76,7 @@ mod tests {
             json!(["k"]),
         ] {
             let e = check(&bad).err().map(|e| (e.status.as_u16(), e.param));
-            assert_eq!(e, Some((400, Some("metadata"))), "{bad}");
+            assert_eq!(e, Some((400, Some("metadata".into()))), "{bad}");
         }
     }
 }

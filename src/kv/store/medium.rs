@@ -87,6 +87,21 @@ impl Owner {
 const STAMP_WITHIN: usize = 256;
 
 /// The stamp a manifest's bytes carry (empty if none): what a compare-and-set compares.
+/// The stamp of a removed conversation's [`TOMBSTONE`]: no writer's (theirs are
+/// `<hex>-<revision>`).
+pub(crate) const REMOVED_STAMP: &str = "-removed";
+
+/// What a removed conversation's manifest is replaced by, so that an engine still holding a
+/// copy of it learns it was removed (its next resume drops the copy) and cannot write it back
+/// (compare-and-set refuses), where a manifest simply missing is a store that lost it (a Redis
+/// restarted empty), which a copy may give back. Readers take it for no manifest.
+pub(crate) const TOMBSTONE: &[u8] = br#"{"version":1,"stamp":"-removed","removed":true}"#;
+
+/// Whether stored manifest bytes are a [`TOMBSTONE`].
+pub(crate) fn is_tombstone(bytes: &[u8]) -> bool {
+    manifest_stamp(bytes) == REMOVED_STAMP
+}
+
 pub(crate) fn manifest_stamp(bytes: &[u8]) -> String {
     let head = &bytes[..bytes.len().min(STAMP_WITHIN)];
     let key = b"\"stamp\":\"";
@@ -115,18 +130,19 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     fn remove_chunk(&self, address: &Address);
 
     /// Stores the manifest of the conversation named `name`, atomically, if the one stored
-    /// now carries the stamp `expect` (the state this one continues), or if none is stored
-    /// and `expect` is empty (a new conversation); and registers the name as this store's
+    /// now carries the stamp `expect` (the state this one continues) or none is stored (a
+    /// store that lost it is given it back), or if a [`TOMBSTONE`] is and `expect` is empty (a
+    /// new conversation of a removed one's name); and registers the name as this store's
     /// [`Owner`]'s.
     ///
     /// # Errors
-    /// [`Refused::Conflict`] if another stamp is stored, or none while `expect` names one (the
-    /// conversation was removed since: a write continuing it must not bring it back);
-    /// [`Refused::Failed`] if the medium cannot write.
+    /// [`Refused::Conflict`] if another stamp is stored, a tombstone included: a write that
+    /// continues a conversation removed since does not bring it back; [`Refused::Failed`] if
+    /// the medium cannot write.
     fn put_manifest(&self, name: &str, contents: &[u8], expect: &str) -> Result<(), Refused>;
 
-    /// Removes the manifest of `name` if it is stored, and its registration if it is this
-    /// store's.
+    /// Replaces the manifest of `name` by a [`TOMBSTONE`] (kept as long as manifests are), and
+    /// removes its registration if it is this store's.
     ///
     /// # Errors
     /// The medium could not remove it (it may still be there).
@@ -145,7 +161,7 @@ pub(crate) trait Medium: Send + Sync + std::fmt::Debug {
     /// The medium cannot be read.
     fn manifest(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// Every stored manifest, in a stable order.
+    /// Every stored manifest, in a stable order (tombstones left out).
     fn manifests(&self) -> Vec<Vec<u8>>;
 
     /// The medium as other engines share it, if they write and delete entries too (a fleet's
@@ -286,11 +302,7 @@ impl Folder {
             }
             _ => {}
         }
-        let registration = self.names.join(key);
-        if fs::read(&registration).ok() == Some(self.owner.record()) {
-            // A registration left behind only keeps the name this store's.
-            let _ = fs::remove_file(registration);
-        }
+        self.unregister(key);
         // The removal survives a power loss too, once the folder's entry is synced (a
         // conversation its user asked to end must not come back).
         match manifest.parent() {
@@ -298,6 +310,15 @@ impl Folder {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| StoreError::io(dir, e)),
             None => Ok(()),
+        }
+    }
+
+    /// Removes the registration of the name of `key` if it is this store's (one left behind
+    /// only keeps the name this store's).
+    fn unregister(&self, key: &str) {
+        let registration = self.names.join(key);
+        if fs::read(&registration).ok() == Some(self.owner.record()) {
+            let _ = fs::remove_file(registration);
         }
     }
 
@@ -367,15 +388,14 @@ impl Medium for Folder {
                     let read = f.take(STAMP_WITHIN as u64).read_to_end(&mut head);
                     read.map_err(|e| Refused::Failed(StoreError::io(&path, e)))?;
                     let stored = manifest_stamp(&head);
-                    if stored != expect {
+                    // A removed conversation's tombstone is no conversation to a new one, and
+                    // refuses every write that continues a state it removed.
+                    let new_over_removed = expect.is_empty() && stored == REMOVED_STAMP;
+                    if stored != expect && !new_over_removed {
                         return Err(Refused::Conflict(stored));
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && expect.is_empty() => {}
-                // Removed since the state this one continues was stored: not brought back.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Refused::Conflict(String::new()))
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Refused::Failed(StoreError::io(&path, e))),
             }
             let registration = self.registration_path(name);
@@ -390,7 +410,14 @@ impl Medium for Folder {
     }
 
     fn remove_manifest(&self, name: &str) -> Result<(), StoreError> {
-        self.locked(|| self.remove_keyed(&format::name_key(name)))
+        let key = format::name_key(name);
+        self.locked(|| {
+            // The tombstone is written (synced) before the registration goes: a crash between
+            // the two leaves the name this model's, never the conversation stored.
+            write_atomic(&self.manifest_path_of(&key), &[TOMBSTONE])?;
+            self.unregister(&key);
+            Ok(())
+        })
     }
 
     fn registration(&self, name: &str) -> Result<Option<Owner>, StoreError> {
@@ -420,7 +447,10 @@ impl Medium for Folder {
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         paths.sort();
-        paths.into_iter().filter_map(|p| fs::read(p).ok()).collect()
+        (paths.into_iter())
+            .filter_map(|p| fs::read(p).ok())
+            .filter(|b| !is_tombstone(b))
+            .collect()
     }
 
     fn list(&self) -> std::io::Result<Listing> {
@@ -546,14 +576,18 @@ mod tests {
             Err(Refused::Conflict("e1-2".into()))
         );
         assert_eq!(a.manifest("alice"), Ok(Some(v2.to_vec())));
-        // A write continuing a state that was removed since does not bring it back.
-        let gone = tempfile::tempdir().unwrap();
-        let c = Folder::open(gone.path(), owner("a"), None).unwrap();
+        // A store that lost a manifest is given it back by a write that continues it.
+        let lost = tempfile::tempdir().unwrap();
+        let c = Folder::open(lost.path(), owner("a"), None).unwrap();
+        c.put_manifest("alice", v2, "e1-1").unwrap();
+        // A removed one is not: its tombstone refuses what continues it, and takes a new one.
+        c.remove_manifest("alice").unwrap();
+        assert_eq!(c.manifest("alice"), Ok(Some(TOMBSTONE.to_vec())));
         assert_eq!(
-            c.put_manifest("alice", v2, "e1-1"),
-            Err(Refused::Conflict(String::new()))
+            c.put_manifest("alice", fork, "e1-2"),
+            Err(Refused::Conflict(REMOVED_STAMP.into()))
         );
-        assert_eq!(c.manifest("alice"), Ok(None));
+        c.put_manifest("alice", v1, "").unwrap();
         // The other model's store sees the name taken, by whom; removal frees it.
         assert_eq!(b.manifest("alice"), Ok(None));
         assert_eq!(b.registration("alice"), Ok(Some(owner("a"))));
@@ -562,7 +596,7 @@ mod tests {
         a.remove_manifest("alice").unwrap();
         assert_eq!(
             (a.manifest("alice"), b.registration("alice")),
-            (Ok(None), Ok(None))
+            (Ok(Some(TOMBSTONE.to_vec())), Ok(None))
         );
     }
 

@@ -121,16 +121,14 @@ const LONGEST_DELAY: Duration = Duration::from_secs(2);
 
 /// Stores a manifest (`KEYS[1]`, `ARGV[2]`) and the name's registration (`KEYS[2]`, `ARGV[3]`)
 /// if the stored manifest's stamp (within its first 256 bytes, where the engine writes it) is
-/// `ARGV[1]`, or if none is stored and `ARGV[1]` is empty (a new conversation: one removed
-/// since the state a write continues is not brought back); `ARGV[4]`: time to live in
-/// seconds, 0 for none. Answers nil, or the stored stamp that refused the write (empty: none).
+/// `ARGV[1]` or none is stored, or a tombstone is (stamp `-removed`) and `ARGV[1]` is empty
+/// (see `medium::TOMBSTONE`); `ARGV[4]`: time to live in seconds, 0 for none. Answers nil, or
+/// the stored stamp that refused the write.
 const PUT_MANIFEST: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local stamp = string.match(string.sub(cur, 1, 256), '"stamp":"([^"]*)"') or ''
-  if stamp ~= ARGV[1] then return stamp end
-elseif ARGV[1] ~= '' then
-  return ''
+  if stamp ~= ARGV[1] and not (ARGV[1] == '' and stamp == '-removed') then return stamp end
 end
 if ARGV[4] == '0' then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -142,13 +140,17 @@ end
 return false
 "#;
 
-/// Removes a manifest (`KEYS[1]`) and the name's registration (`KEYS[2]`) if it is `ARGV[1]`
-/// (this model's).
+/// Replaces a manifest (`KEYS[1]`) by the tombstone `ARGV[2]` for `ARGV[3]` seconds, and
+/// removes the name's registration (`KEYS[2]`) if it is `ARGV[1]` (this model's).
 const REMOVE_MANIFEST: &str = r#"
-redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return false
 "#;
+
+/// How long a tombstone is kept without a TTL of the store's own: longer than a copy of a
+/// removed conversation is held by an engine that does not use it.
+const TOMBSTONE_TTL_S: u64 = 7 * 24 * 3600;
 
 /// Chunks and manifests in Redis, for every engine of a fleet.
 pub(crate) struct Redis {
@@ -389,7 +391,9 @@ impl Medium for Redis {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(REMOVE_MANIFEST).arg(2).arg(self.manifest_key(name));
         cmd.arg(self.registration_key(name))
-            .arg(self.owner.record());
+            .arg(self.owner.record())
+            .arg(super::medium::TOMBSTONE)
+            .arg(self.ttl.unwrap_or(TOMBSTONE_TTL_S));
         self.request(|c| cmd.query::<()>(c))
     }
 
@@ -410,6 +414,7 @@ impl Medium for Redis {
         keys.sort();
         keys.iter()
             .filter_map(|k| self.get(k).ok().flatten())
+            .filter(|b| !super::medium::is_tombstone(b))
             .collect()
     }
 

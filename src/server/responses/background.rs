@@ -82,10 +82,16 @@ impl Background {
         }
     }
 
-    /// Forgets `name` (its stored response is being deleted), cancelling it if it runs.
-    pub fn forget(&self, name: &str) {
-        if let Some(Entry::Running { task, .. }) = self.0.lock().entries.remove(name) {
-            task.abort();
+    /// Forgets `name` (its stored response is being deleted), cancelling it if it runs;
+    /// whether it was one.
+    pub fn forget(&self, name: &str) -> bool {
+        match self.0.lock().entries.remove(name) {
+            Some(Entry::Running { task, .. }) => {
+                task.abort();
+                true
+            }
+            Some(Entry::Done(_)) => true,
+            None => false,
         }
     }
 }

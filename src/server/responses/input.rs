@@ -49,10 +49,18 @@ pub struct Request {
     pub guided: Guided,
 }
 
-/// `reasoning` of a Responses request.
+/// `reasoning` of a Responses request: its fields as OpenAI publishes them, any other a 400
+/// naming it.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Reasoning {
     pub effort: Option<String>,
+    /// A summary of the thought: none is written here (informational).
+    #[serde(default, rename = "summary")]
+    _summary: Option<Value>,
+    /// The deprecated name of `summary` (informational).
+    #[serde(default, rename = "generate_summary")]
+    _generate_summary: Option<Value>,
 }
 
 fn yes() -> bool {

@@ -119,7 +119,11 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
 pub async fn cancel(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
     match s.background.cancel(&tenant.name(&id)) {
         Some(object) => Json(object).into_response(),
-        None => ApiError::bad(format!("{id:?} is not a background response")).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no background response {id:?}"),
+        )
+        .into_response(),
     }
 }
 
@@ -497,13 +501,18 @@ pub async fn retrieve(
 
 /// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
 pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<String>) -> Response {
-    s.background.forget(&tenant.name(&id));
+    let deleted = Json(json!({"id": id, "object": "response", "deleted": true}));
+    // A background response still running is cancelled, and so deleted: nothing was stored.
+    let background = s.background.forget(&tenant.name(&id));
     let conv = match stored(&s, &tenant, &id).await {
         Ok(c) => c,
+        Err(e) if background && e.status == StatusCode::NOT_FOUND => {
+            return deleted.into_response()
+        }
         Err(e) => return e.into_response(),
     };
     match s.service.close(conv).await {
-        Ok(()) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
+        Ok(()) => deleted.into_response(),
         Err(e) => ApiError::from_engine(&e).into_response(),
     }
 }
