@@ -63,6 +63,15 @@ fn texts(base: &str, id: &str) -> Vec<String> {
         .collect()
 }
 
+/// Two servers of the tiny model on one Valkey under `prefix`, and the Valkey.
+fn tiny_fleet(prefix: &str) -> (redis_server::Server, Server, Server) {
+    let redis = redis_server::Server::start(None);
+    let url = redis.url();
+    let args = ["--model", "tiny", "--redis", &url, "--redis-prefix", prefix];
+    let (a, b) = (start(&args), start(&args));
+    (redis, a, b)
+}
+
 fn kill_9(server: &mut Server) {
     server.child.kill().unwrap();
     server.child.wait().unwrap();
@@ -154,16 +163,7 @@ fn a_deletion_that_answered_200_is_final_against_racing_adds() {
 
 #[test]
 fn adds_alternating_between_two_servers_of_a_fleet_all_land() {
-    let redis = redis_server::Server::start(None);
-    let args = [
-        "--model",
-        "tiny",
-        "--redis",
-        &redis.url(),
-        "--redis-prefix",
-        "edits",
-    ];
-    let (a, b) = (start(&args), start(&args));
+    let (_redis, a, b) = tiny_fleet("edits");
     let id = create(&a.base, json!({}));
     let mut acknowledged = Vec::new();
     for round in 0..3 {
@@ -197,16 +197,7 @@ fn adds_alternating_between_two_servers_of_a_fleet_all_land() {
 
 #[test]
 fn edits_while_the_store_is_frozen_answer_503_and_change_nothing() {
-    let redis = redis_server::Server::start(None);
-    let args = [
-        "--model",
-        "tiny",
-        "--redis",
-        &redis.url(),
-        "--redis-prefix",
-        "frozen",
-    ];
-    let (a, b) = (start(&args), start(&args));
+    let (redis, a, b) = tiny_fleet("frozen");
     let id = create(
         &a.base,
         json!({"items": [{"role": "user", "content": "kept"}],
@@ -348,4 +339,43 @@ fn an_api_key_with_a_comma_is_taken_whole() {
     assert_eq!(status("a,b"), 200);
     assert_eq!(status("a"), 401);
     assert_eq!(status("b"), 401);
+}
+
+#[test]
+fn conversations_past_the_limit_are_left_to_the_store_and_come_back() {
+    // The server holds at most --max-conversations in memory, whatever only reads them; the
+    // store keeps the rest, which come back whole at their next request.
+    let store = tempfile::tempdir().unwrap();
+    let server = start(&[
+        "--model",
+        "tiny",
+        "--store",
+        store.path().to_str().unwrap(),
+        "--max-conversations",
+        "3",
+    ]);
+    let base = &server.base;
+    let made: Vec<(String, Vec<(String, String)>)> = (0..10)
+        .map(|i| {
+            let id = create(
+                base,
+                json!({"items": [{"role": "user", "content": format!("conversation {i}")}],
+                       "metadata": {"n": format!("{i}")}}),
+            );
+            let listed = items(base, &id).unwrap();
+            (id, listed)
+        })
+        .collect();
+    for _ in 0..2 {
+        for (i, (id, listed)) in made.iter().enumerate() {
+            assert_eq!(items(base, id).as_ref(), Some(listed));
+            let (status, c) = request("GET", base, &format!("/v1/conversations/{id}"), "");
+            assert_eq!(
+                (status, &c["metadata"]),
+                (200, &json!({"n": format!("{i}")}))
+            );
+            let held = common::server::metric(base, "pensieve_conversations");
+            assert!(held <= 3.0, "{held} conversations held");
+        }
+    }
 }

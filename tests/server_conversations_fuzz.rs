@@ -199,6 +199,41 @@ fn call(method: &str, base: &str, path: &str, body: &str) -> (u16, Value) {
     (status, out)
 }
 
+/// What a write on conversation `conv` answered: never an acknowledgement while the
+/// store was frozen; a 404 noted (only a deletion in flight explains one while the
+/// conversation exists, which the round's check holds it to).
+fn answered(round: Round, what: &str, status: u16, out: &Value, conv: &mut Conv) -> Answer {
+    check_frozen(round, what, status, out);
+    match status {
+        200 => Answer::Acked,
+        404 => {
+            conv.maybe_deleted = true;
+            conv.saw_404 = true;
+            Answer::Gone
+        }
+        s if unknown(s) => Answer::Unknown,
+        s => panic!("{what}: {s} {out}"),
+    }
+}
+
+/// A write's answer during a frozen round is never an acknowledgement.
+fn check_frozen(round: Round, what: &str, status: u16, out: &Value) {
+    assert!(
+        !(round.frozen && acked(status)),
+        "round {}: {what} acknowledged while the store was down: {out}",
+        round.n
+    );
+}
+
+/// How a write on a conversation was answered.
+enum Answer {
+    Acked,
+    /// 404: the conversation is gone (deleted meanwhile, which the check settles).
+    Gone,
+    /// Not acknowledged: it may or may not have landed.
+    Unknown,
+}
+
 /// What a round is: its number, and whether the store is frozen for it.
 #[derive(Clone, Copy)]
 struct Round {
@@ -234,15 +269,6 @@ impl Client {
         }
     }
 
-    /// A write's answer during a frozen round is never an acknowledgement.
-    fn check_frozen(&self, round: Round, what: &str, status: u16, out: &Value) {
-        assert!(
-            !(round.frozen && acked(status)),
-            "round {}: {what} acknowledged while the store was down: {out}",
-            round.n
-        );
-    }
-
     fn create(&mut self, base: &str, model: &Mutex<Model>, round: Round) -> &'static str {
         let n = self.rng.random_range(0..3);
         let texts: Vec<(String, u64)> = (0..n).map(|_| self.text()).collect();
@@ -252,7 +278,7 @@ impl Client {
         let metadata = json!({"by": format!("c{}", self.index)});
         let body = json!({"items": items, "metadata": metadata});
         let (status, out) = call("POST", base, "/v1/conversations", &body.to_string());
-        self.check_frozen(round, "a creation", status, &out);
+        check_frozen(round, "a creation", status, &out);
         if !acked(status) {
             assert!(unknown(status), "create: {status} {out}");
             return "create (refused)";
@@ -289,11 +315,10 @@ impl Client {
             .collect();
         let path = format!("/v1/conversations/{id}/items");
         let (status, out) = call("POST", base, &path, &json!({"items": items}).to_string());
-        self.check_frozen(round, "an add", status, &out);
         let mut m = model.lock().unwrap();
         let conv = m.convs.get_mut(&id).unwrap();
-        match status {
-            200 => {
+        let (fate, name) = match answered(round, "an add", status, &out, conv) {
+            Answer::Acked => {
                 let data = out["data"].as_array().unwrap();
                 assert_eq!(data.len(), texts.len(), "add to {id}: {out}");
                 for ((text, order), item) in texts.into_iter().zip(data) {
@@ -306,38 +331,21 @@ impl Client {
                         order,
                     });
                 }
-                "add"
+                return "add";
             }
-            404 => {
-                // Only a deletion of the conversation (acknowledged, or racing in this round)
-                // makes it unknown; which one is settled at the round's check.
-                conv.maybe_deleted = true;
-                conv.saw_404 = true;
-                for (text, order) in texts {
-                    conv.items.push(Known {
-                        text,
-                        id: None,
-                        fate: Fate::Maybe,
-                        client: self.index,
-                        order,
-                    });
-                }
-                "add (404)"
-            }
-            s if unknown(s) => {
-                for (text, order) in texts {
-                    conv.items.push(Known {
-                        text,
-                        id: None,
-                        fate: Fate::Maybe,
-                        client: self.index,
-                        order,
-                    });
-                }
-                "add (refused)"
-            }
-            s => panic!("add to {id}: {s} {out}"),
+            Answer::Gone => (Fate::Maybe, "add (404)"),
+            Answer::Unknown => (Fate::Maybe, "add (refused)"),
+        };
+        for (text, order) in texts {
+            conv.items.push(Known {
+                text,
+                id: None,
+                fate: fate.clone(),
+                client: self.index,
+                order,
+            });
         }
+        name
     }
 
     fn delete_item(&mut self, base: &str, model: &Mutex<Model>, round: Round) -> &'static str {
@@ -360,29 +368,20 @@ impl Client {
         };
         let path = format!("/v1/conversations/{id}/items/{item}");
         let (status, out) = call("DELETE", base, &path, "");
-        self.check_frozen(round, "an item's deletion", status, &out);
         let mut m = model.lock().unwrap();
         let conv = m.convs.get_mut(&id).unwrap();
-        match status {
-            200 => {
+        let (fate, name) = match answered(round, "an item's deletion", status, &out, conv) {
+            Answer::Acked => {
                 assert_eq!(out["id"], json!(id), "{out}");
-                conv.items[at].fate = Fate::Deleted;
-                "delete item"
+                (Fate::Deleted, "delete item")
             }
             // The conversation went meanwhile (settled at the check), or the item was lost,
             // which the check finds.
-            404 => {
-                conv.maybe_deleted = true;
-                conv.saw_404 = true;
-                conv.items[at].fate = Fate::MaybeDeleted;
-                "delete item (404)"
-            }
-            s if unknown(s) => {
-                conv.items[at].fate = Fate::MaybeDeleted;
-                "delete item (refused)"
-            }
-            s => panic!("delete {item} of {id}: {s} {out}"),
-        }
+            Answer::Gone => (Fate::MaybeDeleted, "delete item (404)"),
+            Answer::Unknown => (Fate::MaybeDeleted, "delete item (refused)"),
+        };
+        conv.items[at].fate = fate;
+        name
     }
 
     fn turn(&mut self, base: &str, model: &Mutex<Model>, round: Round) -> &'static str {
@@ -393,18 +392,11 @@ impl Client {
         let body = json!({"conversation": id, "input": text, "max_output_tokens": 2,
             "temperature": 0});
         let (status, out) = call("POST", base, "/v1/responses", &body.to_string());
-        self.check_frozen(round, "a turn", status, &out);
         let mut m = model.lock().unwrap();
         let conv = m.convs.get_mut(&id).unwrap();
-        let fate = match status {
-            200 => Fate::Present,
-            404 => {
-                conv.maybe_deleted = true;
-                conv.saw_404 = true;
-                Fate::Maybe
-            }
-            s if unknown(s) => Fate::Maybe,
-            s => panic!("turn on {id}: {s} {out}"),
+        let fate = match answered(round, "a turn", status, &out, conv) {
+            Answer::Acked => Fate::Present,
+            Answer::Gone | Answer::Unknown => Fate::Maybe,
         };
         conv.items.push(Known {
             text,
@@ -427,25 +419,19 @@ impl Client {
         };
         (model.lock().unwrap().convs.get_mut(&id).unwrap()).delete_sent = true;
         let (status, out) = call("DELETE", base, &format!("/v1/conversations/{id}"), "");
-        self.check_frozen(round, "a conversation's deletion", status, &out);
         let mut m = model.lock().unwrap();
         let conv = m.convs.get_mut(&id).unwrap();
-        match status {
-            200 => {
+        match answered(round, "a conversation's deletion", status, &out, conv) {
+            Answer::Acked => {
                 assert_eq!(out["deleted"], json!(true), "{out}");
                 conv.deleted = Some(round.n);
                 "delete conversation"
             }
-            404 => {
-                conv.maybe_deleted = true;
-                conv.saw_404 = true;
-                "delete conversation (404)"
-            }
-            s if unknown(s) => {
+            Answer::Gone => "delete conversation (404)",
+            Answer::Unknown => {
                 conv.maybe_deleted = true;
                 "delete conversation (refused)"
             }
-            s => panic!("delete {id}: {s} {out}"),
         }
     }
 
@@ -456,26 +442,20 @@ impl Client {
         let metadata = json!({"topic": format!("t{}", self.rng.random_range(0..1000))});
         let body = json!({"metadata": metadata}).to_string();
         let (status, out) = call("POST", base, &format!("/v1/conversations/{id}"), &body);
-        self.check_frozen(round, "an update", status, &out);
         let mut m = model.lock().unwrap();
         let conv = m.convs.get_mut(&id).unwrap();
-        match status {
-            200 => {
+        match answered(round, "an update", status, &out, conv) {
+            Answer::Acked => {
                 assert_eq!(out["metadata"], metadata, "{out}");
                 conv.metadata = metadata;
                 conv.maybe_metadata.clear();
                 "update"
             }
-            404 => {
-                conv.maybe_deleted = true;
-                conv.saw_404 = true;
-                "update (404)"
-            }
-            s if unknown(s) => {
+            Answer::Gone => "update (404)",
+            Answer::Unknown => {
                 conv.maybe_metadata.push(metadata);
                 "update (refused)"
             }
-            s => panic!("update {id}: {s} {out}"),
         }
     }
 

@@ -150,17 +150,21 @@ impl Driver {
     }
 
     /// Gives the conversation `name` the history `messages` and the host's `attributes`
-    /// ([`Sessions::rewrite`]): the conversation that now holds the name. Sessions past the
-    /// service's limit close (the store keeps named ones).
+    /// ([`Sessions::rewrite`]): the conversation that now holds the name.
     pub(super) fn rewrite(
         &mut self,
         name: &str,
         messages: Vec<Message>,
         attributes: serde_json::Map<String, serde_json::Value>,
     ) -> Result<ConversationId> {
-        let conv = (self.sessions).rewrite(&mut self.engine, name, messages, attributes)?;
+        (self.sessions).rewrite(&mut self.engine, name, messages, attributes)
+    }
+
+    /// Closes the idle sessions past the service's limit (the store keeps named ones), as
+    /// after a turn.
+    pub(super) fn close_old(&mut self) {
         self.sessions.close_old(&mut self.engine);
-        Ok(conv)
+        self.stats.lock().conversations = self.sessions.len();
     }
 
     /// An answer to hold until the state of `conv` is durable in the store; `None` when it is

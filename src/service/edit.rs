@@ -176,6 +176,8 @@ impl Driver {
                 Some(answer)
             }
         };
+        // What an edit resumed counts against the service's limit, as a turn's conversation.
+        self.close_old();
         Ok(Edited::Done(value, wait))
     }
 }
