@@ -147,7 +147,7 @@ fn object(id: &str, kept: &Kept) -> Value {
         "metadata": kept.metadata})
 }
 
-/// `id`'s history `messages` with `kept`, as a change.
+/// The history `messages` with what `kept` holds, as a change.
 fn rewrite(messages: Vec<Message>, kept: &Kept) -> Change {
     Change::Rewrite(Record::new(messages, kept.attributes()))
 }
@@ -163,11 +163,11 @@ fn answer(r: Result<Value, ApiError>) -> Response {
 pub async fn create(State(s): State<AppState>, tenant: Tenant, bytes: Bytes) -> Response {
     let made = async {
         let b: CreateBody = body(&bytes)?;
-        let metadata = b.metadata.unwrap_or(json!({}));
+        let metadata = b.metadata.filter(|m| !m.is_null()).unwrap_or(json!({}));
         metadata::check(&metadata)?;
         let messages = messages_of(b.items.unwrap_or_default())?;
         let id = random_id("conv_")?;
-        let kept = Kept::new(now_s(), json!(metadata)).settled(&id, &messages);
+        let kept = Kept::new(now_s(), metadata).settled(&id, &messages);
         let made = object(&id, &kept);
         let new = Record::new(messages, kept.attributes());
         // 128 random bits: nothing holds the name yet.
