@@ -6,9 +6,12 @@
 //! [`Scheduler::schedule`] turns the queues and the cache state into a plain-data [`StepPlan`]:
 //! the tier moves to do first, the admissions, and the rows of the batch (each row one
 //! request's tokens with positions, destination slots and context). Running requests go first,
-//! in queue order (a decode contributes one token, an unfinished prefill as many as the step's
-//! token budget allows); then waiting requests are admitted first come first served while the
-//! budget allows and free device blocks stay above the reserve. A running request that finds
+//! in queue order with their decode rows (one token each, and their drafts); then waiting
+//! requests are admitted first come first served while the budget allows and free device
+//! blocks stay above the reserve; then the rest of the step's token budget goes to unfinished
+//! prefills and recomputations, the admitted ones among them, shortest remaining first (aged
+//! ones before all: `AGED_AFTER`), so a short turn starts within a step or two while a long
+//! prefill goes on in chunks beside it. A running request that finds
 //! no free block suspends the running request that arrived latest (its KV swapped out, itself
 //! requeued in arrival order). Finally, when free blocks fall below the swap-out threshold,
 //! idle conversations' chunks move to the host ahead of time.
@@ -39,6 +42,11 @@ use plan::{Run, RunKind};
 use crate::conversation::{Conversations, Settlement};
 use crate::ids::{ConversationId, RequestId};
 use crate::kv::{CacheManager, Eviction, Moves, Violation};
+
+/// Steps a turn's unfinished prefill may go without a row before it goes first (the aging of
+/// `Scheduler::prefill_order`): a stream of short turns delays a long prefill by at most this
+/// many steps in every `AGED_AFTER + 1`.
+const AGED_AFTER: u32 = 4;
 
 /// Work counters of one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,6 +81,8 @@ pub(crate) struct Request<T> {
     admitted: bool,
     /// When a step first ran it.
     first_run: Option<Instant>,
+    /// Steps in a row its unfinished prefill or recomputation went without a row.
+    passed: u32,
     /// Its KV could not be restored (a refused chunk): what it reuses is counted again at its
     /// next admission, the rest as recomputed.
     recount: bool,
@@ -90,6 +100,11 @@ pub(crate) struct Request<T> {
 }
 
 impl<T> Request<T> {
+    /// Whether all its work is feeding back sampled tokens (none, once finished).
+    fn decoding(&self) -> bool {
+        self.work.iter().all(|run| run.kind == RunKind::Decode)
+    }
+
     pub fn conv(&self) -> ConversationId {
         self.conv
     }
@@ -187,6 +202,7 @@ impl<T> Scheduler<T> {
                 progress: 0,
                 admitted: false,
                 first_run: None,
+                passed: 0,
                 recount: false,
                 lookup: None,
                 generated: 0,
@@ -282,8 +298,20 @@ impl<T> Scheduler<T> {
             ..StepPlan::default()
         };
         let mut budget = self.limits.token_budget;
-        self.plan_running(convs, cache, now, &mut budget, &mut plan);
-        self.admit_waiting(convs, cache, now, &mut budget, &mut plan);
+        // Decode rows first: a running stream is never held by anyone's prefill.
+        let decoding: Vec<RequestId> = (self.running.iter().copied())
+            .filter(|id| self.requests.get(id).is_some_and(Request::decoding))
+            .collect();
+        let drafts = self.drafts(convs);
+        self.plan_rows(
+            &decoding,
+            &drafts,
+            (convs, now),
+            cache,
+            &mut budget,
+            &mut plan,
+        );
+        self.admit_and_fill(&decoding, (convs, now), cache, &mut budget, &mut plan);
         // The look-ahead window over the wait queue (AttentionStore §3.4): the next turns'
         // KV comes up from disk while they wait, and is spared by ahead-of-time eviction.
         let window: HashSet<ConversationId> = self
@@ -311,21 +339,33 @@ impl<T> Scheduler<T> {
         plan
     }
 
-    /// Rows for the running requests, suspending the latest arrival when blocks run out.
-    fn plan_running(
+    /// Rows for the running requests `ids`, in order, within `budget`, suspending the latest
+    /// arrival when blocks run out (never a turn this step admitted: its swap-ins are planned).
+    fn plan_rows(
         &mut self,
-        convs: &Conversations,
+        ids: &[RequestId],
+        drafts: &HashMap<RequestId, Vec<u32>>,
+        (convs, now): (&Conversations, Instant),
         cache: &mut CacheManager,
-        now: Instant,
         budget: &mut usize,
         plan: &mut StepPlan,
     ) {
-        let drafts = self.drafts(convs);
+        let admitted: HashSet<RequestId> = plan.admitted.iter().map(|a| a.request).collect();
         let mut i = 0;
-        while i < self.running.len() {
-            let id = self.running[i];
+        while i < ids.len() {
+            let id = ids[i];
+            if *budget == 0 {
+                break;
+            }
+            if !self.running.contains(&id) {
+                i += 1;
+                continue;
+            }
+            let work = (plan.admitted.iter())
+                .find(|a| a.request == id)
+                .map(|a| a.work.clone());
             let draft = drafts.get(&id).map_or(&[][..], Vec::as_slice);
-            match self.plan_row(id, None, convs, cache, (*budget, draft)) {
+            match self.plan_row(id, work.as_ref(), convs, cache, (*budget, draft)) {
                 Ok(Some(row)) => {
                     *budget -= row.tokens.len();
                     plan.rows.push(row);
@@ -337,37 +377,86 @@ impl<T> Scheduler<T> {
                     // rather than suspend more turns.
                 }
                 Err(RowError::NoBlock) => {
-                    let Some((v, victim)) = self.latest_arrival() else {
-                        break;
+                    let Some(victim) = self.latest_arrival(&admitted) else {
+                        i += 1;
+                        continue;
                     };
                     if let Some(k) = plan.rows.iter().position(|r| r.request == victim) {
                         *budget += plan.rows.remove(k).tokens.len();
                     }
                     self.suspend(victim, cache, now, &mut plan.moves);
-                    // Retry at `i`: this request again (it moved down one if the victim stood
-                    // before it), or the next one if it was the victim itself. Drops freed
+                    // Retry this request, unless it was the victim itself. Drops freed
                     // blocks at once; swap-outs make it wait (above).
-                    if v < i {
-                        i -= 1;
+                    if victim != id {
+                        continue;
                     }
-                    continue;
                 }
             }
             i += 1;
         }
     }
 
-    /// Admits waiting requests first come first served, with their first rows.
+    /// Admits waiting turns, then gives the rest of `budget` to the running turns other than
+    /// `decoding` (those had their rows) in `prefill_order`.
+    fn admit_and_fill(
+        &mut self,
+        decoding: &[RequestId],
+        (convs, now): (&Conversations, Instant),
+        cache: &mut CacheManager,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
+        self.admit_waiting(convs, cache, now, *budget, plan);
+        let order = self.prefill_order(decoding, plan);
+        let none = HashMap::new();
+        self.plan_rows(&order, &none, (convs, now), cache, budget, plan);
+    }
+
+    /// The running turns with work other than decoding (`decoding` had their rows), this
+    /// step's admissions among them, in the order the rest of the step's budget goes to them:
+    /// shortest remaining work first, so a short new turn starts within the step however long
+    /// a prefill runs beside it; a turn passed over for [`AGED_AFTER`] steps goes first (by
+    /// arrival), so a long prefill is never starved by a stream of short ones.
+    fn prefill_order(&self, decoding: &[RequestId], plan: &StepPlan) -> Vec<RequestId> {
+        let mut order: Vec<_> = (self.running.iter())
+            .filter(|id| !decoding.contains(id))
+            .filter_map(|id| self.requests.get(id))
+            .map(|r| {
+                let work = (plan.admitted.iter())
+                    .find(|a| a.request == r.id)
+                    .map_or(&r.work, |a| &a.work);
+                let remaining: usize = work.iter().map(|run| run.range.len()).sum();
+                let aged = r.passed >= AGED_AFTER;
+                ((!aged, if aged { 0 } else { remaining }, r.arrival), r.id)
+            })
+            .collect();
+        order.sort();
+        order.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Admits waiting requests first come first served while the step has `room` for their
+    /// work (their rows come in `prefill_order`, with the running turns' unfinished work).
     fn admit_waiting(
         &mut self,
         convs: &Conversations,
         cache: &mut CacheManager,
         now: Instant,
-        budget: &mut usize,
+        mut room: usize,
         plan: &mut StepPlan,
     ) {
+        let chunk = cache.chunk_size();
+        // Blocks the unfinished prefills already running take before their first output:
+        // their rows come after admission, and a turn admitted now must not take them.
+        let mut claimed: usize = (self.running.iter())
+            .filter_map(|id| self.requests.get(id))
+            .filter_map(|r| {
+                let end = r.work.back()?.range.end;
+                let held = cache.table(r.conv).map_or(0, |t| t.len());
+                Some((end + 1).div_ceil(chunk).saturating_sub(held))
+            })
+            .sum();
         while let Some(&id) = self.waiting.front() {
-            if *budget == 0 {
+            if room == 0 {
                 break;
             }
             let Some(req) = self.requests.get(&id) else {
@@ -378,13 +467,12 @@ impl<T> Scheduler<T> {
                 break;
             }
             let conv = req.conv;
-            let chunk = cache.chunk_size();
             // Blocks for every token up to this turn's first output, beyond those held.
             let total = convs.get(&conv).map_or(0, |c| c.tokens().len()) + req.pending.len();
             let held = cache.table(conv).map_or(0, |t| t.len());
             let grow = (total + 1).div_ceil(chunk).saturating_sub(held);
             let needed = cache.blocks_to_restore(conv) + grow;
-            let want_free = needed + self.limits.reserve_blocks;
+            let want_free = needed + self.limits.reserve_blocks + claimed;
             if cache.num_free_blocks() < want_free {
                 // Idle conversations first; queued ones' KV only if that is not enough.
                 for keep_queued in [true, false] {
@@ -420,16 +508,9 @@ impl<T> Scheduler<T> {
             };
             self.waiting.pop_front();
             self.running.push(id);
-            let work = Some(&admission.work);
-            match self.plan_row(id, work, convs, cache, (*budget, &[])) {
-                Ok(Some(row)) => {
-                    *budget -= row.tokens.len();
-                    plan.rows.push(row);
-                }
-                // Admission checked the blocks: a row can only be missing for lack of budget.
-                Ok(None) | Err(RowError::NoBlock) => {}
-                Err(RowError::Broken(v)) => plan.broken.push((id, v)),
-            }
+            let work: usize = admission.work.iter().map(|run| run.range.len()).sum();
+            room = room.saturating_sub(work);
+            claimed += grow;
             plan.admitted.push(admission);
         }
     }
@@ -488,14 +569,13 @@ impl<T> Scheduler<T> {
             .collect()
     }
 
-    /// The running request that arrived latest, with its index in `running`.
-    fn latest_arrival(&self) -> Option<(usize, RequestId)> {
-        self.running
-            .iter()
-            .enumerate()
-            .filter_map(|(i, id)| self.requests.get(id).map(|r| (r.arrival, i, *id)))
+    /// The running request that arrived latest, other than those in `spare`.
+    fn latest_arrival(&self, spare: &HashSet<RequestId>) -> Option<RequestId> {
+        (self.running.iter())
+            .filter(|id| !spare.contains(id))
+            .filter_map(|id| self.requests.get(id).map(|r| (r.arrival, *id)))
             .max()
-            .map(|(_, i, id)| (i, id))
+            .map(|(_, id)| id)
     }
 
     /// Puts a running request back in the waiting queue, in arrival order.

@@ -53,6 +53,19 @@ impl<T> Scheduler<T> {
             };
             self.commit_row(row, (accepted, price), convs, cache);
         }
+        // Aging for `prefill_order`: unfinished work that had no row this step was passed over.
+        let ran: Vec<RequestId> = (plan.rows.iter().zip(&outcome.ran))
+            .filter(|&(_, &ran)| ran)
+            .map(|(row, _)| row.request)
+            .collect();
+        for id in &self.running {
+            if let Some(req) = self.requests.get_mut(id) {
+                req.passed = match ran.contains(id) || req.decoding() {
+                    true => 0,
+                    false => req.passed + 1,
+                };
+            }
+        }
         for (id, tokens) in &outcome.sampled {
             let (Some(req), Some(&token)) = (self.requests.get_mut(id), tokens.last()) else {
                 continue;

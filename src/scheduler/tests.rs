@@ -205,7 +205,7 @@ fn admission_reclaims_chunks_being_swapped_out_in_the_same_step() {
     assert_eq!(plan.moves.swap_out.len(), 2);
     let again = w.submit(0, 3, 1);
     let mut budget = 100;
-    w.s.admit_waiting(&w.convs, &mut w.cache, w.t0, &mut budget, &mut plan);
+    w.s.admit_and_fill(&[], (&w.convs, w.t0), &mut w.cache, &mut budget, &mut plan);
     assert!(plan.broken.is_empty(), "{:?}", plan.broken);
     assert!(plan.moves.swap_out.is_empty(), "copies cancelled");
     let row = &plan.rows[0];
@@ -378,4 +378,52 @@ fn drafts_are_cut_where_rows_with_nothing_to_draft_would_wait_for_them() {
         drafts.get(&RequestId(1)).map(|d| d[..4].to_vec()),
         Some(vec![2, 3, 4, 1])
     );
+}
+
+/// Issue 74: a short turn arriving while a long prefill runs starts in the next step, beside
+/// it, instead of waiting for the whole prefill.
+#[test]
+fn a_short_turn_starts_beside_a_long_prefill() {
+    let mut w = world(600, 0, 0, 0);
+    let long = w.submit(0, 1000, 0);
+    let plan = w.step();
+    assert_eq!(plan.rows[0].tokens.len(), 100);
+    let short = w.submit(1, 3, 1);
+    let plan = w.step();
+    let row = |id| plan.rows.iter().find(|r| r.request == id).unwrap();
+    assert!(row(short).sample && row(short).tokens.len() == 3);
+    assert_eq!(
+        row(long).tokens.len(),
+        97,
+        "the prefill has the rest of the budget"
+    );
+    // The short turn decodes from now on, ahead of the prefill.
+    let plan = w.step();
+    assert_eq!(plan.rows[0].request, short);
+    assert_eq!(plan.rows[0].tokens.len(), 1);
+    assert_eq!(plan.rows[1].tokens.len(), 99);
+}
+
+/// A stream of short turns, each as long as the budget, does not starve a long prefill: it is
+/// passed over for `AGED_AFTER` steps at most, then goes first.
+#[test]
+fn a_long_prefill_is_never_starved_by_short_turns() {
+    let mut w = world(4000, 0, 0, 0);
+    let long = w.submit(0, 2000, 0);
+    let mut passed = 0;
+    let mut progressed = 0;
+    for step in 1..=40u64 {
+        w.submit(step, 90, step);
+        let plan = w.step();
+        match plan.rows.iter().find(|r| r.request == long) {
+            Some(row) => {
+                passed = 0;
+                progressed += row.tokens.len();
+            }
+            None => passed += 1,
+        }
+        assert!(passed <= 4, "passed over {passed} steps in a row");
+    }
+    // Without aging it gets only its first step's 100 tokens.
+    assert!(progressed >= 400, "{progressed}");
 }
