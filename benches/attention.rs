@@ -8,14 +8,15 @@
 //!
 //! Plus the batches the engine runs: decode-only (32 sequences x 1 query) and mixed (one
 //! 512-token prefill with 31 decodes); and by KV precision, pools written as the engine writes
-//! them (8 decode rows, and a 512-token prefill, over 2,048 tokens).
+//! them (8 decode rows, and a 512-token prefill, over 2,048 tokens); and decode over agents'
+//! contexts (8k-32k tokens) against the copy bandwidth.
 //!
 //! ```text
 //! cargo bench --bench attention
 //! ```
 
 use candle_core::{Device, Tensor};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pensieve::attention::{
     attention, attention_gather, attention_in_window, Attend, AttentionBatch, KvPool, KvShape,
 };
@@ -189,5 +190,50 @@ fn precisions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, figure10, engine_batches, precisions);
+/// Pools of one layer each, so that a step over `LAYERS` of them reads from memory, not cache.
+const LAYERS: usize = 8;
+
+/// Decode at agent lengths (issue 74): 1 and 4 sequences of one query over 8k-32k tokens at
+/// every KV precision, each sample over [`LAYERS`] layers' pools in turn (what a step reads),
+/// reported as KV bytes read per second; `copy` beside them copies as many bytes, reported as
+/// bytes read per second (the bytes it writes come on top): the ratio of the two is the share
+/// of the machine's copy bandwidth the op reads KV at.
+fn long_context(c: &mut Criterion) {
+    let mut group = c.benchmark_group("long_context_decode");
+    group.sample_size(10);
+    for (agents, ctx) in [(1, 8192), (1, 32768), (4, 32768)] {
+        let Ok(Case { q, k, v, batch }) = case(ctx, &vec![1; agents], Layout::Contiguous) else {
+            continue;
+        };
+        for kv in [KvPrecision::F16, KvPrecision::Q8, KvPrecision::Q4] {
+            let Ok(layers) = (0..LAYERS)
+                .map(|_| stored(&k, &v, kv))
+                .collect::<pensieve::Result<Vec<_>>>()
+            else {
+                continue;
+            };
+            let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+            let read: usize = layers.iter().map(|(k, v)| bytes(k) + bytes(v)).sum();
+            group.throughput(Throughput::Bytes(read as u64));
+            let id = format!("{agents}x{ctx}/{kv:?}");
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    for (k, v) in &layers {
+                        let _ = attention_in_window(&q, k, v, Attend::new(&batch, scale()));
+                    }
+                })
+            });
+            if kv == KvPrecision::F16 {
+                let src = vec![1u8; read];
+                let mut dst = vec![0u8; read];
+                group.bench_function(format!("{agents}x{ctx}/copy"), |b| {
+                    b.iter(|| dst.copy_from_slice(std::hint::black_box(&src)))
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, figure10, engine_batches, precisions, long_context);
 criterion_main!(benches);

@@ -116,10 +116,11 @@ fn first_token(
     let mut seen: Vec<Option<Duration>> = vec![None; turns.len()];
     while engine.has_work() {
         for e in engine.step()? {
-            if let Event::Token { conversation, .. } = e {
-                if let Some(k) = turns.iter().position(|(c, _)| *c == conversation) {
-                    seen[k].get_or_insert_with(|| turns[k].1.elapsed());
-                }
+            let Event::Token { conversation, .. } = e else {
+                continue;
+            };
+            if let Some(k) = turns.iter().position(|(c, _)| *c == conversation) {
+                seen[k].get_or_insert_with(|| turns[k].1.elapsed());
             }
         }
     }
