@@ -445,8 +445,9 @@ impl<T> Scheduler<T> {
         plan: &mut StepPlan,
     ) {
         let chunk = cache.chunk_size();
-        // Blocks the unfinished prefills already running take before their first output:
-        // their rows come after admission, and a turn admitted now must not take them.
+        // Blocks the running turns still take up to the end of their work (a prefill's first
+        // output, a decode's next token): prefill rows come after admission, and a turn
+        // admitted now must not take them.
         let mut claimed: usize = (self.running.iter())
             .filter_map(|id| self.requests.get(id))
             .filter_map(|r| {
