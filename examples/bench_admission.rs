@@ -19,6 +19,7 @@ use pensieve::engine::{ConversationOptions, Engine, EngineConfig, Event, Samplin
 use pensieve::ConversationId;
 
 #[derive(Parser, Debug)]
+#[command(about = "A short turn's time to first token beside a long prefill")]
 struct Args {
     #[command(flatten)]
     engine: EngineArgs,
