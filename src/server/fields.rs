@@ -142,7 +142,7 @@ const SAMPLING: &[Field] = &[
     informational("spaces_between_special_tokens", "vLLM's: as above"),
     informational(
         "priority",
-        "vLLM's: requests are served first come, first served",
+        "vLLM's: turns are admitted first come, first served, and a step's prefill tokens go to the shortest remaining prefill first (aged: docs/ARCHITECTURE.md)",
     ),
     informational("request_id", "vLLM's: a request id for logs"),
     default_only(
