@@ -9,7 +9,8 @@
 //!
 //! The pools hold f32, f16 or blocks of codes; each tile is loaded once (keys as f32 or as
 //! 8-bit codes, values widened to f32: `tiles`, `codes`) and shared by every query of the
-//! block, while the next tile's rows are prefetched. The inner loops use `mul_add`:
+//! block, while the next tile's rows are prefetched. An f16 pool's rows are not copied: the
+//! vector paths widen them in registers as they read them in place. The inner loops use `mul_add`:
 //! one fused instruction in the AVX2+FMA+F16C build selected at run time on x86-64 (the
 //! portable build is correct but slow on CPUs without FMA).
 //!
@@ -29,8 +30,8 @@ mod rows;
 mod tiles;
 
 use codes::{CodeTile, QueryCodes};
-use rows::{CodeRows, KvRows, Values};
-use tiles::{Simd, TileRows, QG};
+use rows::{CodeRows, HalfRows, KvRows, Values};
+use tiles::{Simd, TileData, TileRows, QG};
 
 /// Query rows per work item.
 const Q_BLOCK: usize = 16;
@@ -364,6 +365,11 @@ impl<P: KvRows> Block<'_, P> {
         // was cut (batch invariance).
         let mut kt = vec![0f32; if in_codes.is_some() { 0 } else { K_TILE * d }];
         let mut vt = vec![0f32; K_TILE * d];
+        // An f16 pool's rows are read in place on the vector paths, widened in registers as the
+        // gather would have widened them (the same values), saving a write and a read of
+        // every element: decode is bound by how fast the KV is read.
+        let in_place = simd != Simd::None && d.is_multiple_of(8);
+        let (mut k_rows, mut v_rows): (HalfRows, HalfRows) = ([&[]; K_TILE], [&[]; K_TILE]);
 
         let mut slots = [0u32; K_TILE];
         // Past the tile's end, positions read as "after every query": masked.
@@ -396,19 +402,28 @@ impl<P: KvRows> Block<'_, P> {
                     tile.gather(pool, &slots[..n], g, simd);
                     Keys::Codes { tile, queries }
                 }
+                None if in_place && k.half_rows(&slots, g, &mut k_rows) => {
+                    Keys::Values(TileData::Half(&k_rows))
+                }
                 None => {
                     rows(k).gather_keys_into(&mut kt, simd);
-                    Keys::Values(&kt)
+                    Keys::Values(TileData::Gathered(&kt))
                 }
             };
-            rows(v).gather_into(&mut vt, simd);
+            let values = match in_place && v.half_rows(&slots, g, &mut v_rows) {
+                true => TileData::Half(&v_rows),
+                false => {
+                    rows(v).gather_into(&mut vt, simd);
+                    TileData::Gathered(&vt)
+                }
+            };
             let tile = Tile {
                 simd,
                 len: n,
                 window,
                 positions: &positions,
                 keys,
-                vt: &vt,
+                values,
             };
             for i0 in (0..nq).step_by(QG) {
                 let i1 = (i0 + QG).min(nq);
@@ -461,14 +476,15 @@ struct Tile<'a> {
     positions: &'a [u32; K_TILE],
     keys: Keys<'a>,
     /// The tile's values, `[K_TILE][head_dim]`.
-    vt: &'a [f32],
+    values: TileData<'a>,
 }
 
 /// A tile's keys as its scores read them.
 enum Keys<'a> {
-    /// As f32, `[K_TILE][head_dim]` (in [`Simd::Avx512`]'s builds, pairs of keys interleaved
-    /// by 8 dimensions: see [`tiles::TileRows::gather_keys_into`]).
-    Values(&'a [f32]),
+    /// As values: gathered as f32, `[K_TILE][head_dim]` (in [`Simd::Avx512`]'s builds, pairs
+    /// of keys interleaved by 8 dimensions: see [`tiles::TileRows::gather_keys_into`]), or an
+    /// f16 pool's rows in place.
+    Values(TileData<'a>),
     /// In codes, with the block's queries in codes.
     Codes {
         tile: &'a CodeTile,
@@ -507,7 +523,7 @@ fn tile_step<const Q: usize>(
     let d = q.len() / Q;
     let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[i * d..(i + 1) * d]);
     match tile.keys {
-        Keys::Values(kt) => tiles::scores(qs, kt, tile.len, scores, tile.simd),
+        Keys::Values(kt) => tiles::scores(qs, kt, d, tile.len, scores, tile.simd),
         Keys::Codes { tile: t, queries } => {
             let qs: [_; Q] = std::array::from_fn(|i| queries.query(first + i));
             codes::scores(qs, t, tile.len, scores, tile.simd);
@@ -525,7 +541,7 @@ fn tile_step<const Q: usize>(
     }
     let mut rows = acc.chunks_exact_mut(d);
     let accs: [&mut [f32]; Q] = std::array::from_fn(|_| rows.next().unwrap_or_default());
-    tiles::accumulate(scores, tile.vt, tile.len, accs, tile.simd);
+    tiles::accumulate(scores, tile.values, d, tile.len, accs, tile.simd);
 }
 
 /// One query's online-softmax update over a tile: `scores` become the weights `p` (all zero

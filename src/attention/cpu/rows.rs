@@ -6,12 +6,16 @@
 use half::f16;
 
 use super::tiles::Simd;
+use super::K_TILE;
 use crate::attention::codes::{scale, Codes, QK};
 use crate::attention::Dims;
 
 /// An element type the kernel reads KV pools of.
 pub(super) trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+
+    /// `data` as f16 values, if it holds them: the vector paths read such rows in place.
+    fn halves(data: &[Self]) -> Option<&[f16]>;
 
     /// Eight values from `p`, as f32.
     ///
@@ -27,6 +31,10 @@ impl KvElem for f32 {
         self
     }
 
+    fn halves(_: &[Self]) -> Option<&[f16]> {
+        None
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
@@ -40,6 +48,10 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+
+    fn halves(data: &[Self]) -> Option<&[f16]> {
+        Some(data)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -73,7 +85,18 @@ pub(super) trait KvRows: Copy + Send + Sync {
     fn q8_rows(&self) -> Option<CodeRows<'_>> {
         None
     }
+
+    /// Head `g`'s rows of `slots` in place, if the pool holds f16 values and every slot lies
+    /// in it: the vector paths then widen them as they compute (the same registers as from a
+    /// gathered tile) instead of writing and reading back an f32 copy.
+    fn half_rows<'s>(&'s self, slots: &[u32; K_TILE], g: usize, rows: &mut HalfRows<'s>) -> bool {
+        let _ = (slots, g, rows);
+        false
+    }
 }
+
+/// A tile's rows of one head in an f16 pool, in place: row `j` of the tile is `rows[j]`.
+pub(super) type HalfRows<'a> = [&'a [f16]; K_TILE];
 
 /// A pool of values (f32 or f16), `[n_slots][n_kv_heads][d]`.
 #[derive(Clone, Copy)]
@@ -130,6 +153,21 @@ impl<T: KvElem> KvRows for Values<'_, T> {
         if let Some(row) = self.row(slot, g) {
             prefetch(row);
         }
+    }
+
+    #[inline(always)]
+    fn half_rows<'s>(&'s self, slots: &[u32; K_TILE], g: usize, rows: &mut HalfRows<'s>) -> bool {
+        let Some(data) = T::halves(self.data) else {
+            return false;
+        };
+        for (row, &slot) in rows.iter_mut().zip(slots) {
+            let start = slot as usize * self.kv_row + g * self.d;
+            match data.get(start..start + self.d) {
+                Some(r) => *row = r,
+                None => return false,
+            }
+        }
+        true
     }
 }
 

@@ -1,7 +1,7 @@
 //! One context tile of the pool loaded into f32 buffers (`[key][dim]`, through the pool's
 //! rows, `rows.rs`), and the scores of a query against it.
 
-use super::rows::KvRows;
+use super::rows::{HalfRows, KvRows};
 use super::K_TILE;
 
 /// The vector registers a build of the kernel enables. Every build gives the same bits.
@@ -64,6 +64,29 @@ impl<P: KvRows> TileRows<'_, P> {
     }
 }
 
+/// Where [`scores`] and [`accumulate`] read a tile's rows: the f32 tile a gather filled, or an
+/// f16 pool's rows in place. An f16 → f32 conversion is exact, so both give every path the
+/// same registers and every score and sum the same bits.
+#[derive(Clone, Copy)]
+pub(super) enum TileData<'a> {
+    /// `[K_TILE][d]` f32 (keys as [`TileRows::gather_keys_into`] lays them out).
+    Gathered(&'a [f32]),
+    /// Row `j` of the tile is `rows[j]`, read only by the vector paths (built where
+    /// [`Simd::avx2`] holds and `d` is a multiple of 8).
+    Half(&'a HalfRows<'a>),
+}
+
+impl TileData<'_> {
+    /// Dimension `t` of row `j` (`d` per row; keys in the portable layout).
+    #[inline(always)]
+    fn at(&self, j: usize, t: usize, d: usize) -> f32 {
+        match self {
+            TileData::Gathered(data) => data[j * d + t],
+            TileData::Half(rows) => rows[j][t].to_f32(),
+        }
+    }
+}
+
 /// Queries scored and accumulated together against a tile: every K and V row loaded from the
 /// tile serves this many queries (register blocking).
 pub(super) const QG: usize = 3;
@@ -71,53 +94,38 @@ pub(super) const QG: usize = 3;
 /// Keys scored together: a quad of scores comes out of one reduction tree.
 const KQ: usize = 4;
 
-/// `out[i][j] = qs[i] · keys[j]` for the first `n` keys of a gathered tile
-/// (`keys[j * d..][..d]`), rounded up to a multiple of 4. Every score takes one fixed order
-/// whatever the tile, the batch or the queries scored beside it: eight lanes, lane `l` summing
-/// dimensions `t ≡ l (mod 8)` in order, then the lanes pairwise
-/// (`((0+1)+(2+3)) + ((4+5)+(6+7))`). The AVX-512 build keeps each key's eight lanes in
-/// one half of a 16-lane register (keys laid out by [`TileRows::gather_keys_into`]) and scores
-/// up to 8 keys more (masked later).
+/// `out[i][j] = qs[i] · keys[j]` for the first `n` keys of a tile, rounded up to a multiple
+/// of 4. Every score takes one fixed order whatever the tile, the batch or the queries scored
+/// beside it: eight lanes, lane `l` summing dimensions `t ≡ l (mod 8)` in order, then the
+/// lanes pairwise (`((0+1)+(2+3)) + ((4+5)+(6+7))`). The AVX-512 build keeps each key's eight
+/// lanes in one half of a 16-lane register (keys laid out by [`TileRows::gather_keys_into`],
+/// or read in place in pairs) and scores up to 8 keys more (masked later).
 #[inline(always)]
 pub(super) fn scores<const Q: usize>(
     qs: [&[f32]; Q],
-    keys: &[f32],
+    keys: TileData<'_>,
+    d: usize,
     n: usize,
     out: &mut [[f32; K_TILE]; QG],
     simd: Simd,
 ) {
-    let d = keys.len() / K_TILE;
     let quads = n.div_ceil(KQ).min(K_TILE / KQ);
     #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
-        for b in 0..n.div_ceil(8).min(K_TILE / 8) {
-            // SAFETY: the AVX-512 build; each query holds `d` floats (checked above), the 8
-            // keys `8d` (interleaved in pairs, as `gather_keys_into` wrote them), and
-            // `8b + 8 <= K_TILE`.
-            unsafe { avx512::scores_oct(&qs, &keys[b * 8 * d..][..8 * d], out, b * 8) };
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if simd.avx2() && d.is_multiple_of(8) && qs.iter().all(|q| q.len() == d) {
-        for b in 0..quads {
-            // SAFETY: `simd` names the AVX2+FMA build (or a wider one); each query holds `d`
-            // floats (checked above), `keys` the `K_TILE` rows of `d` (its length defines `d`),
-            // and `b * KQ + KQ <= K_TILE`.
-            unsafe { avx2::scores_quad(&qs, &keys[b * KQ * d..][..KQ * d], out, b * KQ) };
+        match keys {
+            TileData::Gathered(data) => {
+                vector_scores(&qs, source::Gathered { data, d }, n, out, simd)
+            }
+            TileData::Half(rows) => vector_scores(&qs, source::Half(rows), n, out, simd),
         }
         return;
     }
     let _ = simd;
     for (q, out) in qs.iter().zip(out.iter_mut()) {
         for (j, o) in out.iter_mut().enumerate().take(quads * KQ) {
-            let Some(key) = keys.get(j * d..(j + 1) * d) else {
-                *o = 0.0;
-                continue;
-            };
             let mut lanes = [0f32; 8];
-            for (t, (&a, &b)) in q.iter().zip(key).enumerate() {
-                lanes[t % 8] = a.mul_add(b, lanes[t % 8]);
+            for (t, &a) in q.iter().enumerate() {
+                lanes[t % 8] = a.mul_add(keys.at(j, t, d), lanes[t % 8]);
             }
             let l = lanes;
             *o = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
@@ -125,34 +133,55 @@ pub(super) fn scores<const Q: usize>(
     }
 }
 
-/// `accs[i] += Σ_j ps[i][j] · values[j]` over the first `n` rows of a gathered tile, one
+/// [`scores`] on the AVX2 (quads of keys) or AVX-512 (octets) path.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn vector_scores<const Q: usize, S: source::Source>(
+    qs: &[&[f32]; Q],
+    keys: S,
+    n: usize,
+    out: &mut [[f32; K_TILE]; QG],
+    simd: Simd,
+) {
+    if simd == Simd::Avx512 {
+        for b in 0..n.div_ceil(8).min(K_TILE / 8) {
+            // SAFETY: the AVX-512 build; each query holds `d` floats, a multiple of 8, and
+            // `keys` every row of the tile (the caller checked both), and `8b + 8 <= K_TILE`.
+            unsafe { avx512::scores_oct(qs, keys, out, b * 8) };
+        }
+        return;
+    }
+    for b in 0..n.div_ceil(KQ).min(K_TILE / KQ) {
+        // SAFETY: the AVX2+FMA+F16C build (`simd.avx2()`, the caller checked); each query
+        // holds `d` floats, a multiple of 8, `keys` every row of the tile, and
+        // `b * KQ + KQ <= K_TILE`.
+        unsafe { avx2::scores_quad(qs, keys, out, b * KQ) };
+    }
+}
+
+/// `accs[i] += Σ_j ps[i][j] · values[j]` over the first `n` rows of a tile, one
 /// multiply-add per element and key in key order (a key every query gives weight 0 is skipped:
 /// adding `0 · v` changes no bits). Each element's sum is its own, so the lanes' width
 /// changes no bits either.
 #[inline(always)]
 pub(super) fn accumulate<const Q: usize>(
     ps: &[[f32; K_TILE]; QG],
-    values: &[f32],
+    values: TileData<'_>,
+    d: usize,
     n: usize,
     accs: [&mut [f32]; Q],
     simd: Simd,
 ) {
-    let d = values.len() / K_TILE;
     let n = n.min(K_TILE);
     #[cfg(target_arch = "x86_64")]
-    if accs.iter().all(|a| a.len() == d) {
-        use std::arch::x86_64::{__m256, __m512};
-        if simd == Simd::Avx512 && d.is_multiple_of(16) {
-            // SAFETY: the AVX-512 build; each accumulator holds `d` floats (checked above),
-            // a multiple of the 16 lanes, and `values` `K_TILE` rows of `d`.
-            unsafe { vectors::accumulate::<__m512, Q>(ps, values, n, accs) };
-            return;
+    if accs.iter().all(|a| a.len() == d) && simd.avx2() && d.is_multiple_of(8) {
+        match values {
+            TileData::Gathered(data) => {
+                vector_accumulate(ps, source::Gathered { data, d }, n, accs, simd)
+            }
+            TileData::Half(rows) => vector_accumulate(ps, source::Half(rows), n, accs, simd),
         }
-        if simd.avx2() && d.is_multiple_of(8) {
-            // SAFETY: as above, in the AVX2+FMA build (or a wider one), with 8 lanes.
-            unsafe { vectors::accumulate::<__m256, Q>(ps, values, n, accs) };
-            return;
-        }
+        return;
     }
     let _ = simd;
     let mut accs = accs;
@@ -160,10 +189,130 @@ pub(super) fn accumulate<const Q: usize>(
         if ps.iter().take(Q).all(|p| p[j] == 0.0) {
             continue;
         }
-        let v = &values[j * d..][..d];
         for (acc, p) in accs.iter_mut().zip(ps) {
-            for (a, &x) in acc.iter_mut().zip(v) {
-                *a = p[j].mul_add(x, *a);
+            for (t, a) in acc.iter_mut().enumerate() {
+                *a = p[j].mul_add(values.at(j, t, d), *a);
+            }
+        }
+    }
+}
+
+/// [`accumulate`] with 16 lanes where the build and `d` allow, 8 otherwise.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn vector_accumulate<const Q: usize, S: source::Source>(
+    ps: &[[f32; K_TILE]; QG],
+    values: S,
+    n: usize,
+    accs: [&mut [f32]; Q],
+    simd: Simd,
+) {
+    use std::arch::x86_64::{__m256, __m512};
+    let d = accs.first().map_or(0, |a| a.len());
+    if simd == Simd::Avx512 && d.is_multiple_of(16) {
+        // SAFETY: the AVX-512 build; each accumulator holds `d` floats, a multiple of the 16
+        // lanes, and `values` every row of the tile (the caller checked).
+        unsafe { vectors::accumulate::<__m512, Q, S>(ps, values, n, accs) };
+        return;
+    }
+    // SAFETY: as above, in the AVX2+FMA+F16C build (or a wider one), with 8 lanes.
+    unsafe { vectors::accumulate::<__m256, Q, S>(ps, values, n, accs) };
+}
+
+/// The vector paths' reads of a tile's rows ([`TileData`]'s two forms).
+#[cfg(target_arch = "x86_64")]
+mod source {
+    use std::arch::x86_64::*;
+
+    use super::HalfRows;
+
+    /// A tile's rows as registers of f32.
+    pub(super) trait Source: Copy {
+        /// Dimensions `t..t + 8` of row `j`.
+        ///
+        /// # Safety
+        /// The CPU has AVX2 and F16C; row `j` has them (in the portable layout).
+        unsafe fn eight(self, j: usize, t: usize) -> __m256;
+
+        /// Dimensions `t..t + 16` of row `j`.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512 F; row `j` has them (in the portable layout).
+        unsafe fn sixteen(self, j: usize, t: usize) -> __m512;
+
+        /// Dimensions `t..t + 8` of keys `2p` and `2p + 1`, in the low and high halves.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512 F; both keys have them (gathered: interleaved in pairs).
+        unsafe fn pair(self, p: usize, t: usize) -> __m512;
+    }
+
+    /// A gathered tile, `[K_TILE][d]` f32.
+    #[derive(Clone, Copy)]
+    pub(super) struct Gathered<'a> {
+        pub data: &'a [f32],
+        pub d: usize,
+    }
+
+    impl Source for Gathered<'_> {
+        #[inline(always)]
+        unsafe fn eight(self, j: usize, t: usize) -> __m256 {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_loadu_ps(self.data.as_ptr().add(j * self.d + t)) }
+        }
+
+        #[inline(always)]
+        unsafe fn sixteen(self, j: usize, t: usize) -> __m512 {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm512_loadu_ps(self.data.as_ptr().add(j * self.d + t)) }
+        }
+
+        #[inline(always)]
+        unsafe fn pair(self, p: usize, t: usize) -> __m512 {
+            // SAFETY: as the trait's contract; pair `p`'s chunk at `t` is 16 floats at
+            // `2pd + 2t`.
+            unsafe { _mm512_loadu_ps(self.data.as_ptr().add(p * 2 * self.d + 2 * t)) }
+        }
+    }
+
+    /// An f16 pool's rows in place, widened as they are read.
+    #[derive(Clone, Copy)]
+    pub(super) struct Half<'a>(pub &'a HalfRows<'a>);
+
+    impl Half<'_> {
+        /// Eight halves of row `j` from `t`, as raw bits.
+        ///
+        /// # Safety
+        /// Row `j` has dimensions `t..t + 8`.
+        #[inline(always)]
+        unsafe fn bits8(self, j: usize, t: usize) -> __m128i {
+            // SAFETY: as this function's contract (16 bytes from `t`).
+            unsafe { _mm_loadu_si128(self.0[j].as_ptr().add(t).cast()) }
+        }
+    }
+
+    impl Source for Half<'_> {
+        #[inline(always)]
+        unsafe fn eight(self, j: usize, t: usize) -> __m256 {
+            // SAFETY: as the trait's contract.
+            unsafe { _mm256_cvtph_ps(self.bits8(j, t)) }
+        }
+
+        #[inline(always)]
+        unsafe fn sixteen(self, j: usize, t: usize) -> __m512 {
+            // SAFETY: as the trait's contract (32 bytes from `t`).
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0[j].as_ptr().add(t).cast())) }
+        }
+
+        #[inline(always)]
+        unsafe fn pair(self, p: usize, t: usize) -> __m512 {
+            // SAFETY: as the trait's contract.
+            unsafe {
+                let (low, high) = (self.bits8(2 * p, t), self.bits8(2 * p + 1, t));
+                _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(low),
+                    high,
+                ))
             }
         }
     }
@@ -173,32 +322,33 @@ pub(super) fn accumulate<const Q: usize>(
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::source::Source;
     use super::{KQ, K_TILE, QG};
 
-    /// Scores of `Q` queries against the `KQ` keys of `keys` (`KQ` rows of `d`), in the order
+    /// Scores of `Q` queries against keys `j0..j0 + KQ` of `keys`, in the order
     /// [`super::scores`] describes, stored at `out[i][j0..j0 + KQ]`.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `d % 8 == 0`, every query holds `d` floats, `keys` `KQ * d`
-    /// and `j0 + KQ <= K_TILE`.
+    /// The CPU has AVX2, FMA and F16C; `d % 8 == 0`, every query holds `d` floats, `keys`
+    /// rows of `d` (in order) and `j0 + KQ <= K_TILE`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores_quad<const Q: usize>(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores_quad<const Q: usize, S: Source>(
         qs: &[&[f32]; Q],
-        keys: &[f32],
+        keys: S,
         out: &mut [[f32; K_TILE]; QG],
         j0: usize,
     ) {
-        let d = keys.len() / KQ;
-        // SAFETY: loads stay inside each query (d floats) and `keys` (KQ rows of d); the
+        let d = qs[0].len();
+        // SAFETY: loads stay inside each query (d floats) and the keys' rows (d each); the
         // stores write 4 floats of `out[i]` at `j0 + KQ <= K_TILE` (the contract).
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); KQ]; Q];
             for t in (0..d).step_by(8) {
                 let q: [__m256; Q] =
                     std::array::from_fn(|i| _mm256_loadu_ps(qs[i].as_ptr().add(t)));
-                for (j, key) in keys.chunks_exact(d).enumerate() {
-                    let k = _mm256_loadu_ps(key.as_ptr().add(t));
+                for j in 0..KQ {
+                    let k = keys.eight(j0 + j, t);
                     for (acc, &q) in acc.iter_mut().zip(&q) {
                         acc[j] = _mm256_fmadd_ps(q, k, acc[j]);
                     }
@@ -232,28 +382,28 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::source::Source;
     use super::{K_TILE, QG};
 
-    /// Scores of `Q` queries against 8 keys (`keys`: 4 pairs interleaved as
-    /// [`super::TileRows::gather_keys_into`] lays them out), stored at `out[i][j0..j0 + 8]`:
-    /// each half of a register is [`super::avx2::scores_quad`]'s register for one key, so
-    /// each score takes the same operations in the same order.
+    /// Scores of `Q` queries against keys `j0..j0 + 8` of `keys` (read in pairs), stored at
+    /// `out[i][j0..j0 + 8]`: each half of a register is [`super::avx2::scores_quad`]'s
+    /// register for one key, so each score takes the same operations in the same order.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F, AVX2 and FMA; `d % 8 == 0`, every query holds `d` floats, `keys`
-    /// `8 * d` and `j0 + 8 <= K_TILE`.
+    /// The CPU has AVX-512 F, AVX2, FMA and F16C; `d % 8 == 0`, every query holds `d` floats,
+    /// `keys` rows of `d`, `j0` is even and `j0 + 8 <= K_TILE`.
     #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn scores_oct<const Q: usize>(
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn scores_oct<const Q: usize, S: Source>(
         qs: &[&[f32]; Q],
-        keys: &[f32],
+        keys: S,
         out: &mut [[f32; K_TILE]; QG],
         j0: usize,
     ) {
-        let d = keys.len() / 8;
-        // SAFETY: loads stay inside each query (8 floats at `t < d`) and `keys` (pair `p`'s
-        // chunk at `2pd + 2t`, 16 floats, within `8d`); the stores write 4 floats of `out[i]`
-        // at `j0` and at `j0 + 4`, below `K_TILE` (the contract).
+        let d = qs[0].len();
+        // SAFETY: loads stay inside each query (8 floats at `t < d`) and the keys' rows (pair
+        // `j0 / 2 + p`'s chunk at `t < d`); the stores write 4 floats of `out[i]` at `j0` and
+        // at `j0 + 4`, below `K_TILE` (the contract).
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 4]; Q];
             for t in (0..d).step_by(8) {
@@ -262,7 +412,7 @@ mod avx512 {
                     _mm512_castpd_ps(_mm512_broadcast_f64x4(q))
                 });
                 for p in 0..4 {
-                    let k = _mm512_loadu_ps(keys.as_ptr().add(p * 2 * d + 2 * t));
+                    let k = keys.pair(j0 / 2 + p, t);
                     for (acc, &q) in acc.iter_mut().zip(&q) {
                         acc[p] = _mm512_fmadd_ps(q, k, acc[p]);
                     }
@@ -289,6 +439,7 @@ mod avx512 {
 mod vectors {
     use std::arch::x86_64::*;
 
+    use super::source::Source;
     use super::{K_TILE, QG};
 
     /// One register of f32 lanes.
@@ -303,6 +454,11 @@ mod vectors {
         /// # Safety
         /// The CPU has the register's instructions.
         unsafe fn splat(x: f32) -> Self;
+        /// Dimensions `t..t + N` of row `j` of `rows`.
+        ///
+        /// # Safety
+        /// The CPU has the register's instructions (and F16C); the row has them.
+        unsafe fn row<S: Source>(rows: S, j: usize, t: usize) -> Self;
         /// `a · b + self`, rounded once.
         ///
         /// # Safety
@@ -312,7 +468,7 @@ mod vectors {
 
     /// `Lanes` for a register type from its intrinsics.
     macro_rules! lanes {
-        ($v:ty, $n:expr, $load:ident, $store:ident, $splat:ident, $fma:ident) => {
+        ($v:ty, $n:expr, $load:ident, $store:ident, $splat:ident, $fma:ident, $row:ident) => {
             impl Lanes for $v {
                 const N: usize = $n;
                 #[inline(always)]
@@ -331,6 +487,11 @@ mod vectors {
                     unsafe { $splat(x) }
                 }
                 #[inline(always)]
+                unsafe fn row<S: Source>(rows: S, j: usize, t: usize) -> Self {
+                    // SAFETY: as the trait's contract.
+                    unsafe { rows.$row(j, t) }
+                }
+                #[inline(always)]
                 unsafe fn fma(self, a: Self, b: Self) -> Self {
                     // SAFETY: as the trait's contract.
                     unsafe { $fma(a, b, self) }
@@ -345,7 +506,8 @@ mod vectors {
         _mm256_loadu_ps,
         _mm256_storeu_ps,
         _mm256_set1_ps,
-        _mm256_fmadd_ps
+        _mm256_fmadd_ps,
+        eight
     );
     lanes!(
         __m512,
@@ -353,31 +515,32 @@ mod vectors {
         _mm512_loadu_ps,
         _mm512_storeu_ps,
         _mm512_set1_ps,
-        _mm512_fmadd_ps
+        _mm512_fmadd_ps,
+        sixteen
     );
 
     /// [`super::accumulate`] with 4 registers of every query's dimensions held at a time.
     ///
     /// # Safety
-    /// The CPU has `V`'s instructions and FMA; `d % V::N == 0`, every accumulator holds `d`
-    /// floats, `values` `K_TILE * d` and `n <= K_TILE`.
+    /// The CPU has `V`'s instructions, FMA and F16C; `d % V::N == 0`, every accumulator holds
+    /// `d` floats, `values` `K_TILE` rows of `d` and `n <= K_TILE`.
     #[inline(always)]
-    pub(super) unsafe fn accumulate<V: Lanes, const Q: usize>(
+    pub(super) unsafe fn accumulate<V: Lanes, const Q: usize, S: Source>(
         ps: &[[f32; K_TILE]; QG],
-        values: &[f32],
+        values: S,
         n: usize,
         mut accs: [&mut [f32]; Q],
     ) {
-        let d = values.len() / K_TILE;
+        let d = accs.first().map_or(0, |a| a.len());
         // SAFETY: as this function's contract: chunks start below `d` and hold `V::N` floats.
         unsafe {
             let mut c0 = 0;
             while c0 < d {
                 if d - c0 >= 4 * V::N {
-                    chunks::<V, Q, 4>(ps, values, n, &mut accs, c0, d);
+                    chunks::<V, Q, 4, S>(ps, values, n, &mut accs, c0);
                     c0 += 4 * V::N;
                 } else {
-                    chunks::<V, Q, 1>(ps, values, n, &mut accs, c0, d);
+                    chunks::<V, Q, 1, S>(ps, values, n, &mut accs, c0);
                     c0 += V::N;
                 }
             }
@@ -389,13 +552,12 @@ mod vectors {
     /// # Safety
     /// As [`accumulate`], with `c0 + V::N * C <= d`.
     #[inline(always)]
-    unsafe fn chunks<V: Lanes, const Q: usize, const C: usize>(
+    unsafe fn chunks<V: Lanes, const Q: usize, const C: usize, S: Source>(
         ps: &[[f32; K_TILE]; QG],
-        values: &[f32],
+        values: S,
         n: usize,
         accs: &mut [&mut [f32]; Q],
         c0: usize,
-        d: usize,
     ) {
         // SAFETY: as this function's contract; `V::N` floats at `c0 + V::N c < d` of each
         // accumulator and of each value row.
@@ -407,9 +569,8 @@ mod vectors {
                 if ps.iter().take(Q).all(|p| p[j] == 0.0) {
                     continue;
                 }
-                let row = values.as_ptr().add(j * d + c0);
                 let p: [V; Q] = std::array::from_fn(|i| V::splat(ps[i][j]));
-                for (c, v) in (0..C).map(|c| (c, V::load(row.add(V::N * c)))) {
+                for (c, v) in (0..C).map(|c| (c, V::row(values, j, c0 + V::N * c))) {
                     for (a, &p) in a.iter_mut().zip(&p) {
                         a[c] = a[c].fma(p, v);
                     }
