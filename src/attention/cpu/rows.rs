@@ -265,14 +265,16 @@ impl KvRows for CodeRows<'_> {
     }
 }
 
-/// Asks the CPU to bring the cache lines of `row` into L1. A tile's rows lie wherever their
+/// Asks the CPU to bring the cache lines of `row` into L2. A tile's rows lie wherever their
 /// slots put them (a slot's neighbours in a pool are other sequences' tokens), where the
-/// hardware's prefetchers find no stride to follow.
+/// hardware's prefetchers find no stride to follow. Into L2, not L1: a tile's rows are more
+/// lines than L1 can have in flight, and prefetches into L1 stalled on them (decode over 32k
+/// tokens of f16 KV read at 0.56 of a copy's rate with them, 0.93 into L2; BENCHMARKS.md).
 #[inline(always)]
 fn prefetch<T>(row: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let (p, n) = (row.as_ptr().cast::<i8>(), std::mem::size_of_val(row));
         // Each line the row touches, once: from the line of its first byte.
         let first = p.wrapping_sub(p as usize % 64);
@@ -280,7 +282,7 @@ fn prefetch<T>(row: &[T]) {
         for line in 0..lines {
             // SAFETY: a prefetch reads nothing the program sees and never faults; its
             // addresses lie in lines that hold bytes of `row`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(64 * line)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
