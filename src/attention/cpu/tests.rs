@@ -29,16 +29,18 @@ fn bits(p: &super::Partial) -> Vec<u32> {
 }
 
 /// Every build of the block kernel this CPU can run against the portable one, bit for bit:
-/// 7 prefill rows (21 queries: full and partial query groups) over 150 slots in shuffled
-/// blocks of 5 with a partial last tile, for head dims on and off the vector paths' chunk sizes (256:
-/// Gemma 3's), with and without a sliding window. `pools` stores the keys and values as the
-/// kind of pool under test and runs `agree` on them (a head dim it cannot store is skipped).
+/// 7 prefill rows (21 queries: full and partial query groups) and one decode row (3 queries,
+/// read from the pool in place) over 150 slots in shuffled blocks of 5 with a partial last
+/// tile, for head dims on and off the vector paths' chunk sizes (256: Gemma 3's), with and
+/// without a sliding window. `pools` stores the keys and values as the kind of pool under test
+/// and runs `agree` on them (a head dim it cannot store is skipped).
 fn paths_agree(pools: fn(&Case, Vec<f32>, Vec<f32>)) {
     let cases = [256, 64, 40, 12]
         .into_iter()
-        .flat_map(|d| [(d, u32::MAX), (d, 40)]);
-    for (d, window) in cases {
-        let case = Case { d, window };
+        .flat_map(|d| [(d, u32::MAX), (d, 40)])
+        .flat_map(|(d, window)| [(d, window, 7), (d, window, 1)]);
+    for (d, window, rows) in cases {
+        let case = Case { d, window, rows };
         let (kv, ctx) = (case.dims().n_kv_heads, 150);
         pools(&case, values(ctx * kv * d, 2), values(ctx * kv * d, 3));
     }
@@ -48,12 +50,14 @@ fn paths_agree(pools: fn(&Case, Vec<f32>, Vec<f32>)) {
 struct Case {
     d: usize,
     window: u32,
+    /// Query rows (the last positions of the context).
+    rows: usize,
 }
 
 impl Case {
     fn dims(&self) -> Dims {
         Dims {
-            tokens: 7,
+            tokens: self.rows,
             n_heads: 6,
             n_kv_heads: 2,
             head_dim: self.d,
@@ -100,7 +104,7 @@ impl Case {
             assert_eq!(
                 bits(&portable),
                 bits(&simd),
-                "{isa:?}, head dim {d}, window {window}"
+                "{isa:?}, head dim {d}, window {window}, {rows} rows"
             );
         }
     }
