@@ -263,7 +263,16 @@ def agent(base):
              "function": {"name": first["name"], "arguments": first["arguments"]}}]})
         messages.append({"role": "tool", "tool_call_id": first["id"],
                          "content": f"result {step}: def add(a, b): return a - b"})
-    return {"steps": steps}
+    # A reflection step, as AutoGen makes one: the same tools with tool_choice "none".
+    messages.append({"role": "user", "content": "Now say in one line what you changed."})
+    reflected = c.chat.completions.create(messages=messages, tool_choice="none", **args)
+    details = reflected.usage.prompt_tokens_details
+    return {"steps": steps, "reflection": {
+        "content": reflected.choices[0].message.content,
+        "tool_calls": reflected.choices[0].message.tool_calls,
+        "finish_reason": reflected.choices[0].finish_reason,
+        "prompt_tokens": reflected.usage.prompt_tokens,
+        "cached_tokens": details.cached_tokens if details else None}}
 
 
 def response_usage(r):
@@ -416,6 +425,31 @@ def responses(base, fleet_base):
     }
 
 
+def errors(base):
+    """Requests the server refuses, as the client raises them: its class, status and `code`."""
+    c = client(base)
+    cases = {
+        "model": lambda: c.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=1),
+        "window": lambda: c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "word " * 60000}], max_tokens=1),
+        "field": lambda: c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+            extra_body={"temprature": 1}),
+        "responses_window": lambda: c.responses.create(
+            model=MODEL, input="word " * 60000, max_output_tokens=16),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = None
+        except openai.APIStatusError as e:
+            out[name] = {"class": type(e).__name__, "status": e.status_code, "code": e.code,
+                         "param": e.param}
+    return out
+
+
 def main():
     base, cmd, *rest = sys.argv[1:]
     commands = {
@@ -427,6 +461,7 @@ def main():
         "responses": responses,
         "responses_agent": responses_agent,
         "responses_reasoning": responses_reasoning,
+        "errors": errors,
     }
     result = commands[cmd](base, *rest)
     print(json.dumps(result))

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::server::{
-    metric, post, raw_chat, start, start_logged, stored_contents, stored_manifest,
+    client, metric, post, raw_chat, start, start_logged, stored_contents, stored_manifest,
 };
 use serde_json::{json, Value};
 
@@ -312,7 +312,8 @@ fn real_model_bodies_past_their_size_or_their_deadline_are_refused_in_json() {
     let json_error = |status: u16, answer: &str, want: u16| {
         assert_eq!(status, want, "{answer}");
         let v: Value = serde_json::from_str(answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
-        assert_eq!(v["error"]["code"], want, "{v}");
+        // OpenAI's `code` names a condition or is null, never the status.
+        assert!(v["error"]["code"].is_null(), "{v}");
     };
     // Declared too large: refused before it is read.
     let (status, answer) = raw(&server.base, &head(3 << 20), b"");
@@ -594,4 +595,32 @@ fn two_authorization_headers_are_refused() {
     let (status, answer) = raw(&server.base, head, b"");
     assert!(answer.contains("Authorization"), "{answer}");
     assert_eq!(status, 400);
+}
+
+#[test]
+fn real_model_openais_client_reads_refusals_codes_as_openai_names_them() {
+    let server = start(&[]);
+    let got = client(&server.base, &["errors"]);
+    let refused = |case: &str, class: &str, status: u16, code: Value| {
+        let e = &got[case];
+        assert_eq!(e["class"], class, "{case}: {e}");
+        assert_eq!(e["status"], status, "{case}: {e}");
+        assert_eq!(e["code"], code, "{case}: {e}");
+    };
+    refused("model", "NotFoundError", 404, json!("model_not_found"));
+    refused(
+        "window",
+        "BadRequestError",
+        400,
+        json!("context_length_exceeded"),
+    );
+    refused(
+        "responses_window",
+        "BadRequestError",
+        400,
+        json!("context_length_exceeded"),
+    );
+    // No name for an unknown field: null, as OpenAI's own, with the field as `param`.
+    refused("field", "BadRequestError", 400, Value::Null);
+    assert_eq!(got["field"]["param"], "temprature", "{got}");
 }

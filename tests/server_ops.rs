@@ -541,4 +541,14 @@ fn real_model_an_agent_s_streamed_tool_calls_round_trip_with_the_history_cached(
             assert!(cached + 32 >= before && cached > 0, "step {i}: {out}");
         }
     }
+    // tool_choice "none" keeps the tools in the prompt, so the whole history comes from the
+    // cache (with them dropped, the prompt differed from its first lines on), and the reply
+    // is text, no call read out of it.
+    let reflection = &out["reflection"];
+    let before = steps[steps.len() - 1]["prompt_tokens"].as_u64().unwrap();
+    let cached = reflection["cached_tokens"].as_u64().unwrap();
+    assert!(cached + 32 >= before, "{reflection}");
+    assert!(reflection["tool_calls"].is_null(), "{reflection}");
+    assert!(reflection["content"].is_string(), "{reflection}");
+    assert_ne!(reflection["finish_reason"], "tool_calls", "{reflection}");
 }

@@ -118,7 +118,7 @@ impl Engine {
     /// own tokens for the rest (without KV: the next turn computes them).
     fn settle_reply(&mut self, id: RequestId, conv_id: ConversationId, turn: ActiveTurn) {
         let trim = turn.trim(&self.model);
-        let calls = self.tool_calls(conv_id, id, turn.reply());
+        let calls = self.tool_calls(conv_id, id, &turn);
         let Some(length) = self.convs.get(&conv_id).map(|c| c.tokens().len()) else {
             return;
         };

@@ -38,23 +38,38 @@ impl Engine {
     }
 
     /// A reader of the tool calls of request `request`'s reply as it streams, when its
-    /// conversation `conv` has tools: the ids it gives are those the conversation records
-    /// (and a client sends back), so a host streaming calls gets the same ones.
+    /// conversation `conv` has tools and the turn may call them
+    /// ([`super::SamplingParams::text_only`]): the ids it gives are those the conversation
+    /// records (and a client sends back), so a host streaming calls gets the same ones.
     pub fn tool_stream(&self, conv: ConversationId, request: RequestId) -> Option<ToolStream> {
+        let turn = self.sched.get(request);
+        if turn.is_some_and(|r| r.payload.params().text_only) {
+            return None;
+        }
+        self.calls_stream(conv, request)
+    }
+
+    /// [`Engine::tool_stream`] whatever the turn's parameters.
+    fn calls_stream(&self, conv: ConversationId, request: RequestId) -> Option<ToolStream> {
         let format = self.model.template()?.tool_format()?;
         let tools = self.convs.get(&conv).map(|c| c.tools())?;
         let seed = self.shared.call_ids ^ request.as_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (!tools.is_empty()).then(|| format.stream(seed).with_tools(tools))
     }
 
-    /// The calls request `request`'s `reply` makes, and its text before them.
+    /// The calls request `request`'s `reply` makes, and its text before them (none for a
+    /// turn of text only).
     pub(super) fn tool_calls(
         &self,
         conv: ConversationId,
         request: RequestId,
-        reply: &str,
+        turn: &super::turn::ActiveTurn,
     ) -> Option<(String, Vec<ToolCall>)> {
-        let mut stream = self.tool_stream(conv, request)?;
+        if turn.params().text_only {
+            return None;
+        }
+        let mut stream = self.calls_stream(conv, request)?;
+        let reply = turn.reply();
         stream.push(reply);
         stream.finish();
         stream.result()

@@ -127,6 +127,10 @@ pub struct SamplingParams {
     /// takes fewer steps. The reply is the same with any prediction or none (the rule that
     /// keeps a draft is the sampler's). Nothing is drafted with speculation off.
     pub prediction: Vec<u32>,
+    /// The reply is text, never read as tool calls, while the conversation's tools stay
+    /// listed in its prompt (OpenAI's `tool_choice: "none"`, as vLLM serves it): the prompt,
+    /// and so the KV reused, is that of the turns that may call them.
+    pub text_only: bool,
 }
 
 impl SamplingParams {
@@ -151,6 +155,7 @@ impl SamplingParams {
             constraint: None,
             overflow: None,
             prediction: Vec::new(),
+            text_only: false,
         }
     }
 }
@@ -180,6 +185,7 @@ setters!(SamplingParams {
     some constraint: crate::chat::Constraint,
     some overflow: crate::engine::OverflowPolicy,
     value prediction: Vec<u32>,
+    value text_only: bool,
 });
 
 /// Why a turn ended.

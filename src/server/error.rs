@@ -19,6 +19,9 @@ pub struct ApiError {
     /// The request field at fault, where one is known (OpenAI's `param`): a name, or a path
     /// into the body (`reasoning.effort`, `input[2].content`).
     pub param: Option<Cow<'static, str>>,
+    /// OpenAI's name of the condition, where it has one for this error (see
+    /// [`ApiError::code`]).
+    pub code: Option<&'static str>,
 }
 
 /// Longest error message answered: errors may quote what a request sent (a name, a field),
@@ -46,6 +49,7 @@ impl ApiError {
             message,
             retry_after: None,
             param: None,
+            code: None,
         }
     }
 
@@ -54,6 +58,34 @@ impl ApiError {
         Self {
             param: Some(param.into()),
             ..self
+        }
+    }
+
+    /// The same, with OpenAI's name of the condition.
+    pub fn with_code(self, code: &'static str) -> Self {
+        Self {
+            code: Some(code),
+            ..self
+        }
+    }
+
+    /// OpenAI's `code`: the condition's name where it has one (a capacity refusal is
+    /// `rate_limit_exceeded`), else none (null in the body).
+    pub fn code(&self) -> Option<&'static str> {
+        match self.status {
+            StatusCode::TOO_MANY_REQUESTS => self.code.or(Some("rate_limit_exceeded")),
+            _ => self.code,
+        }
+    }
+
+    /// The `code` of a failed response's `error`, one of the Responses API's (never null):
+    /// `server_error` for the server's failures, `rate_limit_exceeded` for a capacity
+    /// refusal, `invalid_prompt` for the request's.
+    pub fn response_code(&self) -> &'static str {
+        match self.status {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_prompt",
         }
     }
 
@@ -92,6 +124,10 @@ impl ApiError {
             crate::Error::PinLimit { .. } => Self::busy(status, e.to_string(), 5),
             _ if status.is_server_error() => Self::internal(e, status),
             _ if matches!(e.kind(), K::Capacity) => Self::busy(status, e.to_string(), 1),
+            crate::Error::ContextOverflow { .. } => Self {
+                param: param_of(e).map(Cow::Borrowed),
+                ..Self::new(status, e.to_string()).with_code("context_length_exceeded")
+            },
             _ => Self {
                 param: param_of(e).map(Cow::Borrowed),
                 ..Self::new(status, e.to_string())
@@ -138,7 +174,7 @@ impl ApiError {
             "message": self.message,
             "type": kind,
             "param": self.param,
-            "code": self.status.as_u16(),
+            "code": self.code(),
         }})
     }
 }
@@ -166,5 +202,29 @@ impl IntoResponse for ApiError {
                 .insert(axum::http::header::RETRY_AFTER, s.into());
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_openais_names_or_null_never_the_status() {
+        let body = |e: &ApiError| e.body()["error"]["code"].clone();
+        let overflow = crate::Error::ContextOverflow {
+            position: 9000,
+            window: 8192,
+        };
+        let e = ApiError::from_engine(&overflow);
+        assert_eq!(body(&e), json!("context_length_exceeded"));
+        assert_eq!(e.response_code(), "invalid_prompt");
+        let busy = ApiError::busy(StatusCode::TOO_MANY_REQUESTS, "busy", 1);
+        assert_eq!(body(&busy), json!("rate_limit_exceeded"));
+        assert_eq!(busy.response_code(), "rate_limit_exceeded");
+        let unavailable = ApiError::busy(StatusCode::SERVICE_UNAVAILABLE, "down", 1);
+        assert_eq!(body(&unavailable), Value::Null);
+        assert_eq!(unavailable.response_code(), "server_error");
+        assert_eq!(body(&ApiError::bad("no")), Value::Null);
     }
 }

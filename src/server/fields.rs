@@ -185,7 +185,7 @@ const CHAT: &[Field] = &[
     ),
     implemented(
         "tool_choice",
-        "`auto`, `none`, `required` or a named function",
+        "`auto`, `none` (the tools stay in the prompt, as vLLM keeps them, so its KV is reused; the reply is text), `required` or a named function",
     ),
     implemented(
         "parallel_tool_calls",
@@ -331,7 +331,7 @@ pub const RESPONSES: &[Field] = &[
     implemented("tools", "function tools, as on the chat endpoint"),
     implemented(
         "tool_choice",
-        "`auto`, `none`, `required` or a named function",
+        "`auto`, `none` (the tools stay in the prompt, as vLLM keeps them, so its KV is reused; the reply is text), `required` or a named function",
     ),
     implemented(
         "parallel_tool_calls",
@@ -493,10 +493,12 @@ impl Endpoint {
                          on {} (start the server with --ignore-unknown-fields to ignore such \
                          fields)",
                         self.path
-                    )))
+                    ))
+                    .with_param(k.clone()))
                 }
                 Some((Kind::DefaultOnly(takes), note)) if !takes(v) => {
-                    return Err(ApiError::bad(format!("unsupported value of {k:?}: {note}")))
+                    return Err(ApiError::bad(format!("unsupported value of {k:?}: {note}"))
+                        .with_param(k.clone()))
                 }
                 Some(_) if k == "metadata" => super::metadata::check(v)?,
                 Some(_) => {}

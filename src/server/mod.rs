@@ -447,7 +447,8 @@ fn check_model_name(s: &AppState, model: Option<&str>) -> Result<(), ApiError> {
                 "the model `{m}` does not exist; this server serves `{}`",
                 s.model
             ),
-        )),
+        )
+        .with_code("model_not_found")),
         _ => Ok(()),
     }
 }
@@ -488,6 +489,7 @@ async fn chat(
         )?;
         let legacy = request.functions.is_some();
         let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
+        params.text_only = tools::text_only(choice.as_ref());
         tools::hold(&mut params, forced, &tools, format)?;
         let vars = api::template_vars(
             request.chat_template_kwargs.as_ref(),

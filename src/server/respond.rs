@@ -264,7 +264,9 @@ pub async fn serve(
 ) -> Response {
     let logprobs = params.logprobs.is_some();
     let tools = match &job {
-        Job::Chat { chat, parallel, .. } => (!chat.tools.is_empty()).then_some(*parallel),
+        Job::Chat { chat, parallel, .. } => {
+            (!chat.tools.is_empty() && !params.text_only).then_some(*parallel)
+        }
         Job::Completion(_) => None,
     };
     let legacy = matches!(job, Job::Chat { legacy: true, .. });

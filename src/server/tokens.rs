@@ -181,6 +181,7 @@ impl PromptBound {
             "the request's {what} tokens, past this server's context window of {} tokens",
             self.window
         ))
+        .with_code("context_length_exceeded")
     }
 }
 

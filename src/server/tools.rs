@@ -78,7 +78,8 @@ pub fn offered(
     let forced: Vec<&Value> = match choice {
         None => return Ok((tools.to_vec(), None)),
         Some(Value::String(c)) if c == "auto" => return Ok((tools.to_vec(), None)),
-        Some(Value::String(c)) if c == "none" => return Ok((Vec::new(), None)),
+        // Listed still, so the prompt keeps its KV; the turn is text only (`text_only`).
+        Some(Value::String(c)) if c == "none" => return Ok((tools.to_vec(), None)),
         Some(Value::String(c)) if c == "required" => tools.iter().collect(),
         Some(named) if named["type"] == "function" => {
             let name = &named["function"]["name"];
@@ -99,6 +100,12 @@ pub fn offered(
     ))
 }
 
+/// Whether `tool_choice` makes the reply text only ([`SamplingParams::text_only`]): the
+/// tools stay in the prompt, no call is read out of the reply.
+pub fn text_only(choice: Option<&Value>) -> bool {
+    choice.is_some_and(|c| c == "none")
+}
+
 /// The constraint on a reply with `tools` offered, as OpenAI holds a reply with both tools
 /// and a response format: a call `tool_choice` forces (from [`offered`]) holds the reply
 /// alone, since the format is for the answer after the calls; with calls unforced, the
@@ -116,6 +123,9 @@ pub fn hold(
 ) -> Result<(), ApiError> {
     if forced.is_some() {
         params.constraint = forced;
+        return Ok(());
+    }
+    if params.text_only {
         return Ok(());
     }
     let (Some(answer), Some(format)) = (&params.constraint, format) else {

@@ -103,7 +103,7 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
             Ok(object) => object,
             Err(e) => {
                 let mut o = failed;
-                o["error"] = json!({"code": e.status.as_u16(), "message": e.message});
+                o["error"] = json!({"code": e.response_code(), "message": e.message});
                 o
             }
         };
@@ -284,6 +284,7 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
     let choice = input::chat_tool_choice(request.tool_choice.as_ref())?;
     let offered = input::chat_tools(&request.tools)?;
     let (tools, forced) = tools::offered(&offered, choice.as_ref(), format)?;
+    params.text_only = tools::text_only(choice.as_ref());
     tools::hold(&mut params, forced, &tools, format)?;
     let (conversation, mut messages) = match (&request.previous_response_id, &request.conversation)
     {
@@ -321,7 +322,7 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
         messages.drain(..history);
     }
     let id = random_id("resp_")?;
-    let with_tools = !tools.is_empty();
+    let with_tools = !tools.is_empty() && !params.text_only;
     let effort = request.reasoning.as_ref().and_then(|r| r.effort.as_deref());
     let vars = api::template_vars(request.chat_template_kwargs.as_ref(), effort);
     let mut chat = Chat::new(messages)
@@ -416,9 +417,10 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
         }
         fn error(&mut self, e: &ApiError) {
             self.done = true;
-            let code = e.status.as_u16();
-            self.event(json!({"type": "error", "code": code, "message": e.message,
-                "param": null}));
+            self.event(
+                json!({"type": "error", "code": e.code(), "message": e.message,
+                "param": e.param}),
+            );
         }
     }
     let mut st = St {
