@@ -425,6 +425,34 @@ def responses(base, fleet_base):
     }
 
 
+def responses_logprobs(base):
+    """The answer's log-probabilities on a response, whole and streamed, beside the chat
+    endpoint's for the same question."""
+    c = client(base)
+    question = "Name three colours."
+    args = dict(model=MODEL, temperature=0, store=False, top_logprobs=2,
+                include=["message.output_text.logprobs"])
+    whole = c.responses.create(input=question, max_output_tokens=12, **args)
+    part = whole.output[0].content[0]
+    entries = [(e.token, e.logprob, [t.logprob for t in e.top_logprobs])
+               for e in part.logprobs or []]
+    streamed, done = [], None
+    for event in c.responses.create(input=question, max_output_tokens=12, stream=True, **args):
+        if event.type == "response.output_text.delta":
+            streamed += [(e.token, e.logprob) for e in event.logprobs or []]
+        if event.type == "response.output_text.done":
+            done = [(e.token, e.logprob) for e in event.logprobs or []]
+    chat = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], temperature=0,
+        max_tokens=12, logprobs=True, top_logprobs=2)
+    plain = c.responses.create(input=question, max_output_tokens=12, model=MODEL,
+                               temperature=0, store=False)
+    return {"text": whole.output_text, "entries": entries, "streamed": streamed, "done": done,
+            "chat": logprob_entries("chat", chat.choices[0].logprobs),
+            "chat_text": chat.choices[0].message.content,
+            "plain": [c.model_dump().get("logprobs") for c in plain.output[0].content]}
+
+
 def errors(base):
     """Requests the server refuses, as the client raises them: its class, status and `code`."""
     c = client(base)
@@ -462,6 +490,7 @@ def main():
         "responses_agent": responses_agent,
         "responses_reasoning": responses_reasoning,
         "errors": errors,
+        "responses_logprobs": responses_logprobs,
     }
     result = commands[cmd](base, *rest)
     print(json.dumps(result))

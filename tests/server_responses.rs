@@ -8,7 +8,7 @@
 mod common;
 
 use common::server::{client, fleet, start};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// A stream's event types, checked to open with the response's creation and close with its
 /// completion.
@@ -111,4 +111,32 @@ fn real_model_an_agent_s_tool_calls_stream_as_response_items_on_the_stored_conve
         }
     }
     assert_eq!(out["retrieved"], steps[2]["calls"], "{out}");
+}
+
+#[test]
+fn real_model_a_responses_answer_reports_the_log_probabilities_chat_reports() {
+    let server = start(&[]);
+    let out = client(&server.base, &["responses_logprobs"]);
+    let entries = out["entries"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{out}");
+    // The answer's text is its tokens', each with its two best alternatives.
+    let text: String = entries.iter().map(|e| e[0].as_str().unwrap()).collect();
+    assert_eq!(text, out["text"].as_str().unwrap(), "{out}");
+    assert!(
+        entries.iter().all(|e| e[2].as_array().unwrap().len() == 2),
+        "{out}"
+    );
+    // Greedy, the same question: the chat endpoint's tokens and log-probabilities.
+    assert_eq!(out["text"], out["chat_text"], "{out}");
+    for (r, c) in entries.iter().zip(out["chat"].as_array().unwrap()) {
+        assert_eq!(r[0], c[0], "{out}");
+        let (a, b) = (r[1].as_f64().unwrap(), c[1].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}: {out}");
+    }
+    // Streamed: the deltas carry them in order, the done event all of them.
+    let whole: Vec<Value> = entries.iter().map(|e| json!([e[0], e[1]])).collect();
+    assert_eq!(out["streamed"], json!(whole), "{out}");
+    assert_eq!(out["done"], json!(whole), "{out}");
+    // Not asked for, none.
+    assert!(out["plain"][0].is_null(), "{out}");
 }

@@ -430,16 +430,28 @@ pub fn conversation_name(
     }
 }
 
+/// Log-probabilities asked for (`wanted`) with `top` alternatives, as the engine takes them
+/// (alternatives alone ask for nothing, as on OpenAI's Responses API).
+///
+/// # Errors
+/// A 400 for more than 20 alternatives.
+pub fn top_logprobs(wanted: bool, top: Option<usize>) -> Result<Option<usize>, ApiError> {
+    match (wanted, top) {
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad(format!(
+            "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
+        ))
+        .with_param("top_logprobs")),
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+        (false, _) => Ok(None),
+    }
+}
+
 impl ChatRequest {
     /// `logprobs` and `top_logprobs` as the engine takes them.
     pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
         match (self.logprobs, self.top_logprobs) {
             (false, Some(_)) => Err(ApiError::bad("top_logprobs needs logprobs: true")),
-            (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad(format!(
-                "top_logprobs must be at most {MAX_TOP_LOGPROBS}"
-            ))),
-            (true, n) => Ok(Some(n.unwrap_or(0))),
-            (false, None) => Ok(None),
+            (wanted, top) => top_logprobs(wanted, top),
         }
     }
 

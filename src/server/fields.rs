@@ -343,8 +343,9 @@ pub const RESPONSES: &[Field] = &[
     ),
     implemented(
         "include",
-        "values of hosted tools, images and encrypted thoughts add nothing here; \
-         `message.output_text.logprobs` and unknown values are refused by name",
+        "`message.output_text.logprobs` reports the answer's log-probabilities; values of \
+         hosted tools, images and encrypted thoughts add nothing here; unknown values are \
+         refused by name",
     ),
     implemented(
         "reasoning",
@@ -374,10 +375,10 @@ pub const RESPONSES: &[Field] = &[
         "background",
         "answered at once, polled with GET, cancelled with POST .../cancel (not with stream)",
     ),
-    default_only(
+    implemented(
         "top_logprobs",
-        at_most_zero,
-        "no log-probabilities in responses yet",
+        "up to 20 alternatives of each answer token, with `include` of \
+         `message.output_text.logprobs`",
     ),
     implemented(
         "truncation",
@@ -395,10 +396,6 @@ pub const RESPONSES: &[Field] = &[
     default_only("context_management", null, "no compaction"),
     default_only("image", null, "no image generation"),
 ];
-
-fn at_most_zero(v: &Value) -> bool {
-    v.is_null() || v.as_u64() == Some(0)
-}
 
 /// vLLM's `/tokenize`.
 pub const TOKENIZE: &[Field] = &[

@@ -41,15 +41,20 @@ fn token_json(token: &str, logprob: f32) -> Value {
 
 /// The `logprobs` of a chat choice (or chunk) for these tokens.
 pub fn chat(tokens: &[Logprob]) -> Value {
-    let content: Vec<Value> = tokens
+    json!({ "content": entries(tokens) })
+}
+
+/// These tokens' entries as chat's `content` and the Responses API's `output_text` list
+/// them: each token's text, log-probability, bytes and `top_logprobs`.
+pub fn entries(tokens: &[Logprob]) -> Vec<Value> {
+    tokens
         .iter()
         .map(|t| {
             let mut entry = token_json(&t.token, t.logprob);
             entry["top_logprobs"] = t.top.iter().map(|(s, lp)| token_json(s, *lp)).collect();
             entry
         })
-        .collect();
-    json!({ "content": content })
+        .collect()
 }
 
 /// The `logprobs` of a completion choice (or chunk) for these tokens, the first of which

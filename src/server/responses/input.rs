@@ -33,6 +33,9 @@ pub struct Request {
     /// Extra output to include: the values this server has (see [`check_include`]).
     #[serde(default)]
     pub include: Vec<String>,
+    /// Alternatives reported beside each token's log-probability (0 to 20), with `include`
+    /// of `message.output_text.logprobs`.
+    pub top_logprobs: Option<usize>,
     /// `auto` drops the oldest turns that do not fit the window; `disabled` refuses them.
     pub truncation: Option<String>,
     /// The conversation (Conversations API) this response continues and adds to.
@@ -83,10 +86,13 @@ enum Format {
     JsonSchema(JsonSchemaFormat),
 }
 
+/// The include value that asks for the answer's log-probabilities.
+pub const LOGPROBS: &str = "message.output_text.logprobs";
+
 /// Checks `include`'s values: those of OpenAI's hosted tools and images add nothing here,
 /// where none of those items exist; `reasoning.encrypted_content` adds nothing either, since
 /// a thought is not kept to be given back (a reasoning item sent back adds nothing to the
-/// input); log-probabilities are not reported on responses yet. Any other value is a typo.
+/// input); [`LOGPROBS`] reports the answer's log-probabilities. Any other value is a typo.
 ///
 /// # Errors
 /// A 400 naming the value.
@@ -102,13 +108,7 @@ pub fn check_include(include: &[String]) -> Result<(), ApiError> {
     ];
     for value in include {
         match value.as_str() {
-            v if NOTHING_HERE.contains(&v) => {}
-            "message.output_text.logprobs" => {
-                return Err(ApiError::bad(
-                    "include \"message.output_text.logprobs\": responses report no \
-                     log-probabilities yet (the chat endpoint's logprobs do)",
-                ))
-            }
+            v if NOTHING_HERE.contains(&v) || v == LOGPROBS => {}
             other => return Err(ApiError::bad(format!("include {other:?}: no such value"))),
         }
     }
@@ -363,10 +363,7 @@ mod tests {
             |v: &[&str]| check_include(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert!(include(&[]).is_ok());
         assert!(include(&["reasoning.encrypted_content", "web_search_call.results"]).is_ok());
-        let e = include(&["message.output_text.logprobs"])
-            .unwrap_err()
-            .message;
-        assert!(e.contains("logprobs"), "{e}");
+        assert!(include(&["message.output_text.logprobs"]).is_ok());
         let e = include(&["reasoning.encrypted_contents"])
             .unwrap_err()
             .message;

@@ -13,11 +13,12 @@ pub(super) mod input;
 mod output;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::chat::{ReasoningStream, ToolDelta};
 use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
-use crate::model::Message;
+use crate::model::{Message, Model};
 use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
 use crate::ErrorKind;
 use axum::body::Bytes;
@@ -32,6 +33,7 @@ use super::api::{self, Common, Usage};
 use super::auth::Tenant;
 use super::error::ApiError;
 use super::fields::RESPONSES_ENDPOINT;
+use super::logprobs::{self, Logprob};
 use super::random_id::random_id;
 use super::{check_model_name, conversations, now_s, tools, AppState};
 use input::Request;
@@ -178,23 +180,37 @@ struct Run {
     counter: Option<ReasoningStream>,
     answered: bool,
     reasoning_tokens: usize,
+    /// With `include` of the answer's log-probabilities: the model that names the tokens,
+    /// and those of the tokens whose text is not yet in the output.
+    logprobs: Option<Arc<Model>>,
+    pending: Vec<Logprob>,
 }
 
 impl Run {
     /// Reads one event of the turn into the output; its end when the turn ended.
     fn on_event(&mut self, event: TurnEvent) -> Option<TurnEnd> {
         match event {
-            TurnEvent::Token { text, .. } => {
+            TurnEvent::Token {
+                token,
+                text,
+                logprobs,
+            } => {
+                if let (Some(model), Some(l)) = (&self.logprobs, logprobs) {
+                    self.pending.push(Logprob::of(model, token, &l, false));
+                }
                 self.count(&text);
                 if !self.tools {
                     self.text(&text);
                 }
             }
             TurnEvent::Tool(ToolDelta::Text(text)) => self.text(&text),
+            // A call's tokens are not the answer's: their log-probabilities are dropped.
             TurnEvent::Tool(ToolDelta::Call { index, id, name }) => {
+                self.pending.clear();
                 self.output.call(index, &id, &name)
             }
             TurnEvent::Tool(ToolDelta::Arguments { index, fragment }) => {
+                self.pending.clear();
                 self.output.arguments(index, &fragment)
             }
             TurnEvent::Finished(end) => {
@@ -209,14 +225,17 @@ impl Run {
         None
     }
 
-    /// Text of the reply, its thought told from its answer.
+    /// Text of the reply, its thought told from its answer; the answer's text carries the
+    /// log-probabilities of the tokens read since the last (a thought's are dropped).
     fn text(&mut self, text: &str) {
-        match self.split.as_mut().map(|s| s.push(text)) {
-            Some((thought, answer)) => {
-                self.output.thought(&thought);
-                self.output.answer(&answer);
-            }
-            None => self.output.answer(text),
+        let (thought, answer) = match self.split.as_mut().map(|s| s.push(text)) {
+            Some(split) => split,
+            None => (String::new(), text.to_string()),
+        };
+        self.output.thought(&thought);
+        if !answer.is_empty() || !thought.is_empty() {
+            let logprobs = logprobs::entries(&std::mem::take(&mut self.pending));
+            self.output.answer_with(&answer, logprobs);
         }
     }
 
@@ -270,6 +289,8 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
         ..Common::default()
     };
     let mut params = common.params(s.default_max_tokens, s.tokens.generation_defaults())?;
+    let logprobs = request.include.iter().any(|v| v == input::LOGPROBS);
+    params.logprobs = api::top_logprobs(logprobs, request.top_logprobs)?;
     params.overflow = match request.truncation.as_deref() {
         None => None,
         Some("auto") => Some(OverflowPolicy::DropOldest),
@@ -370,6 +391,8 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
         counter: s.reasoning.map(|p| p.stream()),
         answered: false,
         reasoning_tokens: 0,
+        logprobs: logprobs.then(|| Arc::clone(&s.tokens)),
+        pending: Vec::new(),
     })
 }
 

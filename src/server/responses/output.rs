@@ -20,6 +20,8 @@ struct Item {
     kind: Kind,
     /// The thought's, the answer's, or the call's arguments' text so far.
     text: String,
+    /// The answer's tokens' log-probabilities (OpenAI's `logprobs` entries), where asked for.
+    logprobs: Vec<Value>,
 }
 
 /// The output items so far, and the events not yet sent.
@@ -56,8 +58,15 @@ impl Output {
 
     /// Text of the reply's answer.
     pub fn answer(&mut self, text: &str) {
+        self.answer_with(text, Vec::new());
+    }
+
+    /// Text of the reply's answer, made by tokens of these log-probabilities (entries as
+    /// `logprobs::entries` writes them).
+    pub fn answer_with(&mut self, text: &str, logprobs: Vec<Value>) {
         if !text.is_empty() {
             self.text_of(|k| matches!(k, Kind::Message), || Kind::Message, text);
+            self.log(logprobs);
         }
     }
 
@@ -120,6 +129,7 @@ impl Output {
             id: format!("{prefix}_{}{:04x}", self.base, self.items.len()),
             kind,
             text: String::new(),
+            logprobs: Vec::new(),
         };
         let output_index = self.items.len();
         self.event(
@@ -158,6 +168,19 @@ impl Output {
         self.event(kind, data);
     }
 
+    /// Adds `logprobs` to the open message and to the delta event just made for its text.
+    fn log(&mut self, logprobs: Vec<Value>) {
+        if logprobs.is_empty() {
+            return;
+        }
+        if let Some(event) = self.events.last_mut() {
+            event["logprobs"] = json!(logprobs);
+        }
+        if let Some(item) = self.items.last_mut() {
+            item.logprobs.extend(logprobs);
+        }
+    }
+
     /// Ends the open item, if there is one, with `status`.
     fn close(&mut self, status: &str) {
         if !std::mem::take(&mut self.open) {
@@ -177,10 +200,9 @@ impl Output {
             Kind::Message => {
                 let mut part = data.clone();
                 data["text"] = json!(item.text);
-                data["logprobs"] = json!([]);
+                data["logprobs"] = json!(item.logprobs);
                 done.push(("response.output_text.done", data));
-                part["part"] = json!({"type": "output_text", "text": item.text,
-                    "annotations": []});
+                part["part"] = item.text_part();
                 done.push(("response.content_part.done", part));
             }
             Kind::Call { name, .. } => {
@@ -210,11 +232,19 @@ impl Item {
             Kind::Reasoning => json!({"id": self.id, "type": "reasoning", "status": status,
                 "summary": [], "content": [{"type": "reasoning_text", "text": self.text}]}),
             Kind::Message => json!({"id": self.id, "type": "message", "status": status,
-                "role": "assistant", "content": [{"type": "output_text", "text": self.text,
-                "annotations": []}]}),
+                "role": "assistant", "content": [self.text_part()]}),
             Kind::Call { call_id, name, .. } => json!({"id": self.id, "type": "function_call",
                 "status": status, "call_id": call_id, "name": name, "arguments": self.text}),
         }
+    }
+
+    /// A message's `output_text` part (with its `logprobs` where they were asked for).
+    fn text_part(&self) -> Value {
+        let mut part = json!({"type": "output_text", "text": self.text, "annotations": []});
+        if !self.logprobs.is_empty() {
+            part["logprobs"] = json!(self.logprobs);
+        }
+        part
     }
 
     /// An event's fields naming this item (its place in the output) and its content part.
