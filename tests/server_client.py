@@ -397,6 +397,19 @@ def responses(base, fleet_base):
     structured = c.responses.create(input="Pick a number.", store=False, text={"format": {
         "type": "json_schema", "name": "pick", "schema": schema, "strict": True}}, **args)
     retrieved = c.responses.retrieve(second.id)
+    # Stored and cut short: retrieved as it ended, made when it was, from the fleet's other
+    # server too (what it kept travels with its conversation).
+    short = c.responses.create(input="Count to fifty.", **{**args, "max_output_tokens": 3})
+    again = [c.responses.retrieve(short.id), client(fleet_base).responses.retrieve(short.id)]
+    kept = {"short": {"status": short.status, "created_at": short.created_at,
+                      "usage": usage(short)},
+            "again": [{"status": r.status, "created_at": r.created_at,
+                       "reason": r.incomplete_details.reason if r.incomplete_details else None,
+                       "usage": usage(r) if r.usage else None} for r in again],
+            "second": {"status": second.status, "created_at": second.created_at,
+                       "usage": usage(second)},
+            "retrieved": {"status": retrieved.status, "created_at": retrieved.created_at,
+                          "usage": usage(retrieved) if retrieved.usage else None}}
     deleted = c.responses.delete(first.id)
     try:
         c.responses.create(input="Hm?", previous_response_id=first.id, **args)
@@ -418,6 +431,7 @@ def responses(base, fleet_base):
         "stateless": {"text": stateless.output_text, "usage": usage(stateless)},
         "fleet": {"text": fleet.output_text, "usage": usage(fleet)},
         "retrieved": retrieved.output_text,
+        "kept": kept,
         "structured": structured.output_text,
         "structured_format": structured.text.format.type,
         "deleted": deleted is None or getattr(deleted, "deleted", True),

@@ -63,6 +63,25 @@ fn real_model_responses_continue_stored_conversations_across_a_fleet() {
     assert!(!fleet["text"].as_str().unwrap().is_empty(), "{out}");
     assert!(fleet["usage"]["cached"].as_u64().unwrap() > 0, "{out}");
     assert_eq!(out["retrieved"], second["text"], "{out}");
+    // Retrieved, a response reports how it ended, when it was made and its usage (on either
+    // server of the fleet), not `completed` at the time of asking.
+    let kept = &out["kept"];
+    assert_eq!(kept["short"]["status"], "incomplete", "{out}");
+    for again in kept["again"].as_array().unwrap() {
+        assert_eq!(again["status"], "incomplete", "{out}");
+        assert_eq!(again["reason"], "max_output_tokens", "{out}");
+        assert_eq!(again["created_at"], kept["short"]["created_at"], "{out}");
+        assert_eq!(again["usage"], kept["short"]["usage"], "{out}");
+    }
+    assert_eq!(
+        kept["retrieved"]["status"], kept["second"]["status"],
+        "{out}"
+    );
+    assert_eq!(
+        kept["retrieved"]["created_at"], kept["second"]["created_at"],
+        "{out}"
+    );
+    assert_eq!(kept["retrieved"]["usage"], kept["second"]["usage"], "{out}");
     // `text.format` holds the reply to a schema, and is echoed.
     let structured = out["structured"].as_str().unwrap();
     let number: Value = serde_json::from_str(structured).unwrap_or_else(|e| panic!("{e}: {out}"));

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::chat::{ReasoningStream, ToolDelta};
 use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
 use crate::model::{Message, Model};
-use crate::service::{Chat, TurnEnd, TurnEvent, TurnStream};
+use crate::service::{Change, Chat, TurnEnd, TurnEvent, TurnStream};
 use crate::ErrorKind;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -70,10 +70,13 @@ pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> R
     };
     let rewrites = run.turn.rewrites();
     let mut response = match &run.framing {
-        f if f.stream => stream(run).into_response(),
+        f if f.stream => stream(run, s.clone(), tenant).into_response(),
         f if f.background => in_background(&s, &tenant, run),
         _ => match finish(run).await {
-            Ok(object) => Json(object).into_response(),
+            Ok(object) => {
+                keep_outcome(&s, &tenant, &object).await;
+                Json(object).into_response()
+            }
             Err(e) => e.into_response(),
         },
     };
@@ -100,9 +103,13 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
     };
     let table = s.background.clone();
     let ended = name.clone();
+    let (app, owner) = (s.clone(), tenant.clone());
     let task = tokio::spawn(async move {
         let object = match finish(run).await {
-            Ok(object) => object,
+            Ok(object) => {
+                keep_outcome(&app, &owner, &object).await;
+                object
+            }
             Err(e) => {
                 let mut o = failed;
                 o["error"] = json!({"code": e.response_code(), "message": e.message});
@@ -115,6 +122,31 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
         .started(name, object.clone(), task.abort_handle());
     Json(object).into_response()
 }
+
+/// What a stored response's `GET` reports beside its output, kept with its conversation's
+/// attributes: its creation time, status, why it is incomplete, and usage. A failure to keep
+/// them is logged, not answered: the turn itself is stored (its `GET` then reports it
+/// `completed`, made when asked).
+async fn keep_outcome(s: &AppState, tenant: &Tenant, object: &Value) {
+    let stored = object["store"] == true && object.get("conversation").is_none();
+    let Some(id) = object["id"].as_str().filter(|_| stored) else {
+        return;
+    };
+    let outcome = json!({"created_at": object["created_at"], "status": object["status"],
+        "incomplete_details": object["incomplete_details"], "usage": object["usage"]});
+    let name = tenant.name(id);
+    let edited = s.service.edit(&name, move |record| {
+        let mut attributes = record.map(|r| r.attributes.clone()).unwrap_or_default();
+        attributes.insert(OUTCOME.into(), outcome.clone());
+        Ok::<_, Infallible>((Change::Attributes(attributes), ()))
+    });
+    if let Err(e) = edited.await {
+        tracing::warn!(response = id, error = %e, "a stored response's status was not kept");
+    }
+}
+
+/// The attribute of a stored response's conversation that [`keep_outcome`] writes.
+const OUTCOME: &str = "response";
 
 /// `POST /v1/responses/{id}/cancel`: a background response is cancelled; one that ended is
 /// answered as it ended.
@@ -423,12 +455,19 @@ async fn finish(mut run: Run) -> Result<Value, ApiError> {
 }
 
 /// The response's events, as the Responses API streams them.
-fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+fn stream(
+    run: Run,
+    s: AppState,
+    tenant: Tenant,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     struct St {
         run: Run,
         sequence: u64,
         out: std::collections::VecDeque<SseEvent>,
         done: bool,
+        /// Where the finished response's outcome is kept ([`keep_outcome`]).
+        s: AppState,
+        tenant: Tenant,
     }
     impl St {
         fn event(&mut self, mut data: Value) {
@@ -451,6 +490,8 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
         sequence: 0,
         out: Default::default(),
         done: false,
+        s,
+        tenant,
     };
     let created = st.run.framing.object("in_progress", Vec::new(), None);
     st.event(json!({"type": "response.created", "response": created}));
@@ -476,6 +517,7 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
                     Ok(()) => {
                         st.done = true;
                         let object = st.run.object(&end);
+                        keep_outcome(&st.s, &st.tenant, &object).await;
                         // OpenAI ends a stream cut short by `max_output_tokens` (or the
                         // context) with `response.incomplete`.
                         let kind = format!("response.{}", status(&end));
@@ -490,8 +532,8 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
 }
 
 /// `GET /v1/responses/{id}`: a stored response, from its conversation's transcript (its
-/// output is the conversation's last reply, whose thought it does not keep; usage is not
-/// kept either).
+/// output is the conversation's last reply, whose thought it does not keep) and what
+/// [`keep_outcome`] kept (its status, creation time and usage).
 pub async fn retrieve(
     State(s): State<AppState>,
     tenant: Tenant,
@@ -504,6 +546,23 @@ pub async fn retrieve(
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };
+    let outcome = match stored(&s, &tenant, &id).await {
+        Ok(conv) => (s.service)
+            .with_engine(move |e| {
+                e.attributes(conv)
+                    .ok()
+                    .and_then(|a| a.get(OUTCOME).cloned())
+            })
+            .await
+            .ok()
+            .flatten(),
+        Err(e) => return e.into_response(),
+    };
+    let outcome = outcome.unwrap_or(Value::Null);
+    let status = outcome["status"]
+        .as_str()
+        .unwrap_or("completed")
+        .to_string();
     let mut output = Output::new(true, &id);
     if let Some(reply) = messages.last().filter(|m| m.role == "assistant") {
         output.answer(&reply.content);
@@ -512,16 +571,17 @@ pub async fn retrieve(
             output.arguments(index, &call.arguments);
         }
     }
-    output.finish("completed");
+    output.finish(&status);
     let framing = Framing {
         id,
-        created: now_s(),
+        created: outcome["created_at"].as_u64().unwrap_or_else(now_s),
         model: s.model.to_string(),
         request: json!({}),
         stream: false,
         background: false,
     };
-    Json(framing.object("completed", output.items("completed"), None)).into_response()
+    let usage = Some(outcome["usage"].clone()).filter(|u| !u.is_null());
+    Json(framing.object(&status, output.items(&status), usage)).into_response()
 }
 
 /// `DELETE /v1/responses/{id}`: the stored response's conversation is closed and removed.
