@@ -542,23 +542,21 @@ pub async fn retrieve(
     if let Some(object) = s.background.get(&tenant.name(&id)) {
         return Json(object).into_response();
     }
-    let messages = match transcript(&s, &tenant, &id).await {
+    // Found once, then read: its transcript, and what `keep_outcome` kept with it.
+    let conv = match stored(&s, &tenant, &id).await {
+        Ok(conv) => conv,
+        Err(e) => return e.into_response(),
+    };
+    let messages = match s.service.messages(conv).await {
         Ok(m) => m,
-        Err(e) => return e.into_response(),
+        Err(_) => return missing(&id).into_response(),
     };
-    let outcome = match stored(&s, &tenant, &id).await {
-        Ok(conv) => (s.service)
-            .with_engine(move |e| {
-                e.attributes(conv)
-                    .ok()
-                    .and_then(|a| a.get(OUTCOME).cloned())
-            })
-            .await
+    let kept = (s.service).with_engine(move |e| {
+        e.attributes(conv)
             .ok()
-            .flatten(),
-        Err(e) => return e.into_response(),
-    };
-    let outcome = outcome.unwrap_or(Value::Null);
+            .and_then(|a| a.get(OUTCOME).cloned())
+    });
+    let outcome = kept.await.ok().flatten().unwrap_or(Value::Null);
     let status = outcome["status"]
         .as_str()
         .unwrap_or("completed")
