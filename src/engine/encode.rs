@@ -127,6 +127,22 @@ pub fn chat_tokens(
     messages: &[Message],
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>> {
+    chat_tokens_with(model, messages, &[], None, add_generation_prompt)
+}
+
+/// [`chat_tokens`] of a conversation opened with `tools` and the template variables `vars`
+/// ([`super::ConversationOptions`]), which the template renders beside the messages: what a
+/// client's count of a request's prompt tokens asks for (Anthropic's `count_tokens`).
+///
+/// # Errors
+/// As [`chat_tokens`].
+pub fn chat_tokens_with(
+    model: &Model,
+    messages: &[Message],
+    tools: &[serde_json::Value],
+    vars: Option<&serde_json::Map<String, serde_json::Value>>,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>> {
     let Some(t) = model.template() else {
         return model
             .render_chat(messages, add_generation_prompt)
@@ -135,7 +151,7 @@ pub fn chat_tokens(
     let rendering = Rendering::new(
         t,
         messages,
-        TemplateExtras::default(),
+        TemplateExtras { tools, vars },
         model.prefixes_space(),
         add_generation_prompt,
     )?;

@@ -82,6 +82,7 @@ impl Engine {
             prefilled_tokens: counts.prefilled,
             drafted_tokens: counts.drafted,
             accepted_tokens: counts.accepted,
+            stop_string: turn.stopped_by().map(str::to_string),
         };
         let completed = !matches!(reason, FinishReason::Failed(_) | FinishReason::Cancelled);
         if admitted {

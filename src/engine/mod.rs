@@ -51,7 +51,10 @@ pub use types::{
     ConversationOptions, EngineStats, Event, FinishReason, SamplingParams, TokenLogprobs, Turn,
     TurnStats,
 };
-pub use {encode::chat_tokens, handle::EngineHandle};
+pub use {
+    encode::{chat_tokens, chat_tokens_with},
+    handle::EngineHandle,
+};
 
 use crate::attention::KvPool;
 use crate::conversation::Conversations;

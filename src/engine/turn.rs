@@ -334,6 +334,8 @@ pub(crate) struct ActiveTurn {
     /// The reply was cut short of its tokens' text (a stop string, a character cut by the
     /// end): the history keeps only what the client received.
     trimmed: bool,
+    /// The stop string that ended the reply, if one did (Anthropic's `stop_sequence`).
+    stopped_by: Option<String>,
     /// Tokens the conversation held before the turn: a cancelled or failed turn rolls back
     /// to them.
     history: usize,
@@ -373,6 +375,7 @@ impl ActiveTurn {
             generated: Vec::new(),
             ends: Vec::new(),
             trimmed: false,
+            stopped_by: None,
             history: prepared.size.history_tokens,
             prompt_text: prepared.prompt_text,
             user_messages: prepared.user_messages,
@@ -431,9 +434,10 @@ impl ActiveTurn {
             true => None,
             false => find_stop(&self.reply, new_from, &p.stop_strings),
         };
-        if let Some(at) = stop_at {
+        if let Some((at, stop)) = stop_at {
             self.reply.truncate(at.max(self.emitted));
             self.trimmed = true;
+            self.stopped_by = Some(p.stop_strings[stop].clone());
         }
         let finish = if eos {
             Some(FinishReason::Stop)
@@ -461,6 +465,11 @@ impl ActiveTurn {
             logprobs: self.logprobs.pop_front(),
             finish,
         })
+    }
+
+    /// The stop string that ended the reply, if one did.
+    pub fn stopped_by(&self) -> Option<&str> {
+        self.stopped_by.as_deref()
     }
 
     /// Tokens the conversation held before this turn.
@@ -551,18 +560,19 @@ impl ActiveTurn {
     }
 }
 
-/// Where the first stop string in `reply` begins, searching only matches that end in the text
-/// from byte `new_from` on (earlier text was searched before).
-fn find_stop(reply: &str, new_from: usize, stops: &[String]) -> Option<usize> {
+/// Where the first stop string in `reply` begins, and which one it is, searching only matches
+/// that end in the text from byte `new_from` on (earlier text was searched before).
+fn find_stop(reply: &str, new_from: usize, stops: &[String]) -> Option<(usize, usize)> {
     stops
         .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| {
+        .enumerate()
+        .filter(|(_, s)| !s.is_empty())
+        .filter_map(|(k, s)| {
             let mut from = new_from.saturating_sub(s.len() - 1);
             while !reply.is_char_boundary(from) {
                 from -= 1;
             }
-            reply[from..].find(s.as_str()).map(|i| from + i)
+            reply[from..].find(s.as_str()).map(|i| (from + i, k))
         })
         .min()
 }

@@ -260,6 +260,9 @@ pub struct TurnStats {
     /// Of those, the ones the sampler agreed with: each a token generated without a step of
     /// its own.
     pub accepted_tokens: usize,
+    /// The stop string that ended the reply ([`FinishReason::StopString`]): which of
+    /// [`SamplingParams::stop_strings`] appeared first.
+    pub stop_string: Option<String>,
 }
 
 /// A generated token's log-probability under the model, and the most likely tokens there.

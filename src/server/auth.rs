@@ -104,7 +104,10 @@ impl Keys {
     }
 }
 
-/// Passes a request whose bearer token is one of `keys`, with its tenant; answers any other
+/// Anthropic's header of the API key.
+const X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
+/// Passes a request whose bearer token (or `x-api-key`) is one of `keys`, with its tenant; answers any other
 /// with a 401.
 pub async fn require_key(
     State(keys): State<Arc<Keys>>,
@@ -112,21 +115,21 @@ pub async fn require_key(
     next: Next,
 ) -> Response {
     // Two credentials are one too many: which one a proxy or this server would read differs.
-    if request
-        .headers()
-        .get_all(header::AUTHORIZATION)
-        .iter()
-        .count()
-        > 1
-    {
-        let e = ApiError::bad("send one Authorization header, not several");
-        return e.with_param("Authorization").into_response();
+    for (name, shown) in [
+        (header::AUTHORIZATION, "Authorization"),
+        (X_API_KEY, "x-api-key"),
+    ] {
+        if request.headers().get_all(name).iter().count() > 1 {
+            let e = ApiError::bad(format!("send one {shown} header, not several"));
+            return e.with_param(shown).into_response();
+        }
     }
-    let sent = request
-        .headers()
-        .get(header::AUTHORIZATION)
+    // Anthropic's clients send the key as `x-api-key`.
+    let headers = request.headers();
+    let sent = (headers.get(header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer);
+        .and_then(bearer)
+        .or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()));
     // Every key is compared, so that the time taken says nothing of which one matched.
     let tenant = sent.and_then(|sent| {
         keys.0.iter().fold(None, |found, (key, tenant)| {
@@ -143,7 +146,7 @@ pub async fn require_key(
         }
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "a valid API key is required: send `Authorization: Bearer KEY`",
+            "a valid API key is required: send `Authorization: Bearer KEY` (or `x-api-key: KEY`)",
         )
         .into_response(),
     }

@@ -165,6 +165,25 @@ impl ApiError {
         }
     }
 
+    /// The engine thread ended while a request waited on it.
+    pub fn engine_stopped() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped")
+    }
+
+    /// A turn's end as the request's answer: nothing for a reply, else the error it is
+    /// answered with (its failure; a cancellation by the server, which a client may retry).
+    pub fn of_end(end: &crate::service::TurnEnd) -> Result<(), Self> {
+        use crate::engine::FinishReason;
+        match &end.reason {
+            FinishReason::Failed(e) => Err(Self::from_failed_turn(e)),
+            FinishReason::Cancelled => Err(Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the request was cancelled",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn body(&self) -> Value {
         let kind = match self.status.as_u16() {
             400..=499 => "invalid_request_error",

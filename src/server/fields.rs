@@ -418,10 +418,95 @@ pub const DETOKENIZE: &[Field] = &[
     implemented("tokens", "token ids"),
 ];
 
+/// Anthropic's Messages API (`/v1/messages`): the create request's fields whole (the
+/// `MessageCreateParams` of the official `anthropic` client, and the sampling fields older
+/// clients send).
+pub const MESSAGES: &[Field] = &[
+    implemented("model", "must name the served model (404 otherwise)"),
+    implemented(
+        "messages",
+        "text, tool_use, tool_result (`is_error`: the result begins `Error: `) and thinking \
+         blocks; images and documents refused; a last assistant message (a prefill) refused",
+    ),
+    implemented(
+        "max_tokens",
+        "the reply's length limit (required); 0 computes and keeps the prompt, no reply",
+    ),
+    implemented("system", "text or text blocks"),
+    implemented(
+        "stop_sequences",
+        "stop strings; `stop_sequence` names the one that ended the reply",
+    ),
+    implemented("stream", "Anthropic's server-sent events"),
+    implemented("temperature", "sampling temperature, in [0, 1]"),
+    implemented("top_p", "nucleus sampling"),
+    implemented("top_k", "the k most likely tokens only"),
+    implemented(
+        "tools",
+        "client tools (name, description, input_schema), listed by the chat template; server \
+         tools refused by type",
+    ),
+    implemented(
+        "tool_choice",
+        "`auto`, `any`, `tool` by name, `none` (the tools stay listed); \
+         `disable_parallel_tool_use`",
+    ),
+    implemented(
+        "thinking",
+        "`enabled` or `disabled`: the template's `enable_thinking`; `adaptive`: the \
+         template's default; `budget_tokens` is not enforced",
+    ),
+    implemented(
+        "output_config",
+        "`format` (`json_schema`): the reply follows the schema; `effort`: the template's \
+         `reasoning_effort`",
+    ),
+    implemented(
+        "cache_control",
+        "a breakpoint at the last message; as on blocks, its `ttl` (5m, 1h) is how long the \
+         conversation is expected back, and `usage` counts the cache up to the last breakpoint",
+    ),
+    informational("metadata", "`user_id`: Anthropic's end-user id"),
+    informational("service_tier", "one tier here"),
+    informational("speed", "one speed here"),
+    informational("inference_geo", "one place here"),
+    informational("diagnostics", "the cache's misses are not explained here"),
+    informational("user_profile_id", "Anthropic's attribution of requests"),
+    informational("workspace_id", "Anthropic's workspaces"),
+    default_only("container", null, "no code execution containers"),
+    default_only("mcp_servers", empty_or_null, "no MCP connector"),
+    default_only("context_management", null, "no context editing"),
+];
+
+/// Anthropic's `/v1/messages/count_tokens`.
+pub const COUNT_TOKENS: &[Field] = &[
+    implemented("model", "must name the served model (404 otherwise)"),
+    implemented("messages", "as on `/v1/messages`"),
+    implemented("system", "as on `/v1/messages`"),
+    implemented(
+        "tools",
+        "as on `/v1/messages`: listed by the template, so counted",
+    ),
+    implemented("tool_choice", "checked as on `/v1/messages`"),
+    implemented("thinking", "as on `/v1/messages`"),
+    implemented("output_config", "as on `/v1/messages`"),
+    informational(
+        "cache_control",
+        "a count is the same with or without breakpoints",
+    ),
+    informational("speed", "one speed here"),
+    informational("user_profile_id", "Anthropic's attribution of requests"),
+    informational("workspace_id", "Anthropic's workspaces"),
+    default_only("mcp_servers", empty_or_null, "no MCP connector"),
+    default_only("context_management", null, "no context editing"),
+];
+
 /// An endpoint's fields, in the order docs/SERVER.md lists them.
 #[derive(Clone, Copy, Debug)]
 pub struct Endpoint {
     pub path: &'static str,
+    /// Whose API it is (vLLM's for its own endpoints): named when a field is unknown.
+    pub api: &'static str,
     pub lists: &'static [&'static [Field]],
 }
 
@@ -429,23 +514,38 @@ pub struct Endpoint {
 pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/v1/chat/completions",
+        api: "OpenAI",
         lists: &[CHAT, SAMPLING, GUIDED],
     },
     Endpoint {
         path: "/v1/completions",
+        api: "OpenAI",
         lists: &[COMPLETION, SAMPLING, GUIDED],
     },
     Endpoint {
         path: "/v1/responses",
+        api: "OpenAI",
         lists: &[RESPONSES, GUIDED],
     },
     Endpoint {
         path: "/tokenize",
+        api: "vLLM",
         lists: &[TOKENIZE],
     },
     Endpoint {
         path: "/detokenize",
+        api: "vLLM",
         lists: &[DETOKENIZE],
+    },
+    Endpoint {
+        path: "/v1/messages",
+        api: "Anthropic",
+        lists: &[MESSAGES],
+    },
+    Endpoint {
+        path: "/v1/messages/count_tokens",
+        api: "Anthropic",
+        lists: &[COUNT_TOKENS],
     },
 ];
 
@@ -459,6 +559,10 @@ pub const RESPONSES_ENDPOINT: Endpoint = ENDPOINTS[2];
 pub const TOKENIZE_ENDPOINT: Endpoint = ENDPOINTS[3];
 /// `/detokenize`'s fields.
 pub const DETOKENIZE_ENDPOINT: Endpoint = ENDPOINTS[4];
+/// Anthropic's Messages API's fields.
+pub const MESSAGES_ENDPOINT: Endpoint = ENDPOINTS[5];
+/// Anthropic's token count's fields.
+pub const COUNT_TOKENS_ENDPOINT: Endpoint = ENDPOINTS[6];
 
 impl Endpoint {
     /// The field of this name, first list first (an endpoint's own entry before a shared
@@ -486,10 +590,10 @@ impl Endpoint {
                 None if ignore_unknown => {}
                 None => {
                     return Err(ApiError::bad(format!(
-                        "unsupported field {k:?}: neither OpenAI's API nor this server has it \
+                        "unsupported field {k:?}: neither {}'s API nor this server has it \
                          on {} (start the server with --ignore-unknown-fields to ignore such \
                          fields)",
-                        self.path
+                        self.api, self.path
                     ))
                     .with_param(k.clone()))
                 }
@@ -497,7 +601,7 @@ impl Endpoint {
                     return Err(ApiError::bad(format!("unsupported value of {k:?}: {note}"))
                         .with_param(k.clone()))
                 }
-                Some(_) if k == "metadata" => super::metadata::check(v)?,
+                Some(_) if k == "metadata" && self.api == "OpenAI" => super::metadata::check(v)?,
                 Some(_) => {}
             }
         }

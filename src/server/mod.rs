@@ -67,6 +67,7 @@ mod fields;
 mod info;
 mod listen;
 mod logprobs;
+mod messages;
 mod metadata;
 mod metrics;
 mod ops;
@@ -364,6 +365,8 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             get(responses::retrieve).delete(responses::delete),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",
@@ -416,6 +419,8 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
         }))
+        // Outermost: every error of the Anthropic routes, whoever made it, in their shape.
+        .layer(axum::middleware::from_fn(messages::errors))
         .with_state(state)
 }
 

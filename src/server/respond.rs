@@ -375,9 +375,7 @@ async fn whole(framing: Framing, turns: Vec<TurnStream>, model: &Model) -> Respo
     }
     match choices.iter().all(|c| c.end.is_some()) {
         true => Json(framing.whole(&choices, &total(&choices))).into_response(),
-        false => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped").into_response()
-        }
+        false => ApiError::engine_stopped().into_response(),
     }
 }
 

@@ -553,12 +553,19 @@ pub(super) fn named(engine: &Engine, conv: ConversationId) -> bool {
 /// A message as a client sends it back, to find its session by: an assistant's thought left
 /// out, since clients return an answer's `content` with or without its `reasoning_content`;
 /// for a thinking model's template (`thinks`), a thought a client returns inside the content
-/// (`<think>...</think>answer`, as a server without a reasoning parser answered it) too.
+/// (`<think>...</think>answer`, as a server without a reasoning parser answered it) too. A
+/// call's arguments are compared as JSON, not as text: Anthropic's clients return them as an
+/// object (`tool_use.input`), which the server writes back without the model's spacing.
 fn as_sent(thinks: bool, mut m: Message) -> Message {
     if m.role == "assistant" {
         m.reasoning_content = None;
         if let Some((_, answer)) = crate::chat::split_thought(&m.content).filter(|_| thinks) {
             m.content = answer;
+        }
+        for c in &mut m.tool_calls {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&c.arguments) {
+                c.arguments = v.to_string();
+            }
         }
     }
     m

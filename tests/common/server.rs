@@ -1,5 +1,6 @@
 //! The server (`pensieve-server`) as a child process, and the clients the server tests drive it with:
-//! the official `openai` Python package (`tests/server_client.py`) and raw HTTP.
+//! the official `openai` and `anthropic` Python packages (`tests/server_client.py`,
+//! `tests/anthropic_client.py`) and raw HTTP.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -112,7 +113,19 @@ pub fn venv_python(name: &str) -> PathBuf {
 
 /// Runs the `openai`-client script and parses what it prints.
 pub fn client(base: &str, args: &[&str]) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server_client.py");
+    script_client("server_client.py", base, args)
+}
+
+/// Runs the `anthropic`-client script and parses what it prints.
+pub fn anthropic_client(base: &str, args: &[&str]) -> Value {
+    script_client("anthropic_client.py", base, args)
+}
+
+/// Runs the client script `tests/NAME` and parses what it prints.
+fn script_client(name: &str, base: &str, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
     let out = Command::new(python())
         .arg(script)
         .arg(base)

@@ -428,30 +428,14 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
     })
 }
 
-/// The end of a turn as the response's status, or the error it is answered with.
-fn ended(end: &TurnEnd) -> Result<(), ApiError> {
-    match &end.reason {
-        FinishReason::Failed(e) => Err(ApiError::from_failed_turn(e)),
-        FinishReason::Cancelled => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the response was cancelled",
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn engine_stopped() -> ApiError {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped")
-}
-
 /// The finished response object of `run`, or the error its turn ended with.
 async fn finish(mut run: Run) -> Result<Value, ApiError> {
     while let Some(event) = run.turn.next_event().await {
         if let Some(end) = run.on_event(event) {
-            return ended(&end).map(|()| run.object(&end));
+            return ApiError::of_end(&end).map(|()| run.object(&end));
         }
     }
-    Err(engine_stopped())
+    Err(ApiError::engine_stopped())
 }
 
 /// The response's events, as the Responses API streams them.
@@ -505,7 +489,7 @@ fn stream(
                 return None;
             }
             let Some(event) = st.run.turn.next_event().await else {
-                st.error(&engine_stopped());
+                st.error(&ApiError::engine_stopped());
                 continue;
             };
             let end = st.run.on_event(event);
@@ -513,7 +497,7 @@ fn stream(
                 st.event(e);
             }
             if let Some(end) = end {
-                match ended(&end) {
+                match ApiError::of_end(&end) {
                     Ok(()) => {
                         st.done = true;
                         let object = st.run.object(&end);
