@@ -474,8 +474,12 @@ pub const MESSAGES: &[Field] = &[
     informational("user_profile_id", "Anthropic's attribution of requests"),
     informational("workspace_id", "Anthropic's workspaces"),
     default_only("container", null, "no code execution containers"),
+    implemented(
+        "context_management",
+        "`clear_thinking` edits drop earlier turns' thoughts (`keep`); clearing tool results \
+         is refused",
+    ),
     default_only("mcp_servers", empty_or_null, "no MCP connector"),
-    default_only("context_management", null, "no context editing"),
 ];
 
 /// Anthropic's `/v1/messages/count_tokens`.
@@ -497,8 +501,8 @@ pub const COUNT_TOKENS: &[Field] = &[
     informational("speed", "one speed here"),
     informational("user_profile_id", "Anthropic's attribution of requests"),
     informational("workspace_id", "Anthropic's workspaces"),
+    implemented("context_management", "as on `/v1/messages`"),
     default_only("mcp_servers", empty_or_null, "no MCP connector"),
-    default_only("context_management", null, "no context editing"),
 ];
 
 /// An endpoint's fields, in the order docs/SERVER.md lists them.

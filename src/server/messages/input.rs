@@ -33,6 +33,8 @@ pub struct Request {
     pub output_config: Option<OutputConfig>,
     /// Top-level: a breakpoint at the request's last cacheable block.
     pub cache_control: Option<CacheControl>,
+    /// Context editing: which earlier thoughts the model sees (`clear_thinking`).
+    pub context_management: Option<Value>,
 }
 
 /// A system prompt: text, or text blocks.
@@ -190,10 +192,10 @@ impl Request {
             let read = match m.role.as_str() {
                 "user" => user(m, &path, &mut messages, &mut marks)?,
                 "assistant" => assistant(m, &path, &mut messages, &mut marks)?,
+                "system" => reminder(m, &path, &mut messages, &mut marks)?,
                 other => {
                     return Err(ApiError::bad(format!(
-                        "{path}.role {other:?}: \"user\" or \"assistant\" (the system prompt \
-                         is `system`)"
+                        "{path}.role {other:?}: \"user\", \"assistant\" or \"system\""
                     ))
                     .with_param(format!("{path}.role")))
                 }
@@ -211,6 +213,7 @@ impl Request {
             None => return Err(ApiError::bad("messages: at least one").with_param("messages")),
             Some(_) => {}
         }
+        self.clear_thinking(&mut messages)?;
         if let Some(c) = &self.cache_control {
             let last = Breakpoint::Message(messages.len() - 1);
             marks.mark(c, last, "cache_control")?;
@@ -224,6 +227,49 @@ impl Request {
             ttl: marks.ttl,
             bytes,
         })
+    }
+
+    /// Applies `context_management`'s edits: `clear_thinking` drops the thoughts of all but
+    /// the latest `keep` assistant turns that have one (`"all"` keeps them all). Other edits
+    /// (clearing tool results) are refused by type.
+    fn clear_thinking(&self, messages: &mut [Message]) -> Result<(), ApiError> {
+        let Some(edits) = self.context_management.as_ref().filter(|c| !c.is_null()) else {
+            return Ok(());
+        };
+        let path = "context_management.edits";
+        let bad = |what: String| Err(ApiError::bad(format!("{path}: {what}")).with_param(path));
+        let Some(edits) = edits["edits"].as_array() else {
+            return bad("a list of edits".into());
+        };
+        for e in edits {
+            let kind = e["type"].as_str().unwrap_or_default();
+            if !kind.starts_with("clear_thinking_") {
+                return bad(format!(
+                    "an edit of type {:?}: only `clear_thinking` edits here (clearing tool \
+                     results would change the prefix every cached turn shares)",
+                    e["type"]
+                ));
+            }
+            let keep =
+                match &e["keep"] {
+                    Value::Null => 1,
+                    Value::String(a) if a == "all" => continue,
+                    k => match k["value"].as_u64() {
+                        Some(n) if k["type"] == "thinking_turns" => n as usize,
+                        _ => return bad(format!(
+                            "keep {k}: \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}"
+                        )),
+                    },
+                };
+            let thinking = messages
+                .iter_mut()
+                .rev()
+                .filter(|m| m.reasoning_content.is_some());
+            for m in thinking.skip(keep) {
+                m.reasoning_content = None;
+            }
+        }
+        Ok(())
     }
 
     /// The tools in OpenAI's shape; Anthropic's server tools (typed, without a schema) are
@@ -410,6 +456,34 @@ fn user(
     Ok(bytes)
 }
 
+/// A system message inside `messages` (Claude Code's reminders): the templates take one system
+/// prompt, first, so its text joins the user's turn it follows (or opens one).
+fn reminder(
+    m: &InMessage,
+    path: &str,
+    out: &mut Vec<Message>,
+    marks: &mut Marks,
+) -> Result<usize, ApiError> {
+    let blocks = m.content.blocks();
+    let mut text = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        text.push(block_text(b, &format!("{path}.content[{j}]"))?);
+    }
+    let text = text.join("\n\n");
+    match out.last_mut() {
+        Some(last) if last.role == "user" => {
+            last.content.push_str("\n\n");
+            last.content.push_str(&text);
+        }
+        _ => out.push(Message::new("user", text.clone())),
+    }
+    let at = Breakpoint::Message(out.len() - 1);
+    for (j, b) in blocks.iter().enumerate() {
+        marks.read(b, at, &format!("{path}.content[{j}]"))?;
+    }
+    Ok(text.len())
+}
+
 /// An assistant message: its text, its thought, and its calls (their input as JSON text).
 /// Returns the bytes of text read.
 fn assistant(
@@ -512,6 +586,37 @@ mod tests {
             {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}]}),
         );
         assert!(ttl.unwrap_err().message.contains("\"2h\""));
+    }
+
+    #[test]
+    fn claude_codes_reminders_join_the_users_turn_and_thoughts_clear_as_asked() {
+        let turn = |thought: &str| {
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": thought, "signature": ""},
+                {"type": "text", "text": "ok"}]})
+        };
+        let p = prompt(json!({"model": "m", "max_tokens": 8,
+            "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                "keep": {"type": "thinking_turns", "value": 1}}]},
+            "messages": [{"role": "user", "content": "a"}, turn("t1"),
+                {"role": "user", "content": "b"}, turn("t2"),
+                {"role": "user", "content": "c"},
+                {"role": "system", "content": [{"type": "text", "text": "Remember.",
+                    "cache_control": {"type": "ephemeral"}}]}]}))
+        .unwrap();
+        let thoughts: Vec<_> = p
+            .messages
+            .iter()
+            .map(|m| m.reasoning_content.clone())
+            .collect();
+        assert_eq!(thoughts, [None, None, None, Some("t2".into()), None]);
+        assert_eq!(p.messages[4].content, "c\n\nRemember.");
+        assert_eq!(p.breakpoint, Some(Breakpoint::Message(4)));
+        let tools = prompt(
+            json!({"model": "m", "messages": [{"role": "user", "content": "a"}],
+            "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
+        );
+        assert!(tools.unwrap_err().message.contains("clear_tool_uses"));
     }
 
     #[test]
