@@ -4,7 +4,8 @@
 //! the `openai` client itself), and `tests/frameworks/schema.py` sends every request parameter
 //! the installed `openai` client has. Both run in the two pinned environments
 //! scripts/fetch-assets makes, one per major version of the `openai` client, since no one
-//! version serves every library.
+//! version serves every library. `tests/frameworks/anthropic_flows.py` runs the frameworks'
+//! Anthropic models (LangChain, pydantic-ai, LiteLLM) on the Messages API, in a third.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -86,6 +87,22 @@ fn real_model_every_framework_flow_completes_with_only_successful_answers() {
         assert_eq!(ran, expected, "{venv}: the libraries whose flows ran");
         assert!(flows.len() > 50, "{venv}: {} flows", flows.len());
     }
+}
+
+#[test]
+fn real_model_the_frameworks_anthropic_models_complete_every_flow() {
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let (ok, out) = run("frameworks-anthropic", "anthropic_flows.py", &server.base);
+    let flows: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let failed: Vec<&Value> = flows.iter().filter(|f| f["ok"] != true).collect();
+    assert!(ok && failed.is_empty(), "{failed:#?}");
+    let ran: BTreeSet<&str> = flows.iter().filter_map(|f| f["lib"].as_str()).collect();
+    let expected = BTreeSet::from(["langchain-anthropic", "pydantic-ai-anthropic", "litellm"]);
+    assert_eq!(ran, expected, "the libraries whose flows ran");
+    assert!(flows.len() >= 10, "{} flows", flows.len());
 }
 
 #[test]

@@ -9,11 +9,13 @@ Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL responses FLEET_BASE_URL
        server_client.py BASE_URL responses_agent
        server_client.py BASE_URL responses_reasoning
+       server_client.py BASE_URL responses_socket [ROUNDS]
 """
 
 import json
 import sys
 import threading
+import time
 
 import openai
 
@@ -317,6 +319,75 @@ def responses_agent(base):
     return {"steps": steps, "retrieved": response_calls(c.responses.retrieve(completed.id))}
 
 
+def responses_socket(base, rounds="4"):
+    """An agent's tool loop over the Responses API's WebSocket mode, as the SDK's
+    `responses.connect()` runs it: each turn sends only the call's output and the previous
+    response's id, not stored (`store: false`, continued for the socket's life); the same loop
+    over HTTP (stored), timed beside it; two lanes (`stream_id`) in flight on one socket; a
+    refused event. After the socket closes, its responses are gone."""
+    c = client(base)
+    tools = [{"type": "function", **t["function"]} for t in AGENT_TOOLS]
+    args = dict(model=MODEL, tools=tools, tool_choice="required", max_output_tokens=64,
+                temperature=0, instructions="You are a coding agent. Use the tools.")
+    task = "The tests in main.py fail. Fix the bug."
+
+    def result(step, r):
+        call = response_calls(r)[0]
+        return [{"type": "function_call_output", "call_id": call["call_id"],
+                 "output": f"result {step}: def add(a, b): return a - b"}]
+
+    def over_socket(conn):
+        steps, prev, given = [], None, task
+        for step in range(int(rounds)):
+            conn.response.create(input=given, previous_response_id=prev, store=False, **args)
+            kinds = []
+            for event in conn:
+                kinds.append(event.type)
+                if event.type == "error":
+                    raise RuntimeError(f"error event: {event}")
+                if event.type in ("response.completed", "response.incomplete"):
+                    r = event.response
+                    break
+            steps.append({"usage": response_usage(r), "calls": response_calls(r),
+                          "events": kinds, "id": r.id})
+            prev, given = r.id, result(step, r)
+        return steps
+
+    began = time.monotonic()
+    with c.responses.connect() as conn:
+        socket_steps = over_socket(conn)
+        socket_s = time.monotonic() - began
+        # Two lanes at once: each create names its lane, and its events carry it back.
+        for lane in ("a", "b"):
+            conn.response.create(input=f"Lane {lane}: fix main.py.", stream_id=lane, **args)
+        lanes, done = {}, set()
+        for event in conn:
+            lanes.setdefault(getattr(event, "stream_id", None), []).append(event.type)
+            if event.type in ("response.completed", "response.incomplete", "error"):
+                done.add(getattr(event, "stream_id", None))
+            if done >= {"a", "b"}:
+                break
+        conn.send({"type": "response.steer", "previous_response_id": socket_steps[-1]["id"],
+                   "input": "faster"})
+        refused = conn.recv()
+    began = time.monotonic()
+    http_steps, prev, given = [], None, task
+    for step in range(int(rounds)):
+        r = c.responses.create(input=given, previous_response_id=prev, **args)
+        http_steps.append({"usage": response_usage(r), "calls": response_calls(r)})
+        prev, given = r.id, result(step, r)
+    http_s = time.monotonic() - began
+    try:
+        c.responses.retrieve(socket_steps[-1]["id"])
+        gone = False
+    except openai.NotFoundError:
+        gone = True
+    return {"socket": socket_steps, "socket_s": socket_s, "http": http_steps, "http_s": http_s,
+            "lanes": lanes, "refused": {"type": refused.type,
+                                        "message": refused.error.message},
+            "gone_after_close": gone}
+
+
 def responses_reasoning(base):
     """A thinking model's responses (forced into shape by a regex): the thought as a reasoning
     item, whole and streamed; then the next response naming the first, and the same history
@@ -502,6 +573,7 @@ def main():
         "agent": agent,
         "responses": responses,
         "responses_agent": responses_agent,
+        "responses_socket": responses_socket,
         "responses_reasoning": responses_reasoning,
         "errors": errors,
         "responses_logprobs": responses_logprobs,

@@ -96,7 +96,10 @@ fn real_model_a_claude_code_style_tool_loop_streams_calls_and_reads_its_history_
         assert!(n(&step["deltas"]) >= 2, "step {i}: {out}");
         if i > 0 {
             // The client sent the call back as an object (`input`), the result in a user
-            // message: the server still found the conversation it held.
+            // message: the server still found the conversation it held, so the previous
+            // prompt came from the cache (and the call too, where its tokens are how its text
+            // tokenizes: a grammar's may not be, and are then recomputed, as a stateless
+            // server computes them).
             let before = &steps[i - 1]["usage"];
             let prompt = n(&before["input"]) + n(&before["cache_read"]);
             let prompt = prompt + n(&before["cache_creation"]);

@@ -159,3 +159,56 @@ fn real_model_a_responses_answer_reports_the_log_probabilities_chat_reports() {
     // Not asked for, none.
     assert!(out["plain"][0].is_null(), "{out}");
 }
+
+#[test]
+fn real_model_an_agent_s_loop_over_a_websocket_keeps_its_kv_and_answers_as_over_http() {
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let out = client(&server.base, &["responses_socket", "4"]);
+    let (socket, http) = (
+        out["socket"].as_array().unwrap(),
+        out["http"].as_array().unwrap(),
+    );
+    assert_eq!(socket.len(), 4, "{out}");
+    for (i, step) in socket.iter().enumerate() {
+        framed_events(&step["events"], &out);
+        // The same loop over HTTP makes the same calls, greedy: the socket changes nothing
+        // of what is computed.
+        let made = |calls: &Value| -> Vec<(Value, Value)> {
+            let calls = calls.as_array().unwrap().iter();
+            calls
+                .map(|c| (c["name"].clone(), c["arguments"].clone()))
+                .collect()
+        };
+        assert_eq!(
+            made(&step["calls"]),
+            made(&http[i]["calls"]),
+            "step {i}: {out}"
+        );
+        assert_eq!(step["usage"]["input"], http[i]["usage"]["input"], "{out}");
+        if i > 0 {
+            // A `store: false` response continued on its socket: its history came from the
+            // cache (shared by content, a chunk at a time; a forced call's tokens recomputed
+            // where they are not how its text tokenizes), as a stored one's does over HTTP.
+            let before = socket[i - 1]["usage"]["input"].as_u64().unwrap();
+            let cached = step["usage"]["cached"].as_u64().unwrap();
+            assert!(cached + 48 >= before, "step {i}: {out}");
+            assert_eq!(cached, http[i]["usage"]["cached"].as_u64().unwrap(), "{out}");
+        }
+    }
+    // Two lanes in flight on one socket: each one's events came back with its stream_id.
+    let lanes = out["lanes"].as_object().unwrap();
+    for lane in ["a", "b"] {
+        let events = &lanes[lane];
+        framed_events(events, &out);
+    }
+    assert_eq!(out["refused"]["type"], "error", "{out}");
+    assert!(
+        out["refused"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("response.create"),
+        "{out}"
+    );
+    // What was not to be stored is gone once the socket closed.
+    assert_eq!(out["gone_after_close"], true, "{out}");
+}

@@ -197,15 +197,21 @@ impl ChatTemplate {
         if messages.iter().any(|m| m.content.contains([OPEN, CLOSE])) {
             return Ok(None);
         }
+        // An empty content stays empty (a template may render its message otherwise, as
+        // chatml-tools renders a call without text before it); its span is empty, where
+        // the content before it ends.
         let marked: Vec<Message> = (0..messages.len())
             .map(|i| Message {
-                content: format!("{OPEN}{i}{CLOSE}"),
+                content: match messages[i].content.is_empty() {
+                    true => String::new(),
+                    false => format!("{OPEN}{i}{CLOSE}"),
+                },
                 ..messages[i].clone()
             })
             .collect();
         let rendered = self.render_with(&marked, extras, add_generation_prompt)?;
         let mut text = String::with_capacity(rendered.len());
-        let mut spans = Vec::new();
+        let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
         let mut rest = rendered.as_str();
         while let Some(open) = rest.find(OPEN) {
             text.push_str(&rest[..open]);
@@ -213,18 +219,26 @@ impl ChatTemplate {
             let Some(close) = after.find(CLOSE) else {
                 return Ok(None);
             };
-            let Some(m) = after[..close]
+            let Some((i, m)) = after[..close]
                 .parse::<usize>()
                 .ok()
-                .and_then(|i| messages.get(i))
+                .and_then(|i| Some((i, messages.get(i)?)))
             else {
                 return Ok(None);
             };
+            while spans.len() < i {
+                let end = spans.last().map_or(0, |r| r.end);
+                spans.push(end..end);
+            }
             spans.push(text.len()..text.len() + m.content.len());
             text.push_str(&m.content);
             rest = &after[close + CLOSE.len_utf8()..];
         }
         text.push_str(rest);
+        while spans.len() < messages.len() {
+            let end = spans.last().map_or(0, |r| r.end);
+            spans.push(end..end);
+        }
         let plain = self.render_with(messages, extras, add_generation_prompt)?;
         Ok((text == plain).then_some((text, spans)))
     }
@@ -315,9 +329,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#""name":"weather""#), "{text}");
+        // A call without text before it renders as the model writes it after the generation
+        // prompt (no blank line), so the next turn continues the KV of the call as generated.
         assert!(
             text.contains(
-                "<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
+                "<|im_start|>assistant\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
              {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n\
              sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
             ),

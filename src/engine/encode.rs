@@ -158,6 +158,25 @@ pub fn chat_tokens_with(
     rendering.tokens(model, 0..rendering.text.len(), messages)
 }
 
+/// The tokens a conversation opened with `messages` (its template rendering `extras`, with the
+/// generation prompt) feeds for the bytes `range` of that rendering: markup with special
+/// tokens, contents as plain text. `range` must begin at a point where such a conversation
+/// splits its tokens (a control token, a mark).
+///
+/// # Errors
+/// As [`chat_tokens`].
+pub(super) fn fresh_tokens(
+    model: &Model,
+    template: &ChatTemplate,
+    messages: &[Message],
+    extras: TemplateExtras<'_>,
+    range: Range<usize>,
+) -> Result<Vec<u32>> {
+    let rendering = Rendering::new(template, messages, extras, model.prefixes_space(), true)?;
+    let range = range.start.min(rendering.text.len())..range.end.min(rendering.text.len());
+    rendering.tokens(model, range, messages)
+}
+
 /// A user turn for a model without a chat template: its text alone (after the BOS token, at
 /// the start of the history).
 fn encode_plain(

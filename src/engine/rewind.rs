@@ -7,12 +7,12 @@
 //! there: only that reply is recomputed (its answer, without the thought), never the turns
 //! before it.
 
-use super::encode::{extras, turn_messages};
+use super::encode::{extras, fresh_tokens, turn_messages};
 use super::{Engine, Turn};
 use crate::chat::common_prefix;
 use crate::conversation::{Conversation, Cut, Mark};
 use crate::ids::ConversationId;
-use crate::model::Model;
+use crate::model::{Message, Model};
 use crate::Result;
 
 /// The tail of `conv`'s history to drop before `turn`, when the template renders the
@@ -33,9 +33,24 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
     all.extend(new);
     let rendered = t.render_with(&all, extras(conv), true)?;
     if rendered.starts_with(seen) {
-        return Ok(None);
+        return retokenized(model, conv, &all);
     }
     let common = common_prefix(&rendered, seen);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let around = |t: &str| {
+            let end = (common + 80).min(t.len());
+            let end = (end..=t.len())
+                .find(|&e| t.is_char_boundary(e))
+                .unwrap_or(t.len());
+            t[common..end].to_string()
+        };
+        tracing::debug!(
+            at = common,
+            rendered = around(&rendered),
+            seen = around(seen),
+            "the template renders the history otherwise than the model saw it"
+        );
+    }
     let reply = conv
         .reply_start()
         .and_then(|r| before_control(model, conv, r));
@@ -46,6 +61,49 @@ pub(super) fn rewind(model: &Model, conv: &Conversation, turn: &Turn) -> Result<
     let n = conv.messages().len();
     Ok(Some(Cut {
         start: Mark { messages: n, ..to },
+        end: Mark {
+            tokens: conv.tokens().len(),
+            text: seen.len(),
+            messages: n,
+        },
+    }))
+}
+
+/// The tail of `conv`'s history to drop when the template renders it as the model saw it but
+/// a conversation opened with the transcript (`all`, the new turn's messages last) would
+/// tokenize its latest reply otherwise, for a reply that calls tools: the template writes the
+/// calls anew from the transcript's `tool_calls` (as it does for a stateless server), and a
+/// call a grammar forced may be tokens that are not how its text tokenizes. The reply is then
+/// recomputed from the control token before it, as it always was when the template rendered
+/// calls otherwise; `None` when its tokens are the text's (its KV is kept). A reply of text
+/// alone keeps the tokens the model wrote, as the history has always held them.
+fn retokenized(model: &Model, conv: &Conversation, all: &[Message]) -> Result<Option<Cut>> {
+    let calls = conv
+        .messages()
+        .last()
+        .is_some_and(|m| m.role == "assistant" && !m.tool_calls.is_empty());
+    let (Some(t), Some(reply), true) = (model.template(), conv.reply_start(), calls) else {
+        return Ok(None);
+    };
+    let Some(from) = before_control(model, conv, reply) else {
+        return Ok(None);
+    };
+    let seen = conv.seen_text();
+    let fresh = fresh_tokens(model, t, all, extras(conv), from.text..seen.len())?;
+    if fresh == conv.tokens()[from.tokens..] {
+        return Ok(None);
+    }
+    tracing::debug!(
+        held = conv.tokens().len() - from.tokens,
+        fresh = fresh.len(),
+        "the latest reply's tokens are not how its text tokenizes: recomputed"
+    );
+    let n = conv.messages().len();
+    Ok(Some(Cut {
+        start: Mark {
+            messages: n,
+            ..from
+        },
         end: Mark {
             tokens: conv.tokens().len(),
             text: seen.len(),

@@ -281,7 +281,8 @@ pub async fn serve(
             // its client's count already lowered.
             let _held = (share, place);
             let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
-            let mut conn = pin!(builder.serve_connection(io, service));
+            // Upgrades too: the Responses API's WebSocket mode.
+            let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
             tokio::select! {
                 _ = conn.as_mut() => return,
                 // Another connection took its place before it sent a request.

@@ -359,7 +359,10 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
     let mut guarded = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses",
+            post(responses::create).get(responses::socket::connect),
+        )
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

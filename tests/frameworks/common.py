@@ -3,8 +3,11 @@ registry of flows, and the small model's aids (short answers, JSON held by vLLM'
 decoding where a mode only asks for it in the prompt). See flows.py."""
 
 import asyncio
+import contextlib
+import json
 import os
 import sys
+import traceback
 
 BASE = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/v1"
 BASE = BASE.rstrip("/")
@@ -57,7 +60,9 @@ FLOWS = []
 
 LIB_MODULE = {"openai": "openai", "openai-agents": "agents", "langchain-openai": "langchain_openai",
               "pydantic-ai": "pydantic_ai", "instructor": "instructor", "smolagents": "smolagents",
-              "llama-index": "llama_index.llms.openai_like"}
+              "llama-index": "llama_index.llms.openai_like",
+              "langchain-anthropic": "langchain_anthropic",
+              "pydantic-ai-anthropic": "pydantic_ai.models.anthropic", "litellm": "litellm"}
 
 
 def flow(lib):
@@ -93,3 +98,29 @@ HELD = {
     "JSON": {"guided_json": City.model_json_schema()},
     "MD_JSON": {"guided_regex": '```json\\n\\{"city": "[A-Za-z]{1,20}"\\}\\n```'},
 }
+
+
+def run_flows():
+    """Runs the registered flows (those ONLY names), one JSON line each; 1 if one failed."""
+    failed = 0
+    for lib, fn in FLOWS:
+        name = fn.__name__
+        if ONLY and not any(o in name for o in ONLY):
+            continue
+        rec = {"flow": name, "lib": lib, "ok": False, "error": None}
+        try:
+            need(LIB_MODULE[lib])
+            with contextlib.redirect_stdout(sys.stderr):  # libraries that print (smolagents) go to stderr
+                fn()
+            rec["ok"] = True
+        except Skip as e:
+            rec["skipped"] = True
+            rec["error"] = str(e)
+        except BaseException as e:  # noqa: BLE001 - report every failure and go on
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            failed += 1
+            tb = traceback.format_exc().strip().splitlines()
+            rec["error"] = f"{type(e).__name__}: {e}"[:2000] + " | " + " / ".join(tb[-3:])[:600]
+        print(json.dumps(rec), flush=True)
+    return 1 if failed else 0

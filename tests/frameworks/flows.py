@@ -21,12 +21,9 @@ The pinned sets (no one openai version serves every library):
               smolagents 1.26, llama-index-llms-openai-like 0.8
 """
 
-import contextlib
-import json
 import sys
-import traceback
 
-from common import FLOWS, LIB_MODULE, ONLY, Skip, need
+from common import run_flows
 
 # Each module registers its flows with `common.flow`.
 import openai_client  # noqa: F401
@@ -38,30 +35,5 @@ import smolagents_flows  # noqa: F401
 import llama_index_flows  # noqa: F401
 
 
-def main():
-    failed = 0
-    for lib, fn in FLOWS:
-        name = fn.__name__
-        if ONLY and not any(o in name for o in ONLY):
-            continue
-        rec = {"flow": name, "lib": lib, "ok": False, "error": None}
-        try:
-            need(LIB_MODULE[lib])
-            with contextlib.redirect_stdout(sys.stderr):  # libraries that print (smolagents) go to stderr
-                fn()
-            rec["ok"] = True
-        except Skip as e:
-            rec["skipped"] = True
-            rec["error"] = str(e)
-        except BaseException as e:  # noqa: BLE001 - report every failure and go on
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            failed += 1
-            tb = traceback.format_exc().strip().splitlines()
-            rec["error"] = f"{type(e).__name__}: {e}"[:2000] + " | " + " / ".join(tb[-3:])[:600]
-        print(json.dumps(rec), flush=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_flows())

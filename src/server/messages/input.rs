@@ -250,17 +250,18 @@ impl Request {
                     e["type"]
                 ));
             }
-            let keep =
-                match &e["keep"] {
-                    Value::Null => 1,
-                    Value::String(a) if a == "all" => continue,
-                    k => match k["value"].as_u64() {
-                        Some(n) if k["type"] == "thinking_turns" => n as usize,
-                        _ => return bad(format!(
+            let keep = match &e["keep"] {
+                Value::Null => 1,
+                Value::String(a) if a == "all" => continue,
+                k => match k["value"].as_u64() {
+                    Some(n) if k["type"] == "thinking_turns" => n as usize,
+                    _ => {
+                        return bad(format!(
                             "keep {k}: \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}"
-                        )),
-                    },
-                };
+                        ))
+                    }
+                },
+            };
             let thinking = messages
                 .iter_mut()
                 .rev()

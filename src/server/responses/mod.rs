@@ -11,6 +11,7 @@
 mod background;
 pub(super) mod input;
 mod output;
+pub(super) mod socket;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::api::{self, Common, Usage};
@@ -64,7 +66,7 @@ async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Messa
 
 /// `POST /v1/responses`.
 pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> Response {
-    let run = match start(&s, &tenant, &body).await {
+    let run = match start(&s, &tenant, &body, Keep::AsAsked).await {
         Ok(run) => run,
         Err(e) => return e.into_response(),
     };
@@ -296,8 +298,17 @@ impl Run {
     }
 }
 
+/// Under which name a response's conversation is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keep {
+    /// Its id when `store` says so (over HTTP).
+    AsAsked,
+    /// Its id in any case, for the socket's life (a `store: false` response on a socket).
+    ForTheSocket,
+}
+
 /// Checks the request, finds its history, and starts its turn.
-async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiError> {
+async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result<Run, ApiError> {
     let mut request: Request = api::parse(body, RESPONSES_ENDPOINT, s.ignore_unknown_fields)?;
     input::check_include(&request.include)?;
     if request.background && request.stream {
@@ -385,7 +396,7 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8]) -> Result<Run, ApiErr
     // conversation of its id.
     chat.name = match &conversation {
         Some(c) => Some(tenant.name(c)),
-        None => request.store.then(|| tenant.name(&id)),
+        None => (request.store || keep == Keep::ForTheSocket).then(|| tenant.name(&id)),
     };
     // A conversation deleted since it was read is not made anew by its turn.
     chat.existing = conversation.is_some();
@@ -444,10 +455,20 @@ fn stream(
     s: AppState,
     tenant: Tenant,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let events = events(run, s, tenant).map(|data| {
+        let kind = data["type"].as_str().unwrap_or_default().to_string();
+        Ok(SseEvent::default().event(kind).data(data.to_string()))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// The response's events, numbered, as the HTTP stream and a socket carry them: created, in
+/// progress, each output item's, then completed (or incomplete, or an error).
+fn events(run: Run, s: AppState, tenant: Tenant) -> impl futures_util::Stream<Item = Value> {
     struct St {
         run: Run,
         sequence: u64,
-        out: std::collections::VecDeque<SseEvent>,
+        out: std::collections::VecDeque<Value>,
         done: bool,
         /// Where the finished response's outcome is kept ([`keep_outcome`]).
         s: AppState,
@@ -457,9 +478,7 @@ fn stream(
         fn event(&mut self, mut data: Value) {
             data["sequence_number"] = json!(self.sequence);
             self.sequence += 1;
-            let kind = data["type"].as_str().unwrap_or_default().to_string();
-            let event = SseEvent::default().event(kind).data(data.to_string());
-            self.out.push_back(event);
+            self.out.push_back(data);
         }
         fn error(&mut self, e: &ApiError) {
             self.done = true;
@@ -480,10 +499,10 @@ fn stream(
     let created = st.run.framing.object("in_progress", Vec::new(), None);
     st.event(json!({"type": "response.created", "response": created}));
     st.event(json!({"type": "response.in_progress", "response": created}));
-    let events = futures_util::stream::unfold(st, |mut st| async move {
+    futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(e) = st.out.pop_front() {
-                return Some((Ok(e), st));
+                return Some((e, st));
             }
             if st.done {
                 return None;
@@ -511,8 +530,7 @@ fn stream(
                 }
             }
         }
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    })
 }
 
 /// `GET /v1/responses/{id}`: a stored response, from its conversation's transcript (its
@@ -571,15 +589,15 @@ pub async fn delete(State(s): State<AppState>, tenant: Tenant, Path(id): Path<St
     let deleted = Json(json!({"id": id, "object": "response", "deleted": true}));
     // A background response still running is cancelled, and so deleted: nothing was stored.
     let background = s.background.forget(&tenant.name(&id));
-    let conv = match stored(&s, &tenant, &id).await {
-        Ok(c) => c,
-        Err(e) if background && e.status == StatusCode::NOT_FOUND => {
-            return deleted.into_response()
-        }
-        Err(e) => return e.into_response(),
-    };
-    match s.service.close(conv).await {
+    match remove(&s, &tenant, &id).await {
         Ok(()) => deleted.into_response(),
-        Err(e) => ApiError::from_engine(&e).into_response(),
+        Err(e) if background && e.status == StatusCode::NOT_FOUND => deleted.into_response(),
+        Err(e) => e.into_response(),
     }
+}
+
+/// Closes and removes `tenant`'s stored response `id`.
+async fn remove(s: &AppState, tenant: &Tenant, id: &str) -> Result<(), ApiError> {
+    let conv = stored(s, tenant, id).await?;
+    (s.service.close(conv).await).map_err(|e| ApiError::from_engine(&e))
 }
