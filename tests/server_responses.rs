@@ -192,7 +192,11 @@ fn real_model_an_agent_s_loop_over_a_websocket_keeps_its_kv_and_answers_as_over_
             let before = socket[i - 1]["usage"]["input"].as_u64().unwrap();
             let cached = step["usage"]["cached"].as_u64().unwrap();
             assert!(cached + 48 >= before, "step {i}: {out}");
-            assert_eq!(cached, http[i]["usage"]["cached"].as_u64().unwrap(), "{out}");
+            assert_eq!(
+                cached,
+                http[i]["usage"]["cached"].as_u64().unwrap(),
+                "{out}"
+            );
         }
     }
     // Two lanes in flight on one socket: each one's events came back with its stream_id.

@@ -22,8 +22,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -222,9 +222,8 @@ pub async fn serve(
     // connection's opening bytes with no deadline, so a client that sends nothing (or a byte,
     // or an HTTP/2 preface) would hold its place for good. The header timeout then counts
     // from the connection's start.
-    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let places = Arc::new(Semaphore::new(limits.max_connections));
@@ -282,7 +281,7 @@ pub async fn serve(
             let _held = (share, place);
             let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
             // Upgrades too: the Responses API's WebSocket mode.
-            let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
+            let mut conn = pin!(builder.serve_connection(io, service).with_upgrades());
             tokio::select! {
                 _ = conn.as_mut() => return,
                 // Another connection took its place before it sent a request.
