@@ -260,6 +260,9 @@ pub async fn serve(
                 }
             }
         };
+        // A stream's events are small writes: each goes out at once, not held for the
+        // previous one's acknowledgement (Nagle's algorithm).
+        let _ = stream.set_nodelay(true);
         let served = Arc::new(AtomicBool::new(false));
         let close = Arc::new(Notify::new());
         fresh.push(served.clone(), &close, limits.max_connections);
