@@ -153,10 +153,14 @@ impl Marks {
     }
 
     fn mark(&mut self, c: &CacheControl, at: Breakpoint, path: &str) -> Result<(), ApiError> {
-        let ttl = c.ttl(path)?;
+        self.keep(c.ttl(path)?, at);
+        Ok(())
+    }
+
+    /// A breakpoint at `at`, kept for `ttl`: the latest, and the longest time-to-live.
+    fn keep(&mut self, ttl: Duration, at: Breakpoint) {
         self.ttl = Some(self.ttl.map_or(ttl, |t| t.max(ttl)));
         self.last = Some(at);
-        Ok(())
     }
 }
 
@@ -450,8 +454,7 @@ fn user(
         bytes += text.len();
         out.push(Message::new("user", text));
         if let Some(ttl) = text_marks.ttl {
-            marks.ttl = Some(marks.ttl.map_or(ttl, |t| t.max(ttl)));
-            marks.last = Some(Breakpoint::Message(out.len() - 1));
+            marks.keep(ttl, Breakpoint::Message(out.len() - 1));
         }
     }
     Ok(bytes)
