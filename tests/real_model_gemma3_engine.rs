@@ -57,14 +57,27 @@ fn run(
     (out, e.stats())
 }
 
-#[test]
-fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
+fn gemma() -> Arc<Model> {
     let source = ModelSource::Gguf(llamacpp::gemma_path());
     let model = Model::load(&source, &LoadOptions::default())
         .unwrap()
         .with_builtin_template("gemma")
         .unwrap();
-    let model = Arc::new(model);
+    Arc::new(model)
+}
+
+/// Runs `turn` on `c` to its end, greedily, `OUTPUT` tokens.
+fn answer(e: &mut Engine, c: pensieve::ConversationId, user: String) {
+    let params = SamplingParams::greedy().max_tokens(OUTPUT).ignore_eos(true);
+    e.submit(c, Turn::user(user), params).unwrap();
+    while e.has_work() {
+        e.step().unwrap();
+    }
+}
+
+#[test]
+fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
+    let model = gemma();
     let chunk_bytes = common::chunk_bytes(&model);
     let (tiered, stats) = run(
         &model,
@@ -76,6 +89,10 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
     );
     eprintln!("tiered stats: {stats:?}");
     common::assert_pressure_exercised(&stats);
+    assert!(
+        stats.narrow_swap_outs > 0,
+        "no chunk left the device narrow"
+    );
     assert!(stats.accepted_tokens > 0, "no draft was taken");
     let longest = tiered.iter().map(Vec::len).max().unwrap();
     assert!(
@@ -96,4 +113,47 @@ fn gemma3_tiered_under_pressure_equals_stateless_past_the_window() {
             t.len()
         );
     }
+}
+
+/// A branch from an early turn of a long conversation whose early chunks left the device
+/// narrow (no window of its later turns read them): the branch's first turn reads them through
+/// its sliding windows, so they are recomputed, and its tokens are a stateless run's.
+#[test]
+fn gemma3_a_branch_before_the_narrow_chunks_equals_stateless() {
+    let model = gemma();
+    let texts = llamacpp::texts();
+    let user = |k: usize| texts[k * 6..k * 6 + 6].join("\n\n");
+    let chunk_bytes = common::chunk_bytes(&model);
+    let budgets = Budgets::default()
+        .device_tokens(1536)
+        .host_bytes(200 * chunk_bytes);
+    let config = pensieve::engine::EngineConfig::default()
+        .budgets(budgets)
+        .check_invariants(true);
+    let mut e = Engine::with_model(model.clone(), config).unwrap();
+    let a = e.open(ConversationOptions::default()).unwrap();
+    for k in 0..4 {
+        answer(&mut e, a, user(k));
+    }
+    eprintln!("{} tokens", e.tokens(a).unwrap().len());
+    // Another conversation's long turns push `a` off the device.
+    let b = e.open(ConversationOptions::default()).unwrap();
+    for k in 4..7 {
+        answer(&mut e, b, user(k));
+    }
+    assert!(e.stats().narrow_swap_outs > 0, "no chunk left narrow");
+    let branch = e.fork(a, Some(1)).unwrap();
+    answer(&mut e, branch, user(9));
+    let stats = e.stats();
+    eprintln!("tiered stats: {stats:?}");
+    assert!(stats.narrow_recomputed > 0, "no narrow chunk recomputed");
+
+    let stateless = pensieve::engine::EngineConfig::default()
+        .budgets(Budgets::default().device_tokens(4096).host_bytes(0))
+        .mode(CacheMode::Stateless);
+    let mut s = Engine::with_model(model, stateless).unwrap();
+    let c = s.open(ConversationOptions::default()).unwrap();
+    answer(&mut s, c, user(0));
+    answer(&mut s, c, user(9));
+    assert_eq!(e.tokens(branch).unwrap(), s.tokens(c).unwrap());
 }

@@ -39,7 +39,7 @@ use candle_core::{DType, Device, Tensor};
 
 #[cfg(feature = "internals")]
 pub use gather::attention_gather;
-pub use pool::{KeyRotation, KvPool, KvShape};
+pub use pool::{KeyRotation, KvPool, KvShape, Span};
 pub use precision::KvPrecision;
 #[cfg(feature = "internals")]
 pub use reference::attention_reference;

@@ -66,6 +66,30 @@ pub(crate) trait Copier: Send + Sync + std::fmt::Debug {
     fn await_layer(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()>;
 }
 
+/// Where one chunk's copy goes or comes from: its first slot and tokens, and whether its
+/// bytes are narrow (only [`KvPool::set_narrow_layers`]' layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// First slot.
+    pub start: usize,
+    /// Tokens.
+    pub len: usize,
+    /// Whether the bytes hold only the narrow layers.
+    pub narrow: bool,
+}
+
+impl Span {
+    /// A whole chunk's span.
+    #[cfg(test)]
+    pub(crate) fn whole(start: usize, len: usize) -> Self {
+        Self {
+            start,
+            len,
+            narrow: false,
+        }
+    }
+}
+
 /// Per-layer K and V tensors of a fixed number of slots.
 #[derive(Debug)]
 pub struct KvPool {
@@ -87,6 +111,8 @@ pub struct KvPool {
     /// On the CPU: restores whose bytes arrive layer by layer from the store, written into
     /// each layer when a pass first asks for it ([`Self::layer`]).
     restoring: Mutex<Restoring>,
+    /// The layers a narrow chunk holds (see [`Self::set_narrow_layers`]), in order.
+    narrow_layers: Vec<usize>,
 }
 
 impl KvPool {
@@ -139,7 +165,30 @@ impl KvPool {
             codes: kv.codes(),
             turned: kv.codes().is_some() && turned(shape.head_dim),
             restoring: Mutex::new(Restoring::default()),
+            narrow_layers: (0..shape.num_layers).collect(),
         })
+    }
+
+    /// The layers a narrow chunk's bytes hold: those that attend to the whole history. A chunk
+    /// that no sliding-window layer will read again leaves the device without the other
+    /// layers' KV, and comes back with their slots left as they were (never read).
+    /// Every layer until set.
+    pub(crate) fn set_narrow_layers(&mut self, layers: Vec<usize>) {
+        self.narrow_layers = layers;
+    }
+
+    /// Whether chunks can leave the pool narrow ([`Self::copy_chunks`]): on the CPU; a GPU's
+    /// copy stream moves whole chunks.
+    pub(crate) fn copies_narrow(&self) -> bool {
+        self.copier.is_none() && self.narrow_layers.len() < self.k.len()
+    }
+
+    /// The pool's layers a chunk's bytes hold, in their order.
+    fn layers_of(&self, narrow: bool) -> Vec<usize> {
+        match narrow {
+            true => self.narrow_layers.clone(),
+            false => (0..self.k.len()).collect(),
+        }
     }
 
     /// Number of slots.
@@ -227,9 +276,9 @@ impl KvPool {
 }
 
 impl KvPool {
-    /// One step's chunk copies: `outs` (`(first slot, tokens)`) leave the pool as host bytes
-    /// laid out as [`Self::read_slots`] returns them, then `ins` (`(first slot, bytes)`) are
-    /// written into their slots. On the CPU this is done on return, except, with `pipelined`,
+    /// One step's chunk copies: `outs` leave the pool as host bytes laid out as
+    /// [`Self::read_slots`] returns them (of the narrow layers only, for a narrow span), then
+    /// `ins` are written into their slots. On the CPU this is done on return, except, with `pipelined`,
     /// for bytes arriving layer by layer from the store: each of their layers is written
     /// when a pass first asks for that layer ([`Self::layer`]; [`Self::finish_restore`] ends
     /// them). On a GPU the copies run
@@ -244,14 +293,23 @@ impl KvPool {
     /// part of its chunks: the caller treats every chunk of it as lost.
     pub fn copy_chunks(
         &self,
-        outs: &[(usize, usize)],
-        ins: Vec<(usize, Arc<ChunkBytes>)>,
+        outs: &[Span],
+        ins: Vec<(Span, Arc<ChunkBytes>)>,
         pipelined: bool,
     ) -> Result<Vec<ChunkBytes>> {
-        for &(start, len) in outs {
-            self.check_range(start, len)?;
+        for out in outs {
+            self.check_range(out.start, out.len)?;
         }
         if let Some(m) = &self.copier {
+            if outs.iter().any(|o| o.narrow) {
+                return Err(Error::InvalidBatch(
+                    "a GPU's copies take whole chunks, not narrow ones".into(),
+                ));
+            }
+            let outs: Vec<(usize, usize)> = outs.iter().map(|o| (o.start, o.len)).collect();
+            let ins = (ins.into_iter())
+                .map(|(span, data)| Ok((span.start, self.widened(span, data)?)))
+                .collect::<Result<Vec<_>>>()?;
             let per = self.token_bytes().max(1);
             for (start, data) in &ins {
                 if !data.len().is_multiple_of(per) {
@@ -262,25 +320,51 @@ impl KvPool {
                 }
                 self.check_range(*start, data.len() / per)?;
             }
-            return m.copy(&self.k, &self.v, self.row_bytes(), outs, ins, pipelined);
+            return m.copy(&self.k, &self.v, self.row_bytes(), &outs, ins, pipelined);
         }
         let out = outs
             .iter()
-            .map(|&(start, len)| self.read_slots(start, len).map(ChunkBytes::from))
+            .map(|o| {
+                self.read_layers(o.start, o.len, o.narrow)
+                    .map(ChunkBytes::from)
+            })
             .collect::<Result<Vec<_>>>()?;
-        for (start, data) in ins {
+        for (span, data) in ins {
             if pipelined && data.is_layered() {
                 self.restoring.lock().chunks.push(Layered {
-                    start,
+                    start: span.start,
+                    layers: self.layers_of(span.narrow),
                     data,
                     next: 0,
                     failed: false,
                 });
             } else {
-                self.write_slots(start, data.bytes()?)?;
+                self.write_layers(span.start, data.bytes()?, span.narrow)?;
             }
         }
         Ok(out)
+    }
+
+    /// A narrow chunk's bytes as a whole chunk's, for a copier that takes whole chunks: the
+    /// other layers' KV zeroed (never read: no window reaches the chunk).
+    fn widened(&self, span: Span, data: Arc<ChunkBytes>) -> Result<Arc<ChunkBytes>> {
+        if !span.narrow || self.narrow_layers.len() == self.k.len() {
+            return Ok(data);
+        }
+        let layer = 2 * span.len * self.row_bytes();
+        let bytes = data.bytes()?;
+        if bytes.len() != layer * self.narrow_layers.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{} bytes are not a narrow chunk of {} tokens",
+                bytes.len(),
+                span.len
+            )));
+        }
+        let mut whole = vec![0u8; layer * self.k.len()];
+        for (part, &l) in bytes.chunks_exact(layer.max(1)).zip(&self.narrow_layers) {
+            whole[l * layer..(l + 1) * layer].copy_from_slice(part);
+        }
+        Ok(Arc::new(ChunkBytes::from(whole)))
     }
 
     /// Whether [`Self::copy_chunks`] takes bytes arriving layer by layer without waiting for
@@ -294,14 +378,14 @@ impl KvPool {
     fn restore_upto(&self, upto: usize) {
         let mut r = self.restoring.lock();
         let Restoring { chunks, waited } = &mut *r;
-        let layers = self.k.len();
         for c in chunks.iter_mut() {
-            while c.next < upto.min(layers) {
+            // `next` counts the chunk's own layers, in the pool's order.
+            while let Some(&layer) = c.layers.get(c.next).filter(|&&l| l < upto) {
                 let started = Instant::now();
-                let bytes = c.data.layer(c.next, layers);
+                let bytes = c.data.layer(c.next, c.layers.len());
                 *waited += started.elapsed();
                 c.failed |= match bytes {
-                    Ok(b) if !c.failed => self.write_layer(c.next, c.start, b).is_err(),
+                    Ok(b) if !c.failed => self.write_layer(layer, c.start, b).is_err(),
                     _ => true,
                 };
                 c.next += 1;
@@ -349,10 +433,18 @@ impl KvPool {
     /// [`Error::InvalidBatch`] for a range outside the pool or a pool type other than f32,
     /// f16, bf16 and codes; [`Error::Candle`] on device errors.
     pub fn read_slots(&self, start: usize, len: usize) -> Result<Vec<u8>> {
+        self.read_layers(start, len, false)
+    }
+
+    /// [`Self::read_slots`] of a chunk's layers: every layer, or with `narrow` those
+    /// [`Self::set_narrow_layers`] names.
+    fn read_layers(&self, start: usize, len: usize, narrow: bool) -> Result<Vec<u8>> {
         self.check_range(start, len)?;
         let width = self.dtype().size_in_bytes();
-        let mut out = Vec::with_capacity(self.k.len() * 2 * len * self.row * width);
-        for (layer, (k, v)) in self.k.iter().zip(&self.v).enumerate() {
+        let layers = self.layers_of(narrow);
+        let mut out = Vec::with_capacity(layers.len() * 2 * len * self.row * width);
+        for layer in layers {
+            let (k, v) = (&self.k[layer], &self.v[layer]);
             self.await_copies(layer)?;
             for pool in [k, v] {
                 let rows = pool.narrow(0, start, len)?.flatten_all()?;
@@ -381,15 +473,21 @@ impl KvPool {
     /// [`Error::InvalidBatch`] if `data` is not whole KV-tokens or the range lies outside the
     /// pool; [`Error::Candle`] on device errors.
     pub fn write_slots(&self, start: usize, data: &[u8]) -> Result<()> {
-        let per = self.token_bytes();
+        self.write_layers(start, data, false)
+    }
+
+    /// [`Self::write_slots`] of a chunk's layers, as [`Self::read_layers`] lays them out.
+    fn write_layers(&self, start: usize, data: &[u8], narrow: bool) -> Result<()> {
+        let layers = self.layers_of(narrow);
+        let per = 2 * layers.len() * self.row_bytes();
         if per == 0 || !data.len().is_multiple_of(per) {
             return Err(Error::InvalidBatch(format!(
                 "{} bytes are not whole KV-tokens",
                 data.len()
             )));
         }
-        let layer_bytes = data.len() / self.k.len().max(1);
-        for (layer, part) in data.chunks_exact(layer_bytes.max(1)).enumerate() {
+        let layer_bytes = data.len() / layers.len();
+        for (&layer, part) in layers.iter().zip(data.chunks_exact(layer_bytes.max(1))) {
             self.write_layer(layer, start, part)?;
         }
         Ok(())
@@ -455,6 +553,8 @@ struct Restoring {
 #[derive(Debug)]
 struct Layered {
     start: usize,
+    /// The pool's layers its bytes hold, in order (fewer for a narrow chunk).
+    layers: Vec<usize>,
     data: Arc<ChunkBytes>,
     /// The next layer to write.
     next: usize,
@@ -539,8 +639,8 @@ mod tests {
             layer: 1,
             layers: 2,
         }));
-        pool.copy_chunks(&[], vec![(0, good), (4, bad)], true)
-            .unwrap();
+        let ins = vec![(Span::whole(0, 3), good), (Span::whole(4, 3), bad)];
+        pool.copy_chunks(&[], ins, true).unwrap();
         // Layer 0 is written when asked for, before layer 1 is.
         pool.layer(0).unwrap();
         assert_eq!(pool.read_slots(4, 3).unwrap()[..half], bytes[..half]);
@@ -549,5 +649,47 @@ mod tests {
         assert_eq!(pool.read_slots(0, 3).unwrap(), bytes);
         // Nothing is left pending.
         assert_eq!(pool.finish_restore().0, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn narrow_chunks_carry_only_the_narrow_layers_there_and_back() {
+        let mut source = KvPool::new(SHAPE, 10, KvPrecision::F32, &Device::Cpu).unwrap();
+        source.set_narrow_layers(vec![1]);
+        let k = Tensor::arange(0f32, 36.0, &Device::Cpu).unwrap();
+        let k = k.reshape((3, 3, 4)).unwrap();
+        let index = source.write_index(&[0, 1, 2], &Device::Cpu).unwrap();
+        for layer in 0..2 {
+            let k = (&k + 100.0 * layer as f64).unwrap();
+            source.write(layer, &index, &k, &k).unwrap();
+        }
+        let whole = source.read_slots(0, 3).unwrap();
+        let half = whole.len() / 2;
+        let narrow = Span {
+            start: 0,
+            len: 3,
+            narrow: true,
+        };
+        let out = source.copy_chunks(&[narrow], Vec::new(), false).unwrap();
+        assert_eq!(out[0].bytes().unwrap(), &whole[half..], "layer 1 alone");
+
+        let mut pool = KvPool::new(SHAPE, 10, KvPrecision::F32, &Device::Cpu).unwrap();
+        pool.set_narrow_layers(vec![1]);
+        let before = pool.read_slots(4, 3).unwrap();
+        let back = Span { start: 4, ..narrow };
+        let bytes = Arc::new(ChunkBytes::from(whole[half..].to_vec()));
+        pool.copy_chunks(&[], vec![(back, bytes)], false).unwrap();
+        let after = pool.read_slots(4, 3).unwrap();
+        assert_eq!(after[half..], whole[half..]);
+        assert_eq!(after[..half], before[..half], "layer 0 left as it was");
+
+        // Arriving layer by layer: the one layer it has, into layer 1.
+        let cells: crate::kv::LayerCells = vec![std::sync::OnceLock::new()];
+        let _ = cells[0].set(Ok(whole[half..].to_vec()));
+        let layered = Arc::new(ChunkBytes::layered(half, Arc::new(cells)));
+        let at = Span { start: 7, ..narrow };
+        pool.copy_chunks(&[], vec![(at, layered)], true).unwrap();
+        pool.layer(1).unwrap();
+        assert!(pool.finish_restore().0.is_empty());
+        assert_eq!(pool.read_slots(7, 3).unwrap()[half..], whole[half..]);
     }
 }

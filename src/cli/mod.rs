@@ -151,6 +151,11 @@ pub struct EngineArgs {
     /// Each conversation keeps its own KV: no sharing of equal prefixes by content.
     #[arg(long, env = "PENSIEVE_NO_PREFIX_SHARING")]
     pub no_prefix_sharing: bool,
+    /// Every tier keeps every layer of every chunk, sliding-window layers' included, where
+    /// by default a chunk no window reads again keeps only the other layers below the device
+    /// (llama.cpp's `--swa-full`; outputs are the same either way).
+    #[arg(long, env = "PENSIEVE_SWA_FULL")]
+    pub swa_full: bool,
     /// Most tokens a decode step drafts from the conversation's history and verifies
     /// (speculative decoding; the output is the same either way). 0 turns it off.
     #[arg(long, env = "PENSIEVE_DRAFT_TOKENS", default_value_t = Speculation::default().max_draft)]
@@ -247,6 +252,7 @@ impl EngineArgs {
             .overflow(self.overflow_policy())
             .max_context_tokens(self.max_context)
             .prefix_sharing(!self.no_prefix_sharing)
+            .narrow_windows(!self.swa_full)
             .speculation(self.speculation())
             .store(store.store_config())
     }

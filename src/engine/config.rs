@@ -215,6 +215,12 @@ pub struct EngineConfig {
     /// them. The output is the same as without it (token for token under greedy decoding or
     /// a seed); only how many tokens a step yields changes.
     pub speculation: Speculation,
+    /// Sliding-window layers keep their window: a chunk that none of them reads again leaves
+    /// the device with only the other layers' KV (Gemma 3 keeps 1 layer in 6, gpt-oss 1 in
+    /// 2), and a turn that would read a narrowed chunk through a window recomputes it. Off,
+    /// every tier keeps every layer of every chunk (llama.cpp's `--swa-full`). Outputs are
+    /// the same either way.
+    pub narrow_windows: bool,
 }
 
 impl Default for EngineConfig {
@@ -240,6 +246,7 @@ impl Default for EngineConfig {
             prefetch_lead: std::time::Duration::from_secs(2),
             check_invariants: cfg!(debug_assertions),
             speculation: Speculation::default(),
+            narrow_windows: true,
         }
     }
 }
@@ -265,6 +272,7 @@ setters!(EngineConfig {
     value prefetch_lead: std::time::Duration,
     value check_invariants: bool,
     value speculation: Speculation,
+    value narrow_windows: bool,
 });
 
 impl EngineConfig {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::attention::KvPool;
+use crate::attention::{KvPool, Span};
 use crate::ids::ConversationId;
 use crate::kv::{CacheManager, CostModel, Moves};
 use crate::model::{ForwardBatch, Model};
@@ -56,13 +56,24 @@ pub(super) fn transfer(
             _ => lost.extend(cache.abort_swap_in(s)),
         }
     }
-    let out_ranges: Vec<(usize, usize)> = outs
+    let out_ranges: Vec<Span> = outs
         .iter()
-        .map(|s| (cache.first_slot(s.block), s.len))
+        .map(|s| Span {
+            start: cache.first_slot(s.block),
+            len: s.len,
+            narrow: s.narrow,
+        })
         .collect();
     let (in_moves, in_data): (Vec<_>, Vec<_>) = ins
         .into_iter()
-        .map(|(s, data)| (s, (cache.first_slot(s.block), data)))
+        .map(|(s, data)| {
+            let span = Span {
+                start: cache.first_slot(s.block),
+                len: s.len,
+                narrow: s.narrow,
+            };
+            (s, (span, data))
+        })
         .unzip();
     match pool.copy_chunks(&out_ranges, in_data, pipelined) {
         Ok(copied) => {

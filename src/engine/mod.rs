@@ -60,7 +60,7 @@ use crate::attention::KvPool;
 use crate::conversation::Conversations;
 pub use crate::ids::{ConversationId, RequestId};
 pub use crate::kv::CostModel;
-use crate::kv::{CacheManager, ChunkFormat, EvictionPolicy, LruPolicy, ValuePolicy};
+use crate::kv::{CacheManager, ChunkFormat, EvictionPolicy, LruPolicy, Narrowing, ValuePolicy};
 use crate::model::{Message, Model};
 use crate::persist::Persistence;
 use crate::scheduler::{Limits, Outcome, RowPlan, Scheduler, StepPlan};
@@ -118,12 +118,15 @@ impl Engine {
             });
         }
         let slots = blocks * config.chunk_size;
-        let pool = KvPool::new(
+        let mut pool = KvPool::new(
             shape,
             slots,
             config.kv_precision,
             model.transformer().device(),
         )?;
+        let full_layers = model.config().full_layers();
+        let narrow_token_bytes = token_bytes / shape.num_layers.max(1) * full_layers.len();
+        pool.set_narrow_layers(full_layers);
         let cost = match config.cost_profile {
             CostProfile::Fixed(c) => c,
             CostProfile::Measure => executor::measure_cost(&model, &pool, config.chunk_size)?,
@@ -138,6 +141,15 @@ impl Engine {
         };
         let mut cache =
             CacheManager::new(blocks, config.chunk_size, host_bytes, policy, token_bytes);
+        // Narrow chunks from a store are recomputed where a window reads them whatever this
+        // engine does itself.
+        if let Some(window) = model.config().narrowing_window() {
+            let narrows = config.narrow_windows && pool.copies_narrow();
+            cache.set_narrowing(Narrowing {
+                window,
+                token_bytes: narrows.then_some(narrow_token_bytes),
+            });
+        }
         let mut manifests = None;
         if config.mode == CacheMode::Tiered {
             let value_bytes = match config.kv_precision {
@@ -387,6 +399,8 @@ impl Engine {
             chunks_dropped_from_device: c.chunks_dropped_from_device,
             chunks_dropped_from_host: c.chunks_dropped_from_host,
             chunks_to_store: c.chunks_to_store,
+            narrow_swap_outs: c.narrow_swap_outs,
+            narrow_recomputed: c.narrow_recomputed,
             chunks_dropped_from_store: c.chunks_dropped_from_store,
             store: self.cache.store_stats(),
             swap_out_failures: c.swap_out_failures,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::config::StoreLocation;
 use super::resume::unstored;
 use super::{ConversationOptions, Engine, EngineConfig, FinishReason};
-use crate::attention::KvShape;
+use crate::attention::{KvShape, Span};
 use crate::ids::ConversationId;
 use crate::kv::{hex, ChunkFormat, CostModel, Owner, Store, StoreTier};
 use crate::model::Model;
@@ -53,9 +53,11 @@ pub(super) fn open_store(
             config.chunk_size
         ),
     };
+    let narrow_layers = model.config().full_layers().len();
     let format = ChunkFormat {
         fingerprint,
         layers: shape.num_layers as u32,
+        narrow_layers: narrow_layers as u32,
         kv_heads: shape.num_kv_heads as u32,
         head_dim: shape.head_dim as u32,
         value_bytes,
@@ -340,9 +342,13 @@ impl Engine {
                 continue;
             };
             let saves = self.cache.saves(id, conv.tokens(), now);
-            let ranges: Vec<(usize, usize)> = saves
+            let ranges: Vec<Span> = saves
                 .iter()
-                .map(|s| (self.cache.first_slot(s.block), s.len))
+                .map(|s| Span {
+                    start: self.cache.first_slot(s.block),
+                    len: s.len,
+                    narrow: s.address.is_narrow(),
+                })
                 .collect();
             // A failed copy leaves the chunks unsaved; the next turn's end tries again.
             if let Ok(bytes) = self.pool.copy_chunks(&ranges, Vec::new(), false) {

@@ -345,6 +345,12 @@ pub struct EngineStats {
     pub chunks_dropped_from_host: u64,
     /// Chunks that left the device or host for their stored copy alone (a free eviction).
     pub chunks_to_store: u64,
+    /// Chunks that left the device narrow: only the layers that attend to the whole history,
+    /// no sliding window reading them again ([`crate::engine::EngineConfig::narrow_windows`]).
+    pub narrow_swap_outs: u64,
+    /// Narrow chunks recomputed because a turn's sliding windows read them (a rewind past
+    /// the latest turn's start, or a recompute just after them).
+    pub narrow_recomputed: u64,
     /// Chunks dropped from the store (evicted under its budget, or their file refused).
     pub chunks_dropped_from_store: u64,
     /// The store tier's own counters (writes, reads, refused files by why), when there is one.

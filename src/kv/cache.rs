@@ -55,6 +55,8 @@ pub(crate) struct SwapOut {
     pub block: BlockId,
     pub host: HostChunkId,
     pub len: usize,
+    /// Only the narrow layers leave (see [`Narrowing`]).
+    pub narrow: bool,
 }
 
 /// Where a swap-in's bytes come from.
@@ -73,6 +75,8 @@ pub(crate) struct SwapIn {
     pub from: Source,
     pub block: BlockId,
     pub len: usize,
+    /// Its bytes hold only the narrow layers.
+    pub narrow: bool,
 }
 
 /// The copies one step does before its forward pass.
@@ -121,6 +125,21 @@ pub(crate) enum Eviction {
     AheadOfTime,
 }
 
+/// Sliding-window layers keep their window: a chunk that none of them will read again (not
+/// from where its conversation computes next, nor from where its latest turn began, which a
+/// retry or an edit goes back to) leaves the device narrow, with only the layers that attend to
+/// the whole history, in every tier below. A turn that would compute where a sliding window
+/// reads a narrow chunk recomputes that chunk too (and so on back), so its KV is always what
+/// a stateless run computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Narrowing {
+    /// The longest sliding window, in positions.
+    pub window: usize,
+    /// Host bytes of one narrow KV-token, where the pool copies chunks narrow (a GPU's copies
+    /// move whole chunks: `None`, and chunks leave whole).
+    pub token_bytes: Option<usize>,
+}
+
 /// Counters the engine reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CacheCounters {
@@ -136,6 +155,10 @@ pub(crate) struct CacheCounters {
     pub chunks_to_store: u64,
     /// Chunks dropped from the store (evicted, or their file refused).
     pub chunks_dropped_from_store: u64,
+    /// Chunks that left the device narrow.
+    pub narrow_swap_outs: u64,
+    /// Narrow chunks recomputed where a window read them.
+    pub narrow_recomputed: u64,
 }
 
 #[derive(Debug)]
@@ -155,6 +178,8 @@ pub(crate) struct CacheManager {
     candidates: Candidates,
     /// The session hints' indexes.
     hints: HintIndex,
+    /// How chunks out of every sliding window narrow, for a model with such layers.
+    narrowing: Option<Narrowing>,
 }
 
 impl CacheManager {
@@ -176,7 +201,42 @@ impl CacheManager {
             arena: Arena::default(),
             candidates: Candidates::default(),
             hints: HintIndex::default(),
+            narrowing: None,
         }
+    }
+
+    /// Chunks out of every sliding window leave the device narrow, as `narrowing` says.
+    pub fn set_narrowing(&mut self, narrowing: Narrowing) {
+        self.narrowing = Some(narrowing);
+    }
+
+    /// Host bytes of `len` KV-tokens, of the narrow layers only with `narrow`.
+    fn chunk_bytes(&self, len: usize, narrow: bool) -> usize {
+        match self.narrowing.and_then(|n| n.token_bytes) {
+            Some(per) if narrow => len * per,
+            _ => self.bytes_of(len),
+        }
+    }
+
+    /// Whether chunk `i` of `t` (record `rec`) holds only the narrow layers where it lives.
+    fn is_narrow(&self, t: &ChunkTable, i: usize, rec: ChunkId) -> bool {
+        match self.arena.loc(rec) {
+            ChunkLoc::Stored => t.file(i).is_some_and(|a| a.is_narrow()),
+            ChunkLoc::Dropped | ChunkLoc::Recomputing(_) => false,
+            _ => self.arena.narrow(rec),
+        }
+    }
+
+    /// Whether chunk `i` of `t` (record `rec`, on the device) leaves it narrow: it is narrow
+    /// already, or, where the pool copies narrow, no sliding window reads it from the latest
+    /// turn's start on and no other conversation holds it (another may resume right after).
+    fn leaves_narrow(&self, t: &ChunkTable, i: usize, rec: ChunkId) -> bool {
+        let Some(n) = self.narrowing.filter(|n| n.token_bytes.is_some()) else {
+            return false;
+        };
+        let end = (i + 1) * self.chunk_size();
+        self.arena.narrow(rec)
+            || (!self.arena.is_shared(rec) && end + n.window <= t.turn_start() + 1)
     }
 
     pub fn chunk_size(&self) -> usize {
@@ -336,7 +396,11 @@ impl CacheManager {
         };
         self.blocks.release(s.block);
         self.arena.set_loc(rec, ChunkLoc::Host(s.host));
-        self.counters.bytes_swapped_out += self.bytes_of(s.len) as u64;
+        if s.narrow {
+            self.arena.set_narrow(rec, true);
+            self.counters.narrow_swap_outs += 1;
+        }
+        self.counters.bytes_swapped_out += self.chunk_bytes(s.len, s.narrow) as u64;
     }
 
     /// A swap-out whose copy failed: the chunk is dropped (its raw tokens rebuild it).
@@ -368,7 +432,7 @@ impl CacheManager {
             return;
         };
         if let Source::Host(host) = s.from {
-            self.counters.bytes_swapped_in += self.bytes_of(s.len) as u64;
+            self.counters.bytes_swapped_in += self.chunk_bytes(s.len, s.narrow) as u64;
             self.host.release(host);
         }
         self.arena.set_loc(rec, ChunkLoc::Device(s.block));

@@ -13,7 +13,7 @@ mod policy;
 mod store;
 
 pub(crate) use allocator::{BlockAllocator, BlockId};
-pub(crate) use cache::{CacheManager, Eviction, Held, Moves, StoreTier};
+pub(crate) use cache::{CacheManager, Eviction, Held, Moves, Narrowing, StoreTier};
 #[cfg(feature = "cuda")]
 pub(crate) use host::HostBuffer;
 pub(crate) use host::{Arrived, HostChunkId, HostPool, LayerCells};

@@ -222,12 +222,13 @@ impl Store {
         let (mut f, len) = self.medium.open_chunk(address)?;
         let mut head = vec![0u8; HEADER_BYTES];
         f.read_exact(&mut head).map_err(|_| Fault::Truncated)?;
-        let h = format::decode_header(&self.format, &head)?;
+        let format = self.format.of(address);
+        let h = format::decode_header(&format, &head)?;
         if h.id.address != *address {
             return Err(Fault::WrongContent);
         }
-        let want = self.format.payload_bytes(h.id.tokens as usize) as u64;
-        if h.payload_len != want || len != self.format.head_bytes() as u64 + want {
+        let want = format.payload_bytes(h.id.tokens as usize) as u64;
+        if h.payload_len != want || len != format.head_bytes() as u64 + want {
             return Err(Fault::Truncated);
         }
         Ok(len as usize)
@@ -252,9 +253,11 @@ impl Store {
         self.used_bytes
     }
 
-    /// Bytes a file of `tokens` KV-tokens takes.
-    pub fn file_bytes(&self, tokens: usize) -> usize {
-        self.format.head_bytes() + self.format.payload_bytes(tokens)
+    /// Bytes the file at `address` takes when it holds `tokens` KV-tokens (fewer for a narrow
+    /// file).
+    pub fn file_bytes(&self, address: &Address, tokens: usize) -> usize {
+        let format = self.format.of(address);
+        format.head_bytes() + format.payload_bytes(tokens)
     }
 
     /// References held on every entry (the chunk tables' saved chunks, for the invariant
@@ -306,7 +309,7 @@ impl Store {
             Some(_) => return Saved::Busy,
             None => {}
         }
-        let size = self.file_bytes(tokens);
+        let size = self.file_bytes(&address, tokens);
         if self.pending_bytes + size > MAX_PENDING_BYTES {
             return Saved::Busy;
         }
@@ -324,7 +327,7 @@ impl Store {
         };
         let job = Job::Chunk {
             bytes: Arc::clone(&bytes),
-            format: self.format,
+            format: self.format.of(&address),
             id,
             write: self.next_write,
         };
@@ -421,15 +424,16 @@ impl Store {
                 return None;
             }
         }
+        let format = self.format.of(address);
         let layers: Arc<LayerCells> =
-            Arc::new((0..self.format.layers).map(|_| OnceLock::new()).collect());
+            Arc::new((0..format.layers).map(|_| OnceLock::new()).collect());
         let job = Job::ReadLayers {
-            format: self.format,
+            format,
             address: *address,
             tokens,
             layers: Arc::clone(&layers),
         };
-        let len = self.queue_read(job, tokens)?;
+        let len = self.queue_read(job, format.payload_bytes(tokens))?;
         self.stats.chunks_read += 1;
         Some(Arc::new(ChunkBytes::layered(len, layers)))
     }
@@ -475,26 +479,26 @@ impl Store {
             State::Pending(_, bytes) => Some((Arc::clone(bytes), false)),
             State::Stored => {
                 let cell = Arc::new(OnceLock::new());
+                let format = self.format.of(address);
                 let job = Job::Read {
-                    format: self.format,
+                    format,
                     address: *address,
                     tokens,
                     cell: Arc::clone(&cell),
                 };
-                let len = self.queue_read(job, tokens)?;
+                let len = self.queue_read(job, format.payload_bytes(tokens))?;
                 Some((Arc::new(ChunkBytes::reading(len, cell)), true))
             }
             State::Failed => None,
         }
     }
 
-    /// Queues `job`, a read of `tokens` KV-tokens, on the reader thread and counts its bytes:
-    /// the payload's length, or `None` if the thread is gone.
-    fn queue_read(&mut self, job: Job, tokens: usize) -> Option<usize> {
+    /// Queues `job`, a read of a payload of `len` bytes, on the reader thread and counts
+    /// them: `len`, or `None` if the thread is gone.
+    fn queue_read(&mut self, job: Job, len: usize) -> Option<usize> {
         if !self.reader.send(job) {
             return None;
         }
-        let len = self.format.payload_bytes(tokens);
         self.stats.bytes_read += len as u64;
         Some(len)
     }
@@ -546,7 +550,8 @@ impl Store {
                 Ok(()) => {
                     e.state = State::Stored;
                     self.stats.chunks_written += 1;
-                    self.stats.bytes_written += (e.bytes - self.format.head_bytes()) as u64;
+                    let head = self.format.of(&address).head_bytes();
+                    self.stats.bytes_written += (e.bytes - head) as u64;
                 }
                 Err(why) => {
                     tracing::warn!(%why, "a chunk could not be stored");

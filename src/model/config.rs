@@ -254,6 +254,30 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The layers that attend to the whole history (no sliding window), in order: what a
+    /// chunk out of every window still needs (its narrow KV).
+    pub(crate) fn full_layers(&self) -> Vec<usize> {
+        (self.layer_windows.iter().enumerate())
+            .filter(|(_, w)| w.is_none())
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The longest sliding window, where some layers have one and others none: how far back
+    /// from a position its sliding-window layers still read (a model whose layers all slide
+    /// or none does keeps every chunk whole).
+    pub(crate) fn narrowing_window(&self) -> Option<usize> {
+        let full = self.full_layers().len();
+        if full == 0 || full == self.num_layers {
+            return None;
+        }
+        self.layer_windows
+            .iter()
+            .flatten()
+            .max()
+            .map(|&w| w as usize)
+    }
+
     /// The shape of one KV-token, as the KV pool stores it.
     #[cfg_attr(feature = "internals", visibility::make(pub))]
     pub(crate) fn kv_shape(&self) -> KvShape {

@@ -132,11 +132,14 @@ impl Manifest {
         Address::of_chunks(&self.tokens[..self.computed], chunk)
     }
 
-    /// The chunks its list names whose address its tokens confirm, each with its KV-tokens.
+    /// The chunks its list names whose address its tokens confirm (a narrow file's as its
+    /// chunk's), each with its KV-tokens.
     pub fn saved_chunks(&self, chunk: usize) -> Vec<(Address, usize)> {
         (self.chunks.iter().zip(self.addresses(chunk)).enumerate())
-            .filter(|(_, (got, want))| got.as_deref().and_then(Address::from_hex) == Some(*want))
-            .map(|(i, (_, a))| (a, chunk.min(self.computed - i * chunk)))
+            .filter_map(|(i, (got, want))| {
+                let got = got.as_deref().and_then(Address::from_hex)?;
+                (got.wide() == want).then(|| (got, chunk.min(self.computed - i * chunk)))
+            })
             .collect()
     }
 
@@ -149,7 +152,7 @@ impl Manifest {
             .map(|(got, want)| {
                 got.as_deref()
                     .and_then(Address::from_hex)
-                    .filter(|a| a == want)
+                    .filter(|a| a.wide() == *want)
             })
             .collect();
         let mut conversation = Conversation::restore(

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{Device, Tensor};
 use parking_lot::Mutex;
 
-use super::{Copier, KvPool, KvShape};
+use super::{Copier, KvPool, KvShape, Span};
 use crate::kv::{ChunkBytes, LayerCells};
 use crate::Result;
 
@@ -143,11 +143,19 @@ fn pass(pool: &KvPool) -> Result<()> {
 fn reads_and_writes_of_slots_wait_for_the_swap_ins_of_their_layer() -> Result<()> {
     let (a, b) = (token_bytes(1.0)?, token_bytes(100.0)?);
     let pool = late_pool()?;
-    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a.clone())))], true)?;
+    pool.copy_chunks(
+        &[],
+        vec![(Span::whole(4, 3), Arc::new(ChunkBytes::from(a.clone())))],
+        true,
+    )?;
     assert_eq!(pool.read_slots(4, 3)?, a, "read before the swap-in landed");
     // The overflow path writes slots directly: after a swap-in of the same slots, its bytes
     // must be the ones that stay.
-    pool.copy_chunks(&[], vec![(4, Arc::new(ChunkBytes::from(a)))], true)?;
+    pool.copy_chunks(
+        &[],
+        vec![(Span::whole(4, 3), Arc::new(ChunkBytes::from(a)))],
+        true,
+    )?;
     pool.write_slots(4, &b)?;
     pass(&pool)?;
     assert_eq!(
@@ -162,7 +170,7 @@ fn reads_and_writes_of_slots_wait_for_the_swap_ins_of_their_layer() -> Result<()
 fn new_tokens_do_not_overwrite_kv_that_a_swap_out_has_not_read() -> Result<()> {
     let pool = late_pool()?;
     write_tokens(&pool, &[0, 1, 2], 1.0)?;
-    let out = pool.copy_chunks(&[(0, 3)], vec![], true)?;
+    let out = pool.copy_chunks(&[Span::whole(0, 3)], vec![], true)?;
     // The swapped-out slots are free: this step's new tokens take them.
     write_tokens(&pool, &[0, 1, 2], 100.0)?;
     pass(&pool)?;

@@ -26,6 +26,9 @@ pub(super) struct Record {
     pub holders: Vec<ConversationId>,
     /// Its content address, while the prefix index lists it (full chunks only).
     pub addr: Option<Address>,
+    /// Whether the KV where it lives holds only the narrow layers (those without a sliding
+    /// window): in the device pool the other layers' slots hold nothing of its own.
+    pub narrow: bool,
 }
 
 /// The records, with free entries reused.
@@ -54,6 +57,7 @@ impl Arena {
             loc,
             holders: vec![holder],
             addr: None,
+            narrow: false,
         };
         match self.free.pop() {
             Some(i) => {
@@ -79,6 +83,16 @@ impl Arena {
     pub fn set_loc(&mut self, id: ChunkId, loc: ChunkLoc) {
         self.records[id.0 as usize].loc = loc;
         self.note(id);
+    }
+
+    /// Whether its KV holds only the narrow layers.
+    pub fn narrow(&self, id: ChunkId) -> bool {
+        self.get(id).narrow
+    }
+
+    /// Its KV holds only the narrow layers, or (recomputed, read whole) every layer.
+    pub fn set_narrow(&mut self, id: ChunkId, narrow: bool) {
+        self.records[id.0 as usize].narrow = narrow;
     }
 
     /// The record changed: listed as shared, or by its one holder.
@@ -186,10 +200,11 @@ impl Arena {
             return id;
         }
         self.leave(id, conv);
-        let addr = self.records[id.0 as usize].addr;
+        let (addr, narrow) = (self.get(id).addr, self.get(id).narrow);
         self.extra_holders -= 1;
         let own = self.insert(loc, conv);
         self.set_addr(own, addr);
+        self.set_narrow(own, narrow);
         own
     }
 

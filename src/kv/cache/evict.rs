@@ -115,7 +115,8 @@ impl CacheManager {
         let tables = || sharers.iter().filter_map(|c| self.tables.get(c));
         let pinned = tables().any(|t| t.pinned());
         let saved = tables().all(|t| t.file(i).is_some());
-        let bytes = self.bytes_of(len);
+        let narrow = (self.tables.get(&id)).is_some_and(|t| self.leaves_narrow(t, i, rec));
+        let bytes = self.chunk_bytes(len, narrow);
         let host = match (self.host.reserve(bytes), how) {
             (Some(h), _) => Some(h),
             // Its file holds it: leaving the device costs nothing now, a read later.
@@ -143,6 +144,7 @@ impl CacheManager {
                     block,
                     host,
                     len,
+                    narrow,
                 });
             }
             // A pinned conversation's KV stays on the device when the host has no room.

@@ -3,6 +3,10 @@
 
 use std::ops::Range;
 
+#[cfg(test)]
+mod tests;
+
+use super::arena::ChunkId;
 use super::{CacheManager, Moves, Source, SwapIn};
 use crate::ids::ConversationId;
 use crate::kv::ChunkLoc;
@@ -21,13 +25,15 @@ pub(crate) struct Restore {
 }
 
 impl CacheManager {
-    /// Device blocks needed to bring `id` fully back: one per host or dropped chunk.
+    /// Device blocks needed to bring `id` fully back: one per host, stored or dropped chunk,
+    /// and per narrow chunk shared on the device that it recomputes for itself.
     pub fn blocks_to_restore(&self, id: ConversationId) -> usize {
+        let redo = self.narrow_to_redo(id);
         self.tables.get(&id).map_or(0, |t| {
-            (t.records().iter())
-                .filter(|&&r| {
-                    let l = self.arena.loc(r);
-                    matches!(l, ChunkLoc::Host(_) | ChunkLoc::Stored | ChunkLoc::Dropped)
+            (t.records().iter().zip(redo))
+                .filter(|&(&r, redo)| match self.arena.loc(r) {
+                    ChunkLoc::Host(_) | ChunkLoc::Stored | ChunkLoc::Dropped => true,
+                    _ => redo && self.arena.is_shared(r),
                 })
                 .count()
         })
@@ -43,10 +49,22 @@ impl CacheManager {
         }
         let chunk = self.chunk_size();
         let mut out = Restore::default();
-        let n = self.tables.get(&id)?.len();
-        for i in 0..n {
+        let redo = self.narrow_to_redo(id);
+        let t = self.tables.get_mut(&id)?;
+        t.set_turn_start(t.computed());
+        for (i, redo) in redo.into_iter().enumerate() {
             let t = self.tables.get(&id)?;
             let (rec, len, saved) = (t.record(i)?, t.chunk_len(i, chunk), t.file(i));
+            if redo {
+                self.redo(id, i, rec, moves)?;
+                self.counters.narrow_recomputed += 1;
+                let run = i * chunk..i * chunk + len;
+                match out.recompute.last_mut() {
+                    Some(r) if r.end == run.start => r.end = run.end,
+                    _ => out.recompute.push(run),
+                }
+                continue;
+            }
             // A shared chunk comes back for all of its holders (one copy, one block).
             match self.arena.loc(rec) {
                 ChunkLoc::Device(_)
@@ -71,6 +89,7 @@ impl CacheManager {
                         from: Source::Host(host),
                         block,
                         len,
+                        narrow: self.arena.narrow(rec),
                     });
                     out.from_host += len;
                 }
@@ -80,18 +99,21 @@ impl CacheManager {
                     };
                     let block = self.blocks.allocate()?;
                     self.arena.set_loc(rec, ChunkLoc::Loading(block));
+                    self.arena.set_narrow(rec, address.is_narrow());
                     moves.swap_in.push(SwapIn {
                         conv: id,
                         chunk: i,
                         from: Source::Stored(address),
                         block,
                         len,
+                        narrow: address.is_narrow(),
                     });
                     out.from_store += len;
                 }
                 ChunkLoc::Dropped => {
                     let block = self.blocks.allocate()?;
                     self.arena.set_loc(rec, ChunkLoc::Recomputing(block));
+                    self.arena.set_narrow(rec, false);
                     let run = i * chunk..i * chunk + len;
                     match out.recompute.last_mut() {
                         Some(r) if r.end == run.start => r.end = run.end,
@@ -101,5 +123,79 @@ impl CacheManager {
             }
         }
         Some(out)
+    }
+
+    /// Which held chunks of `id` its next turn recomputes although they are there: the narrow
+    /// ones a sliding window reads from where computing starts (the turn's first position, or
+    /// a chunk that is recomputed), found from the end back, since each one recomputed starts
+    /// computing earlier.
+    fn narrow_to_redo(&self, id: ConversationId) -> Vec<bool> {
+        let Some(t) = self.tables.get(&id) else {
+            return Vec::new();
+        };
+        let mut redo = vec![false; t.len()];
+        let Some(window) = self.narrowing.map(|n| n.window) else {
+            return redo;
+        };
+        let chunk = self.chunk_size();
+        let mut start = t.computed();
+        for (i, &rec) in t.records().iter().enumerate().rev() {
+            let (first, len) = (i * chunk, t.chunk_len(i, chunk));
+            if len == 0 {
+                continue;
+            }
+            if matches!(self.arena.loc(rec), ChunkLoc::Dropped) {
+                start = first;
+            } else if first + len + window > start + 1 && self.is_narrow(t, i, rec) {
+                redo[i] = true;
+                start = first;
+            }
+        }
+        redo
+    }
+
+    /// Gives narrow chunk `i` of `id` (record `rec`) a block to be recomputed into: its own
+    /// block on the device, a new one for a host or stored chunk (whose bytes are let go); a
+    /// chunk shared with others stays theirs, and `id` recomputes its own. `None` when no
+    /// block is free.
+    fn redo(
+        &mut self,
+        id: ConversationId,
+        i: usize,
+        rec: ChunkId,
+        moves: &mut Moves,
+    ) -> Option<()> {
+        if self.arena.is_shared(rec) {
+            let block = self.blocks.allocate()?;
+            let own = self.arena.detach(rec, id, ChunkLoc::Recomputing(block));
+            self.arena.set_narrow(own, false);
+            if let Some(t) = self.tables.get_mut(&id) {
+                t.set_record(i, own);
+            }
+            return Some(());
+        }
+        let block = match self.arena.loc(rec) {
+            ChunkLoc::Device(b) => b,
+            ChunkLoc::SwappingOut { block, host } => {
+                moves.swap_out.retain(|s| s.block != block);
+                self.host.release(host);
+                block
+            }
+            ChunkLoc::Host(h) => {
+                let block = self.blocks.allocate()?;
+                self.host.release(h);
+                block
+            }
+            ChunkLoc::Stored => {
+                let block = self.blocks.allocate()?;
+                self.drop_saved(id, i);
+                block
+            }
+            // Not narrow: nothing to redo.
+            _ => return Some(()),
+        };
+        self.arena.set_loc(rec, ChunkLoc::Recomputing(block));
+        self.arena.set_narrow(rec, false);
+        Some(())
     }
 }

@@ -9,7 +9,7 @@ use super::CacheManager;
 use crate::ids::ConversationId;
 use crate::kv::{Address, BlockId, ChunkBytes, ChunkLoc};
 
-/// Where a chunk's KV can be read.
+/// Where a chunk's KV (every layer's) can be read.
 #[derive(Clone, Debug)]
 pub(crate) enum Held {
     /// In the device slots from `start`, `len` tokens.
@@ -33,6 +33,10 @@ impl CacheManager {
         (from..t.computed_chunks(chunk))
             .map(|i| {
                 let len = t.chunk_len(i, chunk);
+                // A narrow chunk moved back could be read through a window: it is recomputed.
+                if t.record(i).is_some_and(|r| self.is_narrow(t, i, r)) {
+                    return Held::Gone;
+                }
                 match (t.record(i).map(|r| self.arena.loc(r)), t.file(i)) {
                     (Some(ChunkLoc::Device(b)), _) => Held::Device {
                         start: self.first_slot(b),

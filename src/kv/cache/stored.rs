@@ -114,12 +114,14 @@ impl CacheManager {
         }
         let n = addresses
             .iter()
-            .take_while(|a| {
-                let found = d.store.retain(a);
-                if found {
-                    t.push(self.arena.insert(ChunkLoc::Stored, id), Some(**a));
+            .take_while(|&&a| {
+                // Its narrow file serves too: a turn that a window would read it through
+                // recomputes it (see `restore`).
+                let found = [a, a.narrow()].into_iter().find(|a| d.store.retain(a));
+                if let Some(a) = found {
+                    t.push(self.arena.insert(ChunkLoc::Stored, id), Some(a));
                 }
-                found
+                found.is_some()
             })
             .count();
         t.set_computed(t.computed() + n * chunk);
@@ -151,21 +153,27 @@ impl CacheManager {
     /// then finds them in host memory. Never evicts to make room.
     pub fn prefetch(&mut self, id: ConversationId) {
         let chunk = self.chunk_size();
-        let (Some(d), Some(t)) = (&mut self.store, self.tables.get_mut(&id)) else {
+        let (Some(_), Some(t)) = (&self.store, self.tables.get(&id)) else {
             return;
         };
-        for (i, &rec) in t.records().iter().enumerate() {
-            let (ChunkLoc::Stored, Some(a)) = (self.arena.loc(rec), t.file(i)) else {
-                continue;
+        let stored: Vec<_> = (t.records().iter().enumerate())
+            .filter_map(|(i, &rec)| match (self.arena.loc(rec), t.file(i)) {
+                (ChunkLoc::Stored, Some(a)) => Some((rec, a, t.chunk_len(i, chunk))),
+                _ => None,
+            })
+            .collect();
+        for (rec, a, len) in stored {
+            let Some(h) = self.host.reserve(self.chunk_bytes(len, a.is_narrow())) else {
+                return;
             };
-            let len = t.chunk_len(i, chunk);
-            let Some(h) = self.host.reserve(len * self.token_bytes) else {
+            let Some(d) = &mut self.store else {
                 return;
             };
             match d.store.prefetch(&a, len) {
                 Some(bytes) => {
                     self.host.store(h, bytes);
                     self.arena.set_loc(rec, ChunkLoc::Host(h));
+                    self.arena.set_narrow(rec, a.is_narrow());
                 }
                 None => self.host.release(h),
             }
@@ -199,6 +207,16 @@ impl CacheManager {
                 continue;
             }
             let len = t.chunk_len(i, chunk);
+            let narrow = match self.arena.loc(rec) {
+                ChunkLoc::Device(_) => self.leaves_narrow(t, i, rec),
+                _ => self.arena.narrow(rec),
+            };
+            // A narrow chunk is saved narrow, where the pool copies narrow (elsewhere its
+            // bytes are whole in size, the other layers zeros: not saved).
+            if narrow && self.narrowing.is_none_or(|n| n.token_bytes.is_none()) {
+                continue;
+            }
+            let address = if narrow { address.narrow() } else { address };
             match self.arena.loc(rec) {
                 ChunkLoc::Device(block) => out.push(Save {
                     conv: id,
@@ -232,7 +250,9 @@ impl CacheManager {
             return false;
         };
         let len = t.chunk_len(i, chunk);
-        let read_s = d.store.file_bytes(len) as f64 / d.read_bytes_per_s.max(1.0);
+        // As a whole chunk's file (a narrow one reads less).
+        let whole = Address::default();
+        let read_s = d.store.file_bytes(&whole, len) as f64 / d.read_bytes_per_s.max(1.0);
         d.cost.recompute_s(i * chunk, len) > read_s
     }
 
@@ -243,7 +263,7 @@ impl CacheManager {
         let Some(d) = &self.store else {
             return;
         };
-        let need = d.store.file_bytes(s.len);
+        let need = d.store.file_bytes(&s.address, s.len);
         if d.store.used_bytes() + need > d.store.budget_bytes() {
             self.make_store_room(need, &|c| c == s.conv, now);
         }

@@ -26,6 +26,9 @@ pub(crate) struct ChunkTable {
     pinned: bool,
     /// When its next turn is expected (a session hint).
     resume_at: Option<Instant>,
+    /// Where its latest turn began computing: a retry or an edit of that turn resumes at or
+    /// after it, so the chunks a sliding window reads from there stay whole.
+    turn_start: usize,
 }
 
 /// The chunks cut from a table's tail: the records to let go of and the files to release.
@@ -45,6 +48,7 @@ impl ChunkTable {
             last_active: now,
             pinned: false,
             resume_at: None,
+            turn_start: 0,
         }
     }
 
@@ -143,6 +147,15 @@ impl ChunkTable {
     pub(super) fn set_file(&mut self, i: usize, file: Option<Address>) -> Option<Address> {
         let slot = self.files.get_mut(i)?;
         std::mem::replace(slot, file)
+    }
+
+    /// Where its latest turn began computing.
+    pub(super) fn turn_start(&self) -> usize {
+        self.turn_start
+    }
+
+    pub(super) fn set_turn_start(&mut self, at: usize) {
+        self.turn_start = at;
     }
 
     pub(super) fn set_computed(&mut self, computed: usize) {

@@ -35,8 +35,11 @@ pub(crate) const HEADER_BYTES: usize = 8 + 4 + 32 + 12 + 4 + 8 + 4 + 4 + 32 + 8 
 
 const MAGIC: [u8; 8] = *b"PNSVKV\r\n";
 
+/// The bit of an address's last byte that marks a narrow file ([`Address::narrow`]).
+const NARROW_BIT: u8 = 0x80;
+
 /// Version of the layout above; a file of another version is refused.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// A 32-byte BLAKE3 digest naming a chunk by its content: the token ids from the start of the
 /// conversation up to and including the chunk's last token. KV at a position depends on every
@@ -46,14 +49,36 @@ pub struct Address(pub [u8; 32]);
 
 impl Address {
     /// The address of the chunk holding `tokens`, following the chunk addressed `prev` (the
-    /// all-zero address before the first chunk).
+    /// all-zero address before the first chunk; a narrow address chains as its chunk's).
     pub fn chain(prev: &Address, tokens: &[u32]) -> Address {
         let mut h = blake3::Hasher::new();
-        h.update(&prev.0);
+        h.update(&prev.wide().0);
         for t in tokens {
             h.update(&t.to_le_bytes());
         }
-        Address(*h.finalize().as_bytes())
+        Address(*h.finalize().as_bytes()).wide()
+    }
+
+    /// The address of the file of this chunk's narrow KV: only the layers that attend to the
+    /// whole history, without the sliding-window layers' (a chunk out of every window it
+    /// will be read through). Told apart by one bit of the digest, so the tables, manifests
+    /// and keys that name files say which kind each is without a field of their own.
+    pub fn narrow(self) -> Address {
+        let mut a = self;
+        a.0[31] |= NARROW_BIT;
+        a
+    }
+
+    /// The address of the chunk's whole KV (every layer's).
+    pub fn wide(self) -> Address {
+        let mut a = self;
+        a.0[31] &= !NARROW_BIT;
+        a
+    }
+
+    /// Whether this names a chunk's narrow file ([`Address::narrow`]).
+    pub fn is_narrow(&self) -> bool {
+        self.0[31] & NARROW_BIT != 0
     }
 
     /// Addresses of every chunk of `chunk` tokens (the last one possibly partial) of `tokens`.
@@ -126,6 +151,9 @@ pub struct ChunkFormat {
     pub fingerprint: [u8; 32],
     /// Decoder layers.
     pub layers: u32,
+    /// Layers a narrow file holds ([`Address::narrow`]): those without a sliding window,
+    /// `layers` for a model with none.
+    pub narrow_layers: u32,
     /// KV heads per layer.
     pub kv_heads: u32,
     /// Dimensions per head.
@@ -141,6 +169,17 @@ impl ChunkFormat {
     pub const Q8_0: u32 = 0x5138;
     /// [`ChunkFormat::value_bytes`] of KV in `q4_0` blocks.
     pub const Q4_0: u32 = 0x5134;
+
+    /// The format of the file at `address`: a narrow file holds only its narrow layers.
+    pub fn of(&self, address: &Address) -> ChunkFormat {
+        match address.is_narrow() {
+            true => ChunkFormat {
+                layers: self.narrow_layers,
+                ..*self
+            },
+            false => *self,
+        }
+    }
 
     /// Bytes of one head's K (or V) row of one token.
     pub fn head_row_bytes(&self) -> usize {
@@ -303,6 +342,8 @@ pub(crate) fn decode_header(format: &ChunkFormat, bytes: &[u8]) -> Result<Header
         let found = ChunkFormat {
             fingerprint: g.take()?,
             layers: g.u32()?,
+            // Not in the header: what the address says.
+            narrow_layers: format.narrow_layers,
             kv_heads: g.u32()?,
             head_dim: g.u32()?,
             value_bytes: g.u32()?,
@@ -397,6 +438,7 @@ mod tests {
         ChunkFormat {
             fingerprint: [7; 32],
             layers: 2,
+            narrow_layers: 1,
             kv_heads: 1,
             head_dim: 2,
             value_bytes: 2,

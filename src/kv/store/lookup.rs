@@ -51,7 +51,7 @@ impl Store {
                 continue;
             }
             let entry = Entry {
-                bytes: self.file_bytes(tokens),
+                bytes: self.file_bytes(&a, tokens),
                 refs: 0,
                 state: State::Stored,
                 owned: false,
