@@ -190,16 +190,38 @@ impl CacheManager {
             return Vec::new();
         };
         let computed = t.computed().min(tokens.len());
-        // Hashed from the first chunk to save (usually the turn's new ones).
-        let Some(first) =
-            (0..t.len()).find(|&i| t.file(i).is_none() && self.worth_saving(i, t, chunk))
-        else {
-            return Vec::new();
-        };
-        let addresses = self.addresses_from(id, &tokens[..computed], &[], first);
         let mut out = Vec::new();
         let mut from_host = Vec::new();
-        for (i, &address) in (first..).zip(&addresses) {
+        // Whole files of chunks that now leave narrow are written again narrow (the whole one
+        // let go once it is): the disk keeps what the windows still read, as memory does.
+        if self.narrowing.is_some_and(|n| n.token_bytes.is_some()) {
+            for (i, &rec) in t.records().iter().enumerate() {
+                let Some(file) = t.file(i).filter(|a| !a.is_narrow()) else {
+                    continue;
+                };
+                let len = t.chunk_len(i, chunk);
+                match self.arena.loc(rec) {
+                    ChunkLoc::Device(block) if self.leaves_narrow(t, i, rec) => out.push(Save {
+                        conv: id,
+                        chunk: i,
+                        block,
+                        len,
+                        address: file.narrow(),
+                    }),
+                    ChunkLoc::Host(h) if self.arena.narrow(rec) => {
+                        from_host.push((i, h, len, file.narrow()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Hashed from the first chunk to save (usually the turn's new ones).
+        let first = (0..t.len()).find(|&i| t.file(i).is_none() && self.worth_saving(i, t, chunk));
+        let addresses = match first {
+            Some(first) => self.addresses_from(id, &tokens[..computed], &[], first),
+            None => Vec::new(),
+        };
+        for (i, &address) in (first.unwrap_or(0)..).zip(&addresses) {
             let Some(rec) = t.record(i).filter(|_| t.file(i).is_none()) else {
                 continue;
             };
@@ -267,10 +289,14 @@ impl CacheManager {
         if d.store.used_bytes() + need > d.store.budget_bytes() {
             self.make_store_room(need, &|c| c == s.conv, now);
         }
-        let still_unsaved = self
-            .tables
-            .get(&s.conv)
-            .is_some_and(|t| s.chunk < t.len() && t.file(s.chunk).is_none());
+        // Unsaved, or (a narrow file in place of a whole one) saved whole.
+        let still_unsaved = self.tables.get(&s.conv).is_some_and(|t| {
+            s.chunk < t.len()
+                && match t.file(s.chunk) {
+                    None => true,
+                    Some(a) => s.address.is_narrow() && a == s.address.wide(),
+                }
+        });
         let Some(d) = &mut self.store else {
             return;
         };
@@ -281,7 +307,9 @@ impl CacheManager {
         if matches!(saved, Saved::Queued | Saved::Shared)
             && let Some(t) = self.tables.get_mut(&s.conv)
         {
-            t.set_file(s.chunk, Some(s.address));
+            if let Some(whole) = t.set_file(s.chunk, Some(s.address)) {
+                d.store.release(&whole);
+            }
             self.candidates.mark(s.conv);
         }
     }
