@@ -67,7 +67,7 @@ pub(crate) trait Copier: Send + Sync + std::fmt::Debug {
 }
 
 /// Where one chunk's copy goes or comes from: its first slot and tokens, and whether its
-/// bytes are narrow (only [`KvPool::set_narrow_layers`]' layers).
+/// bytes are narrow (only the layers that attend to the whole history).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     /// First slot.
