@@ -31,7 +31,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use pensieve::attention::{attention, attention_gather, Attend, AttentionBatch, KvPool};
+use pensieve::attention::{attention, attention_gather, Attend, AttentionBatch, KvPool, Span};
 use pensieve::model::{ForwardBatch, Model, ModelConfig, Transformer, WeightFormat};
 
 type AnyResult<T> = Result<T, Box<dyn Error>>;
@@ -297,8 +297,10 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
         gpu,
     )?;
     let fb = decode_rows(SEQS, CTX)?;
-    let outs: Vec<(usize, usize)> = (0..args.chunks).map(|i| (i * CHUNK, CHUNK)).collect();
-    let fresh = || -> AnyResult<Vec<(usize, std::sync::Arc<pensieve::kv::ChunkBytes>)>> {
+    let outs: Vec<Span> = (0..args.chunks)
+        .map(|i| Span::whole(i * CHUNK, CHUNK))
+        .collect();
+    let fresh = || -> AnyResult<Vec<(Span, std::sync::Arc<pensieve::kv::ChunkBytes>)>> {
         let bytes = pool.copy_chunks(&outs, Vec::new(), false)?;
         for b in &bytes {
             b.bytes()?;
@@ -306,7 +308,12 @@ fn restore_overlap(gpu: &Device, args: &Args) -> AnyResult<()> {
         Ok(bytes
             .into_iter()
             .enumerate()
-            .map(|(i, b)| (restored + i * CHUNK, std::sync::Arc::new(b)))
+            .map(|(i, b)| {
+                (
+                    Span::whole(restored + i * CHUNK, CHUNK),
+                    std::sync::Arc::new(b),
+                )
+            })
             .collect())
     };
     let step = || -> AnyResult<()> {

@@ -79,9 +79,8 @@ pub struct Span {
 }
 
 impl Span {
-    /// A whole chunk's span.
-    #[cfg(test)]
-    pub(crate) fn whole(start: usize, len: usize) -> Self {
+    /// A whole chunk's span: every layer's KV.
+    pub fn whole(start: usize, len: usize) -> Self {
         Self {
             start,
             len,
