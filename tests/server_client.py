@@ -10,6 +10,7 @@ Usage: server_client.py BASE_URL resend MESSAGES_FILE MAX_TOKENS
        server_client.py BASE_URL responses_agent
        server_client.py BASE_URL responses_reasoning
        server_client.py BASE_URL responses_socket [ROUNDS]
+       server_client.py BASE_URL responses_compaction
 """
 
 import json
@@ -319,6 +320,69 @@ def responses_agent(base):
     return {"steps": steps, "retrieved": response_calls(c.responses.retrieve(completed.id))}
 
 
+# A tool's result long enough that the rounds after it are mostly history.
+LISTING = "\n".join(f"def f{i}(a, b):\n    return a + b + {i}" for i in range(24))
+
+
+def responses_compaction(base):
+    """Compaction on an agent's stored loop: three tool rounds, then `responses.compact` of the
+    last response, and a turn on the compacted window given back as input (as the SDK's
+    guide has it); then the server compacting by itself past `context_management`'s
+    threshold, whole and streamed, and continued by `previous_response_id`; a compaction item
+    not made here refused."""
+    c = client(base)
+    tools = [{"type": "function", **t["function"]} for t in AGENT_TOOLS]
+    instructions = "You are a coding agent. Use the tools."
+    args = dict(model=MODEL, tools=tools, max_output_tokens=48, temperature=0,
+                instructions=instructions)
+    request = dict(input="The tests in main.py fail. Fix the bug.")
+    last = None
+    for step in range(3):
+        last = c.responses.create(tool_choice="required", **request, **args)
+        call = response_calls(last)[0]
+        request = dict(previous_response_id=last.id, input=[
+            {"type": "function_call_output", "call_id": call["call_id"],
+             "output": f"result {step}:\n{LISTING}"}])
+    # The loop's history with the last round's results, then compacted.
+    before = c.responses.create(tool_choice="none", **request, **args)
+    compacted = c.responses.compact(model=MODEL, previous_response_id=before.id,
+                                    instructions=instructions)
+    window = [o.model_dump(exclude_none=True) for o in compacted.output]
+    new = {"role": "user", "content": "Now run the tests."}
+    after = c.responses.create(input=window + [new], store=False, tool_choice="none", **args)
+    recomputed = c.responses.create(input=window + [new], store=False, tool_choice="none",
+                                    **{**args, "instructions": instructions + " "})
+    # The server compacts by itself past the threshold; the response continues as any.
+    managed_args = dict(context_management=[{"type": "compaction", "compact_threshold": 300}],
+                        tool_choice="none", **args)
+    managed = c.responses.create(previous_response_id=before.id, input="Summarize your work.",
+                                 **managed_args)
+    continued = c.responses.create(previous_response_id=managed.id, input="Thanks.",
+                                   tool_choice="none", **args)
+    events = [e.type for e in c.responses.create(
+        previous_response_id=before.id, input="Summarize your work.", stream=True,
+        **managed_args)]
+    try:
+        c.responses.create(input=[{"type": "compaction", "encrypted_content": "gAAAAB-foreign"},
+                                  new], **args)
+        foreign = None
+    except openai.BadRequestError as e:
+        foreign = str(e)
+    return {"before": response_usage(before),
+            "compacted": {"object": compacted.object,
+                          "types": [o.type for o in compacted.output],
+                          "roles": [getattr(o, "role", None) for o in compacted.output],
+                          "content": window[-1].get("encrypted_content", ""),
+                          "usage": {"input": compacted.usage.input_tokens,
+                                    "cached": compacted.usage.input_tokens_details.cached_tokens,
+                                    "output": compacted.usage.output_tokens}},
+            "after": response_usage(after), "after_text": after.output_text,
+            "recomputed": response_usage(recomputed),
+            "managed": {"types": [o.type for o in managed.output],
+                        "text": managed.output_text},
+            "continued": response_usage(continued), "events": events, "foreign": foreign}
+
+
 def responses_socket(base, rounds="4"):
     """An agent's tool loop over the Responses API's WebSocket mode, as the SDK's
     `responses.connect()` runs it: each turn sends only the call's output and the previous
@@ -574,6 +638,7 @@ def main():
         "responses": responses,
         "responses_agent": responses_agent,
         "responses_socket": responses_socket,
+        "responses_compaction": responses_compaction,
         "responses_reasoning": responses_reasoning,
         "errors": errors,
         "responses_logprobs": responses_logprobs,

@@ -216,3 +216,55 @@ fn real_model_an_agent_s_loop_over_a_websocket_keeps_its_kv_and_answers_as_over_
     // What was not to be stored is gone once the socket closed.
     assert_eq!(out["gone_after_close"], true, "{out}");
 }
+
+#[test]
+fn real_model_a_compacted_agent_loop_continues_prefilling_only_the_summary_and_new_input() {
+    let server = start(&["--chat-template", "chatml-tools"]);
+    let out = client(&server.base, &["responses_compaction"]);
+    let compacted = &out["compacted"];
+    // The window: the user's message, then the compaction item carrying the summary.
+    assert_eq!(compacted["object"], "response.compaction", "{out}");
+    assert_eq!(
+        compacted["types"],
+        json!(["message", "compaction"]),
+        "{out}"
+    );
+    assert_eq!(compacted["roles"][0], "user", "{out}");
+    let content = compacted["content"].as_str().unwrap();
+    assert!(content.starts_with("pensieve-compaction-v1:"), "{out}");
+    let summary = compacted["usage"]["output"].as_u64().unwrap();
+    assert!(summary > 0, "{out}");
+    // The summary's turn read the loop's history from the cache: it computed its prompt.
+    let before = out["before"]["input"].as_u64().unwrap();
+    let cached = compacted["usage"]["cached"].as_u64().unwrap();
+    assert!(cached + 32 >= before, "{out}");
+    // The turn after it shared the window's opening (system prompt, task) by content and
+    // computed the summary and the new input: less than a chunk more than those.
+    let after = &out["after"];
+    let (input, cached) = (
+        after["input"].as_u64().unwrap(),
+        after["cached"].as_u64().unwrap(),
+    );
+    assert!(cached > 0, "{out}");
+    assert!(input - cached <= summary + 32 + 40, "{out}");
+    eprintln!(
+        "after a compaction: {input} prompt tokens, {cached} from the cache, summary {summary}; \
+         recomputed: {}",
+        out["recomputed"]["input"]
+    );
+    // A server that recomputes the compacted input (here: the same window under other
+    // instructions, which nothing cached begins with) computes all of it.
+    let recomputed = &out["recomputed"];
+    assert_eq!(recomputed["cached"], 0, "{out}");
+    assert!(recomputed["input"].as_u64().unwrap() >= input, "{out}");
+    // Past `context_management`'s threshold the server compacted first: the output opens
+    // with the compaction item, and the response continues as any stored one, from cache.
+    assert_eq!(out["managed"]["types"][0], "compaction", "{out}");
+    assert_eq!(out["managed"]["types"][1], "message", "{out}");
+    assert!(out["continued"]["cached"].as_u64().unwrap() > 0, "{out}");
+    let events: Vec<&str> = framed_events(&out["events"], &out);
+    assert!(events.contains(&"response.output_item.done"), "{out}");
+    // A compaction item made elsewhere cannot be read here.
+    let foreign = out["foreign"].as_str().unwrap();
+    assert!(foreign.contains("not made by this server"), "{out}");
+}

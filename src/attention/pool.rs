@@ -80,6 +80,7 @@ pub struct Span {
 
 impl Span {
     /// A whole chunk's span: every layer's KV.
+    #[cfg(any(test, feature = "internals"))]
     pub fn whole(start: usize, len: usize) -> Self {
         Self {
             start,

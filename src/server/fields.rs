@@ -315,7 +315,8 @@ pub const RESPONSES: &[Field] = &[
     ),
     implemented(
         "input",
-        "text or items: messages, calls, their outputs, reasoning",
+        "text or items: messages, calls, their outputs, reasoning, compaction items (made by \
+         this server: the summary, as an assistant message)",
     ),
     implemented("instructions", "the system message"),
     implemented(
@@ -393,8 +394,32 @@ pub const RESPONSES: &[Field] = &[
         "a conversation of `/v1/conversations` to continue; the reply joins its items",
     ),
     default_only("prompt", null, "OpenAI's stored prompt templates"),
-    default_only("context_management", null, "no compaction"),
+    implemented(
+        "context_management",
+        "`compaction` entries: past `compact_threshold` prompt tokens (default three quarters \
+         of the context), the history before the new input is summarized first and the \
+         response's output begins with the compaction item",
+    ),
     default_only("image", null, "no image generation"),
+];
+
+/// `/v1/responses/compact`.
+pub const COMPACT: &[Field] = &[
+    implemented(
+        "model",
+        "must name the served model (404 otherwise); may be omitted",
+    ),
+    implemented("input", "as on `/v1/responses`: the context to compact"),
+    implemented("instructions", "the system message of the context"),
+    implemented(
+        "previous_response_id",
+        "a stored response whose conversation comes before `input`",
+    ),
+    informational("prompt_cache_key", "the cache is found by content"),
+    informational("prompt_cache_retention", "as above"),
+    informational("prompt_cache_options", "as above"),
+    informational("service_tier", "one tier here"),
+    informational("image", "no images here"),
 ];
 
 /// vLLM's `/tokenize`.
@@ -551,6 +576,11 @@ pub const ENDPOINTS: &[Endpoint] = &[
         api: "Anthropic",
         lists: &[COUNT_TOKENS],
     },
+    Endpoint {
+        path: "/v1/responses/compact",
+        api: "OpenAI",
+        lists: &[COMPACT],
+    },
 ];
 
 /// The chat endpoint's fields.
@@ -567,6 +597,8 @@ pub const DETOKENIZE_ENDPOINT: Endpoint = ENDPOINTS[4];
 pub const MESSAGES_ENDPOINT: Endpoint = ENDPOINTS[5];
 /// Anthropic's token count's fields.
 pub const COUNT_TOKENS_ENDPOINT: Endpoint = ENDPOINTS[6];
+/// The Responses API's compaction's fields.
+pub const COMPACT_ENDPOINT: Endpoint = ENDPOINTS[7];
 
 impl Endpoint {
     /// The field of this name, first list first (an endpoint's own entry before a shared

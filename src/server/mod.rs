@@ -368,6 +368,7 @@ fn app(state: AppState, keys: Option<auth::Keys>, body: body::BodyLimits) -> Rou
             get(responses::retrieve).delete(responses::delete),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/responses/compact", post(responses::compact::compact))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/conversations", post(conversations::create))

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::api;
 use super::error::ApiError;
@@ -216,4 +216,23 @@ async fn chat_tokens(
 /// Bytes of text in chat messages: what the bound counts.
 pub fn text_bytes(messages: &[api::ChatMessage]) -> usize {
     messages.iter().map(api::ChatMessage::text_bytes).sum()
+}
+
+/// The tokens of `messages` as a conversation with `tools` and `vars` renders them, counted on
+/// a blocking thread.
+pub async fn prompt_tokens(
+    s: &AppState,
+    messages: Vec<crate::model::Message>,
+    tools: Vec<Value>,
+    vars: serde_json::Map<String, Value>,
+    generation: bool,
+) -> Result<usize, ApiError> {
+    let model = std::sync::Arc::clone(&s.tokens);
+    let counted = tokio::task::spawn_blocking(move || {
+        crate::engine::chat_tokens_with(&model, &messages, &tools, Some(&vars), generation)
+    });
+    let tokens = counted
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?;
+    Ok(tokens.map_err(|e| ApiError::from_engine(&e))?.len())
 }

@@ -33,6 +33,7 @@ use super::error::ApiError;
 use super::fields::{COUNT_TOKENS_ENDPOINT, MESSAGES_ENDPOINT};
 use super::random_id::random_id;
 use super::structured::ResponseFormat;
+use super::tokens::prompt_tokens;
 use super::{check_model_name, tools, AppState};
 use blocks::Blocks;
 use input::{Breakpoint, Prompt};
@@ -73,25 +74,6 @@ pub async fn count_tokens(State(s): State<AppState>, body: Bytes) -> Response {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-/// The tokens of `messages` as a conversation with `tools` and `vars` renders them, counted on
-/// a blocking thread.
-async fn prompt_tokens(
-    s: &AppState,
-    messages: Vec<crate::model::Message>,
-    tools: Vec<Value>,
-    vars: serde_json::Map<String, Value>,
-    generation: bool,
-) -> Result<usize, ApiError> {
-    let model = std::sync::Arc::clone(&s.tokens);
-    let counted = tokio::task::spawn_blocking(move || {
-        crate::engine::chat_tokens_with(&model, &messages, &tools, Some(&vars), generation)
-    });
-    let tokens = counted
-        .await
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))?;
-    Ok(tokens.map_err(|e| ApiError::from_engine(&e))?.len())
 }
 
 /// A reply being made: its turn's events read into content blocks.

@@ -46,6 +46,8 @@ pub struct Request {
     pub tool_choice: Option<Value>,
     /// Whether a reply may make several calls (the first only when false).
     pub parallel_tool_calls: Option<bool>,
+    /// Compaction entries: the context is compacted first past their threshold.
+    pub context_management: Option<Value>,
     /// `{"format": ...}`: free text, any JSON object, or JSON under a schema.
     pub text: Option<Value>,
     #[serde(flatten)]
@@ -137,7 +139,8 @@ pub enum Input {
 }
 
 /// An input item: a message (`{"role", "content"}`, with or without `"type": "message"`), a
-/// function call the model made, a call's output, or a reasoning item given back.
+/// function call the model made, a call's output, a reasoning item given back, or a
+/// compaction item.
 #[derive(Deserialize)]
 pub struct Item {
     #[serde(rename = "type")]
@@ -148,6 +151,7 @@ pub struct Item {
     name: Option<String>,
     arguments: Option<String>,
     output: Option<Content>,
+    encrypted_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -233,10 +237,16 @@ impl Item {
             // Thoughts do not stay in a conversation (its template drops them from history,
             // and the stored conversation keeps none), so one given back adds nothing.
             "reasoning" => {}
+            "compaction" => {
+                let content = self.encrypted_content.as_deref().ok_or_else(|| {
+                    ApiError::bad("a compaction input item needs its encrypted_content")
+                })?;
+                messages.push(super::compact::message(content)?);
+            }
             other => {
                 return Err(ApiError::bad(format!(
                     "input items of type {other:?} are not supported: message, function_call, \
-                     function_call_output and reasoning are"
+                     function_call_output, reasoning and compaction are"
                 )))
             }
         }

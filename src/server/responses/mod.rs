@@ -9,6 +9,7 @@
 //! stays as it was, so another request may branch from it too.
 
 mod background;
+pub(super) mod compact;
 pub(super) mod input;
 mod output;
 pub(super) mod socket;
@@ -37,6 +38,7 @@ use super::error::ApiError;
 use super::fields::RESPONSES_ENDPOINT;
 use super::logprobs::{self, Logprob};
 use super::random_id::random_id;
+use super::tokens::prompt_tokens;
 use super::{check_model_name, conversations, now_s, tools, AppState};
 use input::Request;
 use output::Output;
@@ -62,6 +64,23 @@ async fn stored(s: &AppState, tenant: &Tenant, id: &str) -> Result<ConversationI
 async fn transcript(s: &AppState, tenant: &Tenant, id: &str) -> Result<Vec<Message>, ApiError> {
     let conv = stored(s, tenant, id).await?;
     s.service.messages(conv).await.map_err(|_| missing(id))
+}
+
+/// Puts `instructions` first in `messages` as their system message, in place of the one they
+/// began with. Returns whether that changed them.
+fn instruct(messages: &mut Vec<Message>, instructions: Option<&String>) -> bool {
+    let Some(instructions) = instructions else {
+        return false;
+    };
+    let same = messages.first().filter(|m| m.role == "system");
+    if same.is_some_and(|m| m.content == *instructions) {
+        return false;
+    }
+    if same.is_some() {
+        messages.remove(0);
+    }
+    messages.insert(0, Message::new("system", instructions.clone()));
+    true
 }
 
 /// `POST /v1/responses`.
@@ -364,20 +383,25 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
         }
         (None, None) => (None, Vec::new()),
     };
-    // Instructions are the system message: new ones replace those the history began with.
     let history = messages.len();
-    let mut rewritten = false;
-    if let Some(instructions) = &request.instructions {
-        let same = messages.first().filter(|m| m.role == "system");
-        if same.is_none_or(|m| m.content != *instructions) {
-            if same.is_some() {
-                messages.remove(0);
-            }
-            messages.insert(0, Message::new("system", instructions.clone()));
+    let mut rewritten = instruct(&mut messages, request.instructions.as_ref());
+    request.input.append_to(&mut messages)?;
+    let effort = request.reasoning.as_ref().and_then(|r| r.effort.as_deref());
+    let vars = api::template_vars(request.chat_template_kwargs.as_ref(), effort);
+    let window = s.tokens.config().max_position_embeddings;
+    let mut compaction = None;
+    if let Some(threshold) = compact::threshold(request.context_management.as_ref(), window)? {
+        let n = prompt_tokens(s, messages.clone(), tools.clone(), vars.clone(), true).await?;
+        let compacted = match n > threshold {
+            true => compact::before_turn(s, &messages, tools.clone(), vars.clone()).await?,
+            false => None,
+        };
+        if let Some((window, c)) = compacted {
+            messages = window;
             rewritten = true;
+            compaction = Some(c);
         }
     }
-    request.input.append_to(&mut messages)?;
     // A named conversation's turn of new messages alone (users', tools' results) continues
     // it, whatever its history ends with (items added without a turn): the history goes
     // along only when the request changes it.
@@ -387,8 +411,6 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
     }
     let id = random_id("resp_")?;
     let with_tools = !tools.is_empty() && !params.text_only;
-    let effort = request.reasoning.as_ref().and_then(|r| r.effort.as_deref());
-    let vars = api::template_vars(request.chat_template_kwargs.as_ref(), effort);
     let mut chat = Chat::new(messages)
         .with_tools(tools)
         .with_template_vars(vars);
@@ -425,8 +447,12 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
         stream: request.stream,
         background: request.background,
     };
+    let mut output = Output::new(parallel, &framing.id);
+    if let Some(c) = &compaction {
+        output.compaction(&c.content());
+    }
     Ok(Run {
-        output: Output::new(parallel, &framing.id),
+        output,
         framing,
         turn,
         tools: with_tools,

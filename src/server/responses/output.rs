@@ -13,6 +13,8 @@ enum Kind {
         call_id: String,
         name: String,
     },
+    /// A compaction of the context before the reply, its `encrypted_content` the text.
+    Compaction,
 }
 
 struct Item {
@@ -47,6 +49,15 @@ impl Output {
             base: base.to_string(),
             events: Vec::new(),
         }
+    }
+
+    /// A compaction item of `content` (`encrypted_content`), whole: the context was compacted
+    /// before the reply.
+    pub fn compaction(&mut self, content: &str) {
+        self.close("completed");
+        self.open(Kind::Compaction);
+        self.extend(content);
+        self.close("completed");
     }
 
     /// Text of the reply's thought.
@@ -124,6 +135,7 @@ impl Output {
             Kind::Reasoning => "rs",
             Kind::Message => "msg",
             Kind::Call { .. } => "fc",
+            Kind::Compaction => "cmp",
         };
         let item = Item {
             id: format!("{prefix}_{}{:04x}", self.base, self.items.len()),
@@ -164,6 +176,8 @@ impl Output {
                 data.as_object_mut().map(|o| o.remove("content_index"));
                 "response.function_call_arguments.delta"
             }
+            // Made whole: no delta tells it.
+            Kind::Compaction => return,
         };
         self.event(kind, data);
     }
@@ -211,6 +225,7 @@ impl Output {
                 data["arguments"] = json!(item.text);
                 done.push(("response.function_call_arguments.done", data));
             }
+            Kind::Compaction => {}
         }
         let whole = json!({"output_index": output_index, "item": item.json(status)});
         done.push(("response.output_item.done", whole));
@@ -235,6 +250,8 @@ impl Item {
                 "role": "assistant", "content": [self.text_part()]}),
             Kind::Call { call_id, name, .. } => json!({"id": self.id, "type": "function_call",
                 "status": status, "call_id": call_id, "name": name, "arguments": self.text}),
+            Kind::Compaction => json!({"id": self.id, "type": "compaction",
+                "encrypted_content": self.text}),
         }
     }
 
