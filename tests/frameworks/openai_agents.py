@@ -1,7 +1,8 @@
 """Flows of openai-agents: Responses and chat models, tools, output types, sessions."""
 
 
-from common import BASE, City, KEY, MAXTOK, MODEL, check, flow, get_weather, need, run_async
+from common import (BASE, City, KEY, MAXTOK, MODEL, Skip, check, flow, get_weather, need,
+                    run_async)
 
 
 def agents_setup(chat_completions=False):
@@ -200,4 +201,49 @@ def agents_chat_completions_stream_output_type():
         async for _ in r.stream_events():
             pass
         check(isinstance(r.final_output, City), repr(r.final_output))
+    run_async(go())
+
+
+def need_attr(module, name):
+    """Skips a flow where the installed version has no `name` yet (older releases)."""
+    need(module)
+    if not hasattr(__import__(module), name):
+        raise Skip(f"{module} has no {name}")
+
+
+@flow("openai-agents")
+def agents_websocket_session_tool_loop():
+    need_attr("agents", "responses_websocket_session")
+    from agents import ModelSettings, responses_websocket_session
+
+    async def go():
+        _, a = agent(tools=[agents_tool()], model_settings=ModelSettings(tool_choice="required"))
+        # A model by name: the session's provider makes it a Responses model over one socket
+        # (the SDK's WebSocket mode), for both runs.
+        a.model = MODEL
+        async with responses_websocket_session(base_url=BASE, api_key=KEY) as ws:
+            r = await ws.run(a, "What is the weather in Paris?")
+            check(any(i.type == "tool_call_output_item" for i in r.new_items), "tool not run")
+            r2 = await ws.run(a, "And in Rome?", previous_response_id=r.last_response_id)
+            check(r2.final_output is not None, "no output")
+    run_async(go())
+
+
+@flow("openai-agents")
+def agents_compaction_session():
+    need_attr("agents", "OpenAIResponsesCompactionSession")
+    from agents import OpenAIResponsesCompactionSession, Runner, SQLiteSession
+
+    async def go():
+        client, a = agent()
+        s = OpenAIResponsesCompactionSession(
+            "compaction", SQLiteSession("compaction"), client=client,
+            should_trigger_compaction=lambda ctx: True)
+        # The session accepts OpenAI's model names only; this server serves MODEL.
+        s.model = MODEL
+        await Runner.run(a, "My name is Ada.", session=s)
+        items = await s.get_items()
+        check(any(i.get("type") == "compaction" for i in items), f"not compacted: {items}")
+        r = await Runner.run(a, "What is my name?", session=s)
+        check(r.final_output is not None, "no output")
     run_async(go())
