@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::default_cache_dir;
 use crate::{Error, Result};
 
-/// Where `scripts/fetch-assets` puts ShareGPT V3 (it may not exist yet).
+/// Where `scripts/fetch-assets --tests` puts ShareGPT V3 (it may not exist yet).
 pub fn default_sharegpt_path() -> PathBuf {
     default_cache_dir().join("sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json")
 }

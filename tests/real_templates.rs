@@ -12,7 +12,7 @@ use serde_json::json;
 fn source(name: &str) -> String {
     let path = default_cache_dir().join("llamacpp-templates").join(name);
     std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-assets)", path.display()))
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-assets --tests)", path.display()))
 }
 
 /// The templates checked one by one: each model family's format (`None`: its template takes

@@ -52,7 +52,7 @@ fn router(workers: &[&Server]) -> Router {
     let exe = pensieve::model::default_cache_dir().join("routers/bin/vllm-router");
     assert!(
         exe.exists(),
-        "{} is missing: run scripts/fetch-assets (it installs vLLM's router)",
+        "{} is missing: run scripts/fetch-assets --tests (it installs vLLM's router)",
         exe.display()
     );
     let port = free_port();

@@ -183,7 +183,7 @@ fn trace_errors_name_the_line() {
 #[test]
 fn fetched_sharegpt_is_read_despite_its_cut() {
     let found = read_sharegpt(&default_sharegpt_path(), 5)
-        .expect("the fetched dataset is required (run scripts/fetch-assets)");
+        .expect("the fetched dataset is required (run scripts/fetch-assets --tests)");
     assert!(found.truncated, "the published file ends mid-record");
     assert!(found.records > 10_000, "{} records", found.records);
     assert!(

@@ -85,7 +85,7 @@ struct Args {
     /// read).
     #[arg(long, value_enum)]
     model_shape: Option<Shape>,
-    /// ShareGPT JSON file (default: the one `scripts/fetch-assets` fetched).
+    /// ShareGPT JSON file (default: the one `scripts/fetch-assets --tests` fetched).
     #[arg(long)]
     sharegpt: Option<PathBuf>,
     /// JSON-lines trace instead of ShareGPT.

@@ -32,7 +32,7 @@ pub fn vocab_gguf(vocab: &str) -> PathBuf {
     let p = default_cache_dir().join(format!("llamacpp-vocabs/ggml-vocab-{vocab}.gguf"));
     assert!(
         p.is_file(),
-        "{} is missing: run scripts/fetch-assets",
+        "{} is missing: run scripts/fetch-assets --tests",
         p.display()
     );
     p

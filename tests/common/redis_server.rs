@@ -32,7 +32,7 @@ pub fn spawn_server(args: &mut Command) -> Child {
         .spawn()
         .unwrap_or_else(|e| {
             panic!(
-                "a Redis server is required: run scripts/fetch-assets (it installs Valkey) or put \
+                "a Redis server is required: run scripts/fetch-assets --tests (it installs Valkey) or put \
                  redis-server on PATH ({}: {e})",
                 server_binary().display()
             )

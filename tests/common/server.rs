@@ -97,18 +97,44 @@ pub fn python() -> PathBuf {
 
 /// The Python of the virtual environment `name` that scripts/fetch-assets made in the cache.
 pub fn venv_python(name: &str) -> PathBuf {
+    fetched(&format!("{name}/bin/python"))
+}
+
+/// The file `path` of the cache scripts/fetch-assets fills, which must be there.
+fn fetched(path: &str) -> PathBuf {
     let cache = std::env::var_os("PENSIEVE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/pensieve")
         });
-    let p = cache.join(name).join("bin/python");
+    let p = cache.join(path);
     assert!(
         p.exists(),
-        "{} is missing: run scripts/fetch-assets",
+        "{} is missing: run scripts/fetch-assets --tests",
         p.display()
     );
     p
+}
+
+/// Runs the JavaScript client script `tests/js_client.cjs` with Node.js and the pinned npm SDKs
+/// scripts/fetch-assets installed, and parses what it prints.
+pub fn js_client(base: &str, args: &[&str]) -> Value {
+    let node = fetched("js-clients/node");
+    let modules = fetched("js-clients/node_modules");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/js_client.cjs");
+    let out = Command::new(node)
+        .env("NODE_PATH", modules)
+        .arg(script)
+        .arg(base)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Runs the `openai`-client script and parses what it prints.
