@@ -391,3 +391,79 @@ fn leaks_through_grouped_imports_re_exports_and_other_modules_are_found() {
         Vec::<String>::new()
     );
 }
+
+/// What docs/ARCHITECTURE.md says each module depends on ("Dependencies point one way: `a` →
+/// `b`, `c`; ..."), as (module, the modules it names), from the document itself.
+fn documented_dependencies() -> Vec<(String, BTreeSet<String>)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ARCHITECTURE.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let lead = "Dependencies point one way:";
+    let start = doc.find(lead).expect("the dependency sentence") + lead.len();
+    // To the first full stop, leaving out remarks in parentheses (they name types, not
+    // modules).
+    let mut bare = String::new();
+    let mut depth = 0;
+    let mut chars = doc[start..].chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            '.' if depth == 0 && chars.peek().is_none_or(|n| n.is_whitespace()) => break,
+            c if depth == 0 => bare.push(c),
+            _ => {}
+        }
+    }
+    let names = |s: &str| -> Vec<String> {
+        s.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    bare.split(';')
+        .map(|clause| {
+            let (from, to) = clause.split_once('→').expect("`a` → `b`, ...");
+            let from = names(from);
+            assert_eq!(from.len(), 1, "{clause}");
+            (from[0].clone(), names(to).into_iter().collect())
+        })
+        .collect()
+}
+
+/// The crate's top-level modules each top-level module depends on (any of its modules on any
+/// of theirs).
+fn top_level_dependencies(graph: &Graph) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| {
+        m.strip_prefix("crate::")
+            .map(|r| r.split("::").next().unwrap_or(r).to_string())
+    };
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in graph.edges() {
+        let Some(from) = top(&from) else { continue };
+        let deps = out.entry(from.clone()).or_default();
+        // Every module returns the crate's `Error`: the document says so once, not per module.
+        let named = to.iter().filter_map(|t| top(t));
+        deps.extend(named.filter(|t| *t != from && t != "error"));
+    }
+    out
+}
+
+/// docs/ARCHITECTURE.md's dependency sentence is the code's: each module it names depends on
+/// exactly the modules it lists, so the document cannot drift from the code.
+#[test]
+fn the_architecture_s_dependency_sentence_is_the_code_s() {
+    let graph = Graph::parse(&crate_sources());
+    let actual = top_level_dependencies(&graph);
+    let documented = documented_dependencies();
+    assert!(documented.len() >= 6, "{documented:?}");
+    let wrong: Vec<String> = documented
+        .iter()
+        .filter(|(m, deps)| actual.get(m) != Some(deps))
+        .map(|(m, deps)| format!("`{m}`: documented {deps:?}, the code's {:?}", actual.get(m)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "docs/ARCHITECTURE.md's dependency sentence is not the code's:\n{}",
+        wrong.join("\n")
+    );
+}
