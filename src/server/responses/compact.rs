@@ -106,6 +106,10 @@ pub const MARK: &str = "pensieve-compaction-v1:";
 /// The longest summary, in tokens.
 const SUMMARY_TOKENS: usize = 512;
 
+/// OpenAI's `frequency_penalty` of the summary's turn (its own tokens only, not the
+/// conversation's).
+const SUMMARY_FREQUENCY_PENALTY: f32 = 0.5;
+
 /// A compaction made: the summary and the turn that wrote it.
 pub struct Compaction {
     pub summary: String,
@@ -195,9 +199,12 @@ pub async fn summarize(
     }
     let mut all = messages.to_vec();
     all.push(Message::new("user", PROMPT));
+    // Greedy, with repeats of its own words discouraged: a small model's greedy summary
+    // otherwise tends to loop to the limit, and the turn after a compaction computes it whole.
     let common = Common {
         max_tokens: Some(SUMMARY_TOKENS),
         temperature: Some(0.0),
+        frequency_penalty: Some(SUMMARY_FREQUENCY_PENALTY),
         ..Common::default()
     };
     let params = common.params(s.default_max_tokens, s.tokens.generation_defaults())?;
