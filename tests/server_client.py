@@ -352,6 +352,13 @@ def responses_compaction(base):
     after = c.responses.create(input=window + [new], store=False, tool_choice="none", **args)
     recomputed = c.responses.create(input=window + [new], store=False, tool_choice="none",
                                     **{**args, "instructions": instructions + " "})
+    # A compaction asked of a create (a last `compaction_trigger` item): its response is the
+    # compaction item, and the response after it continues the compacted context.
+    triggered = c.responses.create(previous_response_id=before.id,
+                                   input=[{"type": "compaction_trigger"}], tool_choice="none",
+                                   **args)
+    after_trigger = c.responses.create(previous_response_id=triggered.id,
+                                       input="Now run the tests.", tool_choice="none", **args)
     # The server compacts by itself past the threshold; the response continues as any.
     managed_args = dict(context_management=[{"type": "compaction", "compact_threshold": 300}],
                         tool_choice="none", **args)
@@ -378,6 +385,8 @@ def responses_compaction(base):
                                     "output": compacted.usage.output_tokens}},
             "after": response_usage(after), "after_text": after.output_text,
             "recomputed": response_usage(recomputed),
+            "triggered": [o.type for o in triggered.output],
+            "after_trigger": response_usage(after_trigger),
             "managed": {"types": [o.type for o in managed.output],
                         "text": managed.output_text},
             "continued": response_usage(continued), "events": events, "foreign": foreign}

@@ -257,6 +257,16 @@ fn real_model_a_compacted_agent_loop_continues_prefilling_only_the_summary_and_n
     let recomputed = &out["recomputed"];
     assert_eq!(recomputed["cached"], 0, "{out}");
     assert!(recomputed["input"].as_u64().unwrap() >= input, "{out}");
+    // A create ending with a `compaction_trigger` answered the compaction item alone, and the
+    // response after it continued the compacted context: far shorter than the loop's, its
+    // opening from the cache.
+    assert_eq!(out["triggered"], json!(["compaction"]), "{out}");
+    let after_trigger = &out["after_trigger"];
+    assert!(after_trigger["cached"].as_u64().unwrap() > 0, "{out}");
+    assert!(
+        after_trigger["input"].as_u64().unwrap() < before / 2,
+        "{out}"
+    );
     // Past `context_management`'s threshold the server compacted first: the output opens
     // with the compaction item, and the response continues as any stored one, from cache.
     assert_eq!(out["managed"]["types"][0], "compaction", "{out}");

@@ -316,7 +316,8 @@ pub const RESPONSES: &[Field] = &[
     implemented(
         "input",
         "text or items: messages, calls, their outputs, reasoning, compaction items (made by \
-         this server: the summary, as an assistant message)",
+         this server: the summary, as an assistant message); a last `compaction_trigger` makes \
+         the response a compaction of the context",
     ),
     implemented("instructions", "the system message"),
     implemented(

@@ -15,6 +15,8 @@
 //! is [`MARK`] and the summary's text. Content without the mark was not made here, and is
 //! refused.
 
+use crate::chat::ReasoningStream;
+use crate::engine::SamplingParams;
 use crate::model::Message;
 use crate::service::{Chat, Hints, TurnEnd};
 use axum::body::Bytes;
@@ -119,7 +121,7 @@ pub struct Compaction {
 impl Compaction {
     /// The compaction item's `encrypted_content`.
     pub fn content(&self) -> String {
-        format!("{MARK}{}", self.summary)
+        content(&self.summary)
     }
 
     /// The compaction item, as an output lists it.
@@ -138,16 +140,60 @@ impl Compaction {
             "total_tokens": u.prompt_tokens + u.completion_tokens})
     }
 
-    /// The context that replaces `messages`: their system prompt and the user's messages,
-    /// then the summary.
+    /// The context that replaces `messages` ([`window`]).
     pub fn window(&self, messages: &[Message]) -> Vec<Message> {
-        let kept = messages
-            .iter()
-            .filter(|m| m.role == "system" || m.role == "user");
-        let mut window: Vec<Message> = kept.cloned().collect();
-        window.push(summary_message(&self.summary));
-        window
+        window(messages, &self.summary)
     }
+}
+
+/// A compaction item's `encrypted_content` for `summary`.
+pub fn content(summary: &str) -> String {
+    format!("{MARK}{summary}")
+}
+
+/// The context that replaces `messages` compacted to `summary`: their system prompt and the
+/// user's messages, then the summary.
+pub fn window(messages: &[Message], summary: &str) -> Vec<Message> {
+    let kept = messages
+        .iter()
+        .filter(|m| m.role == "system" || m.role == "user");
+    let mut window: Vec<Message> = kept.cloned().collect();
+    window.push(summary_message(summary));
+    window
+}
+
+/// The summary in a reply's `text`: a thinking model's thought (told by `split`) is not.
+pub fn answer(split: Option<&mut ReasoningStream>, text: &str) -> String {
+    let answer = match split {
+        Some(split) => {
+            let (_, mut answer) = split.push(text);
+            answer.push_str(&split.finish().1);
+            answer
+        }
+        None => text.to_string(),
+    };
+    answer.trim().to_string()
+}
+
+/// The user message that asks for the summary.
+pub fn prompt() -> Message {
+    Message::new("user", PROMPT)
+}
+
+/// The summary's sampling: greedy, with repeats of its own words discouraged (a small model's
+/// greedy summary otherwise tends to loop to the limit, and the turn after a compaction
+/// computes it whole), at most [`SUMMARY_TOKENS`].
+///
+/// # Errors
+/// As [`Common::params`].
+pub fn params(s: &AppState) -> Result<SamplingParams, ApiError> {
+    let common = Common {
+        max_tokens: Some(SUMMARY_TOKENS),
+        temperature: Some(0.0),
+        frequency_penalty: Some(SUMMARY_FREQUENCY_PENALTY),
+        ..Common::default()
+    };
+    common.params(s.default_max_tokens, s.tokens.generation_defaults())
 }
 
 /// The assistant message a compaction item given back as input stands for.
@@ -198,16 +244,8 @@ pub async fn summarize(
         return Err(ApiError::bad("nothing to compact: the input has no items"));
     }
     let mut all = messages.to_vec();
-    all.push(Message::new("user", PROMPT));
-    // Greedy, with repeats of its own words discouraged: a small model's greedy summary
-    // otherwise tends to loop to the limit, and the turn after a compaction computes it whole.
-    let common = Common {
-        max_tokens: Some(SUMMARY_TOKENS),
-        temperature: Some(0.0),
-        frequency_penalty: Some(SUMMARY_FREQUENCY_PENALTY),
-        ..Common::default()
-    };
-    let params = common.params(s.default_max_tokens, s.tokens.generation_defaults())?;
+    all.push(prompt());
+    let params = params(s)?;
     let hints = Hints {
         end: true,
         ..Hints::default()
@@ -220,17 +258,9 @@ pub async fn summarize(
     let turn = s.service.chat(chat, params).await.map_err(engine_error)?;
     let reply = turn.reply().await.map_err(engine_error)?;
     ApiError::of_end(&reply.end)?;
-    // A thinking model's thought is not the summary.
-    let summary = match s.reasoning.map(|p| p.stream()) {
-        Some(mut split) => {
-            let (_, mut answer) = split.push(&reply.text);
-            answer.push_str(&split.finish().1);
-            answer
-        }
-        None => reply.text,
-    };
+    let mut split = s.reasoning.map(|p| p.stream());
     Ok(Compaction {
-        summary: summary.trim().to_string(),
+        summary: answer(split.as_mut(), &reply.text),
         end: reply.end,
     })
 }

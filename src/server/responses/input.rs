@@ -191,6 +191,25 @@ impl Content {
 }
 
 impl Input {
+    /// Whether the input ends with a `compaction_trigger` item: the response is then a
+    /// compaction of the context.
+    ///
+    /// # Errors
+    /// A 400 for a trigger before the last item.
+    pub fn compaction_trigger(&self) -> Result<bool, ApiError> {
+        let Input::Items(items) = self else {
+            return Ok(false);
+        };
+        let trigger = |i: &Item| i.kind.as_deref() == Some("compaction_trigger");
+        let last = items.last().is_some_and(trigger);
+        if items.iter().rev().skip(1).any(trigger) {
+            return Err(ApiError::bad(
+                "a compaction_trigger input item must be the last input item",
+            ));
+        }
+        Ok(last)
+    }
+
     /// Appends the input to `messages`, the conversation so far.
     pub fn append_to(&self, messages: &mut Vec<Message>) -> Result<(), ApiError> {
         match self {
@@ -237,6 +256,8 @@ impl Item {
             // Thoughts do not stay in a conversation (its template drops them from history,
             // and the stored conversation keeps none), so one given back adds nothing.
             "reasoning" => {}
+            // What it asks is read by `Input::compaction_trigger`.
+            "compaction_trigger" => {}
             "compaction" => {
                 let content = self.encrypted_content.as_deref().ok_or_else(|| {
                     ApiError::bad("a compaction input item needs its encrypted_content")
@@ -246,7 +267,7 @@ impl Item {
             other => {
                 return Err(ApiError::bad(format!(
                     "input items of type {other:?} are not supported: message, function_call, \
-                     function_call_output, reasoning and compaction are"
+                     function_call_output, reasoning, compaction and compaction_trigger are"
                 )))
             }
         }
@@ -365,6 +386,22 @@ mod tests {
         assert!(e.message.contains("web_search"), "{}", e.message);
         let e = chat_tool_choice(Some(&json!({"type": "mcp"}))).unwrap_err();
         assert!(e.message.contains("mcp"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_compaction_trigger_is_read_last_only() {
+        let input = |v: Value| -> Input { serde_json::from_value(v).unwrap() };
+        let trigger = json!({"type": "compaction_trigger"});
+        let hi = json!({"role": "user", "content": "Hi"});
+        assert!(input(json!([hi.clone(), trigger.clone()]))
+            .compaction_trigger()
+            .unwrap());
+        assert!(!input(json!([hi.clone()])).compaction_trigger().unwrap());
+        assert!(!input(json!("Hi")).compaction_trigger().unwrap());
+        let e = input(json!([trigger, hi]))
+            .compaction_trigger()
+            .unwrap_err();
+        assert!(e.message.contains("last"), "{}", e.message);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::chat::{ReasoningStream, ToolDelta};
 use crate::engine::{ConversationId, FinishReason, OverflowPolicy};
 use crate::model::{Message, Model};
-use crate::service::{Change, Chat, TurnEnd, TurnEvent, TurnStream};
+use crate::service::{Change, Chat, Record, TurnEnd, TurnEvent, TurnStream};
 use crate::ErrorKind;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -94,8 +94,8 @@ pub async fn create(State(s): State<AppState>, tenant: Tenant, body: Bytes) -> R
         f if f.stream => stream(run, s.clone(), tenant).into_response(),
         f if f.background => in_background(&s, &tenant, run),
         _ => match finish(run).await {
-            Ok(object) => {
-                keep_outcome(&s, &tenant, &object).await;
+            Ok((object, window)) => {
+                keep_outcome(&s, &tenant, &object, window).await;
                 Json(object).into_response()
             }
             Err(e) => e.into_response(),
@@ -127,8 +127,8 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
     let (app, owner) = (s.clone(), tenant.clone());
     let task = tokio::spawn(async move {
         let object = match finish(run).await {
-            Ok(object) => {
-                keep_outcome(&app, &owner, &object).await;
+            Ok((object, window)) => {
+                keep_outcome(&app, &owner, &object, window).await;
                 object
             }
             Err(e) => {
@@ -147,8 +147,9 @@ fn in_background(s: &AppState, tenant: &Tenant, run: Run) -> Response {
 /// What a stored response's `GET` reports beside its output, kept with its conversation's
 /// attributes: its creation time, status, why it is incomplete, and usage. A failure to keep
 /// them is logged, not answered: the turn itself is stored (its `GET` then reports it
-/// `completed`, made when asked).
-async fn keep_outcome(s: &AppState, tenant: &Tenant, object: &Value) {
+/// `completed`, made when asked). A compaction's response keeps the compacted `window` as its
+/// conversation's history, which the next response continues.
+async fn keep_outcome(s: &AppState, tenant: &Tenant, object: &Value, window: Option<Vec<Message>>) {
     let stored = object["store"] == true && object.get("conversation").is_none();
     let Some(id) = object["id"].as_str().filter(|_| stored) else {
         return;
@@ -159,7 +160,11 @@ async fn keep_outcome(s: &AppState, tenant: &Tenant, object: &Value) {
     let edited = s.service.edit(&name, move |record| {
         let mut attributes = record.map(|r| r.attributes.clone()).unwrap_or_default();
         attributes.insert(OUTCOME.into(), outcome.clone());
-        Ok::<_, Infallible>((Change::Attributes(attributes), ()))
+        let change = match &window {
+            Some(w) => Change::Rewrite(Record::new(w.clone(), attributes)),
+            None => Change::Attributes(attributes),
+        };
+        Ok::<_, Infallible>((change, ()))
     });
     if let Err(e) = edited.await {
         tracing::warn!(response = id, error = %e, "a stored response's status was not kept");
@@ -237,12 +242,26 @@ struct Run {
     /// and those of the tokens whose text is not yet in the output.
     logprobs: Option<Arc<Model>>,
     pending: Vec<Logprob>,
+    /// A compaction's turn (`compaction_trigger`): the history it summarizes; the reply's
+    /// text is the summary, answered as a compaction item.
+    compacting: Option<Vec<Message>>,
+    summary: String,
 }
 
 impl Run {
     /// Reads one event of the turn into the output; its end when the turn ended.
     fn on_event(&mut self, event: TurnEvent) -> Option<TurnEnd> {
         match event {
+            TurnEvent::Token { text, .. } if self.compacting.is_some() => {
+                self.summary.push_str(&text)
+            }
+            TurnEvent::Tool(_) if self.compacting.is_some() => {}
+            TurnEvent::Finished(end) if self.compacting.is_some() => {
+                let summary = compact::answer(self.split.as_mut(), &self.summary);
+                self.summary = summary;
+                self.output.compaction(&compact::content(&self.summary));
+                return Some(end);
+            }
             TurnEvent::Token {
                 token,
                 text,
@@ -302,6 +321,11 @@ impl Run {
             self.reasoning_tokens += 1;
         }
         self.answered |= !answer.is_empty();
+    }
+
+    /// The history a compaction's response leaves: its window.
+    fn window(&self) -> Option<Vec<Message>> {
+        (self.compacting.as_ref()).map(|history| compact::window(history, &self.summary))
     }
 
     /// The finished response object.
@@ -386,11 +410,18 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
     let history = messages.len();
     let mut rewritten = instruct(&mut messages, request.instructions.as_ref());
     request.input.append_to(&mut messages)?;
+    let trigger = request.input.compaction_trigger()?;
+    if trigger && conversation.is_some() {
+        return Err(ApiError::bad(
+            "a compaction_trigger compacts a response's context: not a conversation's",
+        ));
+    }
     let effort = request.reasoning.as_ref().and_then(|r| r.effort.as_deref());
     let vars = api::template_vars(request.chat_template_kwargs.as_ref(), effort);
     let window = s.tokens.config().max_position_embeddings;
     let mut compaction = None;
-    if let Some(threshold) = compact::threshold(request.context_management.as_ref(), window)? {
+    let threshold = compact::threshold(request.context_management.as_ref(), window)?;
+    if let Some(threshold) = threshold.filter(|_| !trigger) {
         let n = prompt_tokens(s, messages.clone(), tools.clone(), vars.clone(), true).await?;
         let compacted = match n > threshold {
             true => compact::before_turn(s, &messages, tools.clone(), vars.clone()).await?,
@@ -408,6 +439,14 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
     let new = |m: &Message| m.role == "user" || m.role == "tool";
     if conversation.is_some() && !rewritten && messages[history..].iter().all(new) {
         messages.drain(..history);
+    }
+    // A compaction's turn: the summary of the context (tools stay listed, as the context
+    // rendered them, so its KV is found by content; no call is read).
+    let compacting = trigger.then(|| messages.clone());
+    if trigger {
+        messages.push(compact::prompt());
+        params = compact::params(s)?;
+        params.text_only = true;
     }
     let id = random_id("resp_")?;
     let with_tools = !tools.is_empty() && !params.text_only;
@@ -462,14 +501,17 @@ async fn start(s: &AppState, tenant: &Tenant, body: &[u8], keep: Keep) -> Result
         reasoning_tokens: 0,
         logprobs: logprobs.then(|| Arc::clone(&s.tokens)),
         pending: Vec::new(),
+        compacting,
+        summary: String::new(),
     })
 }
 
-/// The finished response object of `run`, or the error its turn ended with.
-async fn finish(mut run: Run) -> Result<Value, ApiError> {
+/// The finished response object of `run` (and the history a compaction leaves), or the error
+/// its turn ended with.
+async fn finish(mut run: Run) -> Result<(Value, Option<Vec<Message>>), ApiError> {
     while let Some(event) = run.turn.next_event().await {
         if let Some(end) = run.on_event(event) {
-            return ApiError::of_end(&end).map(|()| run.object(&end));
+            return ApiError::of_end(&end).map(|()| (run.object(&end), run.window()));
         }
     }
     Err(ApiError::engine_stopped())
@@ -546,7 +588,8 @@ fn events(run: Run, s: AppState, tenant: Tenant) -> impl futures_util::Stream<It
                     Ok(()) => {
                         st.done = true;
                         let object = st.run.object(&end);
-                        keep_outcome(&st.s, &st.tenant, &object).await;
+                        let window = st.run.window();
+                        keep_outcome(&st.s, &st.tenant, &object, window).await;
                         // OpenAI ends a stream cut short by `max_output_tokens` (or the
                         // context) with `response.incomplete`.
                         let kind = format!("response.{}", status(&end));
