@@ -119,40 +119,27 @@ fn fetched(path: &str) -> PathBuf {
 /// Runs the JavaScript client script `tests/js_client.cjs` with Node.js and the pinned npm SDKs
 /// scripts/fetch-assets installed, and parses what it prints.
 pub fn js_client(base: &str, args: &[&str]) -> Value {
-    let node = fetched("js-clients/node");
-    let modules = fetched("js-clients/node_modules");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/js_client.cjs");
-    let out = Command::new(node)
-        .env("NODE_PATH", modules)
-        .arg(script)
-        .arg(base)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut node = Command::new(fetched("js-clients/node"));
+    node.env("NODE_PATH", fetched("js-clients/node_modules"));
+    run_client(node, "js_client.cjs", base, args)
 }
 
 /// Runs the `openai`-client script and parses what it prints.
 pub fn client(base: &str, args: &[&str]) -> Value {
-    script_client("server_client.py", base, args)
+    run_client(Command::new(python()), "server_client.py", base, args)
 }
 
 /// Runs the `anthropic`-client script and parses what it prints.
 pub fn anthropic_client(base: &str, args: &[&str]) -> Value {
-    script_client("anthropic_client.py", base, args)
+    run_client(Command::new(python()), "anthropic_client.py", base, args)
 }
 
-/// Runs the client script `tests/NAME` and parses what it prints.
-fn script_client(name: &str, base: &str, args: &[&str]) -> Value {
+/// Runs the client script `tests/NAME` with `interpreter` and parses what it prints.
+fn run_client(mut interpreter: Command, name: &str, base: &str, args: &[&str]) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(name);
-    let out = Command::new(python())
+    let out = interpreter
         .arg(script)
         .arg(base)
         .args(args)
