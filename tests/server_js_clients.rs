@@ -1,13 +1,16 @@
 //! The server through the official JavaScript SDKs from npm (`@anthropic-ai/sdk`, `openai`),
 //! as Node programs call it: `tests/js_client.cjs` runs on the Node.js and SDK versions
-//! scripts/fetch-assets pins, and prints what it saw.
+//! scripts/fetch-assets pins, and prints what it saw; and through Claude Code itself, in print
+//! mode.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use common::server::{js_client, start};
-use serde_json::json;
+use std::process::Command;
+
+use common::server::{claude_code, js_client, start};
+use serde_json::{json, Value};
 
 #[test]
 fn real_model_anthropic_s_typescript_sdk_chats_streams_counts_and_calls_tools() {
@@ -53,4 +56,66 @@ fn real_model_openai_s_typescript_sdk_chats_continues_responses_and_compacts() {
     assert_eq!(types.last(), Some(&json!("compaction")), "{out}");
     // The turn on the compacted window shared its opening by content.
     assert!(out["after"]["cached"].as_u64().unwrap() > 0, "{out}");
+}
+
+/// One print-mode run of Claude Code against `base` in `dir` (its home too), `extra` flags
+/// after the prompt: the result it prints last.
+fn claude(base: &str, dir: &std::path::Path, prompt: &str, extra: &[&str]) -> Value {
+    // Its own prompt is ~12k tokens, past SmolLM2's 8k window: a short system prompt and one
+    // tool (`--bare`, `--system-prompt`, `--tools`) leave ~500.
+    let out = Command::new(claude_code())
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env("ANTHROPIC_BASE_URL", base)
+        .env("ANTHROPIC_API_KEY", "unused")
+        .env("ANTHROPIC_SMALL_FAST_MODEL", "pensieve")
+        .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", "pensieve")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "256")
+        .args(["-p", prompt])
+        .args(extra)
+        .args([
+            "--bare",
+            "--system-prompt",
+            "You are a helpful assistant. Be brief.",
+        ])
+        .args([
+            "--tools",
+            "Read",
+            "--model",
+            "pensieve",
+            "--output-format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn real_model_claude_code_completes_turns_in_print_mode_and_reads_the_cache() {
+    // Claude Code sends no sampling parameters: the server's default makes its turns greedy,
+    // so the test's replies are always the same.
+    let server = start(&[
+        "--chat-template",
+        "chatml-tools",
+        "--override-generation-config",
+        r#"{"temperature": 0}"#,
+    ]);
+    let dir = std::env::temp_dir().join(format!("pensieve-claude-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = claude(&server.base, &dir, "Say hello.", &[]);
+    assert_eq!(first["is_error"], false, "{first}");
+    assert_eq!(first["stop_reason"], "end_turn", "{first}");
+    assert!(!first["result"].as_str().unwrap().is_empty(), "{first}");
+    // The session continued: its history resent, its prompt read from the cache.
+    let second = claude(&server.base, &dir, "Say hello.", &["--continue"]);
+    assert_eq!(second["is_error"], false, "{second}");
+    let read = second["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read > 0, "{second}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

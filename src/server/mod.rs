@@ -100,6 +100,12 @@ struct Args {
     /// The model name clients pass (`GET /v1/models` lists it).
     #[arg(long, env = "PENSIEVE_SERVED_MODEL_NAME", default_value = "pensieve")]
     served_model_name: String,
+    /// vLLM's: sampling defaults over those of the model's `generation_config.json`, as a JSON
+    /// object (`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`), which requests
+    /// that give no value of their own take: `{"temperature": 0}` makes every such request
+    /// greedy (for clients that send none, as Claude Code).
+    #[arg(long, env = "PENSIEVE_OVERRIDE_GENERATION_CONFIG")]
+    override_generation_config: Option<String>,
     /// Requests queued or running at most; more get 429.
     #[arg(long, env = "PENSIEVE_MAX_QUEUE", default_value_t = 256, value_parser = positive)]
     max_queue: usize,
@@ -240,12 +246,50 @@ where
     run_parsed(Args::try_parse_from(args)?)
 }
 
+/// `model` with the sampling defaults of `--override-generation-config` (`json`) over its own;
+/// its ends of generation stay.
+fn overridden(model: crate::model::Model, json: &str) -> Result<crate::model::Model, String> {
+    const TAKEN: [&str; 5] = [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+    ];
+    let flag = "--override-generation-config";
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|e| format!("{flag}: not a JSON object: {e}"))?;
+    if let Some(k) = object.keys().find(|k| !TAKEN.contains(&k.as_str())) {
+        return Err(format!(
+            "{flag}: unknown field {k:?} (taken: {})",
+            TAKEN.join(", ")
+        ));
+    }
+    let o =
+        crate::model::GenerationDefaults::from_json(json).map_err(|e| format!("{flag}: {e}"))?;
+    let own = model.generation_defaults().clone();
+    let defaults = crate::model::GenerationDefaults {
+        temperature: o.temperature.or(own.temperature),
+        top_p: o.top_p.or(own.top_p),
+        top_k: o.top_k.or(own.top_k),
+        min_p: o.min_p.or(own.min_p),
+        repetition_penalty: o.repetition_penalty.or(own.repetition_penalty),
+        eos_token_ids: own.eos_token_ids,
+    };
+    Ok(model.with_generation_defaults(defaults))
+}
+
 fn run_parsed(args: Args) -> Result<(), ServeError> {
     ops::init_logging(args.log_format);
     let cors = ops::cors(&args.allowed_origins).map_err(ServeError::Flag)?;
     // A model without a chat template (a base model) serves completions; chat requests to it
     // are refused, naming the flag that gives it one.
-    let model = Arc::new(args.engine.load_model()?);
+    let model = args.engine.load_model()?;
+    let model = match &args.override_generation_config {
+        Some(json) => overridden(model, json).map_err(ServeError::Flag)?,
+        None => model,
+    };
+    let model = Arc::new(model);
     if model.template().is_none() {
         tracing::warn!(
             "the model ships no chat template: serving /v1/completions only; \

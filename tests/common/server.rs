@@ -124,6 +124,11 @@ pub fn js_client(base: &str, args: &[&str]) -> Value {
     run_client(node, "js_client.cjs", base, args)
 }
 
+/// Claude Code's binary, as scripts/fetch-assets installed it from npm.
+pub fn claude_code() -> PathBuf {
+    fetched("js-clients/node_modules/.bin/claude")
+}
+
 /// Runs the `openai`-client script and parses what it prints.
 pub fn client(base: &str, args: &[&str]) -> Value {
     run_client(Command::new(python()), "server_client.py", base, args)
