@@ -60,28 +60,24 @@ async function anthropic(base) {
   });
   const second = await stream.finalMessage();
   const agent = [{ role: "user", content: "The tests in main.py fail. Fix the bug." }];
-  const call = await c.messages.create({
-    model: MODEL,
-    system: "You are a coding agent. Use the tools.",
-    messages: agent,
-    tools: TOOLS,
-    tool_choice: { type: "any" },
-    max_tokens: 64,
-  });
+  // The agent's turn on its history so far, under `toolChoice`.
+  const agentTurn = (toolChoice, maxTokens) =>
+    c.messages.create({
+      model: MODEL,
+      system: "You are a coding agent. Use the tools.",
+      messages: agent,
+      tools: TOOLS,
+      tool_choice: toolChoice,
+      max_tokens: maxTokens,
+    });
+  const call = await agentTurn({ type: "any" }, 64);
   const use = call.content.find((b) => b.type === "tool_use");
   agent.push({ role: "assistant", content: call.content });
   agent.push({
     role: "user",
     content: [{ type: "tool_result", tool_use_id: use.id, content: "def add(a, b): return a - b" }],
   });
-  const answered = await c.messages.create({
-    model: MODEL,
-    system: "You are a coding agent. Use the tools.",
-    messages: agent,
-    tools: TOOLS,
-    tool_choice: { type: "none" },
-    max_tokens: 24,
-  });
+  const answered = await agentTurn({ type: "none" }, 24);
   let refused = null;
   try {
     await c.messages.create({ model: "claude-opus-4", messages, max_tokens: 8 });
